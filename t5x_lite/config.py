@@ -1,0 +1,135 @@
+"""The one configuration tree every command reads, and its validation.
+
+A config is an `ml_collections.ConfigDict` with the sections `model`, `objective`, `train`,
+`mesh`, `data` and `checkpoint`. `default_config()` returns the whole tree with T5 v1.0
+defaults; presets (`t5x_lite.presets`) start from it and change a few fields.
+
+`validate_model_config` / `validate_config` reject a config that cannot work before any
+array is built, with a `ConfigError` that names the field and the allowed values.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import ml_collections
+
+ARCHS = (
+    "encoder_decoder",
+    "encoder_decoder_shared",
+    "encoder_decoder_half",
+    "language_model",
+    "prefix_lm",
+)
+ENCODER_DECODER_ARCHS = ARCHS[:3]
+DECODER_ONLY_ARCHS = ARCHS[3:]
+MLP_KINDS = ("relu", "gated-gelu")
+DTYPES = ("float32", "bfloat16")
+ATTENTION_IMPLS = ("auto", "xla", "cudnn")
+# Token ids shared by the vocabulary, the objectives and the model.
+PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
+NUM_RESERVED_IDS = 3
+
+
+class ConfigError(ValueError):
+    """A config field holds a value that cannot work; the message names the field."""
+
+
+def model_config() -> ml_collections.ConfigDict:
+    """T5 v1.0 base-sized model settings (the paper's baseline, one stack)."""
+    return ml_collections.ConfigDict(
+        dict(
+            arch="encoder_decoder",
+            vocab_size=32000,
+            num_sentinels=100,  # <extra_id_0> = vocab_size - 1, counting down
+            d_model=768,
+            d_ff=3072,
+            num_heads=12,
+            d_kv=64,
+            num_layers=12,  # per stack; encoder_decoder_half uses num_layers // 2 per stack
+            mlp="relu",  # v1.0: relu; v1.1: gated-gelu
+            tie_embeddings=True,  # v1.0: tied (logits scaled by d_model**-0.5); v1.1: untied
+            relpos_buckets=32,
+            relpos_max_distance=128,
+            dropout_rate=0.1,
+            layer_norm_epsilon=1e-6,
+            dtype="float32",  # compute dtype; parameters are always float32
+            attention_impl="auto",
+        )
+    )
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """The full config tree with the paper's baseline settings."""
+    config = ml_collections.ConfigDict()
+    config.model = model_config()
+    config.objective = ml_collections.ConfigDict(
+        dict(
+            name="span_corruption",
+            noise_density=0.15,
+            mean_noise_span_length=3.0,
+            random_token_fraction=0.1,  # BERT-style: share of noise tokens made random
+            inputs_length=512,
+            targets_length=114,
+        )
+    )
+    config.train = ml_collections.ConfigDict(
+        dict(
+            batch_size=128,
+            steps=2**19,
+            optimizer="adafactor",
+            schedule="rsqrt",
+            learning_rate=1.0,
+            warmup_steps=10_000,
+            z_loss=1e-4,
+            label_smoothing=0.0,
+            microbatches=1,
+            seed=0,
+        )
+    )
+    config.mesh = ml_collections.ConfigDict(dict(shape=(-1, 1), axis_names=("data", "model")))
+    config.data = ml_collections.ConfigDict(
+        dict(corpus="python_docs", data_dir="", vocab="", tasks=())
+    )
+    config.checkpoint = ml_collections.ConfigDict(dict(every=1000, keep=3))
+    return config
+
+
+def _require_choice(field: str, value: Any, allowed: Iterable[str]) -> None:
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise ConfigError(f"{field}={value!r} is not allowed; choose one of {', '.join(allowed)}")
+
+
+def _require_positive(field: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ConfigError(f"{field}={value!r} must be a positive number")
+
+
+def validate_model_config(model: ml_collections.ConfigDict) -> None:
+    """Raise `ConfigError` naming the field if the model settings cannot build a network."""
+    _require_choice("model.arch", model.arch, ARCHS)
+    _require_choice("model.mlp", model.mlp, MLP_KINDS)
+    _require_choice("model.dtype", model.dtype, DTYPES)
+    _require_choice("model.attention_impl", model.attention_impl, ATTENTION_IMPLS)
+    for field in ("vocab_size", "d_model", "d_ff", "num_heads", "d_kv", "num_layers",
+                  "relpos_buckets", "relpos_max_distance", "layer_norm_epsilon"):
+        _require_positive(f"model.{field}", model[field])
+    for field in ("vocab_size", "d_model", "d_ff", "num_heads", "d_kv", "num_layers",
+                  "relpos_buckets", "relpos_max_distance", "num_sentinels"):
+        if not isinstance(model[field], int) or isinstance(model[field], bool):
+            raise ConfigError(f"model.{field}={model[field]!r} must be an integer")
+    if model.num_sentinels < 0:
+        raise ConfigError(f"model.num_sentinels={model.num_sentinels} must be >= 0")
+    if not 0.0 <= model.dropout_rate < 1.0:
+        raise ConfigError(f"model.dropout_rate={model.dropout_rate} must be in [0, 1)")
+    if model.vocab_size < model.num_sentinels + NUM_RESERVED_IDS + 1:
+        raise ConfigError(
+            f"model.vocab_size={model.vocab_size} is too small for model.num_sentinels="
+            f"{model.num_sentinels}: it must be at least num_sentinels + "
+            f"{NUM_RESERVED_IDS + 1} (pad, eos, unk and one real token)"
+        )
+    if model.arch == "encoder_decoder_half" and model.num_layers % 2:
+        raise ConfigError(
+            f"model.num_layers={model.num_layers} must be even for "
+            "model.arch='encoder_decoder_half' (it builds num_layers/2 + num_layers/2 layers)"
+        )
