@@ -84,9 +84,30 @@ def default_config() -> ml_collections.ConfigDict:
             label_smoothing=0.0,
             microbatches=1,
             seed=0,
+            weight_decay=0.0,  # AdamW only; Adafactor (T5) uses none
+            loss_normalizing_factor=None,  # None: sum of loss weights; a number: that constant
+            log_every=10,
         )
     )
-    config.mesh = ml_collections.ConfigDict(dict(shape=(-1, 1), axis_names=("data", "model")))
+    config.mesh = ml_collections.ConfigDict(
+        dict(
+            shape=(-1, 1),
+            axis_names=("data", "model"),  # or ("data", "fsdp", "model")
+            # Logical axis -> mesh axes (t5x-style); axes absent from the mesh are ignored,
+            # so the same table serves meshes with and without "fsdp".
+            rules=(
+                ("batch", ("data", "fsdp")),
+                ("vocab", "model"),
+                ("heads", "model"),
+                ("mlp", "model"),
+                ("embed", "fsdp"),
+                ("kv", None),
+                ("relpos_buckets", None),
+                ("length", None),
+                ("layers", None),
+            ),
+        )
+    )
     config.data = ml_collections.ConfigDict(
         dict(corpus="python_docs", data_dir="", vocab="", tasks=())
     )
