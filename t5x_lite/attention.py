@@ -1,0 +1,158 @@
+"""Attention as a pure function, the mask builders that decide visibility, and T5's buckets.
+
+Which positions a token may see is always an argument: a boolean mask broadcastable to
+`[batch, heads, q_len, kv_len]` (True = may attend). The mask builders below are pure
+functions of token / segment arrays and return `bool [batch or 1, 1, q_len, kv_len]`; the
+network only ever receives their (combined) result, never an `is_causal` flag.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+IMPLEMENTATIONS = (None, "xla", "cudnn")
+
+
+def dot_product_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    mask: jax.Array | None,
+    bias: jax.Array | None = None,
+    *,
+    implementation: str | None = None,
+) -> jax.Array:
+    """Softmax attention of queries `[B, Lq, H, D]` over keys / values `[B, Lk, H, D]`.
+
+    `mask` is bool broadcastable to `[B, H, Lq, Lk]` (True = may attend), `bias` an additive
+    float term broadcastable to the same shape (the relative position bias). No 1/sqrt(D)
+    scaling: T5 folds it into the query initialiser. `implementation` is passed to
+    `jax.nn.dot_product_attention` (None lets JAX choose; 'xla' or 'cudnn' force a kernel).
+    A query row whose mask is all False (e.g. a padding position) returns zeros, whatever the
+    kernel would do with it. Returns `[B, Lq, H, D]`.
+    """
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(
+            f"implementation={implementation!r} is not allowed; choose one of None, 'xla', 'cudnn'"
+        )
+    if bias is not None:
+        bias = _expand_to_logits(bias, q, k).astype(q.dtype)
+    if mask is not None:
+        mask = _expand_to_logits(mask, q, k)
+    out = jax.nn.dot_product_attention(
+        q, k, v, bias=bias, mask=mask, scale=1.0, implementation=implementation
+    )
+    if mask is None:
+        return out
+    # [B, H, Lq] -> [B, Lq, H, 1]: zero the rows that may see nothing.
+    any_visible = jnp.any(mask, axis=-1).transpose(0, 2, 1)[..., None]
+    return jnp.where(any_visible, out, jnp.zeros_like(out))
+
+
+def _expand_to_logits(x: jax.Array, q: jax.Array, k: jax.Array) -> jax.Array:
+    """Broadcast a mask or bias to `[B or 1, H or 1, Lq, Lk]`.
+
+    The kernels want 4-d operands with full query / key lengths; a size-1 batch or head axis
+    stays 1 so nothing is copied per example or per head.
+    """
+    x = x.reshape((1,) * (4 - x.ndim) + x.shape)
+    return jnp.broadcast_to(x, x.shape[:2] + (q.shape[1], k.shape[1]))
+
+
+def relative_position_bucket(
+    relative_position: jax.Array, *, bidirectional: bool, num_buckets: int, max_distance: int
+) -> jax.Array:
+    """Map `relative_position = key_pos - query_pos` to T5's bucket ids in `[0, num_buckets)`.
+
+    Bidirectional: half the buckets for keys at or before the query, half (offset by
+    num_buckets/2) for keys after it. Causal: keys after the query all share bucket 0. Within
+    a half of `n` buckets, distances below n/2 get one bucket each; larger distances are
+    log-spaced up to `max_distance`, beyond which they share the last bucket.
+    """
+    relative_position = jnp.asarray(relative_position, jnp.int32)
+    if bidirectional:
+        num_buckets //= 2
+        offset = jnp.where(relative_position > 0, num_buckets, 0)
+        distance = jnp.abs(relative_position)
+    else:
+        offset = 0
+        distance = jnp.maximum(-relative_position, 0)
+    max_exact = num_buckets // 2
+    # Same float32 operation order as the reference implementations, so boundary distances
+    # land in the same bucket. The maximum() only keeps log() finite where the exact branch wins.
+    log_ratio = jnp.log(jnp.maximum(distance, max_exact).astype(jnp.float32) / max_exact)
+    log_bucket = max_exact + (
+        log_ratio / math.log(max_distance / max_exact) * (num_buckets - max_exact)
+    ).astype(jnp.int32)
+    log_bucket = jnp.minimum(log_bucket, num_buckets - 1)
+    return offset + jnp.where(distance < max_exact, distance, log_bucket)
+
+
+def causal_mask(length: int) -> jax.Array:
+    """`bool [1, 1, length, length]`: position q may see keys at positions <= q."""
+    index = jnp.arange(length)
+    return (index[None, :] <= index[:, None])[None, None]
+
+
+def padding_mask(query_valid: jax.Array, key_valid: jax.Array) -> jax.Array:
+    """`bool [B, 1, Lq, Lk]` from `query_valid [B, Lq]`, `key_valid [B, Lk]` (e.g. tokens > 0).
+
+    A pair is visible only if both the query and the key are real tokens.
+    """
+    return _pairwise(jnp.logical_and, query_valid, key_valid)
+
+
+def segment_mask(query_segments: jax.Array, key_segments: jax.Array) -> jax.Array:
+    """`bool [B, 1, Lq, Lk]`: packed examples (segment ids `[B, L]`) never see each other."""
+    return _pairwise(jnp.equal, query_segments, key_segments)
+
+
+def prefix_lm_mask(inputs_mask: jax.Array) -> jax.Array:
+    """`bool [B, 1, L, L]` for a prefix LM: `inputs_mask [B, L]` marks the prefix.
+
+    Positions inside the prefix see the whole prefix (bidirectional); every position also sees
+    all earlier positions (causal), so nothing ever sees a later target.
+    """
+    inputs_mask = inputs_mask.astype(bool)
+    both_in_prefix = _pairwise(jnp.logical_and, inputs_mask, inputs_mask)
+    return jnp.logical_or(causal_mask(inputs_mask.shape[-1]), both_in_prefix)
+
+
+def cross_attention_mask(
+    decoder_valid: jax.Array,
+    encoder_valid: jax.Array,
+    decoder_segments: jax.Array | None = None,
+    encoder_segments: jax.Array | None = None,
+) -> jax.Array:
+    """`bool [B, 1, Ld, Le]`: a real decoder token sees the real encoder tokens of its example.
+
+    `*_valid` are bool `[B, L]` (e.g. tokens > 0); segment ids `[B, L]` are given when packed.
+    """
+    segments = None
+    if decoder_segments is not None or encoder_segments is not None:
+        if decoder_segments is None or encoder_segments is None:
+            raise ValueError("cross_attention_mask needs both decoder_segments and "
+                             "encoder_segments, or neither")
+        segments = segment_mask(decoder_segments, encoder_segments)
+    return combine_masks(padding_mask(decoder_valid, encoder_valid), segments)
+
+
+def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
+    """Logical AND of the given masks (broadcasting); None entries are ignored.
+
+    Returns None if every entry is None (no restriction).
+    """
+    present = [m for m in masks if m is not None]
+    if not present:
+        return None
+    combined = present[0].astype(bool)
+    for mask in present[1:]:
+        combined = jnp.logical_and(combined, mask)
+    return combined
+
+
+def _pairwise(op, query_values: jax.Array, key_values: jax.Array) -> jax.Array:
+    """`op(query[b, q], key[b, k])` as `[B, 1, Lq, Lk]` from two `[B, L]` arrays."""
+    return op(query_values[:, None, :, None], key_values[:, None, None, :])

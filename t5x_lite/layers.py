@@ -1,0 +1,273 @@
+"""The T5 building blocks as Flax NNX modules: norm, attention, MLP, position bias, one layer.
+
+Conventions shared by every module here:
+- Parameters are float32 `nnx.Param`s carrying `logical_axes` (names from the sharding rules);
+  they are cast to the compute `dtype` right before each matmul. Norms run in float32.
+- Modules hold parameters only. Dropout is a pure function of an explicit key
+  (`dropout_rng`, folded per site), and masks / biases arrive as arguments: no layer decides
+  which positions are visible.
+- Initialisers follow T5 (Mesh TF / Hugging Face `_init_weights` with factor 1).
+- Shapes: B batch, L length, D d_model, H heads, K d_kv, F d_ff.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from t5x_lite.attention import dot_product_attention, relative_position_bucket
+
+
+def normal_param(
+    rngs: nnx.Rngs, shape: tuple[int, ...], stddev: float, logical_axes: tuple[str, ...]
+) -> nnx.Param:
+    """A float32 parameter drawn from normal(0, stddev), tagged with its logical axes."""
+    value = jax.random.normal(rngs.params(), shape, jnp.float32) * stddev
+    return nnx.Param(value, logical_axes=logical_axes)
+
+
+def fold_rng(rng: jax.Array | None, site: int) -> jax.Array | None:
+    """A distinct key for dropout site `site` below `rng`; None stays None (no dropout)."""
+    return None if rng is None else jax.random.fold_in(rng, site)
+
+
+def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
+    """Inverted dropout: zero each element with probability `rate`, scale the rest up.
+
+    Identity when `rng` is None (evaluation) or `rate` is 0.
+    """
+    if rng is None or rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
+
+
+class RMSNorm(nnx.Module):
+    """T5's layer norm: scale only, no mean subtraction, no bias; computed in float32."""
+
+    def __init__(self, dim: int, *, epsilon: float):
+        self.scale = nnx.Param(jnp.ones((dim,), jnp.float32), logical_axes=("embed",))
+        self.epsilon = epsilon
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """`[..., D]` -> `[..., D]` in the dtype of `x`."""
+        x32 = x.astype(jnp.float32)
+        variance = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+        return (self.scale[...] * (x32 * jax.lax.rsqrt(variance + self.epsilon))).astype(x.dtype)
+
+
+class Embed(nnx.Module):
+    """The token embedding table `[vocab, D]`, also usable as the tied output projection."""
+
+    def __init__(self, vocab_size: int, d_model: int, *, dtype: jnp.dtype, rngs: nnx.Rngs):
+        self.embedding = normal_param(rngs, (vocab_size, d_model), 1.0, ("vocab", "embed"))
+        self.dtype = dtype
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        """int `[B, L]` -> `[B, L, D]` in the compute dtype."""
+        return jnp.take(self.embedding[...], tokens, axis=0).astype(self.dtype)
+
+    def attend(self, x: jax.Array) -> jax.Array:
+        """`[B, L, D]` -> unscaled logits `[B, L, vocab]` against the embedding table."""
+        return jnp.einsum("bld,vd->blv", x, self.embedding[...].astype(self.dtype))
+
+
+class LMHead(nnx.Module):
+    """The untied output projection `kernel [D, vocab]` (T5 v1.1)."""
+
+    def __init__(self, d_model: int, vocab_size: int, *, dtype: jnp.dtype, rngs: nnx.Rngs):
+        self.kernel = normal_param(rngs, (d_model, vocab_size), d_model**-0.5, ("embed", "vocab"))
+        self.dtype = dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """`[B, L, D]` -> logits `[B, L, vocab]`."""
+        return jnp.einsum("bld,dv->blv", x, self.kernel[...].astype(self.dtype))
+
+
+class Attention(nnx.Module):
+    """Multi-head attention with query / key / value / out projections and no biases.
+
+    The same module serves self-attention (`inputs_kv` is `inputs_q`) and cross-attention.
+    No dropout on the attention weights (HF T5 has it; we leave it out so the fused
+    `jax.nn.dot_product_attention` kernels apply).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_kv: int,
+        *,
+        dtype: jnp.dtype,
+        implementation: str | None,
+        rngs: nnx.Rngs,
+    ):
+        # T5 has no 1/sqrt(d_kv) in the logits: the query initialiser absorbs it.
+        self.query = normal_param(
+            rngs, (d_model, num_heads, d_kv), (d_model * d_kv) ** -0.5, ("embed", "heads", "kv")
+        )
+        self.key = normal_param(rngs, (d_model, num_heads, d_kv), d_model**-0.5,
+                                ("embed", "heads", "kv"))
+        self.value = normal_param(rngs, (d_model, num_heads, d_kv), d_model**-0.5,
+                                  ("embed", "heads", "kv"))
+        self.out = normal_param(rngs, (num_heads, d_kv, d_model), (num_heads * d_kv) ** -0.5,
+                                ("heads", "kv", "embed"))
+        self.dtype = dtype
+        self.implementation = implementation
+
+    def __call__(
+        self,
+        inputs_q: jax.Array,
+        inputs_kv: jax.Array,
+        mask: jax.Array | None,
+        bias: jax.Array | None = None,
+    ) -> jax.Array:
+        """Queries from `inputs_q [B, Lq, D]` attend over `inputs_kv [B, Lk, D]`.
+
+        `mask` bool / `bias` float broadcastable to `[B, H, Lq, Lk]`. Returns `[B, Lq, D]`.
+        """
+        def project(x: jax.Array, kernel: nnx.Param) -> jax.Array:
+            return jnp.einsum("bld,dhk->blhk", x, kernel[...].astype(self.dtype))
+
+        q = project(inputs_q, self.query)
+        k = project(inputs_kv, self.key)
+        v = project(inputs_kv, self.value)
+        heads = dot_product_attention(q, k, v, mask, bias, implementation=self.implementation)
+        return jnp.einsum("blhk,hkd->bld", heads, self.out[...].astype(self.dtype))
+
+
+class MLP(nnx.Module):
+    """T5's feed-forward block: `wo(act(x wi))` (ReLU, v1.0) or
+    `wo(gelu_tanh(x wi_0) * (x wi_1))` (gated-GELU, v1.1), dropout after the activation."""
+
+    def __init__(
+        self, d_model: int, d_ff: int, *, kind: str, dropout_rate: float, dtype: jnp.dtype,
+        rngs: nnx.Rngs,
+    ):
+        axes = ("embed", "mlp")
+        if kind == "gated-gelu":
+            self.wi_0 = normal_param(rngs, (d_model, d_ff), d_model**-0.5, axes)
+            self.wi_1 = normal_param(rngs, (d_model, d_ff), d_model**-0.5, axes)
+        else:
+            self.wi = normal_param(rngs, (d_model, d_ff), d_model**-0.5, axes)
+        self.wo = normal_param(rngs, (d_ff, d_model), d_ff**-0.5, ("mlp", "embed"))
+        self.kind = kind
+        self.dropout_rate = dropout_rate
+        self.dtype = dtype
+
+    def __call__(self, x: jax.Array, *, dropout_rng: jax.Array | None = None) -> jax.Array:
+        """`[B, L, D]` -> `[B, L, D]`."""
+        def up(kernel: nnx.Param) -> jax.Array:
+            return x @ kernel[...].astype(self.dtype)
+
+        if self.kind == "gated-gelu":
+            hidden = jax.nn.gelu(up(self.wi_0), approximate=True) * up(self.wi_1)
+        else:
+            hidden = jax.nn.relu(up(self.wi))
+        hidden = dropout(hidden, self.dropout_rate, dropout_rng)
+        return hidden @ self.wo[...].astype(self.dtype)
+
+
+class RelativePositionBias(nnx.Module):
+    """T5's learned relative position bias: one scalar per (bucket, head), `[buckets, H]`."""
+
+    def __init__(
+        self, num_buckets: int, max_distance: int, num_heads: int, d_model: int, *,
+        dtype: jnp.dtype, rngs: nnx.Rngs,
+    ):
+        self.embedding = normal_param(
+            rngs, (num_buckets, num_heads), d_model**-0.5, ("relpos_buckets", "heads")
+        )
+        self.num_buckets = num_buckets
+        self.max_distance = max_distance
+        self.dtype = dtype
+
+    def __call__(
+        self, query_positions: jax.Array, key_positions: jax.Array, bidirectional: bool
+    ) -> jax.Array:
+        """Bias `[B or 1, H, Lq, Lk]` from int positions `[B, L]` or `[L]`.
+
+        `bidirectional` picks T5's bucket rule: True for encoders and decoder-only stacks,
+        False (keys after the query share one bucket) for the encoder-decoder's decoder.
+        """
+        query_positions = jnp.atleast_2d(query_positions)
+        key_positions = jnp.atleast_2d(key_positions)
+        relative = key_positions[:, None, :] - query_positions[:, :, None]  # [B, Lq, Lk]
+        buckets = relative_position_bucket(
+            relative, bidirectional=bidirectional, num_buckets=self.num_buckets,
+            max_distance=self.max_distance,
+        )
+        bias = jnp.take(self.embedding[...], buckets, axis=0)  # [B, Lq, Lk, H]
+        return bias.transpose(0, 3, 1, 2).astype(self.dtype)
+
+
+class TransformerLayer(nnx.Module):
+    """One pre-norm T5 layer: self-attention, optional cross-attention, MLP, each residual.
+
+    Dropout sits where HF T5 puts it: on each sub-block's output before the residual add, and
+    inside the MLP after the activation. `share_with` makes this layer reuse another layer's
+    self-attention, MLP and their norms (the same objects, so one parameter set): that is the
+    `encoder_decoder_shared` architecture. Cross-attention and its norm are always its own.
+    """
+
+    def __init__(
+        self,
+        cfg: ml_collections.ConfigDict,
+        *,
+        cross_attention: bool,
+        share_with: TransformerLayer | None = None,
+        rngs: nnx.Rngs,
+    ):
+        dtype = jnp.dtype(cfg.dtype)
+        implementation = None if cfg.attention_impl == "auto" else cfg.attention_impl
+
+        def norm() -> RMSNorm:
+            return RMSNorm(cfg.d_model, epsilon=cfg.layer_norm_epsilon)
+
+        def attention() -> Attention:
+            return Attention(cfg.d_model, cfg.num_heads, cfg.d_kv, dtype=dtype,
+                             implementation=implementation, rngs=rngs)
+
+        if share_with is None:
+            self.self_attention_norm = norm()
+            self.self_attention = attention()
+            self.mlp_norm = norm()
+            self.mlp = MLP(cfg.d_model, cfg.d_ff, kind=cfg.mlp, dropout_rate=cfg.dropout_rate,
+                           dtype=dtype, rngs=rngs)
+        else:
+            self.self_attention_norm = share_with.self_attention_norm
+            self.self_attention = share_with.self_attention
+            self.mlp_norm = share_with.mlp_norm
+            self.mlp = share_with.mlp
+        self.cross_attention_norm = norm() if cross_attention else None
+        self.cross_attention = attention() if cross_attention else None
+        self.dropout_rate = cfg.dropout_rate
+
+    def __call__(
+        self,
+        x: jax.Array,
+        mask: jax.Array | None,
+        bias: jax.Array | None,
+        *,
+        encoded: jax.Array | None = None,
+        cross_mask: jax.Array | None = None,
+        dropout_rng: jax.Array | None = None,
+    ) -> jax.Array:
+        """`x [B, L, D]` -> `[B, L, D]`.
+
+        `mask` / `bias` are for self-attention; `encoded [B, Le, D]` and `cross_mask`
+        (broadcastable to `[B, 1, L, Le]`) are required exactly when the layer has
+        cross-attention (T5 uses no position bias there).
+        """
+        if (self.cross_attention is None) != (encoded is None):
+            raise ValueError("encoded must be given if and only if the layer has cross-attention")
+        h = self.self_attention_norm(x)
+        x = x + dropout(self.self_attention(h, h, mask, bias), self.dropout_rate,
+                        fold_rng(dropout_rng, 0))
+        if self.cross_attention is not None:
+            h = self.cross_attention_norm(x)
+            x = x + dropout(self.cross_attention(h, encoded, cross_mask), self.dropout_rate,
+                            fold_rng(dropout_rng, 1))
+        h = self.mlp(self.mlp_norm(x), dropout_rng=fold_rng(dropout_rng, 2))
+        return x + dropout(h, self.dropout_rate, fold_rng(dropout_rng, 3))

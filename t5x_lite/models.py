@@ -1,0 +1,240 @@
+"""The five architectures of the T5 paper's Table 2 as one family, chosen by `config.arch`.
+
+- `encoder_decoder`: L encoder + L decoder layers (about 2P parameters, cost M).
+- `encoder_decoder_shared`: the decoder's layers reuse the encoder's self-attention and MLP
+  (about P parameters, cost M).
+- `encoder_decoder_half`: L/2 + L/2 layers (about P parameters, cost M/2).
+- `language_model` / `prefix_lm`: one decoder-only network with L layers; the two are the
+  same class with the same parameters, and only the mask from `make_masks` differs.
+
+`make_masks(batch, arch)` is the only place where the architecture decides what a position
+may see; a model called without masks calls it. `model(batch)` returns float32 logits
+`[B, target_len, vocab]`.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from t5x_lite import attention
+from t5x_lite.config import (
+    ARCHS,
+    DECODER_ONLY_ARCHS,
+    ENCODER_DECODER_ARCHS,
+    ConfigError,
+    validate_model_config,
+)
+from t5x_lite.layers import (
+    Embed,
+    LMHead,
+    RMSNorm,
+    RelativePositionBias,
+    TransformerLayer,
+    dropout,
+    fold_rng,
+)
+
+Batch = dict[str, jax.Array]
+
+
+def make_masks(batch: Batch, arch: str) -> dict[str, jax.Array]:
+    """The attention masks (bool `[B, 1, Lq, Lk]`) the architecture `arch` uses on `batch`.
+
+    Encoder-decoder archs get `encoder_mask` (padding, segments), `decoder_mask` (causal,
+    segments, padding) and `cross_mask`; decoder-only archs get `decoder_mask` (causal, or
+    bidirectional over `inputs_mask` for `prefix_lm`; padding, segments). A decoder position
+    is padding iff `decoder_target_tokens` is present and 0 there (Hugging Face T5 has no
+    decoder padding mask, so without targets every decoder position is valid).
+    """
+    decoder_tokens = batch["decoder_input_tokens"]
+    if "decoder_target_tokens" in batch:
+        decoder_valid = batch["decoder_target_tokens"] > 0
+    else:
+        decoder_valid = jnp.ones(decoder_tokens.shape, bool)
+    decoder_segments = batch.get("decoder_segment_ids")
+    decoder_self = _padding_and_segments(decoder_valid, decoder_segments)
+
+    if arch in ENCODER_DECODER_ARCHS:
+        encoder_valid = batch["encoder_input_tokens"] > 0
+        encoder_segments = batch.get("encoder_segment_ids")
+        return {
+            "encoder_mask": _padding_and_segments(encoder_valid, encoder_segments),
+            "decoder_mask": attention.combine_masks(
+                attention.causal_mask(decoder_tokens.shape[1]), decoder_self),
+            "cross_mask": attention.cross_attention_mask(
+                decoder_valid, encoder_valid, decoder_segments, encoder_segments),
+        }
+    if arch == "language_model":
+        visibility = attention.causal_mask(decoder_tokens.shape[1])
+    elif arch == "prefix_lm":
+        visibility = attention.prefix_lm_mask(batch["inputs_mask"])
+    else:
+        raise ConfigError(f"arch={arch!r} is not allowed; choose one of {', '.join(ARCHS)}")
+    return {"decoder_mask": attention.combine_masks(visibility, decoder_self)}
+
+
+def _padding_and_segments(valid: jax.Array, segments: jax.Array | None) -> jax.Array:
+    """Self-attention mask `[B, 1, L, L]`: real tokens see the real tokens of their segment."""
+    packing = None if segments is None else attention.segment_mask(segments, segments)
+    return attention.combine_masks(attention.padding_mask(valid, valid), packing)
+
+
+def _positions(batch: Batch, stack: str, tokens_key: str) -> jax.Array:
+    """Token positions for the relative position bias: `{stack}_positions [B, L]` when packed,
+    else `arange(L)`."""
+    positions = batch.get(f"{stack}_positions")
+    return jnp.arange(batch[tokens_key].shape[1]) if positions is None else positions
+
+
+class TransformerStack(nnx.Module):
+    """Embedded tokens -> dropout -> layers -> final norm -> dropout.
+
+    One relative position bias per stack, computed once per forward and shared by all its
+    layers; `bidirectional` picks the bucket rule (not visibility: that is the mask).
+    `share_with` makes layer i reuse `share_with.layers[i]`'s self-attention and MLP.
+    """
+
+    def __init__(
+        self,
+        cfg: ml_collections.ConfigDict,
+        num_layers: int,
+        *,
+        bidirectional: bool,
+        cross_attention: bool,
+        share_with: TransformerStack | None = None,
+        rngs: nnx.Rngs,
+    ):
+        dtype = jnp.dtype(cfg.dtype)
+        self.relpos = RelativePositionBias(cfg.relpos_buckets, cfg.relpos_max_distance,
+                                           cfg.num_heads, cfg.d_model, dtype=dtype, rngs=rngs)
+        self.layers = nnx.List([
+            TransformerLayer(
+                cfg, cross_attention=cross_attention,
+                share_with=None if share_with is None else share_with.layers[i], rngs=rngs)
+            for i in range(num_layers)
+        ])
+        self.final_norm = RMSNorm(cfg.d_model, epsilon=cfg.layer_norm_epsilon)
+        self.bidirectional = bidirectional
+        self.dropout_rate = cfg.dropout_rate
+
+    def __call__(
+        self,
+        x: jax.Array,
+        positions: jax.Array,
+        mask: jax.Array | None,
+        *,
+        encoded: jax.Array | None = None,
+        cross_mask: jax.Array | None = None,
+        dropout_rng: jax.Array | None = None,
+    ) -> jax.Array:
+        """`x [B, L, D]` embedded tokens, `positions [B, L]` or `[L]` -> `[B, L, D]`."""
+        bias = self.relpos(positions, positions, self.bidirectional)
+        x = dropout(x, self.dropout_rate, fold_rng(dropout_rng, 0))
+        for i, layer in enumerate(self.layers):
+            x = layer(x, mask, bias, encoded=encoded, cross_mask=cross_mask,
+                      dropout_rng=fold_rng(dropout_rng, i + 2))
+        return dropout(self.final_norm(x), self.dropout_rate, fold_rng(dropout_rng, 1))
+
+
+class _LanguageModel(nnx.Module):
+    """What every architecture has: the token embedding and the output projection."""
+
+    def __init__(self, cfg: ml_collections.ConfigDict, rngs: nnx.Rngs):
+        dtype = jnp.dtype(cfg.dtype)
+        self.arch = cfg.arch
+        self.d_model = cfg.d_model
+        self.token_embedder = Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, rngs=rngs)
+        self.lm_head = (None if cfg.tie_embeddings
+                        else LMHead(cfg.d_model, cfg.vocab_size, dtype=dtype, rngs=rngs))
+
+    def logits(self, x: jax.Array) -> jax.Array:
+        """Final hidden states `[B, L, D]` -> float32 logits `[B, L, vocab]`."""
+        if self.lm_head is None:
+            # Tied embeddings: T5 rescales so the logits do not grow with d_model.
+            return self.token_embedder.attend(x * self.d_model**-0.5).astype(jnp.float32)
+        return self.lm_head(x).astype(jnp.float32)
+
+
+class EncoderDecoder(_LanguageModel):
+    """`encoder_decoder`, `encoder_decoder_shared` and `encoder_decoder_half`."""
+
+    def __init__(self, cfg: ml_collections.ConfigDict, rngs: nnx.Rngs):
+        super().__init__(cfg, rngs)
+        num_layers = cfg.num_layers // 2 if cfg.arch == "encoder_decoder_half" else cfg.num_layers
+        self.encoder = TransformerStack(cfg, num_layers, bidirectional=True,
+                                        cross_attention=False, rngs=rngs)
+        self.decoder = TransformerStack(
+            cfg, num_layers, bidirectional=False, cross_attention=True,
+            share_with=self.encoder if cfg.arch == "encoder_decoder_shared" else None, rngs=rngs)
+
+    def encode(
+        self, batch: Batch, masks: dict[str, jax.Array], dropout_rng: jax.Array | None = None
+    ) -> jax.Array:
+        """`batch['encoder_input_tokens'] [B, Le]` -> encoder output `[B, Le, D]`."""
+        x = self.token_embedder(batch["encoder_input_tokens"])
+        positions = _positions(batch, "encoder", "encoder_input_tokens")
+        return self.encoder(x, positions, masks["encoder_mask"],
+                            dropout_rng=fold_rng(dropout_rng, 0))
+
+    def decode(
+        self,
+        encoded: jax.Array,
+        batch: Batch,
+        masks: dict[str, jax.Array],
+        dropout_rng: jax.Array | None = None,
+    ) -> jax.Array:
+        """Encoder output `[B, Le, D]` and `batch['decoder_input_tokens'] [B, Ld]` ->
+        float32 logits `[B, Ld, vocab]`."""
+        x = self.token_embedder(batch["decoder_input_tokens"])
+        positions = _positions(batch, "decoder", "decoder_input_tokens")
+        x = self.decoder(x, positions, masks["decoder_mask"], encoded=encoded,
+                         cross_mask=masks["cross_mask"], dropout_rng=fold_rng(dropout_rng, 1))
+        return self.logits(x)
+
+    def __call__(
+        self,
+        batch: Batch,
+        masks: dict[str, jax.Array] | None = None,
+        *,
+        dropout_rng: jax.Array | None = None,
+    ) -> jax.Array:
+        """Float32 logits `[B, Ld, vocab]`; `masks` default to `make_masks(batch, arch)`."""
+        masks = make_masks(batch, self.arch) if masks is None else masks
+        return self.decode(self.encode(batch, masks, dropout_rng), batch, masks, dropout_rng)
+
+
+class DecoderOnly(_LanguageModel):
+    """`language_model` and `prefix_lm`: one causal-or-prefix decoder stack, no cross-attention.
+
+    Bidirectional relative-position buckets for both, so a checkpoint means the same thing
+    under either mask.
+    """
+
+    def __init__(self, cfg: ml_collections.ConfigDict, rngs: nnx.Rngs):
+        super().__init__(cfg, rngs)
+        self.decoder = TransformerStack(cfg, cfg.num_layers, bidirectional=True,
+                                        cross_attention=False, rngs=rngs)
+
+    def __call__(
+        self,
+        batch: Batch,
+        masks: dict[str, jax.Array] | None = None,
+        *,
+        dropout_rng: jax.Array | None = None,
+    ) -> jax.Array:
+        """Float32 logits `[B, L, vocab]` for `batch['decoder_input_tokens'] [B, L]`."""
+        masks = make_masks(batch, self.arch) if masks is None else masks
+        x = self.token_embedder(batch["decoder_input_tokens"])
+        positions = _positions(batch, "decoder", "decoder_input_tokens")
+        x = self.decoder(x, positions, masks["decoder_mask"], dropout_rng=fold_rng(dropout_rng, 1))
+        return self.logits(x)
+
+
+def build_model(model_cfg: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
+    """Validate `model_cfg` (raising `ConfigError` before any array exists) and build it."""
+    validate_model_config(model_cfg)
+    if model_cfg.arch in DECODER_ONLY_ARCHS:
+        return DecoderOnly(model_cfg, rngs)
+    return EncoderDecoder(model_cfg, rngs)
