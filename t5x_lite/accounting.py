@@ -1,0 +1,260 @@
+"""Parameter and FLOP accounting for the five Table-2 architectures, and model FLOPs utilisation.
+
+Everything that counts is plain Python arithmetic on a model config and sequence lengths: no
+model is built and nothing is timed, so the paper's Params (P / 2P) and Cost (M / M/2) columns
+are computed rather than typed, and the train loop can turn step times into MFU.
+
+What `train_flops_per_example` counts (2 FLOPs per multiply-add, forward x 3 for training,
+since the backward pass does two matmuls of the same size per forward matmul):
+- attention: the q, k, v and output projections, the scores q.k^T and the weighted sum of
+  values; cross-attention projects k and v over the encoder length and q and o over the
+  decoder length;
+- the MLP (two weight matrices, three for gated-GELU);
+- the logits over every position of the decoder (tied or untied, the same matmul).
+Left out, as usual for MFU, because they are not matmuls and cost O(length x d_model) (softmax:
+O(length^2 x heads)), about 1% of the total or less for d_model >= 256 and d_kv = 64: embedding
+lookups, RMS norms, softmax, relative-position buckets, dropout, residual adds and the loss. Masks do not reduce the count: dense attention kernels
+compute every (query, key) pair and masking happens after, so causal attention is counted at full
+length (the usual convention for MFU, which counts model FLOPs, not hardware FLOPs; nor does it
+count recomputation from rematerialisation).
+
+The paper's columns (Raffel et al. 2020, section 3.2.2 and Table 2): P is the parameter count
+of one L-layer stack and M the cost of processing an input-target pair with the L + L
+encoder-decoder, which is about what the L-layer decoder-only model pays for the same
+inputs + targets tokens as one sequence. We use that decoder-only `language_model` with the
+same settings as the reference for both, so P and M are counted rather than chosen.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import time
+import warnings
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from t5x_lite.config import DECODER_ONLY_ARCHS, validate_model_config
+
+
+class _Stack(NamedTuple):
+    """One stack of transformer layers as an architecture builds it."""
+    name: str  # "encoder" or "decoder"
+    num_layers: int
+    cross_attention: bool  # decoder layers of an encoder-decoder attend to the encoder
+    shares_layers: bool  # reuses the encoder's self-attention and MLP parameters
+
+
+def _stacks(model_cfg: ml_collections.ConfigDict) -> tuple[_Stack, ...]:
+    """The layer stacks of `model_cfg.arch`, encoder first (see models.py)."""
+    num_layers = model_cfg.num_layers
+    if model_cfg.arch in DECODER_ONLY_ARCHS:
+        return (_Stack("decoder", num_layers, cross_attention=False, shares_layers=False),)
+    if model_cfg.arch == "encoder_decoder_half":
+        num_layers //= 2
+    shared = model_cfg.arch == "encoder_decoder_shared"
+    return (
+        _Stack("encoder", num_layers, cross_attention=False, shares_layers=False),
+        _Stack("decoder", num_layers, cross_attention=True, shares_layers=shared),
+    )
+
+
+def _num_mlp_matrices(model_cfg: ml_collections.ConfigDict) -> int:
+    """wi and wo for ReLU; wi_0, wi_1 and wo for gated-GELU."""
+    return 3 if model_cfg.mlp == "gated-gelu" else 2
+
+
+def param_count(model_cfg: ml_collections.ConfigDict) -> int:
+    """Exact number of parameters in the tree `models.build_model(model_cfg)` creates.
+
+    Parameters shared between stacks (`encoder_decoder_shared`) are counted once.
+    """
+    validate_model_config(model_cfg)
+    d_model, inner = model_cfg.d_model, model_cfg.num_heads * model_cfg.d_kv
+    attention = 4 * d_model * inner  # query, key, value [embed, heads, kv]; out [heads, kv, embed]
+    mlp = _num_mlp_matrices(model_cfg) * d_model * model_cfg.d_ff
+    total = model_cfg.vocab_size * d_model  # token embedding
+    if not model_cfg.tie_embeddings:
+        total += d_model * model_cfg.vocab_size  # lm_head
+    for stack in _stacks(model_cfg):
+        total += model_cfg.relpos_buckets * model_cfg.num_heads + d_model  # relpos, final norm
+        per_layer = 0 if stack.shares_layers else (d_model + attention) + (d_model + mlp)
+        if stack.cross_attention:
+            per_layer += d_model + attention
+        total += stack.num_layers * per_layer
+    return total
+
+
+def _require_length(field: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{field}={value!r} must be a positive integer (tokens per example)")
+
+
+def _attention_flops(d_model: int, inner: int, q_len: int, kv_len: int) -> int:
+    """Forward FLOPs of one attention block: projections, scores q.k^T and the weighted values."""
+    projections = 2 * d_model * inner * (2 * q_len + 2 * kv_len)  # q, o per query; k, v per key
+    scores_and_values = 2 * 2 * q_len * kv_len * inner
+    return projections + scores_and_values
+
+
+def train_flops_per_example(
+    model_cfg: ml_collections.ConfigDict, inputs_length: int, targets_length: int
+) -> float:
+    """Training FLOPs (forward + backward = 3 x forward matmul FLOPs) for one example.
+
+    Encoder-decoder archs run `inputs_length` tokens through the encoder and `targets_length`
+    through the decoder; decoder-only archs run `inputs_length + targets_length` tokens as one
+    sequence. See the module docstring for which terms are counted.
+    """
+    validate_model_config(model_cfg)
+    _require_length("inputs_length", inputs_length)
+    _require_length("targets_length", targets_length)
+    d_model, inner = model_cfg.d_model, model_cfg.num_heads * model_cfg.d_kv
+    mlp_per_token = 2 * _num_mlp_matrices(model_cfg) * d_model * model_cfg.d_ff
+    if model_cfg.arch in DECODER_ONLY_ARCHS:
+        lengths = {"decoder": inputs_length + targets_length}
+    else:
+        lengths = {"encoder": inputs_length, "decoder": targets_length}
+    forward = 0
+    for stack in _stacks(model_cfg):
+        length = lengths[stack.name]
+        per_layer = _attention_flops(d_model, inner, length, length) + mlp_per_token * length
+        if stack.cross_attention:
+            per_layer += _attention_flops(d_model, inner, length, inputs_length)
+        forward += stack.num_layers * per_layer
+    forward += 2 * d_model * model_cfg.vocab_size * lengths["decoder"]  # logits
+    return 3.0 * forward
+
+
+def _multiple_label(ratio: float, symbol: str) -> str:
+    """`ratio` rounded to the nearest power of two, written as the paper does: P, 2P, M/2."""
+    exponent = round(math.log2(ratio))
+    if exponent == 0:
+        return symbol
+    return f"{2 ** exponent}{symbol}" if exponent > 0 else f"{symbol}/{2 ** -exponent}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Table2Columns:
+    """An architecture's Params and Cost columns of the paper's Table 2.
+
+    The ratios are relative to the decoder-only `language_model` with the same settings (P: its
+    parameters, M: its training FLOPs for the inputs + targets sequence); the labels round them
+    to the nearest power of two in log space, so any ratio within a factor sqrt(2) of a label
+    gets it.
+    """
+    params: int
+    train_flops: float
+    params_ratio: float
+    flops_ratio: float
+    params_label: str  # "P", "2P", ...
+    cost_label: str  # "M", "M/2", ...
+
+
+def table2_columns(
+    model_cfg: ml_collections.ConfigDict, inputs_length: int, targets_length: int
+) -> Table2Columns:
+    """The Params (P / 2P) and Cost (M / M/2) columns for `model_cfg.arch`, computed from counts."""
+    reference = ml_collections.ConfigDict({**model_cfg.to_dict(), "arch": "language_model"})
+    params = param_count(model_cfg)
+    flops = train_flops_per_example(model_cfg, inputs_length, targets_length)
+    params_ratio = params / param_count(reference)
+    flops_ratio = flops / train_flops_per_example(reference, inputs_length, targets_length)
+    return Table2Columns(
+        params=params,
+        train_flops=flops,
+        params_ratio=params_ratio,
+        flops_ratio=flops_ratio,
+        params_label=_multiple_label(params_ratio, "P"),
+        cost_label=_multiple_label(flops_ratio, "M"),
+    )
+
+
+class _Peak(NamedTuple):
+    """Dense peak FLOP/s of one JAX device; `float32` at JAX's default matmul precision."""
+    device_kind: str  # regular expression, full match on the lower-cased `Device.device_kind`
+    bfloat16: float
+    float32: float
+
+
+# Vendor spec sheets, dense (no structured sparsity), per JAX device; first match wins, so the
+# more specific pattern comes first. JAX's default precision runs float32 matmuls as one bfloat16
+# pass on TPU and as TF32 on Ampere and later NVIDIA GPUs, so those are the float32 peaks.
+# TPU v2 and v3 expose each of a chip's two TensorCores as a device, hence half the chip's peak.
+PEAKS = (
+    _Peak(r"tpu v2", 22.5e12, 22.5e12),  # cloud.google.com/tpu/docs/v2: 45 TFLOPS per chip
+    _Peak(r"tpu v3", 61.5e12, 61.5e12),  # cloud.google.com/tpu/docs/v3: 123 TFLOPS per chip
+    _Peak(r"tpu v4", 275e12, 275e12),  # cloud.google.com/tpu/docs/v4
+    _Peak(r"tpu v5( lite|e)", 197e12, 197e12),  # cloud.google.com/tpu/docs/v5e
+    _Peak(r"tpu v5p?", 459e12, 459e12),  # cloud.google.com/tpu/docs/v5p
+    _Peak(r"tpu v6( lite|e)", 918e12, 918e12),  # cloud.google.com/tpu/docs/v6e (Trillium)
+    _Peak(r"nvidia a100.*", 312e12, 156e12),  # NVIDIA A100 datasheet: BF16 312, TF32 156
+    _Peak(r"nvidia h100.*pcie.*", 756e12, 378e12),  # NVIDIA H100 datasheet, PCIe column
+    _Peak(r"nvidia h[12]00.*nvl.*", 835.5e12, 417.5e12),  # H100 / H200 datasheets, NVL column
+    _Peak(r"nvidia g?h[12]00.*", 989.5e12, 494.5e12),  # H100 SXM, H200 SXM, GH200 datasheets
+    _Peak(r"nvidia l4", 121e12, 60e12),  # NVIDIA L4 datasheet (242 / 120 with sparsity)
+    _Peak(r"nvidia l40s", 362e12, 183e12),  # NVIDIA L40S datasheet
+)
+_PEAK_DTYPES = ("float32", "bfloat16")
+
+
+def peak_flops(device: jax.Device | str, dtype: Any) -> float | None:
+    """The vendor's dense peak FLOP/s for one device (or its `device_kind`) computing in `dtype`.
+
+    Returns None, with a warning saying why, for a device not in `PEAKS`: MFU is then reported
+    as None. CPUs have no entry; measure them with `measure_cpu_matmul_peak`.
+    """
+    dtype_name = jnp.dtype(dtype).name
+    if dtype_name not in _PEAK_DTYPES:
+        raise ValueError(f"dtype={dtype_name!r} has no peak entry; choose one of "
+                         f"{', '.join(_PEAK_DTYPES)}")
+    kind = device if isinstance(device, str) else device.device_kind
+    for peak in PEAKS:
+        if re.fullmatch(peak.device_kind, kind.strip().lower()):
+            return getattr(peak, dtype_name)
+    warnings.warn(
+        f"No peak FLOP/s known for device kind {kind!r}, so MFU is reported as None. Known "
+        f"kinds (regular expressions): {', '.join(p.device_kind for p in PEAKS)}. For a CPU, "
+        "pass the peak from t5x_lite.accounting.measure_cpu_matmul_peak() instead.",
+        stacklevel=2,
+    )
+    return None
+
+
+def mfu(flops_per_second: float, peak_flops_per_second: float | None) -> float | None:
+    """Model FLOPs utilisation: achieved model FLOP/s over the peak; None when the peak is unknown."""
+    if peak_flops_per_second is None:
+        return None
+    if peak_flops_per_second <= 0:
+        raise ValueError(f"peak_flops_per_second={peak_flops_per_second} must be positive")
+    if flops_per_second < 0:
+        raise ValueError(f"flops_per_second={flops_per_second} must be >= 0")
+    return flops_per_second / peak_flops_per_second
+
+
+def measure_cpu_matmul_peak(dtype: Any = jnp.float32, seconds: float = 1.0,
+                            size: int = 2048) -> float:
+    """FLOP/s of the best of repeated jitted [size, size] matmuls on the CPU backend.
+
+    CPUs have no spec-sheet entry in `PEAKS`, and their throughput depends on the cores and
+    vector units actually available, so the peak MFU is measured against is measured on the
+    same machine. Repeats for about `seconds` (at least 3 timed runs after a warm-up) and keeps
+    the fastest, the one least disturbed by other processes.
+    """
+    if seconds <= 0:
+        raise ValueError(f"seconds={seconds} must be positive")
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        raise ValueError(f"size={size!r} must be a positive integer")
+    x = jax.device_put(jnp.ones((size, size), dtype), jax.devices("cpu")[0])
+    matmul = jax.jit(jnp.matmul)
+    matmul(x, x).block_until_ready()  # compile and warm up outside the timed runs
+    times: list[float] = []
+    deadline = time.perf_counter() + seconds
+    while len(times) < 3 or time.perf_counter() < deadline:
+        start = time.perf_counter()
+        matmul(x, x).block_until_ready()
+        times.append(time.perf_counter() - start)
+    return 2 * size**3 / min(times)
