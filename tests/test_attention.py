@@ -1,0 +1,170 @@
+"""attention.py: the attention function against a naive reference, the mask builders on
+hand-worked examples, and T5's relative position buckets against hand-derived values."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from t5x_lite.attention import (
+    causal_mask,
+    combine_masks,
+    cross_attention_mask,
+    dot_product_attention,
+    padding_mask,
+    prefix_lm_mask,
+    relative_position_bucket,
+    segment_mask,
+)
+
+B, LQ, LK, H, D = 2, 3, 4, 2, 5
+
+
+def _qkv(seed=0):
+    kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
+    return (jax.random.normal(kq, (B, LQ, H, D)), jax.random.normal(kk, (B, LK, H, D)),
+            jax.random.normal(kv, (B, LK, H, D)))
+
+
+def _reference(q, k, v, mask, bias=None):
+    """Textbook attention without scaling: softmax(q.k + bias, masked) . v"""
+    logits = np.einsum("bqhd,bkhd->bhqk", q, k)
+    if bias is not None:
+        logits = logits + bias
+    logits = np.where(mask, logits, -np.inf)
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights = weights / weights.sum(-1, keepdims=True)
+    return np.einsum("bhqk,bkhd->bqhd", weights, v)
+
+
+KEY_PADDING = np.array([[1, 1, 1, 0], [1, 1, 0, 0]], bool)[:, None, None, :]  # [B, 1, 1, LK]
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_attention_matches_reference_with_key_padding(with_bias):
+    q, k, v = _qkv()
+    bias = jax.random.normal(jax.random.key(1), (1, H, LQ, LK)) if with_bias else None
+    out = dot_product_attention(q, k, v, jnp.asarray(KEY_PADDING), bias)
+    assert out.shape == (B, LQ, H, D)
+    np.testing.assert_allclose(out, _reference(q, k, v, KEY_PADDING, bias), atol=1e-5)
+
+
+def test_attention_without_mask_and_with_2d_mask():
+    q, k, v = _qkv()
+    everything = np.ones((B, 1, LQ, LK), bool)
+    np.testing.assert_allclose(dot_product_attention(q, k, v, None),
+                               _reference(q, k, v, everything), atol=1e-5)
+    two_d = np.tril(np.ones((LQ, LK), bool))  # broadcast over batch and heads
+    np.testing.assert_allclose(dot_product_attention(q, k, v, jnp.asarray(two_d)),
+                               _reference(q, k, v, two_d), atol=1e-5)
+
+
+def test_padded_values_do_not_leak():
+    q, k, v = _qkv()
+    v_changed = v.at[:, 3].set(100.0)  # position 3 is padding in both examples
+    mask = jnp.asarray(KEY_PADDING)
+    np.testing.assert_allclose(dot_product_attention(q, k, v, mask),
+                               dot_product_attention(q, k, v_changed, mask), atol=1e-6)
+
+
+def test_fully_masked_query_rows_are_zero_not_nan():
+    q, k, v = _qkv()
+    mask = np.ones((B, 1, LQ, LK), bool)
+    mask[0, :, 1, :] = False  # query 1 of example 0 may see nothing
+    out = dot_product_attention(q, k, v, jnp.asarray(mask))
+    assert np.all(np.isfinite(out))
+    np.testing.assert_array_equal(out[0, 1], 0.0)
+    np.testing.assert_allclose(out[1:], _reference(q[1:], k[1:], v[1:], mask[1:]), atol=1e-5)
+
+
+def test_unknown_implementation_is_rejected():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="implementation='flash'.*'xla', 'cudnn'"):
+        dot_product_attention(q, k, v, None, implementation="flash")
+
+
+def test_causal_mask():
+    expected = [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+    mask = causal_mask(3)
+    assert mask.shape == (1, 1, 3, 3) and mask.dtype == bool
+    np.testing.assert_array_equal(mask[0, 0], expected)
+
+
+def test_padding_mask():
+    tokens_q = jnp.array([[7, 8, 0]])
+    tokens_k = jnp.array([[9, 0]])
+    mask = padding_mask(tokens_q > 0, tokens_k > 0)
+    assert mask.shape == (1, 1, 3, 2)
+    np.testing.assert_array_equal(mask[0, 0], [[1, 0], [1, 0], [0, 0]])
+
+
+def test_segment_mask():
+    segments = jnp.array([[1, 1, 2, 0]])
+    expected = [[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]
+    np.testing.assert_array_equal(segment_mask(segments, segments)[0, 0], expected)
+
+
+def test_prefix_lm_mask():
+    # Prefix = positions 0 and 1: both see each other; 2 and 3 see only the past and themselves.
+    expected = [[1, 1, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
+    mask = prefix_lm_mask(jnp.array([[True, True, False, False]]))
+    assert mask.shape == (1, 1, 4, 4)
+    np.testing.assert_array_equal(mask[0, 0], expected)
+    # No prefix at all is exactly the causal mask.
+    np.testing.assert_array_equal(prefix_lm_mask(jnp.zeros((1, 4), bool)), causal_mask(4))
+
+
+def test_cross_attention_mask():
+    decoder_valid = jnp.array([[True, True, False]])
+    encoder_valid = jnp.array([[True, True, True, False]])
+    mask = cross_attention_mask(decoder_valid, encoder_valid)
+    assert mask.shape == (1, 1, 3, 4)
+    np.testing.assert_array_equal(mask[0, 0], [[1, 1, 1, 0], [1, 1, 1, 0], [0, 0, 0, 0]])
+    packed = cross_attention_mask(decoder_valid, encoder_valid,
+                                  jnp.array([[1, 2, 0]]), jnp.array([[1, 1, 2, 0]]))
+    np.testing.assert_array_equal(packed[0, 0], [[1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]])
+
+
+def test_cross_attention_mask_needs_both_segment_arrays():
+    valid = jnp.ones((1, 2), bool)
+    with pytest.raises(ValueError, match="decoder_segments and encoder_segments"):
+        cross_attention_mask(valid, valid, decoder_segments=jnp.ones((1, 2), jnp.int32))
+
+
+def test_combine_masks():
+    a = jnp.array([[True, False], [True, True]])[None, None]  # [1, 1, 2, 2]
+    b = jnp.array([[[[True, True], [False, True]]], [[[True, True], [True, True]]]])  # [2, 1, 2, 2]
+    combined = combine_masks(a, None, b)
+    assert combined.shape == (2, 1, 2, 2)
+    np.testing.assert_array_equal(combined[0, 0], [[1, 0], [0, 1]])
+    np.testing.assert_array_equal(combined[1, 0], [[1, 0], [1, 1]])
+    assert combine_masks(None, None) is None
+
+
+# Hand-derived from T5's rule. Bidirectional, 32 buckets, max distance 128: each direction has
+# n = 16 buckets, exact for distances < max_exact = 8, then
+# 8 + floor(ln(d / 8) / ln(128 / 8) * (16 - 8)); keys after the query add 16.
+#   d=3 -> 3;  d=8 -> 8 + floor(0) = 8;  d=20 -> 8 + floor(ln 2.5 / ln 16 * 8 = 2.64) = 10;
+#   d=100 -> 8 + floor(ln 12.5 / ln 16 * 8 = 7.29) = 15;  d=500 -> capped at 15.
+BIDIRECTIONAL = [(0, 0), (-3, 3), (3, 19), (-8, 8), (-20, 10), (20, 26), (-100, 15),
+                 (100, 31), (-500, 15), (500, 31)]
+# Causal, 32 buckets, max distance 128: keys after the query -> 0; max_exact = 16, then
+# 16 + floor(ln(d / 16) / ln(128 / 16) * 16):
+#   d=20 -> 16 + floor(ln 1.25 / ln 8 * 16 = 1.72) = 17;  d=100 -> 16 + floor(14.10) = 30;
+#   d=127 -> 16 + floor(15.94) = 31;  d=500 -> capped at 31.
+CAUSAL = [(0, 0), (5, 0), (-5, 5), (-15, 15), (-20, 17), (-100, 30), (-127, 31), (-500, 31)]
+
+
+@pytest.mark.parametrize("bidirectional,cases", [(True, BIDIRECTIONAL), (False, CAUSAL)])
+def test_relative_position_bucket(bidirectional, cases):
+    relative, expected = zip(*cases)
+    buckets = relative_position_bucket(jnp.array(relative), bidirectional=bidirectional,
+                                       num_buckets=32, max_distance=128)
+    np.testing.assert_array_equal(buckets, expected)
+
+
+def test_relative_position_bucket_small_table():
+    # 8 bidirectional buckets, max distance 16: halves of 4, exact below 2, then
+    # 2 + floor(ln(d / 2) / ln 8 * 2): d=3 -> 2 + floor(0.39) = 2, d=7 -> 2 + floor(1.20) = 3.
+    buckets = relative_position_bucket(jnp.array([-1, -3, -7, 1, 7]), bidirectional=True,
+                                       num_buckets=8, max_distance=16)
+    np.testing.assert_array_equal(buckets, [1, 2, 3, 5, 7])
