@@ -1,0 +1,385 @@
+"""Resumable training state on disk: orbax checkpoints, config compatibility, preemption.
+
+`Checkpointer` owns one run's checkpoint folder (e.g. `workdir/checkpoints`):
+
+    config.json                   the config of the run that wrote the checkpoints
+    <step>/                       one orbax checkpoint of the whole train state per saved step
+    unreadable/<step>-<time>/     checkpoints that failed to restore, moved aside for inspection
+
+`step` is the number of optimizer updates applied (the state's own step counter), so a run
+restored at step s continues with update s + 1. The input pipeline position is derived from the
+step, so the checkpoint is all a resumed run needs. The train loop uses it like this:
+
+    with Checkpointer(workdir / "checkpoints", every=K, keep=N, config=config) as ckpt:
+        state = ckpt.restore(abstract_state) if ckpt.latest_step() is not None else init()
+        while step < steps:
+            state, metrics = train_step(state, ...); step += 1
+            if ckpt.reached_preemption(step):    # SIGTERM / SIGINT arrived
+                ckpt.maybe_save(step, state, force=True)
+                break                            # leaving the block waits for the save
+            ckpt.maybe_save(step, state)         # every K steps, asynchronous
+
+Multi-host: every process makes the same calls with the same step; orbax writes each array
+shard from the process that holds it and does the file bookkeeping on process 0. A preemption
+notice (SIGTERM) may reach the processes at different steps, so with several processes the
+decision comes from JAX's preemption service (started by `jax.distributed.initialize`), which
+makes all processes agree on one step; `reached_preemption` returns True there on every process.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+import warnings
+from types import FrameType, TracebackType
+from typing import Any, Sequence
+
+import jax
+import ml_collections
+import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers as policies
+from etils import epath
+
+from t5x_lite.config import ConfigError
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.json"
+UNREADABLE_DIR = "unreadable"
+
+# Config fields a resumed run must share with the run that wrote the checkpoints: they fix the
+# shapes of the saved state (model, optimizer), the meaning of the token ids (vocabulary,
+# corpus) and which examples the step-indexed input pipeline feeds (objective, lengths, batch
+# size, seed). Anything else (steps, schedule, learning rate, mesh, logging) may change.
+RESUME_FIELDS = (
+    "model", "objective", "train.optimizer", "train.batch_size", "train.seed",
+    "data.corpus", "data.vocab",
+)
+# Fields inside `model` that leave the parameters unchanged: the saved float32 parameters
+# restore under any compute dtype, attention kernel or dropout rate.
+_PARAMETER_NEUTRAL_FIELDS = ("model.dtype", "model.attention_impl", "model.dropout_rate")
+_ABSENT = "<absent>"
+
+
+def _config_as_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """The config as plain JSON data (tuples become lists), as it is stored on disk."""
+    return json.loads(config.to_json_best_effort(sort_keys=True))
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def config_differences(
+    saved: dict[str, Any], current: dict[str, Any], fields: Sequence[str]
+) -> list[str]:
+    """One line 'field: saved ... != now ...' per differing field under one of `fields`.
+
+    `saved` and `current` are configs as JSON data; `fields` are dotted names of sections
+    ("model") or single fields ("train.seed"). Parameter-neutral model fields are ignored.
+    """
+    saved, current = _flatten(saved), _flatten(current)
+
+    def relevant(key: str) -> bool:
+        under = any(key == field or key.startswith(field + ".") for field in fields)
+        return under and key not in _PARAMETER_NEUTRAL_FIELDS
+
+    keys = sorted(key for key in saved.keys() | current.keys() if relevant(key))
+    return [
+        f"{key}: saved {saved.get(key, _ABSENT)!r} != now {current.get(key, _ABSENT)!r}"
+        for key in keys
+        if saved.get(key, _ABSENT) != current.get(key, _ABSENT)
+    ]
+
+
+def _read_saved_config(directory: epath.Path) -> dict[str, Any] | None:
+    path = directory / CONFIG_FILE
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _restore_args(target: Any, partial: bool = False) -> ocp.args.PyTreeRestore:
+    """Orbax arguments restoring into `target`'s shapes, dtypes and shardings.
+
+    `target` holds `jax.ShapeDtypeStruct`s with a `.sharding` (or arrays); each process reads
+    only the shards its devices hold, so nothing is materialised unsharded.
+    """
+    return ocp.args.PyTreeRestore(
+        target,
+        restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+        partial_restore=partial,
+    )
+
+
+def _short(error: Exception) -> str:
+    """First line of an error, clipped: tensorstore errors carry a page-long spec dump."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{type(error).__name__}: {text[:300]}"
+
+
+def _restore_newest(
+    manager: ocp.CheckpointManager, args: ocp.args.PyTreeRestore
+) -> tuple[Any, list[int]]:
+    """Restore the newest checkpoint that reads back; return it and the newer unreadable steps.
+
+    A truncated or damaged step (a crash while the disk filled up, a bad copy) raises from deep
+    inside orbax / tensorstore with unrelated exception types (ValueError, JSONDecodeError, bare
+    Exception), so any failure counts as "unreadable": it is reported with a warning naming the
+    step and the next older step is tried. If none reads back the first error is raised.
+    """
+    steps = sorted(manager.all_steps(), reverse=True)
+    if not steps:
+        raise FileNotFoundError(f"no checkpoint to restore in {manager.directory}")
+    unreadable: list[tuple[int, Exception]] = []
+    for step in steps:
+        try:
+            restored = manager.restore(step, args=args)
+        except Exception as error:  # noqa: BLE001 -- reported here, re-raised below if all fail
+            unreadable.append((step, error))
+            warnings.warn(
+                f"checkpoint at step {step} in {manager.directory} is unreadable "
+                f"({_short(error)}); falling back to the previous checkpoint",
+                stacklevel=3,
+            )
+            continue
+        log.info("restored the checkpoint at step %d from %s", step, manager.directory)
+        return restored, [bad for bad, _ in unreadable]
+    raise RuntimeError(
+        f"none of the checkpoints in {manager.directory} (steps {steps}) could be restored; "
+        "see the warnings above for each step's error"
+    ) from unreadable[0][1]
+
+
+class Checkpointer:
+    """Saves and restores one run's train state every `every` steps, keeping the newest `keep`.
+
+    Opening a folder that holds checkpoints of an incompatible config (see `RESUME_FIELDS`)
+    raises `ConfigError` listing the differences; `restart=True` deletes the old checkpoints
+    first. `require_existing=True` (an explicit resume request) raises `ConfigError` if there
+    is nothing to resume. Use it as a context manager: entering installs the SIGTERM / SIGINT
+    handlers behind `reached_preemption`, leaving waits for the last save and closes.
+    """
+
+    def __init__(
+        self,
+        directory: str | epath.PathLike,
+        *,
+        every: int,
+        keep: int,
+        config: ml_collections.ConfigDict,
+        restart: bool = False,
+        require_existing: bool = False,
+        async_save: bool = True,
+    ) -> None:
+        for field, value in (("checkpoint.every", every), ("checkpoint.keep", keep)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{field}={value!r} must be an integer >= 1")
+        if restart and require_existing:
+            raise ConfigError(
+                "restart=True deletes the checkpoints that require_existing=True asks to "
+                "resume; pass only one of them"
+            )
+        self.directory = epath.Path(directory)
+        self._config = _config_as_json(config)
+        self._signal: int | None = None
+        self._previous_handlers: dict[int, Any] = {}
+        if restart:
+            self._wipe()
+        self._manager = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(
+                # Exactly the multiples of `every` (and a preemption step on multi-host); the
+                # default policy would also save the first step of a fresh run.
+                save_decision_policy=policies.AnySavePolicy(
+                    [policies.FixedIntervalPolicy(every), policies.PreemptionCheckpointingPolicy()]
+                ),
+                max_to_keep=keep,
+                enable_async_checkpointing=async_save,
+                cleanup_tmp_directories=True,  # saves cut short by a crash never finalised
+            ),
+        )
+        try:
+            self._check_resumable(require_existing)
+        except ConfigError:
+            self._manager.close()
+            raise
+        self._write_config()
+
+    def _wipe(self) -> None:
+        if self.directory.exists():
+            log.warning("restart requested: deleting the old checkpoints in %s", self.directory)
+            if jax.process_index() == 0:
+                self.directory.rmtree()
+        ocp.multihost.sync_global_processes("t5x_lite_checkpoint_wipe")
+
+    def _check_resumable(self, require_existing: bool) -> None:
+        if self.latest_step() is None:
+            if require_existing:
+                raise ConfigError(
+                    f"resume requested but {self.directory} holds no checkpoint; start a new "
+                    "run without the resume flag, or point --workdir at an existing run"
+                )
+            return
+        saved = _read_saved_config(self.directory)
+        if saved is None:
+            warnings.warn(
+                f"{self.directory} holds checkpoints but no {CONFIG_FILE}; cannot check that "
+                "they were written with a compatible config",
+                stacklevel=3,
+            )
+            return
+        differences = config_differences(saved, self._config, RESUME_FIELDS)
+        if differences:
+            raise ConfigError(
+                f"the checkpoints in {self.directory} were written with an incompatible "
+                "config:\n  " + "\n  ".join(differences) + "\nresume with the saved settings, "
+                "or pass --restart to delete these checkpoints and start over"
+            )
+
+    def _write_config(self) -> None:
+        """Record the current config; written to a temporary file and renamed, so a reader on
+        another process never sees half a file."""
+        if jax.process_index() != 0:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        partial = self.directory / f".{CONFIG_FILE}.tmp"
+        partial.write_text(json.dumps(self._config, indent=2, sort_keys=True))
+        partial.replace(self.directory / CONFIG_FILE)
+
+    def latest_step(self) -> int | None:
+        """Newest saved step, or None. `restore` may fall back to an older one if it is damaged,
+        so take the resumed step from the restored state, not from here."""
+        return self._manager.latest_step()
+
+    def maybe_save(self, step: int, state: Any, force: bool = False) -> bool:
+        """Start saving `state` at `step` if `step` is a multiple of `every` (or `force`).
+
+        Asynchronous: the arrays are copied to host memory before this returns (so the train
+        step may donate them) and written in the background; older checkpoints beyond `keep`
+        are deleted once it is written. Returns whether a save started; a step that is already
+        saved is not saved again.
+        """
+        if step == self.latest_step():
+            return False
+        return self._manager.save(step, args=ocp.args.PyTreeSave(state), force=force)
+
+    def restore(self, abstract_state: Any) -> Any:
+        """The newest readable checkpoint, restored into `abstract_state`'s shardings.
+
+        `abstract_state` is the train state's pytree of `jax.ShapeDtypeStruct`s with
+        `.sharding` set (from `jax.eval_shape` and the partitioning rules). A damaged newest
+        checkpoint is reported with a warning naming its step, moved to `unreadable/`, and the
+        previous one is used.
+        """
+        restored, unreadable = _restore_newest(self._manager, _restore_args(abstract_state))
+        if unreadable:
+            self._set_aside(unreadable)
+        return restored
+
+    def _set_aside(self, steps: list[int]) -> None:
+        """Move unreadable step folders out of the way, so the resumed run can save those
+        steps again. Only after an older step restored with the same target: that rules out a
+        wrong target (a bug) as the reason they failed."""
+        if jax.process_index() == 0:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            for step in steps:
+                target = self.directory / UNREADABLE_DIR / f"{step}-{stamp}"
+                target.parent.mkdir(parents=True, exist_ok=True)
+                (self.directory / str(step)).rename(target)  # orbax's default step folder name
+                log.warning("moved the unreadable checkpoint at step %d to %s", step, target)
+        ocp.multihost.sync_global_processes("t5x_lite_checkpoint_set_aside")
+        self._manager.reload()
+
+    def reached_preemption(self, step: int) -> bool:
+        """Whether the run should save at `step` and stop: a SIGTERM / SIGINT arrived (single
+        process), or all processes agreed on this step after a preemption notice (multi-host;
+        call it at every step on every process)."""
+        if jax.process_count() > 1:
+            return ocp.multihost.reached_preemption(step)
+        return self._signal is not None
+
+    def _install_signal_handlers(self) -> None:
+        if jax.process_count() > 1:
+            # JAX's preemption service owns SIGTERM there; a Python handler would replace it.
+            return
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("preemption handling is off: signal handlers need the main thread")
+            return
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and self._signal is not None:
+            raise KeyboardInterrupt  # a second Ctrl-C stops without waiting for the save
+        self._signal = signum
+        log.warning(
+            "received %s: saving a checkpoint after the current step, then stopping",
+            signal.Signals(signum).name,
+        )
+
+    def wait(self) -> None:
+        """Block until the pending asynchronous save (if any) is on disk."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Restore the previous signal handlers, finish the pending save and release orbax."""
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers.clear()
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+    def __enter__(self) -> Checkpointer:
+        self._install_signal_handlers()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def restore_params_only(
+    directory: str | epath.PathLike,
+    abstract_params: Any,
+    *,
+    config: ml_collections.ConfigDict | None = None,
+) -> Any:
+    """Parameters of the newest readable checkpoint in `directory`, without optimizer state.
+
+    For fine-tuning from a pre-training run: only the `params` subtree of the saved train
+    state is read, into `abstract_params`' shapes and shardings. If `config` is given, its
+    model structure must match the saved run's (`ConfigError` lists the differences). The
+    folder is opened read-only; unreadable checkpoints are skipped with a warning, not moved.
+    """
+    directory = epath.Path(directory)
+    if config is not None:
+        saved = _read_saved_config(directory)
+        if saved is None:
+            raise ConfigError(f"{directory} holds no {CONFIG_FILE}: not a t5x_lite checkpoint folder")
+        differences = config_differences(saved, _config_as_json(config), ("model",))
+        if differences:
+            raise ConfigError(
+                f"the checkpoints in {directory} hold a different model:\n  "
+                + "\n  ".join(differences)
+            )
+    manager = ocp.CheckpointManager(
+        directory, options=ocp.CheckpointManagerOptions(read_only=True)
+    )
+    try:
+        restored, _ = _restore_newest(
+            manager, _restore_args({"params": abstract_params}, partial=True)
+        )
+    finally:
+        manager.close()
+    return restored["params"]

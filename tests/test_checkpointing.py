@@ -1,0 +1,259 @@
+"""Checkpointer: sharded round trip, schedule and retention, damaged checkpoints, config checks,
+params-only restore, and saving on SIGTERM / SIGINT in a child process."""
+import logging
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx, struct
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from t5x_lite.checkpointing import Checkpointer, restore_params_only
+from t5x_lite.config import ConfigError, default_config
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+class Toy(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+        self.kernel = nnx.Param(jax.random.normal(rngs.params(), (8, 6)), logical_axes=("embed", "mlp"))
+        self.bias = nnx.Param(jnp.zeros((6,)), logical_axes=("mlp",))
+
+
+@struct.dataclass
+class ToyState:
+    """Stands in for train.TrainState: step, nnx params and optax state in one pytree."""
+    step: jax.Array
+    params: nnx.State
+    opt_state: optax.OptState
+
+
+def make_state(seed: int = 0) -> ToyState:
+    _, params = nnx.split(Toy(nnx.Rngs(seed)), nnx.Param)
+    return ToyState(jnp.array(0), params, optax.adam(1e-3).init(params))
+
+
+def advance(state: ToyState, steps: int) -> ToyState:
+    """A state that differs from `state` in every leaf, as after `steps` updates."""
+    return jax.tree.map(lambda x: x + steps, state)
+
+
+def place(state: ToyState, matrix_spec: P, mesh: Mesh) -> ToyState:
+    """Put 2-D leaves under `matrix_spec`, everything else replicated."""
+    return jax.tree.map(
+        lambda x: jax.device_put(x, NamedSharding(mesh, matrix_spec if x.ndim == 2 else P())), state
+    )
+
+
+def abstract(state: ToyState) -> ToyState:
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+
+
+def assert_same_values(a, b) -> None:
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.fixture
+def config():
+    config = default_config()
+    config.model.update(d_model=32, d_ff=64, num_layers=2, vocab_size=256)
+    return config
+
+
+@pytest.fixture
+def mesh():
+    return Mesh(np.array(jax.devices()[:2]).reshape(2, 1), ("data", "model"))
+
+
+def save_steps(directory, config, states: dict[int, ToyState], *, every=1, keep=5) -> None:
+    with Checkpointer(directory, every=every, keep=keep, config=config) as ckpt:
+        for step, state in states.items():
+            assert ckpt.maybe_save(step, state)
+
+
+def test_round_trip_restores_into_the_target_sharding(tmp_path, config, mesh):
+    saved = place(advance(make_state(), 3), P("data", None), mesh)
+    save_steps(tmp_path, config, {3: saved})
+    # Restore under a different layout: the target's sharding wins, not the saved one.
+    target = abstract(place(make_state(), P(None, "data"), mesh))
+    with Checkpointer(tmp_path, every=1, keep=5, config=config) as ckpt:
+        restored = ckpt.restore(target)
+    assert isinstance(restored, ToyState)
+    assert_same_values(restored, saved)
+    for got, want in zip(jax.tree.leaves(restored), jax.tree.leaves(target), strict=True):
+        assert got.sharding == want.sharding
+    kernel = restored.params["kernel"][...]
+    assert {shard.data.shape for shard in kernel.addressable_shards} == {(8, 3)}
+
+
+def test_saves_every_k_steps_and_keeps_the_last_n(tmp_path, config):
+    state = make_state()
+    with Checkpointer(tmp_path, every=2, keep=2, config=config) as ckpt:
+        started = [step for step in range(1, 8) if ckpt.maybe_save(step, advance(state, step))]
+        assert started == [2, 4, 6]
+        assert ckpt.maybe_save(7, advance(state, 7), force=True)
+        assert not ckpt.maybe_save(7, advance(state, 7), force=True)  # already saved
+        ckpt.wait()
+        assert ckpt._manager.all_steps() == [6, 7]
+        assert_same_values(ckpt.restore(abstract(state)), advance(state, 7))
+
+
+def truncate_array_data(step_dir: pathlib.Path) -> None:
+    for path in (step_dir / "default").rglob("d/*"):
+        with open(path, "r+b") as handle:
+            handle.truncate(os.path.getsize(path) // 2)
+
+
+def delete_manifest(step_dir: pathlib.Path) -> None:
+    (step_dir / "default" / "manifest.ocdbt").unlink()
+
+
+# A failed tensorstore read leaves a callback for orbax's closed event loop: noise, not ours.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("damage", [truncate_array_data, delete_manifest])
+def test_damaged_latest_falls_back_to_previous_with_warning(tmp_path, config, damage):
+    state = make_state()
+    save_steps(tmp_path, config, {2: advance(state, 2), 4: advance(state, 4)})
+    damage(tmp_path / "4")
+    with Checkpointer(tmp_path, every=2, keep=5, config=config) as ckpt:
+        with pytest.warns(UserWarning, match="checkpoint at step 4 .* is unreadable"):
+            restored = ckpt.restore(abstract(state))
+        assert_same_values(restored, advance(state, 2))
+        # The damaged step is set aside, so the resumed run can save step 4 again.
+        assert ckpt.latest_step() == 2
+        assert [p.name.split("-")[0] for p in (tmp_path / "unreadable").iterdir()] == ["4"]
+        assert ckpt.maybe_save(4, advance(state, 40))
+    with Checkpointer(tmp_path, every=2, keep=5, config=config) as ckpt:
+        assert_same_values(ckpt.restore(abstract(state)), advance(state, 40))
+
+
+def test_no_readable_checkpoint_raises(tmp_path, config):
+    state = make_state()
+    save_steps(tmp_path, config, {2: state})
+    delete_manifest(tmp_path / "2")
+    with Checkpointer(tmp_path, every=2, keep=5, config=config) as ckpt:
+        with pytest.warns(UserWarning, match="step 2"):
+            with pytest.raises(RuntimeError, match="none of the checkpoints .* could be restored"):
+                ckpt.restore(abstract(state))
+
+
+def test_incompatible_config_is_refused_listing_the_fields(tmp_path, config):
+    save_steps(tmp_path, config, {1: make_state()})
+    changed = config.copy_and_resolve_references()
+    changed.model.d_model = 64
+    changed.objective.inputs_length = 128
+    with pytest.raises(ConfigError, match=r"(?s)model\.d_model: saved 32 != now 64.*"
+                       r"objective\.inputs_length: saved 512 != now 128.*--restart"):
+        Checkpointer(tmp_path, every=1, keep=5, config=changed)
+
+
+def test_run_settings_may_change_on_resume(tmp_path, config):
+    save_steps(tmp_path, config, {1: make_state()})
+    changed = config.copy_and_resolve_references()
+    changed.train.update(steps=10, learning_rate=0.5, schedule="linear")
+    changed.model.dtype = "bfloat16"
+    changed.mesh.shape = (2, 4)
+    with Checkpointer(tmp_path, every=1, keep=5, config=changed, require_existing=True) as ckpt:
+        assert ckpt.latest_step() == 1
+
+
+def test_restart_deletes_old_checkpoints(tmp_path, config, caplog):
+    save_steps(tmp_path, config, {1: make_state()})
+    changed = config.copy_and_resolve_references()
+    changed.model.vocab_size = 512
+    with caplog.at_level(logging.WARNING, logger="t5x_lite.checkpointing"):
+        with Checkpointer(tmp_path, every=1, keep=5, config=changed, restart=True) as ckpt:
+            assert ckpt.latest_step() is None
+    assert "deleting the old checkpoints" in caplog.text
+    # The folder now belongs to the new config.
+    Checkpointer(tmp_path, every=1, keep=5, config=changed).close()
+
+
+def test_resume_request_without_checkpoint(tmp_path, config):
+    with pytest.raises(ConfigError, match="resume requested but .* holds no checkpoint"):
+        Checkpointer(tmp_path, every=1, keep=5, config=config, require_existing=True)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(every=0, keep=1), r"checkpoint\.every=0 must be an integer >= 1"),
+        (dict(every=1, keep=1.5), r"checkpoint\.keep=1\.5 must be an integer >= 1"),
+        (dict(every=1, keep=1, restart=True, require_existing=True), "pass only one of them"),
+    ],
+)
+def test_bad_arguments(tmp_path, config, kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        Checkpointer(tmp_path, config=config, **kwargs)
+    assert not tmp_path.joinpath("config.json").exists()  # rejected before touching the folder
+
+
+def test_restore_params_only(tmp_path, config, mesh):
+    saved = place(advance(make_state(), 5), P("data", None), mesh)
+    save_steps(tmp_path, config, {5: saved})
+    target = abstract(place(make_state(), P(None, None), mesh)).params
+    params = restore_params_only(tmp_path, target, config=config)
+    assert_same_values(params, saved.params)
+    assert params["kernel"].get_value().sharding == target["kernel"].get_value().sharding
+
+    other = config.copy_and_resolve_references()
+    other.model.num_layers = 4
+    other.objective.name = "prefix_lm"  # fine-tuning may change everything but the model
+    with pytest.raises(ConfigError, match=r"different model:\n  model\.num_layers: saved 2 != now 4$"):
+        restore_params_only(tmp_path, target, config=other)
+
+
+# A toy train loop: one "update" per 50 ms, saving only on preemption; prints each step.
+CHILD = textwrap.dedent(
+    """
+    import sys, time
+    import jax.numpy as jnp
+    from t5x_lite.checkpointing import Checkpointer
+    from t5x_lite.config import default_config
+
+    with Checkpointer(sys.argv[1], every=1000, keep=2, config=default_config()) as ckpt:
+        state, step = {"w": jnp.zeros(3)}, 0
+        while step < 10_000:
+            state, step = {"w": state["w"] + 1}, step + 1
+            print(step, flush=True)
+            if ckpt.reached_preemption(step):
+                ckpt.maybe_save(step, state, force=True)
+                break
+            ckpt.maybe_save(step, state)
+            time.sleep(0.05)
+    print("stopped", step, flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_signal_saves_the_step_reached_and_exits_cleanly(tmp_path, config, signum):
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    lines = []
+    for line in child.stdout:
+        lines.append(line.split())
+        if int(lines[-1][0]) == 3:
+            child.send_signal(signum)
+            break
+    lines += [line.split() for line in child.stdout]
+    assert child.wait(timeout=60) == 0
+    assert lines[-1][0] == "stopped"
+    reached = int(lines[-1][1])
+    assert reached >= 3 and int(lines[-2][0]) == reached
+    with Checkpointer(tmp_path, every=1000, keep=2, config=default_config()) as ckpt:
+        assert ckpt.latest_step() == reached
+        one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        restored = ckpt.restore({"w": jax.ShapeDtypeStruct((3,), jnp.float32, sharding=one_device)})
+    np.testing.assert_array_equal(restored["w"], np.full(3, reached, np.float32))
