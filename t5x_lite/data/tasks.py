@@ -1,0 +1,378 @@
+"""Downstream tasks in the text-to-text format of the T5 paper, and their registry.
+
+A `Task` ties together where its records come from, how a record becomes an (inputs, targets)
+text pair, how a decoded prediction becomes a value a metric can score, and which metrics it
+reports. `get_task(name)` finds one; `task.examples(split, data_dir, data_root)` gives formatted
+`Example`s and `task.score(examples, predictions)` the metrics on the paper's 0-100 scale.
+
+Formatting follows the paper's appendix D and T5's preprocessors (`t5/data/preprocessors.py`:
+`glue`, `stsb`, `squad`, `translate`, `summarize`), e.g.
+
+    cola sentence: John made Bill master of himself.                  -> acceptable
+    mnli hypothesis: ... premise: ...                                 -> contradiction
+    stsb sentence1: ... sentence2: ...                                -> 3.8
+    question: What does ... displace? context: Hyperbaric ...         -> carbon monoxide
+    translate English to German: That is good.                        -> Das ist gut.
+    summarize: <article>                                              -> <summary>
+
+Records are those of the TFDS catalog (`glue/*`, `squad`, `cnn_dailymail`, `wmt*_translate/*`)
+or of the local builders in `t5x_lite.data.builders`, which use the same field names.
+
+The registry holds the paper's tasks, read from the TFDS catalog (`glue_cola` ... `glue_wnli`,
+`squad`, `cnn_dailymail`, `wmt_ende`, `wmt_enfr`, `wmt_enro`), and `local_*` tasks with the same
+formats, read from the small real sets under a data root laid out as `../shared/data`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Any, Callable, Mapping, Sequence
+
+from t5x_lite import metrics
+from t5x_lite.data import builders
+
+Record = Mapping[str, Any]
+# (split name of the source, data_dir, data_root) -> records; see `Task.examples`.
+Loader = Callable[[str, "str | None", "str | None"], Sequence[Record]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    """One formatted example.
+
+    inputs: the encoder (or prefix) text.
+    targets: the text the model is trained to produce; None for an unlabeled (test) record.
+    references: every acceptable target, for metrics that score against several (SQuAD, BLEU);
+      `(targets,)` for single-answer tasks and `()` when unlabeled.
+    """
+
+    inputs: str
+    targets: str | None
+    references: tuple[str, ...]
+
+
+def _labeled(inputs: str, targets: str | None) -> Example:
+    return Example(inputs, targets, () if targets is None else (targets,))
+
+
+# ---------------------------------------------------------------------------------------------
+# Formatters: record -> Example.
+
+
+def _join_fields(prefix: str, record: Record, keys: Sequence[str]) -> str:
+    # T5 joins "<benchmark>", "key:", text, ... with single spaces and leaves the text as is.
+    return " ".join([prefix, *(f"{key}: {record[key]}" for key in keys)])
+
+
+def format_glue(
+    record: Record, *, benchmark: str, keys: Sequence[str], label_names: Sequence[str]
+) -> Example:
+    """A GLUE classification record -> "<benchmark> key1: text1 key2: text2", target = label word.
+
+    `label` is the class index (TFDS); -1 marks an unlabeled test record, which gets no target
+    (T5 writes "<unk>" there; we keep None so it can never be trained on by mistake).
+    """
+    label = int(record["label"])
+    target = None if label == -1 else label_names[label]
+    return _labeled(_join_fields(benchmark, record, keys), target)
+
+
+def format_stsb(record: Record) -> Example:
+    """STS-B: the 0-5 similarity score rounded to the nearest 0.2 and written with one decimal
+    ("3.8"), turning regression into 26-way generation (T5's `stsb`). Ties round half to even,
+    as `tf.round` does. A negative score marks an unlabeled test record."""
+    score = float(record["label"])
+    target = None if score < 0 else f"{round(score * 5) / 5:.1f}"
+    return _labeled(_join_fields("stsb", record, ("sentence1", "sentence2")), target)
+
+
+def format_squad(record: Record) -> Example:
+    """SQuAD -> "question: <q> context: <c>", target = the first gold answer.
+
+    As in the paper's appendix D example, runs of whitespace (SQuAD contexts contain newlines)
+    become one space and punctuation is left alone; T5's later `squad` preprocessor also puts
+    spaces around punctuation, which the paper's example does not show.
+    """
+    answers = tuple(record["answers"]["text"])
+    inputs = " ".join(f"question: {record['question']} context: {record['context']}".split())
+    return Example(inputs, answers[0] if answers else None, answers)
+
+
+# The names T5 writes in the prefix (it asks babel for the English name of each code).
+LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "ro": "Romanian"}
+
+
+def format_translation(record: Record, *, source: str, target: str) -> Example:
+    """Parallel text -> "translate <Source> to <Target>: <text>", target = the translation."""
+    for code in (source, target):
+        if code not in LANGUAGE_NAMES:
+            raise ValueError(f"language code {code!r} has no name; known codes: "
+                             f"{', '.join(LANGUAGE_NAMES)}")
+    prefix = f"translate {LANGUAGE_NAMES[source]} to {LANGUAGE_NAMES[target]}:"
+    return _labeled(f"{prefix} {record[source]}", record[target])
+
+
+def format_summarization(
+    record: Record, *, document_key: str = "document", summary_key: str = "summary"
+) -> Example:
+    """A document/summary pair -> "summarize: <document>", target = the summary."""
+    return _labeled(f"summarize: {record[document_key]}", record[summary_key])
+
+
+# ---------------------------------------------------------------------------------------------
+# Post-processing: decoded text -> the value a metric compares.
+
+
+def label_to_class_id(text: str, label_names: Sequence[str]) -> int:
+    """The index of a label word, or -1 for text that is no label (metrics count it as wrong)."""
+    return label_names.index(text) if text in label_names else -1
+
+
+def string_to_float(text: str) -> float:
+    """The number a prediction spells, or -1.0 when it spells none (as T5's `string_to_float`)."""
+    try:
+        return float(text)
+    except ValueError:
+        return -1.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Tasks.
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """A downstream task.
+
+    name: registry key.
+    load: `(source_split, data_dir, data_root) -> records`.
+    formatter: record -> `Example`.
+    metric_names: names in `t5x_lite.metrics.METRICS`.
+    splits: our split name ('train', 'validation', 'test') -> the source's split name.
+    postprocess: decoded text (prediction or reference) -> the value its metrics compare.
+    """
+
+    name: str
+    load: Loader
+    formatter: Callable[[Record], Example]
+    metric_names: tuple[str, ...]
+    splits: Mapping[str, str]
+    postprocess: Callable[[str], Any] = str
+
+    def examples(
+        self, split: str, data_dir: str | None = None, data_root: str | None = None
+    ) -> list[Example]:
+        """The formatted examples of `split`; unlabeled records are kept only for 'test'.
+
+        data_dir: where TFDS datasets and local builds live (`builders.load_split`'s data_dir).
+        data_root: the directory holding the input files of `local_*` tasks (`glue/`, `squad/`,
+          `translation/`, `summarization/`, laid out as ../shared/data); unused by catalog tasks.
+        """
+        if split not in self.splits:
+            raise ValueError(f"task {self.name!r} has no split {split!r}; its splits: "
+                             f"{', '.join(self.splits)}")
+        records = self.load(self.splits[split], data_dir, data_root)
+        examples = [self.formatter(record) for record in records]
+        return examples if split == "test" else [ex for ex in examples if ex.targets is not None]
+
+    def score(self, examples: Sequence[Example], predictions: Sequence[str]) -> dict[str, float]:
+        """All of the task's metrics for decoded `predictions` of `examples`."""
+        if any(ex.targets is None for ex in examples):
+            raise ValueError(f"task {self.name!r}: cannot score unlabeled examples (targets=None)")
+        values = [self.postprocess(p) for p in predictions]
+        references = [[self.postprocess(r) for r in ex.references] for ex in examples]
+        scores: dict[str, float] = {}
+        for name in self.metric_names:
+            metric = metrics.get_metric(name)
+            targets = references if metric.multi_reference else [refs[0] for refs in references]
+            scores.update(metric.fn(targets, values))
+        return scores
+
+
+GLUE_BENCHMARKS = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli")
+
+# GLUE in T5's field order (sorted names, so MNLI puts the hypothesis first) and with the label
+# words of the TFDS `glue` configs, which T5's `glue_utils` passes to its `glue` preprocessor.
+# WNLI's classes are the other way round from RTE's in TFDS, hence the explicit lists.
+_GLUE_CLASSIFICATION = {
+    "cola": (("sentence",), ("unacceptable", "acceptable"), ("matthews_corrcoef",)),
+    "sst2": (("sentence",), ("negative", "positive"), ("accuracy",)),
+    "mrpc": (("sentence1", "sentence2"), ("not_equivalent", "equivalent"), ("f1", "accuracy")),
+    "qqp": (("question1", "question2"), ("not_duplicate", "duplicate"), ("f1", "accuracy")),
+    "mnli": (("hypothesis", "premise"), ("entailment", "neutral", "contradiction"), ("accuracy",)),
+    "qnli": (("question", "sentence"), ("entailment", "not_entailment"), ("accuracy",)),
+    "rte": (("sentence1", "sentence2"), ("entailment", "not_entailment"), ("accuracy",)),
+    "wnli": (("sentence1", "sentence2"), ("not_entailment", "entailment"), ("accuracy",)),
+}
+_SPLITS = {"train": "train", "validation": "validation", "test": "test"}
+_TRAIN_VALIDATION = {"train": "train", "validation": "validation"}
+
+
+def _glue_task(
+    name: str, benchmark: str, load: Loader, splits: Mapping[str, str] = _SPLITS
+) -> Task:
+    if benchmark == "stsb":
+        metric_names = ("pearson_corrcoef", "spearman_corrcoef")
+        return Task(name, load, format_stsb, metric_names, splits, string_to_float)
+    keys, labels, metric_names = _GLUE_CLASSIFICATION[benchmark]
+    formatter = functools.partial(format_glue, benchmark=benchmark, keys=keys, label_names=labels)
+    postprocess = functools.partial(label_to_class_id, label_names=labels)
+    return Task(name, load, formatter, metric_names, splits, postprocess)
+
+
+def _translation_task(name: str, load: Loader, target: str) -> Task:
+    formatter = functools.partial(format_translation, source="en", target=target)
+    return Task(name, load, formatter, ("bleu",), _SPLITS)
+
+
+def _catalog(tfds_name: str) -> Loader:
+    """Reads TFDS catalog dataset `tfds_name` from data_dir (which must already hold it)."""
+
+    def load(split: str, data_dir: str | None, data_root: str | None) -> Sequence[Record]:
+        del data_root  # catalog datasets live in data_dir
+        return builders.load_split(tfds_name, split, data_dir)
+
+    return load
+
+
+def _paper_tasks() -> list[Task]:
+    mnli = _catalog("glue/mnli")
+    return [
+        *(_glue_task(f"glue_{b}", b, _catalog(f"glue/{b}")) for b in GLUE_BENCHMARKS
+          if b != "mnli"),
+        # Fine-tune on glue_mnli; matched and mismatched validation accuracy are reported apart.
+        _glue_task("glue_mnli", "mnli", mnli,
+                   {"train": "train", "validation": "validation_matched"}),
+        _glue_task("glue_mnli_matched", "mnli", mnli, {"validation": "validation_matched"}),
+        _glue_task("glue_mnli_mismatched", "mnli", mnli, {"validation": "validation_mismatched"}),
+        Task("squad", _catalog("squad"), format_squad, ("squad",), _TRAIN_VALIDATION),
+        Task(
+            "cnn_dailymail",
+            _catalog("cnn_dailymail"),
+            functools.partial(format_summarization, document_key="article",
+                              summary_key="highlights"),
+            ("rouge",),
+            _SPLITS,
+        ),
+        _translation_task("wmt_ende", _catalog("wmt14_translate/de-en"), "de"),
+        _translation_task("wmt_enfr", _catalog("wmt15_translate/fr-en"), "fr"),
+        _translation_task("wmt_enro", _catalog("wmt16_translate/ro-en"), "ro"),
+    ]
+
+
+def _local(make_source: Callable[[str], Any]) -> Loader:
+    """Reads the `builders` source spec `make_source(data_root)`, built under data_dir."""
+
+    def load(split: str, data_dir: str | None, data_root: str | None) -> Sequence[Record]:
+        if data_root is None:
+            raise ValueError("local tasks read their files under data_root; pass data_root "
+                             "(e.g. ../shared/data)")
+        return builders.load_split(make_source(data_root), split, data_dir)
+
+    return load
+
+
+# Local GLUE directories; the local data has no MNLI or QQP, and QNLI has no train split.
+_LOCAL_GLUE_DIRS = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B",
+                    "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI"}
+# The local data has SQuAD's dev set only (48 articles), so it is split by article: the last 10
+# for validation, the first 38 for training, and no paragraph lands in both.
+_SQUAD_VALIDATION_ARTICLES = 10
+_squad_dev = _local(lambda root: builders.SquadJson(
+    {"validation": os.path.join(root, "squad", "dev-v1.1.json")}))
+
+
+def _squad_dev_by_article(split: str, data_dir: str | None, data_root: str | None) -> list[Record]:
+    records = list(_squad_dev("validation", data_dir, data_root))
+    titles = list(dict.fromkeys(record["title"] for record in records))  # in file order
+    held_out = set(titles[-_SQUAD_VALIDATION_ARTICLES:])
+    return [r for r in records if (r["title"] in held_out) == (split == "validation")]
+
+
+def _parallel_text(directory: str, target: str, stems: Mapping[str, str]) -> Loader:
+    """English -> `target` line-aligned files `<stem>.en` / `<stem>.<target>`."""
+
+    def make_source(root: str) -> builders.ParallelText:
+        base = os.path.join(root, "translation", directory)
+        files = {split: (os.path.join(base, f"{stem}.en"), os.path.join(base, f"{stem}.{target}"))
+                 for split, stem in stems.items()}
+        return builders.ParallelText(("en", target), files)
+
+    return _local(make_source)
+
+
+def _local_tasks() -> list[Task]:
+    def glue_tsv(benchmark: str) -> Loader:
+        return _local(lambda root: builders.GlueTsv(
+            benchmark, os.path.join(root, "glue", _LOCAL_GLUE_DIRS[benchmark])))
+
+    dialogsum = _local(lambda root: builders.SummarizationJsonl(
+        {split: os.path.join(root, "summarization", "dialogsum", f"{stem}.jsonl")
+         for split, stem in (("train", "train"), ("validation", "dev"))},
+        document_field="dialogue"))
+    multi30k = {"train": "train", "validation": "val", "test": "test_2016_flickr"}
+    ro_sts = {"train": "train", "validation": "dev", "test": "test"}
+    return [
+        *(_glue_task(f"local_glue_{b}", b, glue_tsv(b)) for b in _LOCAL_GLUE_DIRS if b != "qnli"),
+        _glue_task("local_glue_qnli", "qnli", glue_tsv("qnli"),
+                   {"validation": "validation", "test": "test"}),
+        Task("local_squad", _squad_dev_by_article, format_squad, ("squad",), _TRAIN_VALIDATION),
+        _translation_task("local_multi30k_ende", _parallel_text("multi30k", "de", multi30k), "de"),
+        _translation_task("local_multi30k_enfr", _parallel_text("multi30k", "fr", multi30k), "fr"),
+        _translation_task("local_rosts_enro", _parallel_text("en-ro_ro-sts", "ro", ro_sts), "ro"),
+        Task("local_dialogsum", dialogsum, format_summarization, ("rouge",), _TRAIN_VALIDATION),
+    ]
+
+
+TASKS: dict[str, Task] = {task.name: task for task in [*_paper_tasks(), *_local_tasks()]}
+
+
+def get_task(name: str) -> Task:
+    """The registered task called `name`; the error lists every known name."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
+    return TASKS[name]
+
+
+# ---------------------------------------------------------------------------------------------
+# The GLUE average as the paper reports it.
+
+# Task -> the group it is averaged in first. As in T5's `eval_utils.compute_avg_glue`: tasks with
+# two metrics (MRPC, STS-B, QQP) average them first and MNLI averages matched and mismatched.
+# WNLI is left out, as in T5 (its `glue_utils` trains on WSC/DPR instead of WNLI).
+GLUE_AVERAGE_GROUPS = {
+    "glue_cola": "cola",
+    "glue_sst2": "sst2",
+    "glue_mrpc": "mrpc",
+    "glue_stsb": "stsb",
+    "glue_qqp": "qqp",
+    "glue_mnli_matched": "mnli",
+    "glue_mnli_mismatched": "mnli",
+    "glue_qnli": "qnli",
+    "glue_rte": "rte",
+}
+
+
+def glue_average(scores: Mapping[str, Mapping[str, float]], allow_missing: bool = False) -> float:
+    """The average GLUE score from `{task name: {metric: score}}` (0-100 scale).
+
+    Each task's metrics are averaged, then the tasks of a group (MNLI matched and mismatched),
+    then the groups. `local_glue_*` tasks stand in for their `glue_*` namesakes; tasks outside
+    `GLUE_AVERAGE_GROUPS` (WNLI, non-GLUE tasks) are ignored. Every group must be present unless
+    `allow_missing` (the local data lacks MNLI and QQP), and then the result is not the paper's
+    number.
+    """
+    groups: dict[str, list[float]] = {}
+    for task, task_scores in scores.items():
+        group = GLUE_AVERAGE_GROUPS.get(task.removeprefix("local_"))
+        if group is None:
+            continue
+        if not task_scores:
+            raise ValueError(f"glue_average: task {task!r} has no scores")
+        groups.setdefault(group, []).append(sum(task_scores.values()) / len(task_scores))
+    missing = sorted(set(GLUE_AVERAGE_GROUPS.values()) - set(groups))
+    if (missing and not allow_missing) or not groups:
+        raise ValueError(f"glue_average: no scores for {', '.join(missing)}; "
+                         "pass allow_missing=True to average the groups present")
+    return sum(sum(means) / len(means) for means in groups.values()) / len(groups)
