@@ -1,0 +1,196 @@
+"""Device mesh, logical-axis rules and the shardings of the train state and the batch.
+
+Every parameter carries `logical_axes` metadata (e.g. `('embed', 'mlp')`). A short rule table
+(`config.mesh.rules`) maps each logical name to zero or more mesh axes, t5x-style:
+
+    batch -> (data, fsdp)   vocab/heads/mlp -> model   embed -> fsdp   kv/length/... -> replicated
+
+Mesh axes named by a rule but absent from the mesh are ignored, so one table serves a
+('data', 'model') mesh and a ('data', 'fsdp', 'model') one. This module knows nothing about
+layers: it reads the metadata that `nnx.eval_shape` leaves on the abstract state.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Mapping, Sequence
+
+import jax
+import ml_collections
+from flax import nnx
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from t5x_lite.config import ConfigError
+
+MESH_AXES = ("data", "fsdp", "model")
+MESH_AXIS_LAYOUTS = (("data", "model"), ("data", "fsdp", "model"))
+LOGICAL_AXES = ("batch", "length", "embed", "vocab", "heads", "kv", "mlp", "relpos_buckets", "layers")
+
+Rules = Mapping[str, tuple[str, ...]]
+
+
+def normalize_rules(rules: Iterable[tuple[str, Any]]) -> dict[str, tuple[str, ...]]:
+    """Turn `config.mesh.rules` pairs into {logical name: tuple of mesh axes}, validating names.
+
+    A rule's target may be None (replicated), one mesh axis name, or a tuple of them.
+    """
+    table: dict[str, tuple[str, ...]] = {}
+    for entry in rules:
+        if not (isinstance(entry, (tuple, list)) and len(entry) == 2):
+            raise ConfigError(f"mesh.rules entry {entry!r} must be a (logical_axis, mesh_axes) pair")
+        logical, target = entry
+        if logical not in LOGICAL_AXES:
+            raise ConfigError(
+                f"mesh.rules names unknown logical axis {logical!r}; choose from {', '.join(LOGICAL_AXES)}"
+            )
+        if logical in table:
+            raise ConfigError(f"mesh.rules lists logical axis {logical!r} twice")
+        axes = () if target is None else (target,) if isinstance(target, str) else tuple(target)
+        for axis in axes:
+            if axis not in MESH_AXES:
+                raise ConfigError(
+                    f"mesh.rules maps {logical!r} to unknown mesh axis {axis!r}; "
+                    f"choose from {', '.join(MESH_AXES)} or None"
+                )
+        table[logical] = axes
+    return table
+
+
+def resolve_mesh_shape(mesh_cfg: ml_collections.ConfigDict, num_devices: int) -> tuple[int, ...]:
+    """Validate `config.mesh` against the device count and fill in its one allowed -1."""
+    names = tuple(mesh_cfg.axis_names)
+    if names not in MESH_AXIS_LAYOUTS:
+        raise ConfigError(
+            f"mesh.axis_names={names!r} is not allowed; choose one of "
+            + " or ".join(repr(layout) for layout in MESH_AXIS_LAYOUTS)
+        )
+    shape = tuple(mesh_cfg.shape)
+    if len(shape) != len(names) or not all(isinstance(s, int) and (s == -1 or s > 0) for s in shape):
+        raise ConfigError(
+            f"mesh.shape={shape!r} must hold {len(names)} positive integers (one may be -1) "
+            f"for mesh.axis_names={names!r}"
+        )
+    if shape.count(-1) > 1:
+        raise ConfigError(f"mesh.shape={shape!r} may contain at most one -1")
+    known = math.prod(s for s in shape if s != -1)
+    if -1 in shape:
+        if num_devices % known:
+            raise ConfigError(
+                f"mesh.shape={shape!r}: {num_devices} devices are not divisible by {known}"
+            )
+        shape = tuple(num_devices // known if s == -1 else s for s in shape)
+    if math.prod(shape) > num_devices:
+        raise ConfigError(
+            f"mesh.shape={shape!r} needs {math.prod(shape)} devices but only {num_devices} are available"
+        )
+    return shape
+
+
+def make_mesh(mesh_cfg: ml_collections.ConfigDict, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """Build the mesh of `config.mesh` over `devices` (default: all devices of all processes)."""
+    devices = list(jax.devices() if devices is None else devices)
+    shape = resolve_mesh_shape(mesh_cfg, len(devices))
+    devices = devices[: math.prod(shape)]
+    # create_device_mesh orders devices by physical topology on TPU/GPU; a plain reshape on CPU.
+    return Mesh(mesh_utils.create_device_mesh(shape, devices), tuple(mesh_cfg.axis_names))
+
+
+def batch_axes(mesh: Mesh, rules: Rules) -> tuple[str, ...]:
+    """The mesh axes the batch dimension is split over (those of the 'batch' rule in this mesh)."""
+    return tuple(a for a in rules.get("batch", ()) if a in mesh.axis_names)
+
+
+def validate_batch_split(batch_size: int, microbatches: int, mesh: Mesh, rules: Rules) -> None:
+    """Every device must get whole examples of every micro-batch."""
+    if not isinstance(microbatches, int) or microbatches < 1:
+        raise ConfigError(f"train.microbatches={microbatches!r} must be a positive integer")
+    shards = math.prod(mesh.shape[a] for a in batch_axes(mesh, rules))
+    if batch_size % (shards * microbatches):
+        raise ConfigError(
+            f"train.batch_size={batch_size} must be divisible by the batch-sharding mesh size "
+            f"({shards}) x train.microbatches ({microbatches}) = {shards * microbatches}"
+        )
+
+
+def logical_to_spec(
+    logical_axes: Sequence[str | None], rules: Rules, mesh: Mesh, shape: Sequence[int] | None = None
+) -> PartitionSpec:
+    """PartitionSpec for an array whose dimensions have the given logical names.
+
+    A mesh axis is used at most once per array (the first dimension claiming it wins), and when
+    `shape` is given a dimension that the mesh axes do not divide evenly stays replicated.
+    """
+    used: set[str] = set()
+    entries: list[str | tuple[str, ...] | None] = []
+    for dim, name in enumerate(logical_axes):
+        axes = tuple(a for a in rules.get(name, ()) if a in mesh.axis_names and a not in used)
+        if shape is not None and shape[dim] % math.prod(mesh.shape[a] for a in axes):
+            axes = ()
+        used.update(axes)
+        entries.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+    return PartitionSpec(*entries)
+
+
+def _key_name(key: Any) -> Any:
+    for attr in ("key", "idx", "name"):
+        if hasattr(key, attr):
+            return getattr(key, attr)
+    return key
+
+
+def _param_table(params: Any) -> dict[tuple, tuple[tuple[int, ...], tuple[str, ...]]]:
+    """{path inside params (plain keys): (shape, logical axes)} for every Param in the tree."""
+    table = {}
+    is_var = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
+    for path, var in jax.tree_util.tree_flatten_with_path(params, is_leaf=is_var)[0]:
+        axes = var.get_metadata().get("logical_axes") if is_var(var) else None
+        if axes is None:
+            raise ValueError(f"parameter {jax.tree_util.keystr(path)} has no logical_axes metadata")
+        table[tuple(_key_name(k) for k in path) + ("value",)] = (tuple(var.value.shape), tuple(axes))
+    return table
+
+
+def _axes_for_leaf(leaf_shape: tuple[int, ...], param_shape: tuple[int, ...], axes: tuple[str, ...]):
+    """Logical axes of an optimizer leaf that belongs to a parameter, or None (replicate).
+
+    Same shape (Adam moments, Adafactor's unfactored v): the parameter's axes. One dimension
+    fewer (Adafactor's factored row/column moments): the parameter's axes minus the reduced
+    dimension. When two dimensions have equal size either reading fits the shape and gives a
+    valid sharding; we take the first.
+    """
+    if leaf_shape == param_shape:
+        return axes
+    if len(leaf_shape) == len(param_shape) - 1:
+        for dim in range(len(param_shape)):
+            if param_shape[:dim] + param_shape[dim + 1 :] == leaf_shape:
+                return axes[:dim] + axes[dim + 1 :]
+    return None
+
+
+def state_shardings(abstract_state: Any, mesh: Mesh, rules: Rules) -> Any:
+    """NamedShardings (same tree as `abstract_state`) for a train state with `.params`.
+
+    Parameters follow the rule table through their `logical_axes`. Any other leaf whose key
+    path ends with a parameter's path (optax keeps the parameter tree inside its state) mirrors
+    that parameter as `_axes_for_leaf` describes; everything else (step, counts) is replicated.
+    """
+    table = _param_table(abstract_state.params)
+    suffix_lengths = sorted({len(p) for p in table}, reverse=True)
+
+    def sharding_for(path, leaf) -> NamedSharding:
+        keys = tuple(_key_name(k) for k in path)
+        for n in suffix_lengths:
+            if len(keys) >= n and keys[-n:] in table:
+                param_shape, axes = table[keys[-n:]]
+                leaf_axes = _axes_for_leaf(tuple(leaf.shape), param_shape, axes)
+                if leaf_axes is not None:
+                    return NamedSharding(mesh, logical_to_spec(leaf_axes, rules, mesh, leaf.shape))
+                break
+        return NamedSharding(mesh, PartitionSpec())
+
+    return jax.tree_util.tree_map_with_path(sharding_for, abstract_state)
+
+
+def batch_sharding(mesh: Mesh, rules: Rules) -> NamedSharding:
+    """Sharding of [batch, length] arrays: rows split over the batch axes, length replicated."""
+    return NamedSharding(mesh, logical_to_spec(("batch", "length"), rules, mesh))

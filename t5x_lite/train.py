@@ -1,0 +1,613 @@
+"""Pre-training: optimiser and schedule, the loss, the one jitted train step, and the loop.
+
+    raw tokens [B, raw_len] --jit(train_step)--> corrupt -> masks -> model -> loss -> grads -> optax
+
+The train step is compiled once per *program*: the model, optimiser, batch layout and mesh. The
+objective, corruption rate and span length arrive as a traced `ObjectiveSpec`, and
+`language_model` / `prefix_lm` run the same decoder-only program whose prefix attention is a
+traced flag, so a whole ablation grid for one architecture family shares one executable.
+`train(config, workdir)` wraps it in a resumable loop that writes `workdir/metrics.jsonl`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import tqdm
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from t5x_lite import accounting, objectives, partitioning
+from t5x_lite.checkpointing import Checkpointer
+from t5x_lite.config import DECODER_ONLY_ARCHS, ConfigError, validate_model_config
+from t5x_lite.models import build_model, make_masks
+
+try:
+    from tensorboardX import SummaryWriter
+except ImportError:  # an optional extra: metrics.jsonl stays the canonical record without it
+    SummaryWriter = None
+
+OPTIMIZERS = ("adafactor", "adamw")
+SCHEDULES = ("rsqrt", "linear", "cosine", "constant")
+# The decoder-only archs share one program; the model is built under this name and the
+# prefix attention is switched by a traced flag (see `TrainStep`).
+_DECODER_ONLY_PROGRAM_ARCH = "prefix_lm"
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything that changes during training; the model's graphdef stays outside (static).
+
+    step: int32 scalar, the number of updates applied. params: `nnx.State` of the model's
+    `nnx.Param`s (float32, with `logical_axes` metadata). opt_state: the optax state.
+    """
+
+    step: jax.Array
+    params: nnx.State
+    opt_state: optax.OptState
+
+
+# ---------------------------------------------------------------------------------------------
+# Config validation, schedules, optimisers
+
+
+def validate_train_config(train: ml_collections.ConfigDict) -> None:
+    """Raise `ConfigError` naming the field if `config.train` cannot run."""
+    if train.optimizer not in OPTIMIZERS:
+        raise ConfigError(f"train.optimizer={train.optimizer!r} is not allowed; choose one of {', '.join(OPTIMIZERS)}")
+    if train.schedule not in SCHEDULES:
+        raise ConfigError(f"train.schedule={train.schedule!r} is not allowed; choose one of {', '.join(SCHEDULES)}")
+    for field in ("learning_rate", "batch_size", "steps", "microbatches", "log_every"):
+        value = train[field]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ConfigError(f"train.{field}={value!r} must be a positive number")
+    for field in ("batch_size", "steps", "microbatches", "log_every", "warmup_steps"):
+        if isinstance(train[field], bool) or not isinstance(train[field], int):
+            raise ConfigError(f"train.{field}={train[field]!r} must be an integer")
+    if train.warmup_steps < (1 if train.schedule == "rsqrt" else 0):
+        raise ConfigError(
+            f"train.warmup_steps={train.warmup_steps} must be >= 1 for train.schedule='rsqrt' "
+            "(it divides by sqrt(max(step, warmup_steps))) and >= 0 otherwise"
+        )
+    if train.schedule in ("linear", "cosine") and train.warmup_steps > train.steps:
+        raise ConfigError(f"train.warmup_steps={train.warmup_steps} must be <= train.steps={train.steps}")
+    if train.z_loss < 0 or train.weight_decay < 0:
+        raise ConfigError(f"train.z_loss={train.z_loss} and train.weight_decay={train.weight_decay} must be >= 0")
+    if not 0.0 <= train.label_smoothing < 1.0:
+        raise ConfigError(f"train.label_smoothing={train.label_smoothing} must be in [0, 1)")
+    factor = train.loss_normalizing_factor
+    if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 0):
+        raise ConfigError(
+            f"train.loss_normalizing_factor={factor!r} must be None (divide by the number of "
+            "target tokens) or a positive number"
+        )
+
+
+def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
+    """step -> learning rate for `train.schedule`.
+
+    rsqrt (T5): lr / sqrt(max(step, warmup)); the paper uses lr 1.0 and 10^4 warm-up steps, i.e.
+    a constant 0.01 for 10^4 steps, then inverse-square-root decay. linear / cosine: linear
+    warm-up from 0 to lr, then decay to 0 at `train.steps`. constant: lr (fine-tuning).
+    """
+    validate_train_config(train)
+    lr, warmup, steps = float(train.learning_rate), train.warmup_steps, train.steps
+    if train.schedule == "rsqrt":
+        return lambda step: lr * jax.lax.rsqrt(jnp.maximum(step, warmup).astype(jnp.float32))
+    if train.schedule == "constant":
+        return optax.constant_schedule(lr)
+    if train.schedule == "cosine":
+        return optax.warmup_cosine_decay_schedule(0.0, lr, warmup, steps, end_value=0.0)
+    return optax.join_schedules(
+        [optax.linear_schedule(0.0, lr, warmup), optax.linear_schedule(lr, 0.0, steps - warmup)],
+        [warmup],
+    )
+
+
+def make_optimizer(train: ml_collections.ConfigDict) -> optax.GradientTransformation:
+    """The optimiser of `train.optimizer`, driven by `learning_rate_schedule(train)`.
+
+    adafactor: T5 / T5X's settings (which are optax's defaults, spelled out here): factored
+    second moments for matrices whose two largest dims are >= 128, decay rate 0.8
+    (beta2_t = 1 - t^-0.8), no momentum, update clipping at RMS 1.0, updates scaled by the
+    parameter's RMS (floor 1e-3), epsilon 1e-30.
+    adamw: b1 0.9, b2 0.999, eps 1e-8 (PyTorch's defaults, so the tiny preset compares like
+    for like with a PyTorch T5 step); `train.weight_decay` applied to matrices only, not to
+    norm scales.
+    """
+    schedule = learning_rate_schedule(train)
+    if train.optimizer == "adafactor":
+        return optax.adafactor(
+            learning_rate=schedule, min_dim_size_to_factor=128, decay_rate=0.8,
+            multiply_by_parameter_scale=True, clipping_threshold=1.0, momentum=None, eps=1e-30,
+            factored=True, weight_decay_rate=train.weight_decay or None,
+        )
+    matrices = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
+    return optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-8, weight_decay=train.weight_decay, mask=matrices)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loss
+
+
+def cross_entropy_sums(
+    logits: jax.Array, targets: jax.Array, weights: jax.Array, *, z_loss: float, label_smoothing: float
+) -> dict[str, jax.Array]:
+    """Weighted sums over tokens of T5X's loss terms, in float32 (not yet normalised).
+
+    logits [B, L, V]; targets int [B, L]; weights float [B, L]. Returns scalars:
+    `cross_entropy` (against targets smoothed to 1 - s on the label and s / (V - 1) elsewhere,
+    minus that distribution's entropy so a perfect model scores 0, as T5X does), `z_loss`
+    (z_loss * logsumexp(logits)^2, which keeps the softmax normaliser near 1), `correct`
+    (argmax hits) and `weight` (sum of weights). The smoothed cross entropy is computed from
+    logsumexp and two reductions, never a one-hot [B, L, V] array.
+    """
+    logits = logits.astype(jnp.float32)
+    vocab = logits.shape[-1]
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    label_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    on, off = 1.0 - label_smoothing, label_smoothing / (vocab - 1)
+    # -sum_v q_v log p_v with q = off everywhere plus (on - off) at the label.
+    cross_entropy = log_z - off * jnp.sum(logits, axis=-1) - (on - off) * label_logit
+    if label_smoothing > 0:
+        cross_entropy += on * math.log(on) + (vocab - 1) * off * math.log(off)
+    weights = weights.astype(jnp.float32)
+    return {
+        "cross_entropy": jnp.sum(cross_entropy * weights),
+        "z_loss": jnp.sum(z_loss * jnp.square(log_z) * weights),
+        "correct": jnp.sum((jnp.argmax(logits, axis=-1) == targets) * weights),
+        "weight": jnp.sum(weights),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# State: abstract shapes, shardings, initialisation
+
+
+def _program_model_config(model: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The model config the program is built from: both decoder-only archs build one model."""
+    model = ml_collections.ConfigDict(model.to_dict())
+    if model.arch in DECODER_ONLY_ARCHS:
+        model.arch = _DECODER_ONLY_PROGRAM_ARCH
+    return model
+
+
+def _init_fn(config: ml_collections.ConfigDict) -> Callable[[], TrainState]:
+    model_cfg, tx = _program_model_config(config.model), make_optimizer(config.train)
+
+    def init() -> TrainState:
+        params = nnx.state(build_model(model_cfg, nnx.Rngs(config.train.seed)), nnx.Param)
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+    return init
+
+
+def model_graphdef(config: ml_collections.ConfigDict) -> nnx.GraphDef:
+    """The model's static structure (no arrays allocated)."""
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: build_model(_program_model_config(config.model), nnx.Rngs(0))), nnx.Param)
+    return graphdef
+
+
+def abstract_state(config: ml_collections.ConfigDict, mesh: Mesh) -> TrainState:
+    """The train state as `jax.ShapeDtypeStruct`s carrying their shardings (for init and restore)."""
+    shapes = jax.eval_shape(_init_fn(config))
+    shardings = partitioning.state_shardings(shapes, mesh, partitioning.normalize_rules(config.mesh.rules))
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
+
+
+def init_state(config: ml_collections.ConfigDict, mesh: Mesh) -> TrainState:
+    """Fresh parameters and optimiser state, created directly in their shardings."""
+    validate_model_config(config.model)
+    validate_train_config(config.train)
+    shardings = jax.tree.map(lambda s: s.sharding, abstract_state(config, mesh))
+    return jax.jit(_init_fn(config), out_shardings=shardings)()
+
+
+# ---------------------------------------------------------------------------------------------
+# The train step
+
+
+def _split_microbatches(batch: dict[str, jax.Array], count: int, rows: NamedSharding) -> dict[str, jax.Array]:
+    """[B, ...] -> [count, B / count, ...]; micro-batch m takes rows m, m + count, ... so that
+    every device's rows hold an equal share of every micro-batch (no resharding)."""
+    stacked = NamedSharding(rows.mesh, PartitionSpec(None, *rows.spec))
+
+    def split(x: jax.Array) -> jax.Array:
+        x = jnp.swapaxes(x.reshape(x.shape[0] // count, count, *x.shape[1:]), 0, 1)
+        return jax.lax.with_sharding_constraint(x, stacked)
+
+    return jax.tree.map(split, batch)
+
+
+def _step_fn(config: ml_collections.ConfigDict, layout: objectives.BatchLayout, mesh: Mesh) -> Callable:
+    """The pure train step: (state, raw_tokens, spec, key_data, prefix_flag) -> (state, metrics)."""
+    graphdef, tx = model_graphdef(config), make_optimizer(config.train)
+    schedule, train = learning_rate_schedule(config.train), config.train
+    arch = _program_model_config(config.model).arch
+    dropout = config.model.dropout_rate > 0
+    rules = partitioning.normalize_rules(config.mesh.rules)
+    rows = partitioning.batch_sharding(mesh, rules)
+
+    def loss_fn(params: nnx.State, batch: dict, rng: jax.Array, normalizer: jax.Array):
+        model = nnx.merge(graphdef, params)
+        logits = model(batch, make_masks(batch, arch), dropout_rng=rng if dropout else None)
+        sums = cross_entropy_sums(
+            logits, batch["decoder_target_tokens"], batch["decoder_loss_weights"],
+            z_loss=train.z_loss, label_smoothing=train.label_smoothing,
+        )
+        return (sums["cross_entropy"] + sums["z_loss"]) / normalizer, sums
+
+    def step(state: TrainState, raw_tokens: jax.Array, spec: Any, key_data: jax.Array, prefix_flag: jax.Array):
+        # fold_in(seed key, step): the randomness of step n does not depend on how we got there.
+        corrupt_rng, dropout_rng = jax.random.split(jax.random.fold_in(jax.random.wrap_key_data(key_data), state.step))
+        batch = objectives.corrupt(raw_tokens, spec, corrupt_rng, layout)
+        if "inputs_mask" in batch:
+            batch["inputs_mask"] = batch["inputs_mask"] & prefix_flag
+        batch = jax.lax.with_sharding_constraint(batch, rows)
+        # One normaliser for the whole batch, so summed micro-batch gradients equal the full one.
+        weight_sum = jnp.sum(batch["decoder_loss_weights"].astype(jnp.float32))
+        normalizer = (jnp.maximum(weight_sum, 1.0) if train.loss_normalizing_factor is None
+                      else jnp.float32(train.loss_normalizing_factor))
+        micro = _split_microbatches(batch, train.microbatches, rows)
+        rngs = jax.random.split(dropout_rng, train.microbatches)
+        grad_fn = jax.grad(loss_fn, has_aux=True)
+
+        def accumulate(carry, xs):
+            grads, sums = grad_fn(state.params, xs[0], xs[1], normalizer)
+            return jax.tree.map(jnp.add, carry, (grads, sums)), None
+
+        zeros = jax.tree.map(jnp.zeros_like, state.params)
+        zero_sums = {k: jnp.zeros((), jnp.float32) for k in ("cross_entropy", "z_loss", "correct", "weight")}
+        (grads, sums), _ = jax.lax.scan(accumulate, (zeros, zero_sums), (micro, rngs))
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = {
+            "loss": (sums["cross_entropy"] + sums["z_loss"]) / normalizer,
+            "z_loss": sums["z_loss"] / normalizer,
+            "accuracy": sums["correct"] / jnp.maximum(sums["weight"], 1.0),
+            "num_tokens": sums["weight"],
+            "grad_norm": optax.global_norm(grads),
+            "learning_rate": schedule(state.step),
+        }
+        return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+    return step
+
+
+class _Program:
+    """One jitted train step and its AOT-compiled executables, keyed by argument shapes."""
+
+    def __init__(self, jitted: Any):
+        self.jitted = jitted
+        self.executables: dict[Any, Any] = {}
+        self.compiles = 0
+        self.compile_seconds = 0.0
+
+    def __call__(self, *args: Any) -> Any:
+        leaves, treedef = jax.tree.flatten(args)
+        key = (treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves))
+        if key not in self.executables:
+            start = time.perf_counter()
+            self.executables[key] = self.jitted.lower(*args).compile()
+            self.compile_seconds += time.perf_counter() - start
+            self.compiles += 1
+        return self.executables[key](*args)
+
+
+# What the step program depends on besides the model config, the layout and the mesh.
+_STEP_TRAIN_FIELDS = ("optimizer", "schedule", "learning_rate", "warmup_steps", "steps", "weight_decay",
+                      "z_loss", "label_smoothing", "microbatches", "loss_normalizing_factor", "batch_size")
+_PROGRAMS: dict[Any, _Program] = {}
+
+
+def _program_key(config: ml_collections.ConfigDict, layout: objectives.BatchLayout, mesh: Mesh) -> tuple:
+    model = json.dumps(_program_model_config(config.model).to_dict(), sort_keys=True)
+    train = json.dumps({f: config.train[f] for f in _STEP_TRAIN_FIELDS}, sort_keys=True)
+    return model, train, layout, mesh, tuple(config.mesh.rules)
+
+
+def _replicated(x: Any, mesh: Mesh) -> jax.Array:
+    """A host value every process holds identically -> a global array replicated on `mesh`."""
+    return jax.make_array_from_process_local_data(NamedSharding(mesh, PartitionSpec()), np.asarray(x))
+
+
+@dataclasses.dataclass
+class TrainStep:
+    """`train_step(state, raw_tokens, spec, rng) -> (state, metrics)` for one config.
+
+    raw_tokens: this process's rows of the global batch, int32 [batch_size / process_count,
+    layout.raw_length] (a numpy array, or an already global jax.Array). spec: an
+    `objectives.ObjectiveSpec` (traced: any objective / rate / span reuses the executable).
+    rng: the run's seed key; the step folds in `state.step`. The state is donated.
+    """
+
+    program: _Program
+    mesh: Mesh
+    tokens_sharding: NamedSharding
+    global_shape: tuple[int, int]
+    prefix_attention: bool
+
+    def __call__(self, state: TrainState, raw_tokens: Any, spec: Any, rng: jax.Array) -> tuple[TrainState, dict]:
+        if not isinstance(raw_tokens, jax.Array) or raw_tokens.shape != self.global_shape:
+            local = np.asarray(raw_tokens, np.int32)
+            if local.shape[1:] != self.global_shape[1:] or local.shape[0] * jax.process_count() != self.global_shape[0]:
+                raise ValueError(
+                    f"raw_tokens has shape {local.shape}; each of the {jax.process_count()} processes "
+                    f"must pass [train.batch_size / process_count, layout.raw_length] = "
+                    f"[{self.global_shape[0] // jax.process_count()}, {self.global_shape[1]}]"
+                )
+            raw_tokens = jax.make_array_from_process_local_data(self.tokens_sharding, local, self.global_shape)
+        spec = jax.tree.map(lambda x: _replicated(x, self.mesh), spec)
+        key_data = _replicated(jax.random.key_data(rng), self.mesh)
+        flag = _replicated(np.bool_(self.prefix_attention), self.mesh)
+        return self.program(state, raw_tokens, spec, key_data, flag)
+
+    @property
+    def compiles(self) -> int:
+        """Compilations of the shared program so far (by every TrainStep using it)."""
+        return self.program.compiles
+
+
+def validate_config(config: ml_collections.ConfigDict, mesh: Mesh) -> None:
+    """Every check that needs no arrays: model, train settings, batch split over the mesh."""
+    validate_model_config(config.model)
+    validate_train_config(config.train)
+    rules = partitioning.normalize_rules(config.mesh.rules)
+    partitioning.validate_batch_split(config.train.batch_size, config.train.microbatches, mesh, rules)
+
+
+def make_train_step(config: ml_collections.ConfigDict, layout: objectives.BatchLayout, mesh: Mesh) -> TrainStep:
+    """The train step for `config` on `mesh`; executables are shared through a module cache."""
+    validate_config(config, mesh)
+    rules = partitioning.normalize_rules(config.mesh.rules)
+    key = _program_key(config, layout, mesh)
+    if key not in _PROGRAMS:
+        state_shardings = jax.tree.map(lambda s: s.sharding, abstract_state(config, mesh))
+        replicated = NamedSharding(mesh, PartitionSpec())
+        tokens = partitioning.batch_sharding(mesh, rules)
+        jitted = jax.jit(
+            _step_fn(config, layout, mesh),
+            in_shardings=(state_shardings, tokens, replicated, replicated, replicated),
+            out_shardings=(state_shardings, replicated),
+            donate_argnums=0,
+        )
+        _PROGRAMS[key] = _Program(jitted)
+    return TrainStep(
+        program=_PROGRAMS[key], mesh=mesh, tokens_sharding=partitioning.batch_sharding(mesh, rules),
+        global_shape=(config.train.batch_size, layout.raw_length),
+        prefix_attention=config.model.arch == "prefix_lm",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Multi-host
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    if not value.strip().isdigit():
+        raise ConfigError(f"environment variable {name}={value!r} must be a non-negative integer")
+    return int(value)
+
+
+def initialize_distributed(
+    coordinator: str | None = None, num_processes: int | None = None, process_id: int | None = None
+) -> bool:
+    """Join a multi-process run; call before any other JAX call. Returns whether one was joined.
+
+    Arguments win over the environment variables JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES /
+    JAX_PROCESS_ID. With none of them, SLURM (SLURM_NTASKS > 1) and multi-host TPU VMs
+    (TPU_WORKER_HOSTNAMES lists several hosts) are left to `jax.distributed.initialize()`'s own
+    cluster detection; anything else is a single-process run.
+    """
+    given = {
+        "coordinator": coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS"),
+        "num_processes": num_processes if num_processes is not None else _env_int("JAX_NUM_PROCESSES"),
+        "process_id": process_id if process_id is not None else _env_int("JAX_PROCESS_ID"),
+    }
+    if any(value is not None for value in given.values()):
+        missing = [name for name, value in given.items() if value is None]
+        if missing:
+            raise ConfigError(
+                f"initialize_distributed is missing {', '.join(missing)}: give coordinator, "
+                "num_processes and process_id together (or JAX_COORDINATOR_ADDRESS, "
+                "JAX_NUM_PROCESSES and JAX_PROCESS_ID)"
+            )
+        if not 0 <= given["process_id"] < given["num_processes"]:
+            raise ConfigError(
+                f"process_id={given['process_id']} must be in [0, num_processes={given['num_processes']})"
+            )
+        jax.distributed.initialize(given["coordinator"], given["num_processes"], given["process_id"])
+        return True
+    if (_env_int("SLURM_NTASKS") or 1) > 1 or "," in os.environ.get("TPU_WORKER_HOSTNAMES", ""):
+        jax.distributed.initialize()
+        return True
+    return False
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop
+
+
+class MetricsWriter:
+    """One JSON object per step appended (and flushed) to `workdir/metrics.jsonl`, mirrored to
+    TensorBoard event files when the optional `tensorboardX` is installed. Only process 0
+    writes; elsewhere every method is a no-op."""
+
+    def __init__(self, workdir: Path):
+        self.enabled = jax.process_index() == 0
+        self.path = workdir / "metrics.jsonl"
+        self._file = self.path.open("a") if self.enabled else None
+        self._tensorboard = None
+        if self.enabled and SummaryWriter is not None:
+            self._tensorboard = SummaryWriter(str(workdir / "tensorboard"))
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self._tensorboard is not None:
+            for name, value in record.items():
+                if name != "step" and isinstance(value, (int, float)):
+                    self._tensorboard.add_scalar(f"train/{name}", value, record["step"])
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+
+
+class Progress:
+    """A tqdm bar with ETA when stderr is a terminal, else a log line every `every` steps."""
+
+    def __init__(self, start: int, total: int, every: int, enabled: bool):
+        self.total, self.every, self.enabled = total, every, enabled and jax.process_index() == 0
+        self.start_time, self.start_step = time.perf_counter(), start
+        self.bar = tqdm.tqdm(initial=start, total=total, unit="step") if self.enabled and sys.stderr.isatty() else None
+
+    def update(self, record: dict[str, Any]) -> None:
+        step = record["step"]
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
+        elif self.enabled and (step % self.every == 0 or step == self.total):
+            elapsed = time.perf_counter() - self.start_time
+            eta = elapsed / (step - self.start_step) * (self.total - step)
+            print(f"step {step}/{self.total} loss {record['loss']:.4f} acc {record['accuracy']:.3f} "
+                  f"lr {record['learning_rate']:.2e} {record['tokens_per_s']:.0f} tok/s "
+                  f"eta {eta:.0f}s", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+_CPU_PEAKS: dict[str, float] = {}
+
+
+def peak_flops_per_second(mesh: Mesh, dtype: str) -> float | None:
+    """The mesh's peak FLOP/s: the vendor table times the device count on accelerators; on
+    CPU a matmul measured once per process (simulated CPU devices share the same cores)."""
+    device = mesh.devices.flat[0]
+    if device.platform == "cpu":
+        if dtype not in _CPU_PEAKS:
+            _CPU_PEAKS[dtype] = accounting.measure_cpu_matmul_peak(jnp.dtype(dtype))
+        return _CPU_PEAKS[dtype]
+    peak = accounting.peak_flops(device, dtype)
+    return None if peak is None else peak * mesh.devices.size
+
+
+def train(
+    config: ml_collections.ConfigDict,
+    workdir: str | os.PathLike,
+    *,
+    steps: int | None = None,
+    progress: bool = True,
+    restart: bool = False,
+) -> dict[str, Any]:
+    """Pre-train `config` in `workdir` up to `steps` updates (default `config.train.steps`).
+
+    Resumes from `workdir/checkpoints` when it holds a checkpoint (`restart=True` wipes them);
+    the data position is a function of the step, so the checkpoint is all a resume needs.
+    Appends one record per step to `workdir/metrics.jsonl`; saves every
+    `config.checkpoint.every` steps, at the end, and on SIGTERM / SIGINT. Returns a summary.
+    """
+    workdir = Path(workdir)
+    total = config.train.steps if steps is None else steps
+    mesh = partitioning.make_mesh(config.mesh)
+    validate_config(config, mesh)
+    spec = objectives.spec_from_config(config.objective)
+    layout = objectives.layout_for([config.objective], objectives.family_for(config.model.arch),
+                                   config.model.vocab_size, config.model.num_sentinels)
+    # Imported here: the pipeline pulls in TFDS, which the train step alone does not need.
+    from t5x_lite.data.pipeline import pretrain_data_from_config
+
+    _, data = pretrain_data_from_config(config, layout.raw_length, jax.process_index(), jax.process_count())
+    train_step = make_train_step(config, layout, mesh)
+    rng = jax.random.key(config.train.seed)
+    tokens_per_step = config.train.batch_size * (layout.inputs_length + layout.targets_length)
+    flops_per_step = config.train.batch_size * accounting.train_flops_per_example(
+        config.model, layout.inputs_length, layout.targets_length)
+    peak = peak_flops_per_second(mesh, config.model.dtype)
+    if jax.process_index() == 0:
+        workdir.mkdir(parents=True, exist_ok=True)
+
+    records: list[dict[str, Any]] = []
+    compiles_before = train_step.compiles
+    with Checkpointer(workdir / "checkpoints", every=config.checkpoint.every, keep=config.checkpoint.keep,
+                      config=config, restart=restart) as checkpointer:
+        if checkpointer.latest_step() is None:
+            state = init_state(config, mesh)
+        else:
+            state = checkpointer.restore(abstract_state(config, mesh))
+        step = start = int(state.step)
+        writer, bar = MetricsWriter(workdir), Progress(start, total, config.train.log_every, progress)
+        try:
+            raw = data.batch(step) if step < total else None
+            last = time.perf_counter()
+            while step < total:
+                compile_before = train_step.program.compile_seconds
+                state, metrics = train_step(state, raw, spec, rng)
+                step += 1
+                raw = data.batch(step) if step < total else None  # overlaps with the device step
+                metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                now = time.perf_counter()
+                compile_s = train_step.program.compile_seconds - compile_before
+                step_s, last = now - last - compile_s, now
+                flops_per_s = flops_per_step / step_s
+                record = {
+                    "step": step, **metrics, "step_s": step_s, "tokens_per_s": tokens_per_step / step_s,
+                    "tflops_per_s": flops_per_s / 1e12, "mfu": accounting.mfu(flops_per_s, peak),
+                    "compile_s": compile_s, "compiles": train_step.compiles - compiles_before,
+                }
+                writer.write(record)
+                bar.update(record)
+                records.append(record)
+                if not math.isfinite(record["loss"]):
+                    raise FloatingPointError(
+                        f"loss is {record['loss']} at step {step}; stopping without saving this state "
+                        f"(last checkpoint: step {checkpointer.latest_step()})"
+                    )
+                if checkpointer.reached_preemption(step):
+                    checkpointer.maybe_save(step, state, force=True)
+                    break
+                checkpointer.maybe_save(step, state)
+            else:
+                checkpointer.maybe_save(step, state, force=True)
+        finally:
+            writer.close()
+            bar.close()
+    return _summary(records, workdir, start, step)
+
+
+def _summary(records: list[dict[str, Any]], workdir: Path, start: int, step: int) -> dict[str, Any]:
+    """Final step and loss, plus medians of the speed metrics over steps that did not compile."""
+    steady = [r for r in records if r["compile_s"] == 0.0] or records
+
+    def median(name: str) -> float | None:
+        values = [r[name] for r in steady if r[name] is not None]
+        return float(np.median(values)) if values else None
+
+    last = records[-1] if records else {}
+    return {
+        "workdir": str(workdir), "start_step": start, "step": step,
+        "loss": last.get("loss"), "accuracy": last.get("accuracy"),
+        "tokens_per_s": median("tokens_per_s"), "step_s": median("step_s"), "mfu": median("mfu"),
+        "compiles": last.get("compiles", 0), "compile_s": sum(r["compile_s"] for r in records),
+    }
