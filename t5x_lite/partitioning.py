@@ -146,7 +146,7 @@ def _param_table(params: Any) -> dict[tuple, tuple[tuple[int, ...], tuple[str, .
         axes = var.get_metadata().get("logical_axes") if is_var(var) else None
         if axes is None:
             raise ValueError(f"parameter {jax.tree_util.keystr(path)} has no logical_axes metadata")
-        table[tuple(_key_name(k) for k in path) + ("value",)] = (tuple(var.value.shape), tuple(axes))
+        table[tuple(_key_name(k) for k in path) + ("value",)] = (tuple(var.get_value().shape), tuple(axes))
     return table
 
 

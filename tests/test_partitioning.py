@@ -1,0 +1,146 @@
+"""Mesh construction, the logical-axis rule table, and state / batch shardings (8 CPU devices)."""
+import jax
+import ml_collections
+import optax
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from t5x_lite import partitioning
+from t5x_lite.config import ConfigError, default_config
+
+RULES = partitioning.normalize_rules(default_config().mesh.rules)
+
+
+def mesh_cfg(shape, names=("data", "model")):
+    return ml_collections.ConfigDict(dict(shape=shape, axis_names=names))
+
+
+def test_mesh_fills_the_one_minus_one_from_the_device_count():
+    assert len(jax.devices()) == 8
+    mesh = partitioning.make_mesh(mesh_cfg((-1, 2)))
+    assert dict(mesh.shape) == {"data": 4, "model": 2}
+    mesh = partitioning.make_mesh(mesh_cfg((2, -1, 2), ("data", "fsdp", "model")))
+    assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "model": 2}
+    assert partitioning.make_mesh(mesh_cfg((-1, 1)), jax.devices()[:1]).devices.size == 1
+
+
+@pytest.mark.parametrize(
+    "shape, names, message",
+    [
+        ((16, 1), ("data", "model"), r"mesh.shape=\(16, 1\) needs 16 devices but only 8"),
+        ((-1, -1), ("data", "model"), "at most one -1"),
+        ((-1, 3), ("data", "model"), "not divisible by 3"),
+        ((4, 0), ("data", "model"), "positive integers"),
+        ((8,), ("data", "model"), "positive integers"),
+        ((8, 1), ("batch", "model"), r"mesh.axis_names=.*choose one of \('data', 'model'\)"),
+    ],
+)
+def test_bad_mesh_is_rejected_naming_the_field(shape, names, message):
+    with pytest.raises(ConfigError, match=message):
+        partitioning.make_mesh(mesh_cfg(shape, names))
+
+
+@pytest.mark.parametrize(
+    "rules, message",
+    [
+        ((("sequence", None),), "unknown logical axis 'sequence'; choose from batch"),
+        ((("batch", "pipeline"),), "unknown mesh axis 'pipeline'; choose from data, fsdp, model"),
+        ((("mlp", "model"), ("mlp", None)), "lists logical axis 'mlp' twice"),
+        ((("mlp",),), r"must be a \(logical_axis, mesh_axes\) pair"),
+    ],
+)
+def test_bad_rules_are_rejected_naming_the_field(rules, message):
+    with pytest.raises(ConfigError, match=f"mesh.rules.*{message}|{message}"):
+        partitioning.normalize_rules(rules)
+
+
+def test_batch_must_split_evenly_over_data_axis_and_microbatches():
+    mesh = partitioning.make_mesh(mesh_cfg((4, 2)))
+    partitioning.validate_batch_split(16, 2, mesh, RULES)  # 16 = 4 shards x 2 micro-batches x 2
+    with pytest.raises(ConfigError, match=r"train.batch_size=12 .* \(4\) x train.microbatches \(2\) = 8"):
+        partitioning.validate_batch_split(12, 2, mesh, RULES)
+    with pytest.raises(ConfigError, match="train.microbatches=0"):
+        partitioning.validate_batch_split(16, 0, mesh, RULES)
+
+
+def test_logical_to_spec_follows_the_rule_table():
+    mesh = partitioning.make_mesh(mesh_cfg((2, 4)))
+    fsdp = partitioning.make_mesh(mesh_cfg((2, 2, 2), ("data", "fsdp", "model")))
+    # No fsdp axis in the mesh: embed is replicated; heads / mlp / vocab go to 'model'.
+    assert partitioning.logical_to_spec(("embed", "heads", "kv"), RULES, mesh) == P(None, "model", None)
+    assert partitioning.logical_to_spec(("embed", "heads", "kv"), RULES, fsdp) == P("fsdp", "model", None)
+    assert partitioning.logical_to_spec(("batch", "length"), RULES, mesh) == P("data", None)
+    assert partitioning.logical_to_spec(("batch", "length"), RULES, fsdp) == P(("data", "fsdp"), None)
+    # A mesh axis is used once per array: the second claimant is replicated.
+    assert partitioning.logical_to_spec(("heads", "mlp"), RULES, mesh) == P("model", None)
+    # A dimension the axis does not divide (6 heads over 4 devices) stays replicated.
+    assert partitioning.logical_to_spec(("embed", "heads"), RULES, mesh, shape=(32, 6)) == P(None, None)
+
+
+class _Toy(nnx.Module):
+    def __init__(self):
+        # [256, 128] is factored by Adafactor (two dims >= 128); [16, 8] is not.
+        self.big = nnx.Param(jax.numpy.zeros((256, 128)), logical_axes=("embed", "mlp"))
+        self.small = nnx.Param(jax.numpy.zeros((16, 8)), logical_axes=("vocab", "embed"))
+        self.scale = nnx.Param(jax.numpy.zeros((16,)), logical_axes=("embed",))
+
+
+def _abstract_state(tx):
+    params = nnx.state(nnx.eval_shape(_Toy), nnx.Param)
+    return _Obj(params, jax.eval_shape(tx.init, params))
+
+
+class _Obj:
+    """A stand-in train state exposing `.params` (registered below as a pytree)."""
+
+    def __init__(self, params, opt_state):
+        self.params, self.opt_state = params, opt_state
+
+
+jax.tree_util.register_pytree_with_keys(
+    _Obj,
+    lambda o: (((jax.tree_util.GetAttrKey("params"), o.params), (jax.tree_util.GetAttrKey("opt_state"), o.opt_state)), None),
+    lambda _, children: _Obj(*children),
+)
+
+
+def _specs_by_path(shardings):
+    return {jax.tree_util.keystr(p): s.spec for p, s in jax.tree_util.tree_flatten_with_path(shardings)[0]}
+
+
+def test_adafactor_factored_moments_keep_the_axes_of_the_dimension_they_keep():
+    mesh = partitioning.make_mesh(mesh_cfg((2, 2, 2), ("data", "fsdp", "model")))
+    specs = _specs_by_path(partitioning.state_shardings(_abstract_state(optax.adafactor(1e-2)), mesh, RULES))
+    assert specs[".params['big'].value"] == P("fsdp", "model")
+    # optax factors over the two largest dims: v_row drops the largest (256, embed) and keeps
+    # [128] = mlp; v_col drops the other (128, mlp) and keeps [256] = embed.
+    v_row = [s for p, s in specs.items() if "v_row" in p and "'big'" in p]
+    v_col = [s for p, s in specs.items() if "v_col" in p and "'big'" in p]
+    assert v_row == [P("model")] and v_col == [P("fsdp")]
+    # Unfactored: the full second moment mirrors the parameter; (1,) placeholders replicate.
+    assert [s for p, s in specs.items() if ".v[" in p and "'small'" in p] == [P("model", "fsdp")]
+    assert [s for p, s in specs.items() if "v_row" in p and "'small'" in p] == [P()]
+    assert [s for p, s in specs.items() if "count" in p] == [P()]
+
+
+def test_adam_moments_mirror_their_parameters():
+    mesh = partitioning.make_mesh(mesh_cfg((4, 2)))
+    state = _abstract_state(optax.adamw(1e-3))
+    specs = _specs_by_path(partitioning.state_shardings(state, mesh, RULES))
+    mu = {p.split("mu")[1]: s for p, s in specs.items() if "mu" in p}
+    assert mu == {"['big'].value": P(None, "model"), "['small'].value": P("model", None), "['scale'].value": P(None)}
+    assert {p.split("nu")[1]: s for p, s in specs.items() if ".nu" in p} == mu
+
+
+def test_parameters_without_logical_axes_are_an_error():
+    params = nnx.state(nnx.eval_shape(lambda: nnx.Linear(2, 3, rngs=nnx.Rngs(0))), nnx.Param)
+    mesh = partitioning.make_mesh(mesh_cfg((8, 1)))
+    with pytest.raises(ValueError, match=r"parameter \['bias'\] has no logical_axes"):
+        partitioning.state_shardings(_Obj(params, ()), mesh, RULES)
+
+
+def test_batch_sharding_splits_rows_over_data():
+    mesh = partitioning.make_mesh(mesh_cfg((4, 2)))
+    sharding = partitioning.batch_sharding(mesh, RULES)
+    assert sharding.shard_shape((16, 10)) == (4, 10)
