@@ -52,7 +52,7 @@ def accuracy(targets: Sequence[Any], predictions: Sequence[Any]) -> Scores:
 
 
 def matthews_corrcoef(targets: Sequence[int], predictions: Sequence[int]) -> Scores:
-    """Matthews correlation x 100 over all labels seen (the multiclass form, as sklearn computes it).
+    """Matthews correlation x 100 over all labels seen (the multiclass form sklearn computes).
 
     An invalid prediction (-1 from post-processing) is just one more class, so it counts as wrong.
     A constant target or prediction column gives 0, not NaN, as in sklearn.
@@ -67,12 +67,14 @@ def matthews_corrcoef(targets: Sequence[int], predictions: Sequence[int]) -> Sco
     correct = np.trace(confusion)
     true_counts, pred_counts = confusion.sum(axis=1), confusion.sum(axis=0)
     numerator = correct * total - pred_counts @ true_counts
-    denominator = np.sqrt((total**2 - pred_counts @ pred_counts) * (total**2 - true_counts @ true_counts))
+    denominator = np.sqrt(
+        (total**2 - pred_counts @ pred_counts) * (total**2 - true_counts @ true_counts)
+    )
     return {"matthews_corrcoef": 0.0 if denominator == 0 else 100.0 * numerator / denominator}
 
 
 def f1(targets: Sequence[int], predictions: Sequence[int]) -> Scores:
-    """Binary F1 x 100 for the positive class 1; any prediction that is not 0 or 1 counts as wrong."""
+    """Binary F1 x 100 for the positive class 1; a prediction other than 0 or 1 counts as wrong."""
     _check_lengths(targets, predictions)
     # An invalid prediction is a miss: a false negative on a positive target, a false positive
     # on a negative one (T5's `f1_score_with_invalid`).
@@ -90,7 +92,7 @@ def pearson_corrcoef(targets: Sequence[float], predictions: Sequence[float]) -> 
 
 
 def spearman_corrcoef(targets: Sequence[float], predictions: Sequence[float]) -> Scores:
-    """Spearman rank correlation x 100 (ties get average ranks; NaN when either side is constant)."""
+    """Spearman rank correlation x 100 (ties share average ranks; NaN if a side is constant)."""
     _check_lengths(targets, predictions)
     return {"spearman_corrcoef": 100.0 * float(scipy.stats.spearmanr(targets, predictions)[0])}
 
@@ -139,7 +141,9 @@ def _import_optional(module: str, package: str) -> Any:
         ) from error
 
 
-def bleu(targets: Sequence[Sequence[str]], predictions: Sequence[str], tokenize: str = "intl") -> Scores:
+def bleu(
+    targets: Sequence[Sequence[str]], predictions: Sequence[str], tokenize: str = "intl"
+) -> Scores:
     """Corpus BLEU from sacrebleu with the paper's settings: exponential smoothing, cased, and
     the 'intl' tokeniser (the paper: "SacreBLEU v1.3.0 with 'exp' smoothing and 'intl'
     tokenization"; pass tokenize='13a' for sacrebleu's default). `targets[i]` holds every
@@ -148,7 +152,8 @@ def bleu(targets: Sequence[Sequence[str]], predictions: Sequence[str], tokenize:
     sacrebleu = _import_optional("sacrebleu", "sacrebleu")
     num_refs = {len(refs) for refs in targets}
     if len(num_refs) != 1 or 0 in num_refs:
-        raise ValueError(f"bleu: every example needs the same number (>= 1) of references, got {sorted(num_refs)}")
+        raise ValueError("bleu: every example needs the same number (>= 1) of references, "
+                         f"got {sorted(num_refs)}")
     # sacrebleu wants one stream per reference position, not one list per example.
     streams = [list(stream) for stream in zip(*targets)]
     result = sacrebleu.corpus_bleu(

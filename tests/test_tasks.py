@@ -1,0 +1,316 @@
+"""Text-to-text formatting against the T5 paper's appendix D, the task registry, GLUE average."""
+import json
+import os
+
+import pytest
+
+from t5x_lite.data import tasks
+
+SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
+
+# (task, TFDS-style record, processed input, processed target), each from the paper's appendix D
+# ("Original input" fields with "Original target" as the class index, then "Processed input" and
+# "Processed target"). The paper typesets some apostrophes as ’; they are kept as printed.
+APPENDIX_D = [
+    (
+        "glue_cola",
+        {"sentence": "John made Bill master of himself.", "label": 1},
+        "cola sentence: John made Bill master of himself.",
+        "acceptable",
+    ),
+    (
+        "glue_rte",
+        {
+            "sentence1": "A smaller proportion of Yugoslavia’s Italians were settled in Slovenia "
+            "(at the 1991 national census, some 3000 inhabitants of Slovenia declared themselves "
+            "as ethnic Italians).",
+            "sentence2": "Slovenia has 3,000 inhabitants.",
+            "label": 1,
+        },
+        "rte sentence1: A smaller proportion of Yugoslavia’s Italians were settled in Slovenia "
+        "(at the 1991 national census, some 3000 inhabitants of Slovenia declared themselves as "
+        "ethnic Italians). sentence2: Slovenia has 3,000 inhabitants.",
+        "not_entailment",
+    ),
+    (
+        "glue_mnli",
+        {
+            "premise": "yeah well losing is i mean i’m i’m originally from Saint Louis and Saint "
+            "Louis Cardinals when they were there were uh a mostly a losing team but",
+            "hypothesis": "The St. Louis Cardinals have always won.",
+            "label": 2,
+        },
+        "mnli hypothesis: The St. Louis Cardinals have always won. premise: yeah well losing is "
+        "i mean i’m i’m originally from Saint Louis and Saint Louis Cardinals when they were "
+        "there were uh a mostly a losing team but",
+        "contradiction",
+    ),
+    (
+        "glue_mrpc",
+        {
+            "sentence1": 'We acted because we saw the existing evidence in a new light , through '
+            'the prism of our experience on 11 September , " Rumsfeld said .',
+            "sentence2": 'Rather , the US acted because the administration saw " existing '
+            'evidence in a new light , through the prism of our experience on September 11 " .',
+            "label": 1,
+        },
+        'mrpc sentence1: We acted because we saw the existing evidence in a new light , through '
+        'the prism of our experience on 11 September , " Rumsfeld said . sentence2: Rather , the '
+        'US acted because the administration saw " existing evidence in a new light , through the '
+        'prism of our experience on September 11 " .',
+        "equivalent",
+    ),
+    (
+        "glue_qnli",
+        {
+            "question": "Where did Jebe die?",
+            "sentence": "Genghis Khan recalled Subutai back to Mongolia soon afterwards, and Jebe "
+            "died on the road back to Samarkand.",
+            "label": 0,
+        },
+        "qnli question: Where did Jebe die? sentence: Genghis Khan recalled Subutai back to "
+        "Mongolia soon afterwards, and Jebe died on the road back to Samarkand.",
+        "entailment",
+    ),
+    (
+        "glue_qqp",
+        {
+            "question1": "What attributes would have made you highly desirable in ancient Rome?",
+            "question2": "How I GET OPPERTINUTY TO JOIN IT COMPANY AS A FRESHER?",
+            "label": 0,
+        },
+        "qqp question1: What attributes would have made you highly desirable in ancient Rome? "
+        "question2: How I GET OPPERTINUTY TO JOIN IT COMPANY AS A FRESHER?",
+        "not_duplicate",
+    ),
+    (
+        "glue_sst2",
+        {
+            "sentence": "it confirms fincher ’s status as a film maker who artfully bends "
+            "technical know-how to the service of psychological insight .",
+            "label": 1,
+        },
+        "sst2 sentence: it confirms fincher ’s status as a film maker who artfully bends "
+        "technical know-how to the service of psychological insight .",
+        "positive",
+    ),
+]
+
+
+@pytest.mark.parametrize("name, record, inputs, targets", APPENDIX_D,
+                         ids=[case[0] for case in APPENDIX_D])
+def test_glue_formatting_matches_the_paper(name, record, inputs, targets):
+    example = tasks.get_task(name).formatter(record)
+    assert example.inputs == inputs
+    assert example.targets == targets
+    assert example.references == (targets,)
+
+
+def test_squad_formatting_matches_the_paper():
+    # Appendix D, SQuAD: the context as it is in SQuAD v1.1 dev (newlines inside "O\n2"); the
+    # paper prints "O 2", i.e. whitespace runs become one space and punctuation stays as is.
+    context = (
+        "Hyperbaric (high-pressure) medicine uses special oxygen chambers to increase the partial "
+        "pressure of O\n2 around the patient and, when needed, the medical staff. Carbon monoxide "
+        "poisoning, gas gangrene, and decompression sickness (the ’bends’) are sometimes treated "
+        "using these devices. Increased O\n2 concentration in the lungs helps to displace carbon "
+        "monoxide from the heme group of hemoglobin. Oxygen gas is poisonous to the anaerobic "
+        "bacteria that cause gas gangrene, so increasing its partial pressure helps kill them. "
+        "Decompression sickness occurs in divers who decompress too quickly after a dive, "
+        "resulting in bubbles of inert gas, mostly nitrogen and helium, forming in their blood. "
+        "Increasing the pressure of O\n2 as soon as possible is part of the treatment."
+    )
+    record = {
+        "id": "571cd3b55efbb31900334e04",
+        "title": "Oxygen",
+        "question": "What does increased oxygen concentrations in the patient’s lungs displace?",
+        "context": context,
+        "answers": {"text": ["carbon monoxide", "carbon monoxide"], "answer_start": [345, 345]},
+    }
+    example = tasks.get_task("squad").formatter(record)
+    assert example.inputs == (
+        "question: What does increased oxygen concentrations in the patient’s lungs displace? "
+        "context: Hyperbaric (high-pressure) medicine uses special oxygen chambers to increase "
+        "the partial pressure of O 2 around the patient and, when needed, the medical staff. "
+        "Carbon monoxide poisoning, gas gangrene, and decompression sickness (the ’bends’) are "
+        "sometimes treated using these devices. Increased O 2 concentration in the lungs helps "
+        "to displace carbon monoxide from the heme group of hemoglobin. Oxygen gas is poisonous "
+        "to the anaerobic bacteria that cause gas gangrene, so increasing its partial pressure "
+        "helps kill them. Decompression sickness occurs in divers who decompress too quickly "
+        "after a dive, resulting in bubbles of inert gas, mostly nitrogen and helium, forming in "
+        "their blood. Increasing the pressure of O 2 as soon as possible is part of the treatment."
+    )
+    assert example.targets == "carbon monoxide"
+    assert example.references == ("carbon monoxide", "carbon monoxide")
+
+
+def test_stsb_matches_t5():
+    # T5's `stsb` preprocessor docstring: label 1.8 -> inputs below, targets "1.8".
+    record = {
+        "sentence1": "Three more US soldiers killed in Afghanistan",
+        "sentence2": "NATO Soldier Killed in Afghanistan",
+        "label": 1.8,
+    }
+    example = tasks.get_task("glue_stsb").formatter(record)
+    assert example.inputs == (
+        "stsb sentence1: Three more US soldiers killed in Afghanistan "
+        "sentence2: NATO Soldier Killed in Afghanistan"
+    )
+    assert example.targets == "1.8"
+
+
+@pytest.mark.parametrize(
+    "score, text",
+    # x5 then round: 3.25 -> 16.25 -> 16; 2.59 -> 12.95 -> 13; 3.9 -> 19.5 -> 20 (half to even);
+    # 3.7 -> 18.5 -> 18 (half to even, as tf.round); the ends stay at 0 and 5.
+    [(3.25, "3.2"), (2.59, "2.6"), (3.9, "4.0"), (3.7, "3.6"), (0.0, "0.0"), (5.0, "5.0")],
+)
+def test_stsb_rounds_to_the_nearest_fifth(score, text):
+    record = {"sentence1": "a", "sentence2": "b", "label": score}
+    assert tasks.format_stsb(record).targets == text
+
+
+def test_translation_and_summarization_prefixes():
+    example = tasks.get_task("wmt_ende").formatter({"en": "That is good.", "de": "Das ist gut."})
+    assert example.inputs == "translate English to German: That is good."
+    assert example.targets == "Das ist gut."
+    enro = tasks.get_task("wmt_enro").formatter({"en": "Hi.", "ro": "Salut."})
+    assert enro.inputs == "translate English to Romanian: Hi."
+    # Appendix D, CNN/Daily Mail: the article keeps its text after "summarize: ".
+    article = ("marouane fellaini and adnan januzaj continue to show the world they are not just "
+               "teammates but also best mates.")
+    record = {"article": article, "highlights": "best mates."}
+    example = tasks.get_task("cnn_dailymail").formatter(record)
+    assert example.inputs == "summarize: " + article
+    assert example.targets == "best mates."
+
+
+def test_unknown_language_code_is_rejected():
+    with pytest.raises(ValueError, match="language code 'xx'.*en, de, fr, ro"):
+        tasks.format_translation({"en": "a", "xx": "b"}, source="en", target="xx")
+
+
+def _task_over(records, name="glue_rte"):
+    """`name`'s formatting over in-memory records, with a fake source."""
+    base = tasks.get_task(name)
+    splits = {"validation": "validation", "test": "test"}
+    return tasks.Task(name, lambda split, data_dir, data_root: records, base.formatter,
+                      base.metric_names, splits, base.postprocess)
+
+
+def test_unlabeled_records_are_skipped_except_in_test():
+    records = [
+        {"sentence1": "a", "sentence2": "b", "label": 0},
+        {"sentence1": "c", "sentence2": "d", "label": -1},
+    ]
+    task = _task_over(records)
+    assert [ex.targets for ex in task.examples("validation")] == ["entailment"]
+    test = task.examples("test")
+    assert [ex.targets for ex in test] == ["entailment", None]
+    assert test[1].references == ()
+    with pytest.raises(ValueError, match="unlabeled"):
+        task.score(test, ["entailment", "entailment"])
+
+
+def test_score_turns_text_into_classes_and_counts_invalid_text_wrong():
+    labels = [1, 1, 0, 0]  # equivalent, equivalent, not_equivalent, not_equivalent
+    records = [{"sentence1": "a", "sentence2": "b", "label": label} for label in labels]
+    task = _task_over(records, "glue_mrpc")
+    examples = task.examples("validation")
+    scores = task.score(examples, ["equivalent", "maybe", "not_equivalent", "equivalent"])
+    # Classes 1, -1, 0, 1 vs 1, 1, 0, 0: accuracy 2/4; tp=1 fn=1 fp=1, F1 = 2/(2+1+1).
+    assert scores == pytest.approx({"accuracy": 50.0, "f1": 50.0})
+
+
+def test_stsb_score_reads_numbers():
+    records = [{"sentence1": "a", "sentence2": "b", "label": s} for s in (1.0, 2.0, 3.0)]
+    task = _task_over(records, "glue_stsb")
+    scores = task.score(task.examples("validation"), ["1.0", "3.0", "2.0"])
+    # Deviations (-1, 0, 1) and (-1, 1, 0): Pearson 1/2; the values are their own ranks.
+    assert scores == pytest.approx({"pearson_corrcoef": 50.0, "spearman_corrcoef": 50.0})
+    assert tasks.string_to_float("three") == -1.0
+
+
+def test_squad_score_uses_every_gold_answer():
+    record = {"question": "q", "context": "c", "answers": {"text": ["Paris", "the city of Paris"]}}
+    task = _task_over([record], "squad")
+    scores = task.score(task.examples("validation"), ["city of Paris"])
+    assert scores == pytest.approx({"em": 100.0, "f1": 100.0})
+
+
+def test_registry_has_the_paper_tasks_and_names_them_in_errors():
+    paper = ["glue_cola", "glue_sst2", "glue_mrpc", "glue_qqp", "glue_stsb", "glue_mnli",
+             "glue_mnli_matched", "glue_mnli_mismatched", "glue_qnli", "glue_rte", "glue_wnli",
+             "squad", "cnn_dailymail", "wmt_ende", "wmt_enfr", "wmt_enro"]
+    assert set(paper) <= set(tasks.TASKS)
+    with pytest.raises(ValueError,
+                       match="unknown task 'glue_colaa'; known tasks: cnn_dailymail, glue_cola"):
+        tasks.get_task("glue_colaa")
+
+
+def test_bad_split_and_missing_data_root_are_explained():
+    with pytest.raises(ValueError,
+                       match="'glue_mnli_matched' has no split 'train'; its splits: validation"):
+        tasks.get_task("glue_mnli_matched").examples("train")
+    with pytest.raises(ValueError, match="pass data_root"):
+        tasks.get_task("local_glue_rte").examples("validation")
+
+
+def test_glue_average_as_the_paper():
+    scores = {
+        "glue_cola": {"matthews_corrcoef": 40.0},
+        "glue_sst2": {"accuracy": 90.0},
+        "glue_mrpc": {"f1": 90.0, "accuracy": 80.0},  # 85
+        "glue_stsb": {"pearson_corrcoef": 88.0, "spearman_corrcoef": 86.0},  # 87
+        "glue_qqp": {"f1": 70.0, "accuracy": 90.0},  # 80
+        "glue_mnli_matched": {"accuracy": 84.0},
+        "glue_mnli_mismatched": {"accuracy": 82.0},  # MNLI 83
+        "glue_qnli": {"accuracy": 91.0},
+        "glue_rte": {"accuracy": 70.0},
+        "glue_wnli": {"accuracy": 0.0},  # left out
+        "squad": {"em": 0.0, "f1": 0.0},  # not GLUE
+    }
+    # (40 + 90 + 85 + 87 + 80 + 83 + 91 + 70) / 8 = 626 / 8
+    assert tasks.glue_average(scores) == pytest.approx(626 / 8)
+
+
+def test_glue_average_missing_tasks():
+    partial = {"local_glue_cola": {"matthews_corrcoef": 40.0},
+               "glue_mrpc": {"f1": 90.0, "accuracy": 80.0}}
+    with pytest.raises(ValueError, match="no scores for mnli, qnli, qqp, rte, sst2, stsb"):
+        tasks.glue_average(partial)
+    # local_glue_cola counts as CoLA: (40 + 85) / 2.
+    assert tasks.glue_average(partial, allow_missing=True) == pytest.approx(62.5)
+
+
+def test_local_squad_is_split_by_article(tmp_path):
+    # 12 one-question articles: the last 10 are validation, the first 2 train.
+    def article(i):
+        qa = {"id": f"q{i}", "question": f"question {i}?",
+              "answers": [{"text": f"{i}", "answer_start": 8}]}
+        return {"title": f"article{i}", "paragraphs": [{"context": f"context {i}", "qas": [qa]}]}
+
+    articles = [article(i) for i in range(12)]
+    os.makedirs(tmp_path / "root" / "squad")
+    with open(tmp_path / "root" / "squad" / "dev-v1.1.json", "w") as f:
+        json.dump({"version": "1.1", "data": articles}, f)
+    task = tasks.get_task("local_squad")
+    train = task.examples("train", str(tmp_path / "build"), str(tmp_path / "root"))
+    validation = task.examples("validation", str(tmp_path / "build"), str(tmp_path / "root"))
+    assert [ex.targets for ex in train] == ["0", "1"]
+    assert [ex.targets for ex in validation] == [str(i) for i in range(2, 12)]
+    assert validation[0].inputs == "question: question 2? context: context 2"
+
+
+@pytest.mark.skipif(not os.path.isdir(os.path.join(SHARED_DATA, "glue", "RTE")),
+                    reason="../shared/data/glue/RTE is not present")
+def test_local_glue_rte_from_shared_data(tmp_path):
+    task = tasks.get_task("local_glue_rte")
+    examples = task.examples("validation", str(tmp_path), SHARED_DATA)
+    assert len(examples) == 277  # dev.tsv rows (SOURCES.md)
+    assert {ex.targets for ex in examples} == {"entailment", "not_entailment"}
+    # First row of dev.tsv: Dana Reeve ... / Christopher Reeve had an accident. / not_entailment
+    assert examples[0].inputs.startswith("rte sentence1: Dana Reeve, the widow of the actor")
+    assert examples[0].inputs.endswith(" sentence2: Christopher Reeve had an accident.")
+    assert examples[0].targets == "not_entailment"
+    assert all(ex.targets is None for ex in task.examples("test", str(tmp_path), SHARED_DATA))
