@@ -62,3 +62,8 @@ def get_preset(name: str) -> ml_collections.ConfigDict:
     if name not in PRESETS:
         raise ConfigError(f"preset={name!r} does not exist; choose one of {', '.join(PRESETS)}")
     return PRESETS[name]()
+
+
+def get_config(name: str = "tiny") -> ml_collections.ConfigDict:
+    """`config_flags` entry point: `--config=path/to/presets.py:NAME` selects a preset."""
+    return get_preset(name)
