@@ -219,9 +219,10 @@ def test_cpu_device_points_to_the_measured_peak():
         assert accounting.peak_flops(jax.devices("cpu")[0], "float32") is None
 
 
-def test_peak_flops_rejects_unknown_dtype():
-    with pytest.raises(ValueError, match="dtype='float16'.*float32, bfloat16"):
-        accounting.peak_flops("TPU v4", "float16")
+@pytest.mark.parametrize("dtype", ["float16", np.float16, "bf16"])
+def test_peak_flops_rejects_unknown_dtype(dtype):
+    with pytest.raises(ValueError, match="dtype='(float16|bf16)'.*float32, bfloat16"):
+        accounting.peak_flops("TPU v4", dtype)
 
 
 def test_mfu():
