@@ -1,0 +1,504 @@
+"""The T5 paper's pre-training objectives as one jittable function of (raw tokens, spec, rng).
+
+Corruption runs on the device inside the jitted train step. The objective, the corruption
+rate and the span length live in an `ObjectiveSpec` of traced arrays, so changing them
+changes data, not the compiled program; only the `BatchLayout` (static shapes) is baked in.
+
+    layout = layout_for(points, "encoder_decoder", vocab_size, num_sentinels)  # host, once
+    spec = spec_from_config(config.objective)                                 # host, per point
+    batch = corrupt(raw_tokens, spec, rng, layout)                            # device, jitted
+
+Objectives (Raffel et al. 2020, Tables 4 and 5), for raw tokens x_1..x_n:
+- span_corruption: noise spans (`random_spans_noise_mask`) become one unique sentinel each in
+  the inputs; targets are the dropped spans, each led by its sentinel. Mean span length 1 is
+  the paper's "i.i.d. replace corrupted spans" row, with exact noise/span counts.
+- drop_corrupted_tokens: noise tokens are removed from the inputs; targets are the noise tokens.
+- bert_style: i.i.d. noise (`iid_noise_mask`); each noise token becomes the mask token, or with
+  probability `random_token_fraction` (paper: 0.1) a random real token; targets = original.
+- mass_style: bert_style without random tokens (every noise token becomes the mask token).
+- deshuffling: inputs are the tokens in random order; targets = original.
+- prefix_lm: a random split point; inputs = prefix, targets = continuation.
+- lm: no inputs; targets = the whole span.
+Inputs and targets always end with EOS. The mask token is `<extra_id_0>` = vocab_size - 1,
+sentinel i is vocab_size - 1 - i, real tokens lie in [3, vocab_size - num_sentinels).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Iterable, Mapping
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t5x_lite.config import (
+    ENCODER_DECODER_ARCHS, EOS_ID, NUM_RESERVED_IDS, PAD_ID, ConfigError,
+)
+
+OBJECTIVES = (
+    "span_corruption",
+    "drop_corrupted_tokens",
+    "bert_style",
+    "mass_style",
+    "deshuffling",
+    "prefix_lm",
+    "lm",
+)
+FAMILIES = ("encoder_decoder", "decoder_only")
+# Objectives whose targets use one sentinel per noise span (the vocabulary must hold enough).
+_SENTINEL_SPAN_OBJECTIVES = ("span_corruption",)
+# Inputs must hold at least one non-noise token, one sentinel and EOS.
+MIN_INPUTS_LENGTH = 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Spec and layout
+# ---------------------------------------------------------------------------------------------
+
+
+@flax.struct.dataclass
+class ObjectiveSpec:
+    """One grid point's objective settings as arrays, a traced argument of the train step.
+
+    Every field is a scalar, or an array of shape [batch] to give each example its own
+    setting (a vectorised sweep).
+    """
+
+    objective: jax.Array  # int32, index into OBJECTIVES
+    noise_density: jax.Array  # float32, share of corrupted tokens
+    mean_noise_span_length: jax.Array  # float32
+    random_token_fraction: jax.Array  # float32, bert_style: share of noise made random tokens
+    raw_length: jax.Array  # int32, leading raw tokens used (<= BatchLayout.raw_length)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchLayout:
+    """Static shapes of a corrupted batch; one layout (and one compiled program) serves a grid.
+
+    Encoder-decoder batches have encoder inputs [B, inputs_length] and decoder rows
+    [B, targets_length]; decoder-only batches have rows [B, inputs_length + targets_length].
+    """
+
+    family: str
+    raw_length: int
+    inputs_length: int
+    targets_length: int
+    vocab_size: int
+    num_sentinels: int
+
+    @property
+    def sequence_length(self) -> int:
+        """Length of the decoder-only row (inputs then targets)."""
+        return self.inputs_length + self.targets_length
+
+
+def family_for(arch: str) -> str:
+    """The batch family ('encoder_decoder' | 'decoder_only') an architecture consumes."""
+    return FAMILIES[0] if arch in ENCODER_DECODER_ARCHS else FAMILIES[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Length arithmetic (host)
+# ---------------------------------------------------------------------------------------------
+
+
+def _noise_counts(length: Any, noise_density: Any, mean_noise_span_length: Any, xp: Any = jnp):
+    """(num_noise, num_spans) for `length` tokens, as T5's `random_spans_noise_mask` counts them.
+
+    Shared by the host length arithmetic (xp=np) and the device masks (xp=jnp) so both round
+    identically: float32 products, round half to even, as T5's TensorFlow code does.
+    """
+    f32 = xp.float32
+    num_noise = xp.round(xp.asarray(length, f32) * xp.asarray(noise_density, f32)).astype(xp.int32)
+    num_noise = xp.minimum(xp.maximum(num_noise, 1), length - 1)
+    num_spans = xp.round(num_noise.astype(f32) / xp.asarray(mean_noise_span_length, f32))
+    return num_noise, xp.maximum(num_spans.astype(xp.int32), 1)
+
+
+def _span_corruption_lengths(raw_length: int, noise_density: float, mean_span: float):
+    """(inputs, targets) lengths incl. EOS: non-noise + spans + 1 and noise + spans + 1."""
+    num_noise, num_spans = (int(c) for c in _noise_counts(raw_length, noise_density, mean_span, np))
+    return raw_length - num_noise + num_spans + 1, num_noise + num_spans + 1
+
+
+def raw_length_for(inputs_length: int, noise_density: float,
+                   mean_noise_span_length: float) -> tuple[int, int]:
+    """(raw_tokens_length, targets_length) for span corruption, T5's `random_spans_helper` rule.
+
+    The raw length is the largest whose corrupted inputs (incl. EOS) fit in `inputs_length`.
+    At density 0.5 T5 shortens the raw length by one when the targets would be longer than
+    the inputs (so that targets_length equals the round inputs_length); the targets length
+    returned is recomputed for the shortened raw length, so it is exact.
+    E.g. (512, 0.15, 3) -> (568, 114) and (128, 0.15, 3) -> (141, 29).
+    """
+    raw = inputs_length - 1  # inputs of this length always fit: spans <= noise tokens
+    while _span_corruption_lengths(raw + 1, noise_density, mean_noise_span_length)[0] <= inputs_length:
+        raw += 1
+    inputs, targets = _span_corruption_lengths(raw, noise_density, mean_noise_span_length)
+    if noise_density == 0.5 and targets > inputs:
+        raw -= 1
+        targets = _span_corruption_lengths(raw, noise_density, mean_noise_span_length)[1]
+    return raw, targets
+
+
+def _drop_tokens_raw_length(inputs_length: int, noise_density: float, mean_span: float) -> int:
+    """Largest raw length whose kept (non-noise) tokens plus EOS fit in `inputs_length`."""
+    raw = inputs_length - 1
+    while raw + 1 - int(_noise_counts(raw + 1, noise_density, mean_span, np)[0]) + 1 <= inputs_length:
+        raw += 1
+    return raw
+
+
+def lengths_for(objective: str, inputs_length: int, noise_density: float,
+                mean_noise_span_length: float) -> tuple[int, int, int]:
+    """(raw, inputs, targets): the raw tokens an objective consumes and the longest inputs and
+    targets (incl. EOS) it produces from them.
+
+    - span_corruption: `raw_length_for`; inputs = non-noise + spans + 1, targets = noise + spans + 1.
+    - drop_corrupted_tokens: the largest raw whose non-noise tokens + EOS fit; targets = noise + EOS.
+    - bert_style, mass_style, deshuffling, prefix_lm: raw = inputs_length - 1, and inputs and
+      targets are at most raw + EOS (for prefix_lm each part is shorter, raw + EOS bounds both).
+    - lm: raw = inputs_length - 1, no inputs, targets = raw + EOS.
+    """
+    if objective == "span_corruption":
+        raw, _ = raw_length_for(inputs_length, noise_density, mean_noise_span_length)
+        return (raw, *_span_corruption_lengths(raw, noise_density, mean_noise_span_length))
+    if objective == "drop_corrupted_tokens":
+        raw = _drop_tokens_raw_length(inputs_length, noise_density, mean_noise_span_length)
+        num_noise = int(_noise_counts(raw, noise_density, mean_noise_span_length, np)[0])
+        return raw, raw - num_noise + 1, num_noise + 1
+    raw = inputs_length - 1
+    return raw, (0 if objective == "lm" else raw + 1), raw + 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation and construction from the config (host)
+# ---------------------------------------------------------------------------------------------
+
+
+def _require_number(field: str, value: Any, low: float, high: float, *, open_low: bool,
+                    open_high: bool, allowed: str) -> None:
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if (not is_number or value < low or value > high or (open_low and value == low)
+            or (open_high and value == high)):
+        raise ConfigError(f"{field}={value!r} is not allowed; it must be {allowed}")
+
+
+def _validated_lengths(point: Mapping[str, Any]) -> tuple[int, int, int]:
+    """Check one objective config (a ConfigDict or dict) and return its `lengths_for`."""
+    name = point["name"]
+    if name not in OBJECTIVES:
+        raise ConfigError(f"objective.name={name!r} is not allowed; choose one of {', '.join(OBJECTIVES)}")
+    _require_number("objective.noise_density", point["noise_density"], 0.0, 1.0,
+                    open_low=True, open_high=True, allowed="a number in (0, 1)")
+    _require_number("objective.mean_noise_span_length", point["mean_noise_span_length"], 1.0,
+                    float("inf"), open_low=False, open_high=True, allowed="a number >= 1")
+    _require_number("objective.random_token_fraction", point.get("random_token_fraction", 0.1),
+                    0.0, 1.0, open_low=False, open_high=False, allowed="a number in [0, 1]")
+    inputs_length = point["inputs_length"]
+    if not isinstance(inputs_length, int) or isinstance(inputs_length, bool) \
+            or inputs_length < MIN_INPUTS_LENGTH:
+        raise ConfigError(
+            f"objective.inputs_length={inputs_length!r} is too small: it must be an integer >= "
+            f"{MIN_INPUTS_LENGTH} to hold a non-noise token, a sentinel and EOS")
+    lengths = lengths_for(name, inputs_length, point["noise_density"],
+                          point["mean_noise_span_length"])
+    targets_length = point.get("targets_length")
+    if targets_length is not None and targets_length < lengths[2]:
+        raise ConfigError(
+            f"objective.targets_length={targets_length!r} is too small for objective.name={name!r} "
+            f"with inputs_length={inputs_length}, noise_density={point['noise_density']}, "
+            f"mean_noise_span_length={point['mean_noise_span_length']}: it must be at least "
+            f"{lengths[2]} (or None to use exactly that)")
+    return lengths
+
+
+def validate_vocab(vocab_size: int, num_sentinels: int) -> None:
+    """Raise `ConfigError` if the vocabulary lacks the mask token or room for real tokens."""
+    if num_sentinels < 1:
+        raise ConfigError(
+            f"model.num_sentinels={num_sentinels} is too small: the objectives need at least 1 "
+            "(<extra_id_0> is the mask token and the first sentinel)")
+    if vocab_size - num_sentinels <= NUM_RESERVED_IDS:
+        raise ConfigError(
+            f"model.vocab_size={vocab_size} is too small for model.num_sentinels={num_sentinels}: "
+            f"it must be at least num_sentinels + {NUM_RESERVED_IDS + 1} (pad, eos, unk and one "
+            "real token)")
+
+
+def spec_from_config(objective_cfg: Mapping[str, Any]) -> ObjectiveSpec:
+    """Validate an objective config (`config.objective` or a dict) and build its spec.
+
+    Raises `ConfigError` naming the field for an unknown name, noise_density outside (0, 1),
+    mean_noise_span_length < 1, random_token_fraction outside [0, 1], inputs_length < 3, or a
+    targets_length (when not None) shorter than the objective's targets.
+    """
+    raw, _, _ = _validated_lengths(objective_cfg)
+    return ObjectiveSpec(
+        objective=jnp.asarray(OBJECTIVES.index(objective_cfg["name"]), jnp.int32),
+        noise_density=jnp.asarray(objective_cfg["noise_density"], jnp.float32),
+        mean_noise_span_length=jnp.asarray(objective_cfg["mean_noise_span_length"], jnp.float32),
+        random_token_fraction=jnp.asarray(objective_cfg.get("random_token_fraction", 0.1),
+                                          jnp.float32),
+        raw_length=jnp.asarray(raw, jnp.int32),
+    )
+
+
+def layout_for(points: Iterable[Mapping[str, Any]], family: str, vocab_size: int,
+               num_sentinels: int) -> BatchLayout:
+    """The one layout serving every objective config in `points`: the maximum raw, inputs and
+    targets lengths over them (a point's targets_length, when set, pads its targets to it).
+
+    Validates every point, the family and the vocabulary, including that the vocabulary has a
+    sentinel for every span a span-corruption point can make.
+    """
+    if family not in FAMILIES:
+        raise ConfigError(f"family={family!r} is not allowed; choose one of {', '.join(FAMILIES)}")
+    validate_vocab(vocab_size, num_sentinels)
+    points = list(points)
+    if not points:
+        raise ConfigError("points is empty: give at least one objective config")
+    raw = inputs = targets = 0
+    for point in points:
+        point_raw, point_inputs, point_targets = _validated_lengths(point)
+        raw, inputs = max(raw, point_raw), max(inputs, point_inputs)
+        targets = max(targets, point_targets, point.get("targets_length") or 0)
+        if point["name"] in _SENTINEL_SPAN_OBJECTIVES:
+            num_spans = int(_noise_counts(point_raw, point["noise_density"],
+                                          point["mean_noise_span_length"], np)[1])
+            if num_spans > num_sentinels:
+                raise ConfigError(
+                    f"model.num_sentinels={num_sentinels} is too small for objective.name="
+                    f"{point['name']!r} with inputs_length={point['inputs_length']}, noise_density="
+                    f"{point['noise_density']}, mean_noise_span_length="
+                    f"{point['mean_noise_span_length']}: it makes up to {num_spans} spans, so it "
+                    f"needs at least {num_spans} sentinels")
+    if family == "encoder_decoder":
+        inputs = max(inputs, 1)  # the lm objective still feeds the encoder one EOS
+    return BatchLayout(family, raw, inputs, targets, vocab_size, num_sentinels)
+
+
+# ---------------------------------------------------------------------------------------------
+# Noise masks (device; one example, fixed size, traced counts)
+# ---------------------------------------------------------------------------------------------
+
+
+def _valid_length(length: int, valid_length: Any) -> jax.Array:
+    return jnp.asarray(length if valid_length is None else valid_length, jnp.int32)
+
+
+def _random_segmentation(num_items: jax.Array, num_segments: jax.Array, size: int,
+                         rng: jax.Array) -> jax.Array:
+    """Lengths int32[size] of a uniformly random split of num_items into num_segments parts
+    (each >= 1; entries past the last segment are 0), like T5's `_random_segmentation`.
+
+    The cut after item j (j < num_items - 1) is chosen when its uniform draw ranks among the
+    num_segments - 1 smallest: a uniformly random set of cuts, with a static array size. With
+    fewer items than segments every item is its own segment (as in T5).
+    """
+    slot = jnp.arange(size - 1)
+    is_slot = slot < num_items - 1
+    draw = jnp.where(is_slot, jax.random.uniform(rng, (size - 1,)), 2.0)  # non-slots rank last
+    rank = jnp.argsort(jnp.argsort(draw))
+    cut = is_slot & (rank < num_segments - 1)
+    segment = jnp.cumsum(jnp.concatenate([jnp.zeros(1, jnp.int32), cut.astype(jnp.int32)]))
+    is_item = jnp.arange(size) < num_items
+    return jnp.zeros(size, jnp.int32).at[segment].add(is_item.astype(jnp.int32))
+
+
+def random_spans_noise_mask(length: int, noise_density: Any, mean_noise_span_length: Any,
+                            rng: jax.Array, valid_length: Any = None) -> jax.Array:
+    """bool[length] noise mask of T5's `random_spans_noise_mask` over the first valid_length
+    positions (default: all); positions >= valid_length are False.
+
+    num_noise = round(valid_length * noise_density) clamped to [1, valid_length - 1];
+    num_spans = max(1, round(num_noise / mean_noise_span_length)). The sequence alternates
+    non-noise and noise spans, starting with non-noise and ending with noise, with span lengths
+    drawn as uniformly random compositions. If num_spans exceeds the non-noise token count,
+    noise spans merge (as in T5), leaving min(num_spans, non-noise tokens) spans.
+    """
+    valid_length = _valid_length(length, valid_length)
+    num_noise, num_spans = _noise_counts(valid_length, noise_density, mean_noise_span_length)
+    noise_rng, nonnoise_rng = jax.random.split(rng)
+    noise_lengths = _random_segmentation(num_noise, num_spans, length, noise_rng)
+    nonnoise_lengths = _random_segmentation(valid_length - num_noise, num_spans, length, nonnoise_rng)
+    # Spans in order: non-noise 0, noise 0, non-noise 1, ...; mark where spans 1, 2, ... start.
+    span_starts = jnp.cumsum(jnp.stack([nonnoise_lengths, noise_lengths], axis=1).ravel())[:-1]
+    start_count = jnp.zeros(length, jnp.int32).at[span_starts].add(1, mode="drop")
+    span_index = jnp.cumsum(start_count)  # empty spans add 2 starts at once: parity unchanged
+    return (span_index % 2 == 1) & (jnp.arange(length) < valid_length)
+
+
+def iid_noise_mask(length: int, noise_density: Any, rng: jax.Array,
+                   valid_length: Any = None) -> jax.Array:
+    """bool[length]: each of the first valid_length positions is noise with prob noise_density."""
+    valid = jnp.arange(length) < _valid_length(length, valid_length)
+    return valid & (jax.random.uniform(rng, (length,)) < noise_density)
+
+
+def random_prefix_split(valid_length: Any, rng: jax.Array) -> jax.Array:
+    """int32 split point uniform over [1, valid_length - 1] (1 when valid_length < 2)."""
+    valid_length = jnp.asarray(valid_length, jnp.int32)
+    return jax.random.randint(rng, (), 1, jnp.maximum(valid_length, 2), jnp.int32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoders (device; one example). Each returns (inputs, targets): int32[raw_length + 1], the
+# real tokens packed at the front, EOS after them, then zero padding.
+# ---------------------------------------------------------------------------------------------
+
+
+def _pack_with_eos(values: jax.Array, keep: jax.Array) -> jax.Array:
+    """The kept values moved to the front, in order, followed by EOS and zeros: int32[n + 1]."""
+    values = jnp.append(values, EOS_ID)
+    keep = jnp.append(keep, True)
+    destination = jnp.where(keep, jnp.cumsum(keep) - 1, keep.shape[0])  # dropped: out of range
+    return jnp.zeros(keep.shape[0], jnp.int32).at[destination].set(values, mode="drop")
+
+
+def _spans_to_sentinels(tokens: jax.Array, spans: jax.Array, valid: jax.Array, vocab_size: int):
+    """(values, keep) for `_pack_with_eos`: the valid tokens with each run of `spans` replaced
+    by one sentinel, the i-th run by vocab_size - 1 - i (T5's `noise_span_to_unique_sentinel`)."""
+    follows_span = jnp.concatenate([jnp.zeros(1, bool), spans[:-1]])
+    starts_span = spans & ~follows_span
+    sentinel = vocab_size - jnp.cumsum(starts_span)
+    return jnp.where(starts_span, sentinel, tokens), valid & ~(spans & follows_span)
+
+
+def _span_noise(tokens, n, spec, rng):
+    return random_spans_noise_mask(tokens.shape[0], spec.noise_density,
+                                   spec.mean_noise_span_length, rng, n)
+
+
+def _span_corruption(tokens, n, spec, rng, layout):
+    valid = jnp.arange(tokens.shape[0]) < n
+    noise = _span_noise(tokens, n, spec, rng)
+    inputs = _pack_with_eos(*_spans_to_sentinels(tokens, noise, valid, layout.vocab_size))
+    targets = _pack_with_eos(*_spans_to_sentinels(tokens, valid & ~noise, valid, layout.vocab_size))
+    return inputs, targets
+
+
+def _drop_corrupted_tokens(tokens, n, spec, rng, layout):
+    valid = jnp.arange(tokens.shape[0]) < n
+    noise = _span_noise(tokens, n, spec, rng)  # the same mask span_corruption draws
+    return _pack_with_eos(tokens, valid & ~noise), _pack_with_eos(tokens, noise)
+
+
+def _mask_or_random_tokens(tokens, n, random_token_fraction, rng, layout, noise_density):
+    """Shared by bert_style and mass_style: i.i.d. noise tokens -> mask token or random token."""
+    noise_rng, choice_rng, token_rng = jax.random.split(rng, 3)
+    valid = jnp.arange(tokens.shape[0]) < n
+    noise = iid_noise_mask(tokens.shape[0], noise_density, noise_rng, n)
+    use_random = jax.random.uniform(choice_rng, tokens.shape) < random_token_fraction
+    random_tokens = jax.random.randint(token_rng, tokens.shape, NUM_RESERVED_IDS,
+                                       layout.vocab_size - layout.num_sentinels, jnp.int32)
+    mask_token = layout.vocab_size - 1  # <extra_id_0>
+    corrupted = jnp.where(noise, jnp.where(use_random, random_tokens, mask_token), tokens)
+    return _pack_with_eos(corrupted, valid), _pack_with_eos(tokens, valid)
+
+
+def _bert_style(tokens, n, spec, rng, layout):
+    return _mask_or_random_tokens(tokens, n, spec.random_token_fraction, rng, layout,
+                                  spec.noise_density)
+
+
+def _mass_style(tokens, n, spec, rng, layout):
+    return _mask_or_random_tokens(tokens, n, 0.0, rng, layout, spec.noise_density)
+
+
+def _deshuffling(tokens, n, spec, rng, layout):
+    valid = jnp.arange(tokens.shape[0]) < n
+    order = jnp.argsort(jnp.where(valid, jax.random.uniform(rng, tokens.shape), 2.0))
+    return _pack_with_eos(tokens[order], valid), _pack_with_eos(tokens, valid)
+
+
+def _prefix_lm(tokens, n, spec, rng, layout):
+    position = jnp.arange(tokens.shape[0])
+    split = random_prefix_split(n, rng)
+    return (_pack_with_eos(tokens, position < split),
+            _pack_with_eos(tokens, (position >= split) & (position < n)))
+
+
+def _lm(tokens, n, spec, rng, layout):
+    valid = jnp.arange(tokens.shape[0]) < n
+    return jnp.zeros(tokens.shape[0] + 1, jnp.int32), _pack_with_eos(tokens, valid)
+
+
+# In the order of OBJECTIVES: the objective id indexes this tuple.
+_ENCODERS = (_span_corruption, _drop_corrupted_tokens, _bert_style, _mass_style, _deshuffling,
+             _prefix_lm, _lm)
+
+
+# ---------------------------------------------------------------------------------------------
+# Batch layout per family and the public entry point
+# ---------------------------------------------------------------------------------------------
+
+
+def _gather_or_pad(row: jax.Array, index: jax.Array) -> jax.Array:
+    """row[index], with PAD_ID where index is outside [0, len(row))."""
+    inside = (index >= 0) & (index < row.shape[0])
+    return jnp.where(inside, row[jnp.clip(index, 0, row.shape[0] - 1)], PAD_ID)
+
+
+def _shift_right(row: jax.Array) -> jax.Array:
+    return jnp.concatenate([jnp.full(1, PAD_ID, row.dtype), row[:-1]])
+
+
+def _encoder_decoder_example(inputs, targets, layout):
+    # An empty input (the lm objective) becomes a lone EOS, so the encoder sees one token.
+    inputs = inputs.at[0].set(jnp.where(inputs[0] == PAD_ID, EOS_ID, inputs[0]))
+    targets = _gather_or_pad(targets, jnp.arange(layout.targets_length))
+    return {
+        "encoder_input_tokens": _gather_or_pad(inputs, jnp.arange(layout.inputs_length)),
+        "decoder_input_tokens": _shift_right(targets),
+        "decoder_target_tokens": targets,
+        "decoder_loss_weights": (targets != PAD_ID).astype(jnp.float32),
+    }
+
+
+def _decoder_only_example(inputs, targets, layout):
+    num_inputs = jnp.sum(inputs != PAD_ID)
+    position = jnp.arange(layout.sequence_length)
+    sequence = jnp.where(position < num_inputs, _gather_or_pad(inputs, position),
+                         _gather_or_pad(targets, position - num_inputs))
+    return {
+        "decoder_input_tokens": _shift_right(sequence),
+        "decoder_target_tokens": sequence,
+        "decoder_loss_weights": ((position >= num_inputs) & (sequence != PAD_ID)).astype(jnp.float32),
+        # seqio's PrefixLM convention: the prefix plus the position predicting the first target.
+        "inputs_mask": (position <= num_inputs) & (num_inputs > 0),
+    }
+
+
+def corrupt(raw_tokens: jax.Array, spec: ObjectiveSpec, rng: jax.Array,
+            layout: BatchLayout) -> dict[str, jax.Array]:
+    """Turn raw tokens int32[B, layout.raw_length] into a training batch of fixed shapes.
+
+    Jittable with `layout` static; `spec` fields are scalars or [B] arrays. Each example uses
+    its first min(spec.raw_length, non-pad tokens) tokens (raw padding must be at the end) and
+    its own rng. Keys: encoder_decoder: encoder_input_tokens [B, inputs_length] and
+    decoder_input_tokens / decoder_target_tokens / decoder_loss_weights [B, targets_length];
+    decoder_only: those three decoder keys [B, inputs_length + targets_length] (inputs incl. EOS,
+    then targets incl. EOS, then padding) plus the bool inputs_mask. Outputs longer than the
+    layout are cut, which cannot happen for specs among the points the layout was made for.
+    """
+    if raw_tokens.shape[-1] != layout.raw_length:
+        raise ValueError(f"raw_tokens has length {raw_tokens.shape[-1]}; the layout needs "
+                         f"layout.raw_length={layout.raw_length}")
+    format_example = (_encoder_decoder_example if layout.family == "encoder_decoder"
+                      else _decoder_only_example)
+
+    def one_example(tokens, example_spec, example_rng):
+        in_range = jnp.arange(tokens.shape[0]) < example_spec.raw_length
+        n = jnp.sum(in_range & (tokens != PAD_ID)).astype(jnp.int32)
+        branches = [functools.partial(encode, layout=layout) for encode in _ENCODERS]
+        inputs, targets = jax.lax.switch(example_spec.objective, branches, tokens, n, example_spec,
+                                         example_rng)
+        return format_example(inputs, targets, layout)
+
+    rngs = jax.random.split(rng, raw_tokens.shape[0])
+    # Scalar spec fields stay unbatched so the objective switch is a real branch, not a select.
+    spec_axes = jax.tree.map(lambda field: 0 if jnp.ndim(field) else None, spec)
+    return jax.vmap(one_example, in_axes=(0, spec_axes, 0))(raw_tokens.astype(jnp.int32), spec, rngs)
