@@ -160,15 +160,13 @@ class TextFiles(_LocalSource):
                 yield f"{file_index}", "undecodable bytes"
                 continue
             if self.unit == "file":
-                docs = [text]
-            elif self.unit == "line":
-                docs = text.split("\n")
-            else:
-                docs = text.split("\n\n")
+                yield f"{file_index}", _text_record(text)
+                continue
+            # Blank lines / extra newlines separate documents; they are not bad records.
+            docs = text.split("\n" if self.unit == "line" else "\n\n")
             for doc_index, doc in enumerate(docs):
-                # A trailing newline leaves one empty piece at the end: not a bad record.
-                if doc or doc_index < len(docs) - 1:
-                    yield f"{file_index}:{doc_index}", _text_record(doc)
+                if doc.strip():
+                    yield f"{file_index}:{doc_index}", {"text": doc.strip("\n")}
 
 
 def _text_record(text: str) -> dict[str, str] | str:
@@ -641,4 +639,12 @@ def load_split(source: str | _LocalSource, split: str, data_dir: str | None = No
         return Records(splits[split])
     for module in _CATALOG_MODULES:
         importlib.import_module(f"tensorflow_datasets.{module}")
-    return Records(tfds.data_source(source, split=split, data_dir=data_dir, download=False))
+    builder = tfds.builder(source, data_dir=data_dir, file_format="array_record")
+    try:
+        return Records(builder.as_data_source(split=split))
+    except KeyError as e:  # tfds' way of saying the split was never generated
+        raise FileNotFoundError(
+            f"split={split!r} of TFDS dataset {source!r} is not in data_dir={data_dir!r} "
+            f"(prepared splits: {', '.join(builder.info.splits) or 'none'}); prepare it where "
+            f"the network is reachable with `tfds build {source} --file_format=array_record "
+            f"--data_dir=...` and copy it there") from e

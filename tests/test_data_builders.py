@@ -1,0 +1,216 @@
+"""TFDS builders: build and read back small generated files, bad records, catalog names."""
+import json
+import logging
+import os
+
+import pytest
+import tensorflow_datasets as tfds
+
+from t5x_lite.data import builders
+from t5x_lite.data.builders import (GlueTsv, ParallelText, PythonDocs, SquadJson,
+                                    SummarizationJsonl, TextFiles, load_split)
+
+SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
+
+
+def write(path, content: str | bytes) -> str:
+    mode = "wb" if isinstance(content, bytes) else "w"
+    with open(path, mode) as f:
+        f.write(content)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def python_docs_dir(tmp_path_factory):
+    """One python_docs build shared by every test that reads it."""
+    return str(tmp_path_factory.mktemp("python_docs"))
+
+
+def test_python_docs_builds_from_the_standard_library(python_docs_dir):
+    train = load_split("python_docs", "train", python_docs_dir)
+    validation = load_split("python_docs", "validation", python_docs_dir)
+    assert len(train) > 300 and 0 < len(validation) < len(train) / 10
+    texts = [r["text"] for r in train]
+    assert all(isinstance(t, str) and t.strip() for t in texts)
+    assert any(t.startswith("json\n") and "JSON" in t for t in texts)  # a module docstring
+    assert any(t.startswith("assert\n") for t in texts + [r["text"] for r in validation])
+    assert not any(t.startswith(("antigravity", "this\n", "tkinter", "idlelib")) for t in texts)
+    # The same interpreter gives the same build: it is reused, not rebuilt.
+    assert PythonDocs().build_name() == PythonDocs().build_name()
+    assert [r["text"] for r in load_split("python_docs", "train", python_docs_dir)] == texts
+
+
+def test_gathering_counts_skipped_modules():
+    docs, counts = builders._gather_in_child()
+    assert counts["skipped_unsafe"] >= len({"antigravity", "this", "tkinter", "idlelib"})
+    assert counts["modules"] > 300 and len(docs) > counts["modules"] / 2
+
+
+@pytest.mark.parametrize("unit, expected", [
+    ("block", ["Title one\nline a", "Title two\nline b", "third"]),
+    ("line", ["Title one", "line a", "Title two", "line b", "third"]),
+    ("file", ["Title one\nline a\n\nTitle two\nline b\n\nthird\n"]),
+])
+def test_text_files_units(tmp_path, unit, expected):
+    write(tmp_path / "a.txt", "Title one\nline a\n\nTitle two\nline b\n\nthird\n")
+    source = TextFiles(files={"train": str(tmp_path / "*.txt")}, unit=unit)
+    assert [r["text"] for r in load_split(source, "train", str(tmp_path / "dd"))] == expected
+
+
+def test_text_files_jsonl_and_bad_records_are_counted(tmp_path, caplog):
+    write(tmp_path / "a.jsonl", '{"text": "good one"}\n{"text": ""}\nnot json\n{"other": 1}\n')
+    write(tmp_path / "b.txt", b"fine doc\n\n\xff\xfe broken\n")  # not UTF-8 as a whole
+    write(tmp_path / "c.txt", "second good doc\n")
+    source = TextFiles(files={"train": str(tmp_path / "*")}, unit="file")
+    with caplog.at_level(logging.WARNING):
+        records = load_split(source, "train", str(tmp_path / "dd"))
+    assert [r["text"] for r in records] == ["good one", "second good doc\n"]
+    warnings = [r.message for r in caplog.records if "bad records" in r.message]
+    assert len(warnings) == 1
+    for part in ("skipped 4 bad records", "empty text: 1", "invalid json: 1",
+                 "missing field 'text': 1", "undecodable bytes: 1"):
+        assert part in warnings[0]
+
+
+def test_edited_input_gets_a_new_build(tmp_path):
+    path = write(tmp_path / "a.txt", "first version\n")
+    source = TextFiles(files={"train": path}, unit="file")
+    before = source.build_name()
+    assert load_split(source, "train", str(tmp_path / "dd"))[0]["text"] == "first version\n"
+    write(path, "second version, longer\n")
+    assert source.build_name() != before
+    assert load_split(source, "train", str(tmp_path / "dd"))[0]["text"].startswith("second")
+
+
+def test_bad_options_name_the_field(tmp_path):
+    with pytest.raises(ValueError, match="TextFiles.unit='page' is not allowed; choose one of "
+                                         "file, line, block"):
+        TextFiles(files={"train": "x"}, unit="page")
+    with pytest.raises(FileNotFoundError, match=r"TextFiles.files\['train'\]=.* matches no file"):
+        load_split(TextFiles(files={"train": str(tmp_path / "*.none")}), "train", str(tmp_path))
+    with pytest.raises(ValueError, match="GlueTsv.task='colaa' is not allowed; choose one of "
+                                         "cola, sst2"):
+        GlueTsv(task="colaa", directory=str(tmp_path))
+    write(tmp_path / "a.txt", "x\n")
+    with pytest.raises(ValueError, match="split='test' is not in text_files; choose one of train"):
+        load_split(str(tmp_path / "*.txt"), "test", str(tmp_path / "dd"))
+
+
+def test_glue_cola_headerless_and_labels(tmp_path):
+    write(tmp_path / "train.tsv", 'gj04\t1\t\tThe "sailors" rode.\ngj04\t0\t*\tRode the.\n'
+                                  "gj04\t1\t\t\nshort\trow\n")
+    write(tmp_path / "test.tsv", "index\tsentence\n0\tBill whistled.\n")
+    source = GlueTsv(task="cola", directory=str(tmp_path))
+    train = load_split(source, "train", str(tmp_path / "dd"))
+    assert list(train) == [
+        {"sentence": 'The "sailors" rode.', "label": 1, "idx": 0},
+        {"sentence": "Rode the.", "label": 0, "idx": 1},
+    ]
+    assert list(load_split(source, "test", str(tmp_path / "dd"))) == [
+        {"sentence": "Bill whistled.", "label": -1, "idx": 0}]
+
+
+def test_glue_pairs_bom_header_named_labels_and_scores(tmp_path):
+    mrpc, rte, stsb = (tmp_path / t for t in ("mrpc", "rte", "stsb"))
+    for d in (mrpc, rte, stsb):
+        d.mkdir()
+    write(mrpc / "dev.tsv", "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\tA b .\tB a .\n")
+    write(rte / "train.tsv", "index\tsentence1\tsentence2\tlabel\n0\tP.\tH.\tnot_entailment\n"
+                             "1\tP2.\tH2.\tmaybe\n")
+    write(stsb / "dev.tsv", "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\t"
+                            "sentence1\tsentence2\tscore\n0\tg\tf\ty\to\tn\tn\tA.\tB.\t3.800\n")
+    dd = str(tmp_path / "dd")
+    assert load_split(GlueTsv("mrpc", str(mrpc)), "validation", dd)[0] == {
+        "sentence1": "A b .", "sentence2": "B a .", "label": 1, "idx": 0}
+    rte_train = load_split(GlueTsv("rte", str(rte)), "train", dd)
+    assert list(rte_train) == [{"sentence1": "P.", "sentence2": "H.", "label": 1, "idx": 0}]
+    score = load_split(GlueTsv("stsb", str(stsb)), "validation", dd)[0]["label"]
+    assert score == pytest.approx(3.8)
+
+
+def test_glue_wrong_header_is_an_error_naming_the_columns(tmp_path):
+    write(tmp_path / "train.tsv", "index\tquestion\tlabel\n0\tq\tentailment\n")
+    with pytest.raises(ValueError, match=r"needs columns \['sentence'\]"):
+        load_split(GlueTsv("qnli", str(tmp_path)), "train", str(tmp_path / "dd"))
+
+
+def test_squad_json_one_record_per_question(tmp_path):
+    data = {"version": "1.1", "data": [{"title": "T", "paragraphs": [{
+        "context": "Paris is in France.",
+        "qas": [{"id": "q1", "question": "Where is Paris?",
+                 "answers": [{"text": "France", "answer_start": 12},
+                             {"text": "in France", "answer_start": 9}]},
+                {"id": "q2", "question": "", "answers": []}]}]}]}
+    write(tmp_path / "dev.json", json.dumps(data))
+    records = load_split(SquadJson(files={"validation": str(tmp_path / "dev.json")}),
+                         "validation", str(tmp_path / "dd"))
+    assert list(records) == [{
+        "id": "q1", "title": "T", "context": "Paris is in France.",
+        "question": "Where is Paris?",
+        "answers": {"text": ["France", "in France"], "answer_start": [12, 9]}}]
+
+
+def test_parallel_text_and_misalignment(tmp_path):
+    write(tmp_path / "a.en", "Hello.\nTwo\n\n")
+    write(tmp_path / "a.de", "Hallo.\nZwei\nDrei\n")
+    source = ParallelText(languages=("en", "de"),
+                          files={"train": (str(tmp_path / "a.en"), str(tmp_path / "a.de"))})
+    records = load_split(source, "train", str(tmp_path / "dd"))
+    assert list(records) == [{"en": "Hello.", "de": "Hallo."}, {"en": "Two", "de": "Zwei"}]
+    write(tmp_path / "b.de", "Hallo.\n")
+    short = ParallelText(languages=("en", "de"),
+                         files={"train": (str(tmp_path / "a.en"), str(tmp_path / "b.de"))})
+    with pytest.raises(ValueError, match="are not line-aligned: 4 vs 2 lines"):
+        load_split(short, "train", str(tmp_path / "dd"))
+
+
+def test_summarization_jsonl_with_renamed_fields(tmp_path):
+    write(tmp_path / "dev.jsonl", '{"dialogue": "#P1#: hi", "summary": "greeting"}\n'
+                                  '{"dialogue": "#P1#: bye"}\n')
+    source = SummarizationJsonl(files={"validation": str(tmp_path / "dev.jsonl")},
+                                document_field="dialogue")
+    assert list(load_split(source, "validation", str(tmp_path / "dd"))) == [
+        {"document": "#P1#: hi", "summary": "greeting"}]
+
+
+@pytest.mark.parametrize("name, fields", [
+    ("glue/cola", {"sentence", "label", "idx"}),
+    ("glue/stsb", {"sentence1", "sentence2", "label", "idx"}),
+    ("squad", {"id", "title", "context", "question", "answers"}),
+    ("wmt14_translate/de-en", {"de", "en"}),
+    ("cnn_dailymail", {"article", "highlights", "id", "publisher"}),
+])
+def test_catalog_names_read_through_tfds_data_source(tmp_path, name, fields):
+    with tfds.testing.mock_data(num_examples=4):
+        records = load_split(name, "train", str(tmp_path))
+        assert len(records) == 4
+        assert set(records[0]) == fields and records[-1] == records[3]
+
+
+def test_catalog_name_missing_from_data_dir_is_an_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="split='train' of TFDS dataset 'glue/rte' is not in data_dir="):
+        load_split("glue/rte", "train", str(tmp_path))
+
+
+def _shared(*parts: str) -> str:
+    path = os.path.join(SHARED, *parts)
+    if not os.path.exists(path):
+        pytest.skip(f"shared data {path} is not present")
+    return path
+
+
+def test_shared_glue_cola_builds(tmp_path):
+    source = GlueTsv("cola", _shared("glue", "CoLA"))
+    dd = str(tmp_path)
+    train, dev, test = (load_split(source, s, dd) for s in ("train", "validation", "test"))
+    assert (len(train), len(dev), len(test)) == (8551, 1043, 1063)  # counts from SOURCES.md
+    assert {r["label"] for r in dev} == {0, 1} and test[0]["label"] == -1
+
+
+def test_shared_squad_builds(tmp_path):
+    source = SquadJson(files={"validation": _shared("squad", "dev-v1.1.json")})
+    records = load_split(source, "validation", str(tmp_path))
+    assert len(records) == 10570  # questions, per SOURCES.md
+    first = records[0]
+    for text, start in zip(first["answers"]["text"], first["answers"]["answer_start"]):
+        assert first["context"][start:start + len(text)] == text
