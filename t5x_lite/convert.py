@@ -25,6 +25,7 @@ import numpy as np
 from flax import nnx
 
 from t5x_lite.config import (
+    MLP_KINDS,
     NUM_RESERVED_IDS,
     ConfigError,
     default_config,
@@ -32,8 +33,6 @@ from t5x_lite.config import (
 )
 from t5x_lite.models import build_model
 
-# HF feed_forward_proj -> our model.mlp.
-_MLP_KINDS = {"relu": "relu", "gated-gelu": "gated-gelu"}
 # (HF projection name, our projection name) per sub-block kind.
 _ATTENTION_PROJECTIONS = (("q", "query"), ("k", "key"), ("v", "value"), ("o", "out"))
 _MLP_PROJECTIONS = {
@@ -94,12 +93,9 @@ def from_hf_t5(hf_model: Any) -> tuple[ml_collections.ConfigDict, nnx.Module]:
         head = head * (config.model.d_model**-0.5 if scale_logits else 1.0)
         head_path = ("lm_head", "kernel")
         params[head_path] = _convert(head, "lm_head.weight", targets[head_path], 1)
-    if params.keys() != targets.keys():
-        raise ValueError(
-            "t5x_lite's parameter tree and the converter disagree: not converted "
-            f"{sorted(map(str, targets.keys() - params.keys()))}, unknown "
-            f"{sorted(map(str, params.keys() - targets.keys()))}"
-        )
+    missing = targets.keys() - params.keys()
+    if missing:  # the model grew a parameter this converter does not know
+        raise ValueError(f"no HF weight converts to {sorted(map(str, missing))}")
     state = nnx.from_flat_state(
         {path: var.replace(jnp.asarray(params[path])) for path, var in targets.items()}
     )
@@ -108,10 +104,11 @@ def from_hf_t5(hf_model: Any) -> tuple[ml_collections.ConfigDict, nnx.Module]:
 
 def _model_config(hf_config: Any, *, tie_embeddings: bool) -> ml_collections.ConfigDict:
     """Our validated model section for an HF `T5Config`."""
-    if hf_config.feed_forward_proj not in _MLP_KINDS:
+    # HF's feed_forward_proj names for our two MLPs are ours (config.MLP_KINDS).
+    if hf_config.feed_forward_proj not in MLP_KINDS:
         raise ConfigError(
             f"feed_forward_proj={hf_config.feed_forward_proj!r} is not supported; "
-            f"choose one of {', '.join(_MLP_KINDS)}"
+            f"choose one of {', '.join(MLP_KINDS)}"
         )
     if hf_config.num_decoder_layers != hf_config.num_layers:
         raise ConfigError(
@@ -132,7 +129,7 @@ def _model_config(hf_config: Any, *, tie_embeddings: bool) -> ml_collections.Con
         num_heads=hf_config.num_heads,
         d_kv=hf_config.d_kv,
         num_layers=hf_config.num_layers,
-        mlp=_MLP_KINDS[hf_config.feed_forward_proj],
+        mlp=hf_config.feed_forward_proj,
         tie_embeddings=tie_embeddings,
         relpos_buckets=hf_config.relative_attention_num_buckets,
         relpos_max_distance=hf_config.relative_attention_max_distance,
