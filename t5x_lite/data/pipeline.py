@@ -1,0 +1,319 @@
+"""The NumPy input pipeline: pre-training chunks, and packed or padded downstream batches.
+
+Pre-training (`PretrainData`) follows T5: tokenise every document, append EOS, concatenate,
+cut the stream into chunks of exactly `raw_length` tokens (the objective turns each chunk into
+inputs and targets on the device). Which chunks form the batch of a step is a pure function of
+(seed, step, process index), so a resumed run sees exactly the batches it would have seen.
+
+Downstream (`pack_examples` / `pad_examples`): tokenised (inputs, targets) pairs become
+fixed-shape batches with the t5x/seqio keys; packed rows carry segment ids and positions so the
+attention masks (`t5x_lite.attention`) keep examples apart.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from typing import Any, Iterable, Sequence
+
+import ml_collections
+import numpy as np
+
+from t5x_lite.config import EOS_ID, PAD_ID, UNK_ID, ConfigError
+from t5x_lite.data.builders import as_source, default_data_dir, load_split
+from t5x_lite.data.vocabulary import Vocabulary, load_vocabulary, train_vocabulary
+
+log = logging.getLogger(__name__)
+
+_ENCODE_BLOCK = 1024  # documents per SentencePiece call: bounds memory, keeps threads busy
+
+Example = tuple[Sequence[int], Sequence[int]]  # (input ids, target ids)
+
+
+# ----------------------------------------------------------------------------- pre-training
+
+
+def _texts(records: Sequence[Any]) -> Iterable[str]:
+    for record in records:
+        yield record if isinstance(record, str) else record["text"]
+
+
+def tokenize_stream(vocab: Vocabulary, texts: Iterable[str]) -> np.ndarray:
+    """All documents' ids, each followed by EOS, as one int32 stream.
+
+    Real tokens must lie in [3, pieces): a pad id or a sentinel (literal `<extra_id_N>` in the
+    text) would confuse the objectives, so such ids become UNK and are counted in a warning.
+    """
+    parts, block = [], []
+    eos = np.array([EOS_ID], np.int32)
+
+    def flush():
+        for ids in vocab.encode_batch(block, num_threads=os.cpu_count() or 1):
+            if ids:
+                parts.extend((np.asarray(ids, np.int32), eos))
+        block.clear()
+
+    for text in texts:
+        block.append(text)
+        if len(block) == _ENCODE_BLOCK:
+            flush()
+    flush()
+    stream = np.concatenate(parts) if parts else np.zeros([0], np.int32)
+    bad = (stream == PAD_ID) | (stream >= vocab.base_vocab_size)
+    if bad.any():
+        log.warning("replaced %d pad / sentinel ids in the text with UNK", int(bad.sum()))
+        stream[bad] = UNK_ID
+    return stream
+
+
+class PretrainData:
+    """Batches of raw token chunks `int32 [global_batch_size // process_count, raw_length]`.
+
+    Each host (`process_index` of `process_count`) tokenises and reads only its shard of the
+    documents (every `process_count`-th record). Its chunks are visited in a seeded random
+    order that changes every epoch; `batch(step)` depends only on (seed, step, process index),
+    never on earlier calls. With `cache_dir`, the token stream is stored as `.npy` under a hash
+    of the shard's text and the vocabulary and memory-mapped, so a restart skips tokenising.
+    """
+
+    def __init__(
+        self,
+        records_or_source: Any,
+        vocab: Vocabulary,
+        raw_length: int,
+        global_batch_size: int,
+        seed: int,
+        process_index: int = 0,
+        process_count: int = 1,
+        cache_dir: str | None = None,
+        data_dir: str | None = None,
+    ):
+        if raw_length <= 0:
+            raise ValueError(f"raw_length={raw_length} must be positive")
+        if not 0 <= process_index < process_count:
+            raise ValueError(f"process_index={process_index} must be in [0, {process_count})")
+        if global_batch_size <= 0 or global_batch_size % process_count:
+            raise ValueError(f"global_batch_size={global_batch_size} must be a positive multiple "
+                             f"of process_count={process_count}")
+        records = records_or_source
+        if isinstance(records, str) or not isinstance(records, Sequence):
+            records = load_split(records, "train", data_dir)
+        shard = range(process_index, len(records), process_count)
+        self.raw_length = raw_length
+        self.batch_size = global_batch_size // process_count
+        self.seed = seed
+        self.process_index = process_index
+        self.tokens = self._load_tokens(vocab, [records[i] for i in shard], cache_dir)
+        self.num_chunks = len(self.tokens) // raw_length
+        if self.num_chunks == 0:
+            raise ValueError(f"host {process_index} has {len(self.tokens)} tokens, fewer than "
+                             f"one chunk of raw_length={raw_length}: the corpus is too small")
+        self._permutations: dict[int, np.ndarray] = {}
+
+    @staticmethod
+    def _load_tokens(vocab: Vocabulary, shard: list, cache_dir: str | None) -> np.ndarray:
+        if not cache_dir:
+            return tokenize_stream(vocab, _texts(shard))
+        digest = hashlib.sha256(vocab.model_proto)
+        digest.update(str(vocab.num_extra_ids).encode())
+        for text in _texts(shard):
+            digest.update(text.encode("utf-8") + b"\0")
+        path = os.path.join(cache_dir, f"tokens-{digest.hexdigest()[:20]}.npy")
+        if not os.path.isfile(path):
+            os.makedirs(cache_dir, exist_ok=True)
+            tmp = f"{path}.tmp{os.getpid()}.npy"
+            np.save(tmp, tokenize_stream(vocab, _texts(shard)))
+            os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
+        return np.load(path, mmap_mode="r")
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Full batches per pass over this host's chunks."""
+        return self.num_chunks // self.batch_size
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        if epoch not in self._permutations:
+            if len(self._permutations) > 1:  # a batch spans at most two epochs
+                self._permutations.pop(min(self._permutations))
+            rng = np.random.default_rng([self.seed, self.process_index, epoch])
+            self._permutations[epoch] = rng.permutation(self.num_chunks)
+        return self._permutations[epoch]
+
+    def batch(self, step: int) -> np.ndarray:
+        """This host's chunks for `step`: `int32 [batch_size, raw_length]`."""
+        if step < 0:
+            raise ValueError(f"step={step} must be >= 0")
+        positions = step * self.batch_size + np.arange(self.batch_size)
+        epochs, offsets = np.divmod(positions, self.num_chunks)
+        chunks = np.empty_like(positions)
+        for epoch in np.unique(epochs):
+            here = epochs == epoch
+            chunks[here] = self._permutation(int(epoch))[offsets[here]]
+        index = chunks[:, None] * self.raw_length + np.arange(self.raw_length)
+        return np.asarray(self.tokens[index], dtype=np.int32)
+
+
+def pretrain_data_from_config(
+    config: ml_collections.ConfigDict,
+    raw_length: int,
+    process_index: int = 0,
+    process_count: int = 1,
+) -> tuple[Vocabulary, PretrainData]:
+    """The vocabulary and pre-training batches the config asks for.
+
+    `config.data.corpus` is 'python_docs' or a glob of text files; `config.data.vocab` is a
+    SentencePiece `.model` path, or '' to train one on the corpus with `config.model.vocab_size`
+    ids (cached under `config.data.data_dir`, default ~/.cache/t5x_lite). With several hosts,
+    share that directory (or a `.model` path) so all hosts use the same vocabulary.
+    """
+    data_dir = config.data.data_dir or default_data_dir()
+    source = as_source(config.data.corpus)
+    if config.data.vocab:
+        vocab = load_vocabulary(config.data.vocab, config.model.num_sentinels)
+    else:
+        texts = _texts(load_split(source, "train", data_dir))
+        vocab = train_vocabulary(texts, config.model.vocab_size, config.model.num_sentinels,
+                                 cache_dir=os.path.join(data_dir, "vocab"))
+    if vocab.vocab_size != config.model.vocab_size:
+        raise ConfigError(f"model.vocab_size={config.model.vocab_size} but the vocabulary "
+                          f"data.vocab={config.data.vocab!r} has {vocab.vocab_size} ids")
+    data = PretrainData(source, vocab, raw_length, config.train.batch_size, config.train.seed,
+                        process_index, process_count, cache_dir=os.path.join(data_dir, "tokens"),
+                        data_dir=data_dir)
+    return vocab, data
+
+
+def seconds_per_batch(data: PretrainData, num_batches: int = 200) -> float:
+    """Mean wall time of `data.batch` over `num_batches` fresh steps (for the benchmark)."""
+    data.batch(0)  # first touch of the memory map and the permutation
+    start = time.perf_counter()
+    for step in range(1, num_batches + 1):
+        data.batch(step)
+    return (time.perf_counter() - start) / num_batches
+
+
+# ----------------------------------------------------------------------------- downstream
+
+
+def encode_examples(vocab: Vocabulary, pairs: Iterable[tuple[str, str]]) -> list[Example]:
+    """(inputs text, targets text) pairs as id lists, each ending in EOS as in T5."""
+    pairs = list(pairs)
+    inputs = vocab.encode_batch([p[0] for p in pairs])
+    targets = vocab.encode_batch([p[1] for p in pairs])
+    return [(i + [EOS_ID], t + [EOS_ID]) for i, t in zip(inputs, targets)]
+
+
+def _truncate(ids: Sequence[int], length: int) -> tuple[list[int], bool]:
+    """At most `length` ids; a cut sequence keeps its final EOS so the model still stops."""
+    ids = list(ids)
+    if len(ids) <= length:
+        return ids, False
+    return ids[: length - 1] + ids[-1:], True
+
+
+def _rows(examples: Sequence[Example], inputs_length: int, targets_length: int,
+          decoder_only: bool, pack: bool) -> list[list[Example]]:
+    """Examples grouped into rows: one each, or greedily in order while they fit."""
+    truncated, rows = 0, []
+    used = (0, 0)
+    for inputs, targets in examples:
+        inputs, cut_i = _truncate(inputs, inputs_length)
+        targets, cut_t = _truncate(targets, targets_length)
+        truncated += cut_i or cut_t
+        if decoder_only:  # one sequence: any split of the total length between the parts
+            fits = used[0] + used[1] + len(inputs) + len(targets) <= inputs_length + targets_length
+        else:
+            fits = (used[0] + len(inputs) <= inputs_length
+                    and used[1] + len(targets) <= targets_length)
+        if pack and rows and fits:
+            rows[-1].append((inputs, targets))
+            used = (used[0] + len(inputs), used[1] + len(targets))
+        else:
+            rows.append([(inputs, targets)])
+            used = (len(inputs), len(targets))
+    if truncated:
+        log.warning("truncated %d of %d examples to inputs_length=%d, targets_length=%d",
+                    truncated, len(examples), inputs_length, targets_length)
+    return rows
+
+
+def _layout(rows: list[list[Example]], inputs_length: int, targets_length: int,
+            decoder_only: bool) -> dict[str, np.ndarray]:
+    """Rows -> the batch dict, with segment ids (1, 2, ... per row) and positions."""
+    n = len(rows)
+    if decoder_only:
+        shapes = {"decoder": inputs_length + targets_length}
+    else:
+        shapes = {"encoder": inputs_length, "decoder": targets_length}
+    out = {}
+    for stack, length in shapes.items():
+        for key in ("segment_ids", "positions"):
+            out[f"{stack}_{key}"] = np.zeros([n, length], np.int32)
+    if not decoder_only:
+        out["encoder_input_tokens"] = np.zeros([n, inputs_length], np.int32)
+    targets = out["decoder_target_tokens"] = np.zeros([n, shapes["decoder"]], np.int32)
+    inputs = out["decoder_input_tokens"] = np.zeros_like(targets)
+    weights = out["decoder_loss_weights"] = np.zeros(targets.shape, np.float32)
+    if decoder_only:
+        prefix = out["inputs_mask"] = np.zeros(targets.shape, bool)
+    for r, row in enumerate(rows):
+        enc = dec = 0
+        for segment, (x, y) in enumerate(row, start=1):
+            if not decoder_only:
+                out["encoder_input_tokens"][r, enc:enc + len(x)] = x
+                out["encoder_segment_ids"][r, enc:enc + len(x)] = segment
+                out["encoder_positions"][r, enc:enc + len(x)] = np.arange(len(x))
+                enc += len(x)
+                sequence, first_target = list(y), 0
+            else:
+                # Position j predicts token j; the prefix is the inputs plus the position
+                # that predicts the first target.
+                sequence, first_target = list(x) + list(y), len(x)
+                prefix[r, dec:dec + len(x) + 1] = True
+            end = dec + len(sequence)
+            targets[r, dec:end] = sequence
+            inputs[r, dec + 1:end] = sequence[:-1]  # shifted right inside the segment
+            weights[r, dec + first_target:end] = 1.0
+            out["decoder_segment_ids"][r, dec:end] = segment
+            out["decoder_positions"][r, dec:end] = np.arange(len(sequence))
+            dec = end
+    return out
+
+
+def _batches(examples: Sequence[Example], batch_size: int, inputs_length: int,
+             targets_length: int, decoder_only: bool, pack: bool) -> list[dict[str, np.ndarray]]:
+    if batch_size <= 0 or inputs_length <= 0 or targets_length <= 0:
+        raise ValueError(f"batch_size={batch_size}, inputs_length={inputs_length} and "
+                         f"targets_length={targets_length} must be positive")
+    rows = _rows(examples, inputs_length, targets_length, decoder_only, pack)
+    rows += [[] for _ in range(-len(rows) % batch_size)]  # empty rows fill the last batch
+    batches = []
+    for start in range(0, len(rows), batch_size):
+        batch = _layout(rows[start:start + batch_size], inputs_length, targets_length,
+                        decoder_only)
+        if not pack:  # one example per row: padding alone tells what is real
+            batch = {k: v for k, v in batch.items() if "segment_ids" not in k
+                     and "positions" not in k}
+        batches.append(batch)
+    return batches
+
+
+def pack_examples(examples: Sequence[Example], batch_size: int, inputs_length: int,
+                  targets_length: int, decoder_only: bool = False) -> list[dict[str, np.ndarray]]:
+    """Packed batches: consecutive examples share a row while they fit.
+
+    Encoder-decoder rows hold `inputs_length` encoder and `targets_length` decoder tokens;
+    decoder-only rows hold inputs followed by targets in `inputs_length + targets_length`
+    tokens, loss only on targets, `inputs_mask` marking each prefix. Every batch has
+    `{encoder,decoder}_segment_ids` (1, 2, ... in a row, 0 = padding) and `_positions`
+    (restarting at 0 per example), shape `[batch_size, length]`; the last batch is filled with
+    empty rows. Longer examples are truncated (keeping EOS last) with a warning.
+    """
+    return _batches(examples, batch_size, inputs_length, targets_length, decoder_only, True)
+
+
+def pad_examples(examples: Sequence[Example], batch_size: int, inputs_length: int,
+                 targets_length: int, decoder_only: bool = False) -> list[dict[str, np.ndarray]]:
+    """Like `pack_examples` with one example per row and no segment ids or positions."""
+    return _batches(examples, batch_size, inputs_length, targets_length, decoder_only, False)

@@ -1,0 +1,235 @@
+"""The input pipeline: deterministic, host-disjoint pre-training chunks; packing and padding."""
+import os
+import random
+
+import numpy as np
+import pytest
+
+from t5x_lite import attention
+from t5x_lite.config import EOS_ID, UNK_ID, ConfigError, default_config
+from t5x_lite.data.pipeline import (PretrainData, encode_examples, pack_examples, pad_examples,
+                                    pretrain_data_from_config, seconds_per_batch,
+                                    tokenize_stream)
+from t5x_lite.data.vocabulary import train_vocabulary
+
+VOCAB_SIZE, EXTRA = 300, 20
+_RNG = random.Random(0)
+_WORDS = ["".join(_RNG.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(_RNG.randint(2, 7)))
+          for _ in range(800)]
+# Document i starts with its own marker word, so a decoded chunk tells where it came from.
+DOCS = [f"doc{i} " + " ".join(_RNG.choice(_WORDS) for _ in range(_RNG.randint(5, 30)))
+        for i in range(200)]
+
+
+@pytest.fixture(scope="module")
+def vocab(tmp_path_factory):
+    return train_vocabulary(DOCS, VOCAB_SIZE, EXTRA,
+                            cache_dir=str(tmp_path_factory.mktemp("vocab")))
+
+
+def make(vocab, **kw):
+    args = dict(records_or_source=[{"text": d} for d in DOCS], vocab=vocab, raw_length=16,
+                global_batch_size=8, seed=3)
+    return PretrainData(**{**args, **kw})
+
+
+def test_stream_is_documents_each_followed_by_eos(vocab):
+    stream = tokenize_stream(vocab, DOCS[:3] + ["", "x <extra_id_0>"])
+    expected = [t for d in DOCS[:3] for t in vocab.encode(d) + [EOS_ID]]
+    assert stream.dtype == np.int32 and stream[:len(expected)].tolist() == expected
+    # The sentinel written as text never reaches the stream: it became UNK.
+    tail = stream[len(expected):]
+    assert tail[-1] == EOS_ID and UNK_ID in tail and tail.max() < vocab.base_vocab_size
+
+
+def test_batches_are_exact_chunks_of_the_stream(vocab):
+    data = make(vocab)
+    batch = data.batch(0)
+    assert batch.shape == (8, 16) and batch.dtype == np.int32
+    stream = tokenize_stream(vocab, DOCS)
+    chunks = {tuple(stream[i:i + 16]) for i in range(0, len(stream) - 15, 16)}
+    assert all(tuple(row) in chunks for row in batch)
+    assert (batch > 0).all() and (batch < vocab.base_vocab_size).all()
+
+
+def test_same_step_after_a_restart_gives_the_same_batch(vocab, tmp_path):
+    first = make(vocab, cache_dir=str(tmp_path))
+    seen = [first.batch(s) for s in (0, 5, 123)]
+    restarted = make(vocab, cache_dir=str(tmp_path))  # reads the cached token stream
+    assert len(os.listdir(tmp_path)) == 1
+    for step, batch in zip((0, 5, 123), seen):
+        np.testing.assert_array_equal(restarted.batch(step), batch)
+    # Order of calls does not matter, and another seed gives another order.
+    np.testing.assert_array_equal(restarted.batch(5), seen[1])
+    assert not np.array_equal(make(vocab, seed=4).batch(0), seen[0])
+
+
+def test_each_epoch_visits_every_chunk_once_in_a_new_order(vocab):
+    data = make(vocab, global_batch_size=5)
+    n = data.num_chunks
+    steps = 2 * n // 5 + 1
+    rows = np.concatenate([data.batch(s) for s in range(steps)])
+    first, second = rows[:n], rows[n:2 * n]
+    as_set = lambda a: sorted(map(tuple, a.tolist()))  # noqa: E731
+    all_chunks = data.tokens[: n * 16].reshape(n, 16)
+    assert as_set(first) == as_set(all_chunks) == as_set(second)
+    assert not np.array_equal(first, second)
+
+
+def test_two_hosts_read_disjoint_shards(vocab):
+    hosts = [make(vocab, process_index=p, process_count=2) for p in (0, 1)]
+    assert hosts[0].batch(0).shape == (4, 16)
+    seen = []
+    for p, host in enumerate(hosts):
+        # Host p tokenises only every second document, starting at document p.
+        np.testing.assert_array_equal(host.tokens, tokenize_stream(vocab, DOCS[p::2]))
+        rows = {tuple(row) for s in range(host.steps_per_epoch) for row in host.batch(s).tolist()}
+        assert len(rows) == host.steps_per_epoch * 4
+        seen.append(rows)
+    assert not seen[0] & seen[1]
+
+
+def test_bad_arguments_name_the_field(vocab):
+    with pytest.raises(ValueError, match="global_batch_size=7 must be a positive multiple of "
+                                         "process_count=2"):
+        make(vocab, global_batch_size=7, process_count=2, process_index=1)
+    with pytest.raises(ValueError, match=r"process_index=2 must be in \[0, 2\)"):
+        make(vocab, process_index=2, process_count=2)
+    with pytest.raises(ValueError, match="fewer than one chunk of raw_length=100000"):
+        make(vocab, raw_length=100_000)
+    with pytest.raises(ValueError, match="step=-1 must be >= 0"):
+        make(vocab).batch(-1)
+
+
+def test_pipeline_is_much_faster_than_a_train_step(vocab):
+    data = make(vocab, raw_length=141, global_batch_size=16)
+    assert seconds_per_batch(data, 50) < 0.05  # the tiny preset's step takes ~0.5 s
+
+
+def test_from_config_trains_the_vocabulary_and_reads_the_corpus(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("\n\n".join(DOCS[:100]))
+    (corpus / "b.txt").write_text("\n\n".join(DOCS[100:]))
+    config = default_config()
+    config.model.update(vocab_size=VOCAB_SIZE, num_sentinels=EXTRA)
+    config.data.update(corpus=str(corpus / "*.txt"), data_dir=str(tmp_path / "dd"))
+    config.train.update(batch_size=4, seed=1)
+    vocab, data = pretrain_data_from_config(config, raw_length=32)
+    assert vocab.vocab_size == VOCAB_SIZE and data.batch(3).shape == (4, 32)
+    assert vocab.sentinel_id(0) == config.model.vocab_size - 1
+    config.model.vocab_size = 5000  # more pieces than this corpus can give
+    with pytest.raises(ValueError, match="cannot train a vocabulary with vocab_size=5000"):
+        pretrain_data_from_config(config, raw_length=32)
+    path = os.path.join(tmp_path / "dd" / "vocab", os.listdir(tmp_path / "dd" / "vocab")[0])
+    config.data.vocab = path
+    with pytest.raises(ConfigError, match="model.vocab_size=5000 but the vocabulary"):
+        pretrain_data_from_config(config, raw_length=32)
+
+
+# ----------------------------------------------------------------------------- downstream
+
+def numbered_examples(lengths):
+    """Example k has tokens all equal to 10 + k (inputs) and 100 + k (targets), EOS last."""
+    return [([10 + k] * (i - 1) + [EOS_ID], [100 + k] * (t - 1) + [EOS_ID])
+            for k, (i, t) in enumerate(lengths)]
+
+
+# Every part has a token besides EOS, so each position's example can be read off its value.
+LENGTHS = [(3, 2), (4, 3), (2, 2), (6, 4), (2, 2), (5, 2), (2, 3)]
+
+
+def owner(tokens, segments):
+    """Which example each position belongs to, read from token values; -1 for padding."""
+    own = np.full(tokens.shape, -1)
+    for (r, c), s in np.ndenumerate(segments):
+        if s:
+            value = tokens[r][(segments[r] == s) & (tokens[r] != EOS_ID)][0]
+            own[r, c] = value - 100 if value >= 100 else value - 10
+    return own
+
+
+def test_encode_examples_appends_eos(vocab):
+    [(inputs, targets)] = encode_examples(vocab, [("doc1 hello", "doc2")])
+    assert inputs == vocab.encode("doc1 hello") + [EOS_ID]
+    assert targets == vocab.encode("doc2") + [EOS_ID]
+
+
+def test_padding_keeps_one_example_per_row():
+    [batch, last] = pad_examples(numbered_examples(LENGTHS), 4, inputs_length=6,
+                                 targets_length=4)
+    assert set(batch) == {"encoder_input_tokens", "decoder_input_tokens",
+                          "decoder_target_tokens", "decoder_loss_weights"}
+    assert batch["encoder_input_tokens"][1].tolist() == [11, 11, 11, EOS_ID, 0, 0]
+    assert batch["decoder_target_tokens"][1].tolist() == [101, 101, EOS_ID, 0]
+    assert batch["decoder_input_tokens"][1].tolist() == [0, 101, 101, 0]
+    assert batch["decoder_loss_weights"][1].tolist() == [1, 1, 1, 0]
+    assert last["encoder_input_tokens"].shape == (4, 6)
+    assert (last["decoder_loss_weights"][3:] == 0).all()  # filler row
+
+
+def test_truncation_keeps_eos_last():
+    [batch] = pad_examples(numbered_examples([(9, 7)]), 1, inputs_length=4, targets_length=3)
+    assert batch["encoder_input_tokens"][0].tolist() == [10, 10, 10, EOS_ID]
+    assert batch["decoder_target_tokens"][0].tolist() == [100, 100, EOS_ID]
+
+
+@pytest.mark.parametrize("decoder_only", [False, True])
+def test_packing_never_lets_two_examples_see_each_other(decoder_only):
+    examples = numbered_examples(LENGTHS)
+    batches = pack_examples(examples, 2, inputs_length=8, targets_length=5,
+                            decoder_only=decoder_only)
+    total = sum(int(b["decoder_loss_weights"].sum()) for b in batches)
+    expected = sum(t for _, t in LENGTHS)
+    assert total == expected  # every target token is trained on exactly once
+    rows = sum(b["decoder_target_tokens"].shape[0] for b in batches)
+    assert rows < len(LENGTHS)  # packing did share rows
+    for b in batches:
+        dec_seg, dec_tok = b["decoder_segment_ids"], b["decoder_target_tokens"]
+        dec_owner = owner(dec_tok, dec_seg)
+        if decoder_only:
+            mask = attention.combine_masks(attention.prefix_lm_mask(b["inputs_mask"]),
+                                           attention.segment_mask(dec_seg, dec_seg))
+            pairs = [(mask, dec_owner, dec_owner)]
+        else:
+            enc_seg, enc_tok = b["encoder_segment_ids"], b["encoder_input_tokens"]
+            enc_owner = owner(enc_tok, enc_seg)
+            enc_mask = attention.combine_masks(attention.segment_mask(enc_seg, enc_seg),
+                                               attention.padding_mask(enc_tok > 0, enc_tok > 0))
+            dec_mask = attention.combine_masks(attention.causal_mask(dec_tok.shape[1]),
+                                               attention.segment_mask(dec_seg, dec_seg))
+            cross = attention.cross_attention_mask(dec_tok > 0, enc_tok > 0, dec_seg, enc_seg)
+            pairs = [(enc_mask, enc_owner, enc_owner), (dec_mask, dec_owner, dec_owner),
+                     (cross, dec_owner, enc_owner)]
+        for mask, q_owner, k_owner in pairs:
+            mask = np.asarray(mask)[:, 0]
+            different = (q_owner[:, :, None] != k_owner[:, None, :]) & (q_owner[:, :, None] >= 0)
+            assert not (mask & different & (k_owner[:, None, :] >= 0)).any()
+            # ...and an example does see itself.
+            same = (q_owner[:, :, None] == k_owner[:, None, :]) & (q_owner[:, :, None] >= 0)
+            assert (mask & same).any()
+
+
+def test_packed_positions_and_shifted_inputs_restart_per_example():
+    [batch] = pack_examples(numbered_examples([(3, 2), (2, 3)]), 1, inputs_length=6,
+                            targets_length=6)
+    assert batch["encoder_segment_ids"][0].tolist() == [1, 1, 1, 2, 2, 0]
+    assert batch["encoder_positions"][0].tolist() == [0, 1, 2, 0, 1, 0]
+    assert batch["decoder_target_tokens"][0].tolist() == [100, EOS_ID, 101, 101, EOS_ID, 0]
+    assert batch["decoder_input_tokens"][0].tolist() == [0, 100, 0, 101, 101, 0]
+    assert batch["decoder_positions"][0].tolist() == [0, 1, 0, 1, 2, 0]
+
+
+def test_decoder_only_prefix_covers_inputs_and_the_first_prediction():
+    [batch] = pack_examples(numbered_examples([(2, 2), (1, 2)]), 1, inputs_length=4,
+                            targets_length=4, decoder_only=True)
+    assert batch["decoder_target_tokens"][0].tolist() == [10, EOS_ID, 100, EOS_ID,
+                                                          EOS_ID, 101, EOS_ID, 0]
+    assert batch["decoder_input_tokens"][0].tolist() == [0, 10, EOS_ID, 100, 0, EOS_ID, 101, 0]
+    assert batch["inputs_mask"][0].tolist() == [1, 1, 1, 0, 1, 1, 0, 0]
+    assert batch["decoder_loss_weights"][0].tolist() == [0, 0, 1, 1, 0, 1, 1, 0]
+
+
+def test_bad_lengths_are_rejected():
+    with pytest.raises(ValueError, match="targets_length=0 must be positive"):
+        pack_examples(numbered_examples(LENGTHS), 2, inputs_length=4, targets_length=0)
