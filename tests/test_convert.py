@@ -113,3 +113,13 @@ def test_unsupported_feed_forward_proj_is_rejected(proj):
 def test_unequal_decoder_depth_is_rejected():
     with pytest.raises(ConfigError, match="num_decoder_layers=3"):
         from_hf_t5(_hf_t5(**dict(V1_0, num_decoder_layers=3)))
+
+
+def test_a_parameter_without_an_hf_weight_is_reported(monkeypatch):
+    from t5x_lite import convert
+
+    full_map = convert._weight_map
+    monkeypatch.setattr(convert, "_weight_map", lambda *args: (
+        entry for entry in full_map(*args) if entry[1] != ("decoder", "final_norm", "scale")))
+    with pytest.raises(ValueError, match="no HF weight converts to.*'decoder', 'final_norm'"):
+        from_hf_t5(_hf_t5(**V1_0))
