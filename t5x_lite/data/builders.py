@@ -571,7 +571,7 @@ class LocalFiles(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 _CATALOG_MODULES = ("text", "summarization", "translate")
 
 
-class Records(collections.abc.Sequence):
+class Records(Sequence):
     """Random access to one split's records as plain Python values (`str`, `int`, lists)."""
 
     def __init__(self, source: Sequence[dict]):
