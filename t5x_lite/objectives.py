@@ -289,23 +289,43 @@ def _valid_length(length: int, valid_length: Any) -> jax.Array:
     return jnp.asarray(length if valid_length is None else valid_length, jnp.int32)
 
 
-def _random_segmentation(num_items: jax.Array, num_segments: jax.Array, size: int,
-                         rng: jax.Array) -> jax.Array:
+# The masks below take their randomness as uniform draws in [0, 1): `corrupt` makes ONE draw
+# per example for all of them (each separate PRNG call costs about a second of CPU compile
+# time). The public functions are the same masks drawing from an rng.
+
+
+def _random_segmentation(num_items: jax.Array, num_segments: jax.Array,
+                         uniform: jax.Array) -> jax.Array:
     """Lengths int32[size] of a uniformly random split of num_items into num_segments parts
     (each >= 1; entries past the last segment are 0), like T5's `_random_segmentation`.
 
-    The cut after item j (j < num_items - 1) is chosen when its uniform draw ranks among the
-    num_segments - 1 smallest: a uniformly random set of cuts, with a static array size. With
-    fewer items than segments every item is its own segment (as in T5).
+    `uniform` is float32[size]. The cut after item j (j < num_items - 1) is chosen when its draw
+    ranks among the num_segments - 1 smallest: a uniformly random set of cuts, with a static
+    array size. With fewer items than segments every item is its own segment (as in T5).
     """
+    size = uniform.shape[0]
     slot = jnp.arange(size - 1)
     is_slot = slot < num_items - 1
-    draw = jnp.where(is_slot, jax.random.uniform(rng, (size - 1,)), 2.0)  # non-slots rank last
+    draw = jnp.where(is_slot, uniform[:-1], 2.0)  # non-slots rank last
     rank = jnp.argsort(jnp.argsort(draw))
     cut = is_slot & (rank < num_segments - 1)
     segment = jnp.cumsum(jnp.concatenate([jnp.zeros(1, jnp.int32), cut.astype(jnp.int32)]))
     is_item = jnp.arange(size) < num_items
     return jnp.zeros(size, jnp.int32).at[segment].add(is_item.astype(jnp.int32))
+
+
+def _spans_mask(uniform: jax.Array, noise_density: Any, mean_noise_span_length: Any,
+                valid_length: jax.Array) -> jax.Array:
+    """`random_spans_noise_mask` from uniform draws float32[2, length]."""
+    length = uniform.shape[1]
+    num_noise, num_spans = _noise_counts(valid_length, noise_density, mean_noise_span_length)
+    noise_lengths = _random_segmentation(num_noise, num_spans, uniform[0])
+    nonnoise_lengths = _random_segmentation(valid_length - num_noise, num_spans, uniform[1])
+    # Spans in order: non-noise 0, noise 0, non-noise 1, ...; mark where spans 1, 2, ... start.
+    span_starts = jnp.cumsum(jnp.stack([nonnoise_lengths, noise_lengths], axis=1).ravel())[:-1]
+    start_count = jnp.zeros(length, jnp.int32).at[span_starts].add(1, mode="drop")
+    span_index = jnp.cumsum(start_count)  # empty spans add 2 starts at once: parity unchanged
+    return (span_index % 2 == 1) & (jnp.arange(length) < valid_length)
 
 
 def random_spans_noise_mask(length: int, noise_density: Any, mean_noise_span_length: Any,
@@ -319,34 +339,36 @@ def random_spans_noise_mask(length: int, noise_density: Any, mean_noise_span_len
     drawn as uniformly random compositions. If num_spans exceeds the non-noise token count,
     noise spans merge (as in T5), leaving min(num_spans, non-noise tokens) spans.
     """
-    valid_length = _valid_length(length, valid_length)
-    num_noise, num_spans = _noise_counts(valid_length, noise_density, mean_noise_span_length)
-    noise_rng, nonnoise_rng = jax.random.split(rng)
-    noise_lengths = _random_segmentation(num_noise, num_spans, length, noise_rng)
-    nonnoise_lengths = _random_segmentation(valid_length - num_noise, num_spans, length, nonnoise_rng)
-    # Spans in order: non-noise 0, noise 0, non-noise 1, ...; mark where spans 1, 2, ... start.
-    span_starts = jnp.cumsum(jnp.stack([nonnoise_lengths, noise_lengths], axis=1).ravel())[:-1]
-    start_count = jnp.zeros(length, jnp.int32).at[span_starts].add(1, mode="drop")
-    span_index = jnp.cumsum(start_count)  # empty spans add 2 starts at once: parity unchanged
-    return (span_index % 2 == 1) & (jnp.arange(length) < valid_length)
+    return _spans_mask(jax.random.uniform(rng, (2, length)), noise_density,
+                       mean_noise_span_length, _valid_length(length, valid_length))
+
+
+def _iid_mask(uniform: jax.Array, noise_density: Any, valid_length: jax.Array) -> jax.Array:
+    return (jnp.arange(uniform.shape[0]) < valid_length) & (uniform < noise_density)
 
 
 def iid_noise_mask(length: int, noise_density: Any, rng: jax.Array,
                    valid_length: Any = None) -> jax.Array:
     """bool[length]: each of the first valid_length positions is noise with prob noise_density."""
-    valid = jnp.arange(length) < _valid_length(length, valid_length)
-    return valid & (jax.random.uniform(rng, (length,)) < noise_density)
+    return _iid_mask(jax.random.uniform(rng, (length,)), noise_density,
+                     _valid_length(length, valid_length))
+
+
+def _uniform_int(uniform: jax.Array, low: Any, high: Any) -> jax.Array:
+    """Integers uniform over [low, high) from uniform draws (clipped: u * n can round up to n)."""
+    return jnp.minimum(low + jnp.floor(uniform * (high - low)).astype(jnp.int32), high - 1)
 
 
 def random_prefix_split(valid_length: Any, rng: jax.Array) -> jax.Array:
     """int32 split point uniform over [1, valid_length - 1] (1 when valid_length < 2)."""
     valid_length = jnp.asarray(valid_length, jnp.int32)
-    return jax.random.randint(rng, (), 1, jnp.maximum(valid_length, 2), jnp.int32)
+    return _uniform_int(jax.random.uniform(rng), 1, jnp.maximum(valid_length, 2))
 
 
 # ---------------------------------------------------------------------------------------------
-# Encoders (device; one example). Each returns (inputs, targets): int32[raw_length + 1], the
-# real tokens packed at the front, EOS after them, then zero padding.
+# Encoders (device; one example). Each takes tokens int32[R], the valid length n, the spec and
+# uniform draws float32[3, R]; it returns (inputs, targets): int32[R + 1], the tokens packed
+# at the front, EOS after them, then zero padding.
 # ---------------------------------------------------------------------------------------------
 
 
@@ -367,61 +389,55 @@ def _spans_to_sentinels(tokens: jax.Array, spans: jax.Array, valid: jax.Array, v
     return jnp.where(starts_span, sentinel, tokens), valid & ~(spans & follows_span)
 
 
-def _span_noise(tokens, n, spec, rng):
-    return random_spans_noise_mask(tokens.shape[0], spec.noise_density,
-                                   spec.mean_noise_span_length, rng, n)
-
-
-def _span_corruption(tokens, n, spec, rng, layout):
+def _span_corruption(tokens, n, spec, uniform, layout):
     valid = jnp.arange(tokens.shape[0]) < n
-    noise = _span_noise(tokens, n, spec, rng)
+    noise = _spans_mask(uniform[:2], spec.noise_density, spec.mean_noise_span_length, n)
     inputs = _pack_with_eos(*_spans_to_sentinels(tokens, noise, valid, layout.vocab_size))
     targets = _pack_with_eos(*_spans_to_sentinels(tokens, valid & ~noise, valid, layout.vocab_size))
     return inputs, targets
 
 
-def _drop_corrupted_tokens(tokens, n, spec, rng, layout):
+def _drop_corrupted_tokens(tokens, n, spec, uniform, layout):
     valid = jnp.arange(tokens.shape[0]) < n
-    noise = _span_noise(tokens, n, spec, rng)  # the same mask span_corruption draws
+    # The same draws as span_corruption: with one rng both objectives corrupt the same tokens.
+    noise = _spans_mask(uniform[:2], spec.noise_density, spec.mean_noise_span_length, n)
     return _pack_with_eos(tokens, valid & ~noise), _pack_with_eos(tokens, noise)
 
 
-def _mask_or_random_tokens(tokens, n, random_token_fraction, rng, layout, noise_density):
+def _mask_or_random_tokens(tokens, n, noise_density, random_token_fraction, uniform, layout):
     """Shared by bert_style and mass_style: i.i.d. noise tokens -> mask token or random token."""
-    noise_rng, choice_rng, token_rng = jax.random.split(rng, 3)
     valid = jnp.arange(tokens.shape[0]) < n
-    noise = iid_noise_mask(tokens.shape[0], noise_density, noise_rng, n)
-    use_random = jax.random.uniform(choice_rng, tokens.shape) < random_token_fraction
-    random_tokens = jax.random.randint(token_rng, tokens.shape, NUM_RESERVED_IDS,
-                                       layout.vocab_size - layout.num_sentinels, jnp.int32)
+    noise = _iid_mask(uniform[0], noise_density, n)
+    use_random = uniform[1] < random_token_fraction
+    random_tokens = _uniform_int(uniform[2], NUM_RESERVED_IDS, layout.vocab_size - layout.num_sentinels)
     mask_token = layout.vocab_size - 1  # <extra_id_0>
     corrupted = jnp.where(noise, jnp.where(use_random, random_tokens, mask_token), tokens)
     return _pack_with_eos(corrupted, valid), _pack_with_eos(tokens, valid)
 
 
-def _bert_style(tokens, n, spec, rng, layout):
-    return _mask_or_random_tokens(tokens, n, spec.random_token_fraction, rng, layout,
-                                  spec.noise_density)
+def _bert_style(tokens, n, spec, uniform, layout):
+    return _mask_or_random_tokens(tokens, n, spec.noise_density, spec.random_token_fraction,
+                                  uniform, layout)
 
 
-def _mass_style(tokens, n, spec, rng, layout):
-    return _mask_or_random_tokens(tokens, n, 0.0, rng, layout, spec.noise_density)
+def _mass_style(tokens, n, spec, uniform, layout):
+    return _mask_or_random_tokens(tokens, n, spec.noise_density, 0.0, uniform, layout)
 
 
-def _deshuffling(tokens, n, spec, rng, layout):
+def _deshuffling(tokens, n, spec, uniform, layout):
     valid = jnp.arange(tokens.shape[0]) < n
-    order = jnp.argsort(jnp.where(valid, jax.random.uniform(rng, tokens.shape), 2.0))
+    order = jnp.argsort(jnp.where(valid, uniform[0], 2.0))  # a random order of the valid tokens
     return _pack_with_eos(tokens[order], valid), _pack_with_eos(tokens, valid)
 
 
-def _prefix_lm(tokens, n, spec, rng, layout):
+def _prefix_lm(tokens, n, spec, uniform, layout):
     position = jnp.arange(tokens.shape[0])
-    split = random_prefix_split(n, rng)
+    split = _uniform_int(uniform[0, 0], 1, jnp.maximum(n, 2))  # as random_prefix_split
     return (_pack_with_eos(tokens, position < split),
             _pack_with_eos(tokens, (position >= split) & (position < n)))
 
 
-def _lm(tokens, n, spec, rng, layout):
+def _lm(tokens, n, spec, uniform, layout):
     valid = jnp.arange(tokens.shape[0]) < n
     return jnp.zeros(tokens.shape[0] + 1, jnp.int32), _pack_with_eos(tokens, valid)
 
@@ -493,9 +509,10 @@ def corrupt(raw_tokens: jax.Array, spec: ObjectiveSpec, rng: jax.Array,
     def one_example(tokens, example_spec, example_rng):
         in_range = jnp.arange(tokens.shape[0]) < example_spec.raw_length
         n = jnp.sum(in_range & (tokens != PAD_ID)).astype(jnp.int32)
+        uniform = jax.random.uniform(example_rng, (3, tokens.shape[0]))
         branches = [functools.partial(encode, layout=layout) for encode in _ENCODERS]
         inputs, targets = jax.lax.switch(example_spec.objective, branches, tokens, n, example_spec,
-                                         example_rng)
+                                         uniform)
         return format_example(inputs, targets, layout)
 
     rngs = jax.random.split(rng, raw_tokens.shape[0])
