@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import flax.struct
 import jax
@@ -47,8 +47,6 @@ OBJECTIVES = (
     "lm",
 )
 FAMILIES = ("encoder_decoder", "decoder_only")
-# Objectives whose targets use one sentinel per noise span (the vocabulary must hold enough).
-_SENTINEL_SPAN_OBJECTIVES = ("span_corruption",)
 # Inputs must hold at least one non-noise token, one sentinel and EOS.
 MIN_INPUTS_LENGTH = 3
 
@@ -118,9 +116,25 @@ def _noise_counts(length: Any, noise_density: Any, mean_noise_span_length: Any, 
 
 
 def _span_corruption_lengths(raw_length: int, noise_density: float, mean_span: float):
-    """(inputs, targets) lengths incl. EOS: non-noise + spans + 1 and noise + spans + 1."""
+    """(inputs, targets) incl. EOS: non-noise + spans + 1 and noise + spans + 1 (T5 counts one
+    sentinel per span and no final sentinel; when spans merge these are upper bounds)."""
     num_noise, num_spans = (int(c) for c in _noise_counts(raw_length, noise_density, mean_span, np))
     return raw_length - num_noise + num_spans + 1, num_noise + num_spans + 1
+
+
+def _drop_tokens_lengths(raw_length: int, noise_density: float, mean_span: float):
+    """(inputs, targets) incl. EOS: non-noise + 1 and noise + 1."""
+    num_noise = int(_noise_counts(raw_length, noise_density, mean_span, np)[0])
+    return raw_length - num_noise + 1, num_noise + 1
+
+
+def _largest_raw_length(inputs_length: int, lengths_of_raw) -> int:
+    """The largest raw length whose inputs (`lengths_of_raw(raw)[0]`) fit in inputs_length.
+    Inputs grow with the raw length and raw = inputs_length - 1 always fits (spans <= noise)."""
+    raw = inputs_length - 1
+    while lengths_of_raw(raw + 1)[0] <= inputs_length:
+        raw += 1
+    return raw
 
 
 def raw_length_for(inputs_length: int, noise_density: float,
@@ -128,27 +142,24 @@ def raw_length_for(inputs_length: int, noise_density: float,
     """(raw_tokens_length, targets_length) for span corruption, T5's `random_spans_helper` rule.
 
     The raw length is the largest whose corrupted inputs (incl. EOS) fit in `inputs_length`.
-    At density 0.5 T5 shortens the raw length by one when the targets would be longer than
-    the inputs (so that targets_length equals the round inputs_length); the targets length
-    returned is recomputed for the shortened raw length, so it is exact.
+    At density 0.5 T5 shortens the raw length by one when the targets would be longer than the
+    inputs (so that targets_length equals the round inputs_length).
     E.g. (512, 0.15, 3) -> (568, 114) and (128, 0.15, 3) -> (141, 29).
+
+    Three deliberate differences from T5's helper, all making the lengths equal what the mask
+    really produces: counts are clamped as the mask clamps them (>= 1 noise token and span),
+    products are rounded in float32 as the mask computes them (T5's helper uses float64 and
+    disagrees with its own mask at ties such as 95 * 0.3), and at density 0.5 the targets
+    length is recomputed for the shortened raw length instead of decremented.
     """
-    raw = inputs_length - 1  # inputs of this length always fit: spans <= noise tokens
-    while _span_corruption_lengths(raw + 1, noise_density, mean_noise_span_length)[0] <= inputs_length:
-        raw += 1
-    inputs, targets = _span_corruption_lengths(raw, noise_density, mean_noise_span_length)
+    lengths_of_raw = functools.partial(_span_corruption_lengths, noise_density=noise_density,
+                                       mean_span=mean_noise_span_length)
+    raw = _largest_raw_length(inputs_length, lengths_of_raw)
+    inputs, targets = lengths_of_raw(raw)
     if noise_density == 0.5 and targets > inputs:
         raw -= 1
-        targets = _span_corruption_lengths(raw, noise_density, mean_noise_span_length)[1]
+        targets = lengths_of_raw(raw)[1]
     return raw, targets
-
-
-def _drop_tokens_raw_length(inputs_length: int, noise_density: float, mean_span: float) -> int:
-    """Largest raw length whose kept (non-noise) tokens plus EOS fit in `inputs_length`."""
-    raw = inputs_length - 1
-    while raw + 1 - int(_noise_counts(raw + 1, noise_density, mean_span, np)[0]) + 1 <= inputs_length:
-        raw += 1
-    return raw
 
 
 def lengths_for(objective: str, inputs_length: int, noise_density: float,
@@ -166,9 +177,10 @@ def lengths_for(objective: str, inputs_length: int, noise_density: float,
         raw, _ = raw_length_for(inputs_length, noise_density, mean_noise_span_length)
         return (raw, *_span_corruption_lengths(raw, noise_density, mean_noise_span_length))
     if objective == "drop_corrupted_tokens":
-        raw = _drop_tokens_raw_length(inputs_length, noise_density, mean_noise_span_length)
-        num_noise = int(_noise_counts(raw, noise_density, mean_noise_span_length, np)[0])
-        return raw, raw - num_noise + 1, num_noise + 1
+        lengths_of_raw = functools.partial(_drop_tokens_lengths, noise_density=noise_density,
+                                           mean_span=mean_noise_span_length)
+        raw = _largest_raw_length(inputs_length, lengths_of_raw)
+        return (raw, *lengths_of_raw(raw))
     raw = inputs_length - 1
     return raw, (0 if objective == "lm" else raw + 1), raw + 1
 
@@ -178,11 +190,8 @@ def lengths_for(objective: str, inputs_length: int, noise_density: float,
 # ---------------------------------------------------------------------------------------------
 
 
-def _require_number(field: str, value: Any, low: float, high: float, *, open_low: bool,
-                    open_high: bool, allowed: str) -> None:
-    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if (not is_number or value < low or value > high or (open_low and value == low)
-            or (open_high and value == high)):
+def _require(field: str, value: Any, ok: Callable[[Any], bool], allowed: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
         raise ConfigError(f"{field}={value!r} is not allowed; it must be {allowed}")
 
 
@@ -191,27 +200,25 @@ def _validated_lengths(point: Mapping[str, Any]) -> tuple[int, int, int]:
     name = point["name"]
     if name not in OBJECTIVES:
         raise ConfigError(f"objective.name={name!r} is not allowed; choose one of {', '.join(OBJECTIVES)}")
-    _require_number("objective.noise_density", point["noise_density"], 0.0, 1.0,
-                    open_low=True, open_high=True, allowed="a number in (0, 1)")
-    _require_number("objective.mean_noise_span_length", point["mean_noise_span_length"], 1.0,
-                    float("inf"), open_low=False, open_high=True, allowed="a number >= 1")
-    _require_number("objective.random_token_fraction", point.get("random_token_fraction", 0.1),
-                    0.0, 1.0, open_low=False, open_high=False, allowed="a number in [0, 1]")
-    inputs_length = point["inputs_length"]
-    if not isinstance(inputs_length, int) or isinstance(inputs_length, bool) \
-            or inputs_length < MIN_INPUTS_LENGTH:
-        raise ConfigError(
-            f"objective.inputs_length={inputs_length!r} is too small: it must be an integer >= "
-            f"{MIN_INPUTS_LENGTH} to hold a non-noise token, a sentinel and EOS")
-    lengths = lengths_for(name, inputs_length, point["noise_density"],
+    _require("objective.noise_density", point["noise_density"], lambda v: 0 < v < 1,
+             "a number in (0, 1)")
+    _require("objective.mean_noise_span_length", point["mean_noise_span_length"],
+             lambda v: v >= 1, "a number >= 1")
+    _require("objective.random_token_fraction", point.get("random_token_fraction", 0.1),
+             lambda v: 0 <= v <= 1, "a number in [0, 1]")
+    _require("objective.inputs_length", point["inputs_length"],
+             lambda v: isinstance(v, int) and v >= MIN_INPUTS_LENGTH,
+             f"an integer >= {MIN_INPUTS_LENGTH} (room for a non-noise token, a sentinel and EOS)")
+    lengths = lengths_for(name, point["inputs_length"], point["noise_density"],
                           point["mean_noise_span_length"])
     targets_length = point.get("targets_length")
-    if targets_length is not None and targets_length < lengths[2]:
-        raise ConfigError(
-            f"objective.targets_length={targets_length!r} is too small for objective.name={name!r} "
-            f"with inputs_length={inputs_length}, noise_density={point['noise_density']}, "
-            f"mean_noise_span_length={point['mean_noise_span_length']}: it must be at least "
-            f"{lengths[2]} (or None to use exactly that)")
+    if targets_length is not None:
+        _require("objective.targets_length", targets_length,
+                 lambda v: isinstance(v, int) and v >= lengths[2],
+                 f"None or an integer >= {lengths[2]}, the targets length of objective.name="
+                 f"{name!r} with inputs_length={point['inputs_length']}, noise_density="
+                 f"{point['noise_density']}, mean_noise_span_length="
+                 f"{point['mean_noise_span_length']}")
     return lengths
 
 
@@ -265,7 +272,7 @@ def layout_for(points: Iterable[Mapping[str, Any]], family: str, vocab_size: int
         point_raw, point_inputs, point_targets = _validated_lengths(point)
         raw, inputs = max(raw, point_raw), max(inputs, point_inputs)
         targets = max(targets, point_targets, point.get("targets_length") or 0)
-        if point["name"] in _SENTINEL_SPAN_OBJECTIVES:
+        if point["name"] == "span_corruption":  # one sentinel per noise span
             num_spans = int(_noise_counts(point_raw, point["noise_density"],
                                           point["mean_noise_span_length"], np)[1])
             if num_spans > num_sentinels:

@@ -141,15 +141,15 @@ def test_raw_length_for_at_half_density_shortens_like_t5_with_exact_targets(inpu
 
 
 def test_float32_rounding_ties_follow_the_device_mask_not_t5s_float64_helper():
-    # 95 * 0.3 is 28.5 - 4e-15 in float64 (T5's helper: 28 noise) but 28.5 + 1e-6 in float32
-    # (T5's mask: 29 noise). The length arithmetic must agree with the mask.
-    assert t5_random_spans_helper(77, 0.3, 3) == (95, 38)
-    assert raw_length_for(77, 0.3, 3) == (95, 40)
-    masks = np.asarray(span_masks(95, jnp.full(4, 0.3), jnp.full(4, 3.0),
-                                  jax.random.split(jax.random.key(0), 4), jnp.full(4, 95)))
+    # 45 * 0.7 is 31.5 - 4e-15 in float64 (T5's helper: 31 noise) but 31.5 + 1e-6 in float32
+    # (T5's mask: 32 noise). The length arithmetic must agree with the mask.
+    assert t5_random_spans_helper(25, 0.7, 3) == (45, 42)
+    assert raw_length_for(25, 0.7, 3) == (45, 44)
+    masks = np.asarray(span_masks(RAW, jnp.full(BATCH, 0.7), jnp.full(BATCH, 3.0),
+                                  jax.random.split(jax.random.key(0), BATCH), jnp.full(BATCH, 45)))
     for mask in masks:
         num_noise, num_spans = mask.sum(), len(runs(mask))
-        assert (95 - num_noise + num_spans + 1, num_noise + num_spans + 1) == (77, 40)
+        assert (45 - num_noise + num_spans + 1, num_noise + num_spans + 1) == (25, 44)
 
 
 @pytest.mark.parametrize("name", OBJECTIVES)
@@ -394,10 +394,11 @@ def objective(**changes):
     (dict(noise_density="0.15"), r"objective.noise_density='0.15' .* in \(0, 1\)"),
     (dict(mean_noise_span_length=0.5), r"objective.mean_noise_span_length=0.5 .* >= 1"),
     (dict(random_token_fraction=1.5), r"objective.random_token_fraction=1.5 .* in \[0, 1\]"),
-    (dict(inputs_length=2), r"objective.inputs_length=2 is too small: .* >= 3"),
-    (dict(targets_length=12), r"objective.targets_length=12 is too small for objective.name="
-                              rf"'span_corruption' .* at least {t5_random_spans_helper(64, 0.15, 3)[1]}"),
-    (dict(name="lm", targets_length=32), r"objective.targets_length=32 .*'lm'.* at least 64"),
+    (dict(inputs_length=2), r"objective.inputs_length=2 .* an integer >= 3"),
+    (dict(inputs_length=64.0), r"objective.inputs_length=64.0 .* an integer >= 3"),
+    (dict(targets_length=12), r"objective.targets_length=12 .* None or an integer >= "
+                              rf"{t5_random_spans_helper(64, 0.15, 3)[1]}, .*'span_corruption'"),
+    (dict(name="lm", targets_length=32), r"objective.targets_length=32 .* >= 64, .*'lm'"),
 ])
 def test_bad_objective_config_is_rejected_with_the_field_named(changes, message):
     with pytest.raises(ConfigError, match=message):
