@@ -1,0 +1,324 @@
+"""models.py / layers.py through the whole network: what each architecture can see, padding and
+packing, parameter structure and sharing, dropout, dtypes, split/merge under jit, bad configs."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from t5x_lite.config import (
+    ARCHS,
+    DECODER_ONLY_ARCHS,
+    ENCODER_DECODER_ARCHS,
+    ConfigError,
+    model_config,
+)
+from t5x_lite.models import build_model, make_masks
+
+VOCAB = 64
+LOGICAL_AXES = {"batch", "length", "embed", "vocab", "heads", "kv", "mlp", "relpos_buckets",
+                "layers"}
+
+
+def tiny_config(arch, **overrides):
+    cfg = model_config()
+    cfg.update(arch=arch, vocab_size=VOCAB, num_sentinels=4, d_model=32, d_ff=64, num_heads=4,
+               d_kv=8, num_layers=2, relpos_buckets=8, relpos_max_distance=16, dropout_rate=0.0)
+    cfg.update(**overrides)
+    return cfg
+
+
+@functools.cache
+def tiny_model(arch, **overrides):
+    """One model per (arch, overrides), built once per test session (seed 0)."""
+    return build_model(tiny_config(arch, **overrides), nnx.Rngs(0))
+
+
+@nnx.jit
+def forward(model, batch, masks=None, dropout_rng=None):
+    """`model(batch, masks, dropout_rng=...)`, compiled once per model structure and shapes."""
+    return model(batch, masks, dropout_rng=dropout_rng)
+
+
+def tokens(seed, shape):
+    """Random real (non-pad, non-special) token ids."""
+    return jax.random.randint(jax.random.key(seed), shape, 3, VOCAB - 4, dtype=jnp.int32)
+
+
+def perturb(row, position):
+    """`row` with a different real token at `position`."""
+    return row.at[position].set(3 + (row[position] - 2) % (VOCAB - 7))
+
+
+# ---------------------------------------------------------------- what each position can see
+#
+# One probe batch per architecture (one compile for all structural tests), every row LENGTH
+# long: row 0 is the base example; then one row per decoder position with that token changed;
+# for encoder-decoders one row per real encoder position with that token changed; last, the
+# same REAL tokens padded at the end and padded at the front (relative positions, hence the
+# outputs of the real tokens, are the same in both unless padding leaks).
+
+LENGTH, REAL, PREFIX = 6, 4, 3
+
+
+@functools.cache
+def probe(arch):
+    """float32 logits [rows, LENGTH, vocab] of the probe batch described above."""
+    encoder_row = jnp.pad(tokens(1, (REAL,)), (0, LENGTH - REAL))
+    decoder_row, targets = tokens(2, (LENGTH,)), tokens(3, (LENGTH,))
+    prefix_row = jnp.arange(LENGTH) < PREFIX
+    rows = [(encoder_row, decoder_row, targets, prefix_row)]
+    rows += [(encoder_row, perturb(decoder_row, t), targets, prefix_row) for t in range(LENGTH)]
+    if arch in ENCODER_DECODER_ARCHS:
+        rows += [(perturb(encoder_row, j), decoder_row, targets, prefix_row) for j in range(REAL)]
+    junk = tokens(4, (LENGTH - REAL,))  # decoder inputs at padded targets must not matter
+    zeros = jnp.zeros(LENGTH - REAL, jnp.int32)
+    real = (encoder_row[:REAL], decoder_row[:REAL], targets[:REAL], prefix_row[:REAL])
+    rows.append(tuple(jnp.concatenate([r, pad]) for r, pad in zip(real, (zeros, junk, zeros, zeros))))
+    rows.append(tuple(jnp.concatenate([pad, r]) for r, pad in zip(real, (zeros, junk, zeros, zeros))))
+    encoder, decoder, target, prefix = (jnp.stack(column) for column in zip(*rows))
+    batch = {"decoder_input_tokens": decoder, "decoder_target_tokens": target}
+    if arch in ENCODER_DECODER_ARCHS:
+        batch["encoder_input_tokens"] = encoder
+    else:
+        batch["inputs_mask"] = prefix.astype(bool)
+    return np.asarray(forward(tiny_model(arch), batch))
+
+
+def changed(logits, row):
+    """Per position: do the logits of `row` differ from the base row 0?"""
+    return np.abs(logits[row] - logits[0]).max(-1) > 1e-5
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_no_output_depends_on_a_later_target(arch):
+    logits = probe(arch)
+    positions = np.arange(LENGTH)
+    for t in range(LENGTH):
+        if arch == "prefix_lm" and t < PREFIX:  # a prefix token is seen by the whole prefix
+            expected = np.ones(LENGTH, bool)
+        else:  # otherwise only by itself and later positions
+            expected = positions >= t
+        np.testing.assert_array_equal(changed(logits, 1 + t), expected, err_msg=f"token {t}")
+
+
+@pytest.mark.parametrize("arch", ENCODER_DECODER_ARCHS)
+def test_encoder_sees_every_real_input_token(arch):
+    logits = probe(arch)
+    for j in range(REAL):
+        assert changed(logits, 1 + LENGTH + j).all(), f"outputs ignore encoder token {j}"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_padding_never_changes_real_outputs(arch):
+    padded_at_end, padded_at_front = probe(arch)[-2], probe(arch)[-1]
+    np.testing.assert_allclose(padded_at_end[:REAL], padded_at_front[LENGTH - REAL:], atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["encoder_decoder", "prefix_lm"])
+def test_packed_examples_equal_separate_examples(arch):
+    """Two examples packed into one row (segment ids + positions) give their separate logits."""
+    # Equal lengths so both separate examples share one compile; positions restart per example.
+    enc_a, enc_b, dec_a, dec_b = (tokens(seed, (3,)) for seed in (10, 11, 12, 13))
+    prefix_a, prefix_b = jnp.array([True, False, False]), jnp.array([True, True, False])
+
+    def example(enc, dec, prefix):
+        batch = {"decoder_input_tokens": dec[None], "decoder_target_tokens": dec[None]}
+        if arch in ENCODER_DECODER_ARCHS:
+            batch["encoder_input_tokens"] = enc[None]
+        else:
+            batch["inputs_mask"] = prefix[None]
+        return batch
+
+    def segments(a, b):
+        return jnp.concatenate([jnp.ones(len(a), jnp.int32), jnp.full(len(b), 2, jnp.int32)])[None]
+
+    def positions(a, b):
+        return jnp.concatenate([jnp.arange(len(a)), jnp.arange(len(b))])[None]
+
+    packed = {"decoder_input_tokens": jnp.concatenate([dec_a, dec_b])[None],
+              "decoder_target_tokens": jnp.concatenate([dec_a, dec_b])[None],
+              "decoder_segment_ids": segments(dec_a, dec_b),
+              "decoder_positions": positions(dec_a, dec_b)}
+    if arch in ENCODER_DECODER_ARCHS:
+        packed.update(encoder_input_tokens=jnp.concatenate([enc_a, enc_b])[None],
+                      encoder_segment_ids=segments(enc_a, enc_b),
+                      encoder_positions=positions(enc_a, enc_b))
+    else:
+        packed["inputs_mask"] = jnp.concatenate([prefix_a, prefix_b])[None]
+    model = tiny_model(arch)
+    separate = jnp.concatenate([forward(model, example(enc_a, dec_a, prefix_a)),
+                                forward(model, example(enc_b, dec_b, prefix_b))], axis=1)
+    np.testing.assert_allclose(forward(model, packed), separate, atol=1e-5)
+
+
+def test_language_model_and_prefix_lm_differ_only_in_the_mask():
+    lm, prefix = tiny_model("language_model"), tiny_model("prefix_lm")
+    assert type(lm) is type(prefix)
+    lm_params = nnx.to_pure_dict(nnx.state(lm, nnx.Param))
+    prefix_params = nnx.to_pure_dict(nnx.state(prefix, nnx.Param))
+    assert jax.tree.structure(lm_params) == jax.tree.structure(prefix_params)
+    jax.tree.map(np.testing.assert_array_equal, lm_params, prefix_params)
+
+    batch = {"decoder_input_tokens": tokens(14, (2, LENGTH)),
+             "inputs_mask": jnp.zeros((2, LENGTH), bool)}
+    np.testing.assert_allclose(forward(prefix, batch), forward(lm, batch), atol=1e-6)
+    batch["inputs_mask"] = jnp.arange(LENGTH)[None].repeat(2, 0) < PREFIX
+    with_prefix_masks = forward(lm, batch, make_masks(batch, "prefix_lm"))
+    np.testing.assert_allclose(with_prefix_masks, forward(prefix, batch), atol=1e-6)
+    assert np.abs(np.asarray(with_prefix_masks - forward(lm, batch))).max() > 1e-4
+
+
+def test_make_masks_rejects_an_unknown_arch():
+    with pytest.raises(ConfigError, match="arch='rnn'.*encoder_decoder.*prefix_lm"):
+        make_masks({"decoder_input_tokens": tokens(0, (1, 2))}, "rnn")
+
+
+# ------------------------------------------------------------------ parameters and structure
+
+def abstract_params(arch, **overrides):
+    """Flat {path: Param} of a model built under eval_shape (no arrays allocated)."""
+    model = nnx.eval_shape(lambda: build_model(tiny_config(arch, **overrides), nnx.Rngs(0)))
+    return dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+
+
+def count(params):
+    return sum(int(np.prod(p.shape)) for p in params.values())
+
+
+def test_every_parameter_has_logical_axes_of_its_rank():
+    for arch in ARCHS:
+        for tie, mlp in [(True, "relu"), (False, "gated-gelu")]:
+            for path, param in abstract_params(arch, tie_embeddings=tie, mlp=mlp).items():
+                axes = param.get_metadata()["logical_axes"]
+                assert len(axes) == len(param.shape), path
+                assert set(axes) <= LOGICAL_AXES, path
+                assert param.dtype == jnp.float32, path
+
+
+def test_parameter_tree_names():
+    names = {"/".join(map(str, path)) for path in abstract_params(
+        "encoder_decoder", tie_embeddings=False, mlp="gated-gelu")}
+    for name in ["token_embedder/embedding", "encoder/relpos/embedding",
+                 "encoder/layers/1/self_attention/query", "encoder/layers/0/mlp/wi_0",
+                 "decoder/layers/1/cross_attention/out", "decoder/layers/0/cross_attention_norm/scale",
+                 "decoder/final_norm/scale", "lm_head/kernel"]:
+        assert name in names
+    assert not any(path[0] == "lm_head" for path in abstract_params("encoder_decoder"))
+    assert not any(path[0] == "encoder" for path in abstract_params("language_model"))
+
+
+def test_half_has_half_the_layers():
+    half = tiny_model("encoder_decoder_half", num_layers=4)
+    assert len(half.encoder.layers) == len(half.decoder.layers) == 2
+    assert count(abstract_params("encoder_decoder_half", num_layers=4)) == count(
+        abstract_params("encoder_decoder", num_layers=2))
+
+
+def test_shared_stacks_hold_one_copy_of_the_shared_parameters():
+    full, shared = abstract_params("encoder_decoder"), abstract_params("encoder_decoder_shared")
+    shared_parts = ("self_attention", "self_attention_norm", "mlp", "mlp_norm")
+    decoder_own = {path: p for path, p in full.items()
+                   if path[0] == "decoder" and path[1] == "layers" and path[3] in shared_parts}
+    assert count(shared) == count(full) - count(decoder_own)
+    # Each shared block is listed under one path only.
+    assert sum(path[-2:] == ("mlp", "wo") for path in shared) == 2  # one per layer index
+    assert sum(path[-2:] == ("mlp", "wo") for path in full) == 4
+
+
+def test_shared_parameters_are_one_object_through_split_and_merge():
+    model = build_model(tiny_config("encoder_decoder_shared"), nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+    merged = nnx.merge(graphdef, state)
+    merged.encoder.layers[0].mlp.wo[...] = jnp.zeros_like(merged.encoder.layers[0].mlp.wo[...])
+    assert merged.decoder.layers[0].mlp is merged.encoder.layers[0].mlp
+    np.testing.assert_array_equal(merged.decoder.layers[0].mlp.wo[...], 0.0)
+    assert merged.decoder.layers[0].cross_attention is not None
+    assert merged.decoder.final_norm is not merged.encoder.final_norm
+
+
+def test_paper_sized_parameter_ratios():
+    """Table 2's Params column: encoder_decoder ~2P, shared and half ~P (no arrays built)."""
+    def paper_count(arch):
+        cfg = model_config()
+        cfg.arch = arch
+        model = nnx.eval_shape(lambda: build_model(cfg, nnx.Rngs(0)))
+        return sum(p.size for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+    full, shared, half = (paper_count(a) for a in ENCODER_DECODER_ARCHS)
+    assert 1.5 < full / shared < 2.0
+    assert 1.5 < full / half < 2.0
+    assert 0.9 < shared / half < 1.25
+
+
+# ------------------------------------------------------------------ dropout, dtype, jit
+
+V11 = dict(tie_embeddings=False, mlp="gated-gelu")  # the other branch of every option
+
+
+def ed_batch():
+    return {"encoder_input_tokens": tokens(20, (2, 5)), "decoder_input_tokens": tokens(21, (2, 4))}
+
+
+def test_dropout_is_a_function_of_the_key():
+    # Decoder-only: the dropout code is the stacks' and layers', and it compiles fastest.
+    model = tiny_model("language_model", dropout_rate=0.3, **V11)
+    no_dropout = tiny_model("language_model", **V11)  # same seed, same parameters, rate 0
+    batch, key = {"decoder_input_tokens": tokens(22, (2, 4))}, jax.random.key(7)
+    first, again = forward(model, batch, None, key), forward(model, batch, None, key)
+    np.testing.assert_array_equal(first, again)
+    assert np.abs(np.asarray(first - forward(model, batch))).max() > 1e-3
+    other_key = forward(model, batch, None, jax.random.key(8))
+    assert np.abs(np.asarray(first - other_key)).max() > 1e-3
+    np.testing.assert_array_equal(forward(model, batch), forward(no_dropout, batch))
+
+
+def test_split_state_under_jax_jit_and_encode_decode():
+    """The train step's pattern: plain jax.jit over the split state; encode + decode == call."""
+    model = tiny_model("encoder_decoder", **V11)
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def encode_then_decode(state, batch):
+        merged = nnx.merge(graphdef, state)
+        masks = make_masks(batch, "encoder_decoder")
+        return merged.decode(merged.encode(batch, masks), batch, masks)
+
+    batch = ed_batch()
+    np.testing.assert_allclose(encode_then_decode(state, batch), forward(model, batch),
+                               atol=1e-5)
+
+
+def test_bfloat16_compute_keeps_float32_params_and_logits():
+    model = tiny_model("encoder_decoder", dtype="bfloat16", **V11)
+    reference = tiny_model("encoder_decoder", **V11)  # same seed, float32 compute
+    assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    logits = forward(model, ed_batch())
+    assert logits.dtype == jnp.float32
+    expected = forward(reference, ed_batch())
+    assert np.abs(np.asarray(logits - expected)).max() < 0.05 * np.abs(np.asarray(expected)).max()
+
+
+# ------------------------------------------------------------------ bad configs
+
+@pytest.mark.parametrize("overrides,field", [
+    (dict(arch="rnn"), "model.arch.*encoder_decoder_half"),
+    (dict(arch="encoder_decoder_half", num_layers=3), "model.num_layers.*even"),
+    (dict(vocab_size=50, num_sentinels=100), "model.vocab_size"),
+    (dict(d_model=0), "model.d_model"),
+    (dict(num_heads=-2), "model.num_heads"),
+    (dict(d_ff=0), "model.d_ff"),
+    (dict(mlp="swish"), "model.mlp.*gated-gelu"),
+])
+def test_build_model_rejects_bad_configs(overrides, field):
+    cfg = tiny_config("encoder_decoder")
+    cfg.update(**overrides)
+    with pytest.raises(ConfigError, match=field):
+        build_model(cfg, nnx.Rngs(0))
+
+
+def test_decoder_only_archs_have_no_encoder():
+    for arch in DECODER_ONLY_ARCHS:
+        assert not hasattr(tiny_model(arch), "encoder")
