@@ -278,7 +278,7 @@ def _step_fn(config: ml_collections.ConfigDict, layout: objectives.BatchLayout, 
             "z_loss": sums["z_loss"] / normalizer,
             "accuracy": sums["correct"] / jnp.maximum(sums["weight"], 1.0),
             "num_tokens": sums["weight"],
-            "grad_norm": optax.global_norm(grads),
+            "grad_norm": optax.tree.norm(grads),
             "learning_rate": schedule(state.step),
         }
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics

@@ -1,0 +1,318 @@
+"""The train step: loss math, schedules, bad input, compile-once, sharding and micro-batch
+equivalence on 8 simulated CPU devices, and a tiny end-to-end `train()` run.
+
+One tiny encoder-decoder config and ONE batch layout (the whole grid's) serve every test, so the
+1-device program compiles once for the module.
+"""
+import itertools
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from t5x_lite import objectives, partitioning, train
+from t5x_lite.config import ConfigError, default_config
+
+RATES = (0.10, 0.15, 0.25, 0.50)
+SPANS = (1.0, 2.0, 3.0, 5.0, 10.0)
+INPUTS_LENGTH = 32
+
+
+def tiny_config(arch="encoder_decoder", mesh=(-1, 1), **train_fields):
+    config = default_config()
+    config.model.update(arch=arch, d_model=32, d_ff=64, num_heads=4, d_kv=8, num_layers=2,
+                        vocab_size=160, num_sentinels=32, dropout_rate=0.0)
+    config.objective.update(inputs_length=INPUTS_LENGTH, targets_length=None)
+    config.train.update(batch_size=8, optimizer="adafactor", learning_rate=0.1, warmup_steps=1,
+                        steps=100, **train_fields)
+    config.mesh.shape = mesh
+    return config
+
+
+def objective(name, rate=0.15, span=3.0):
+    cfg = default_config().objective
+    cfg.update(name=name, noise_density=rate, mean_noise_span_length=span,
+               inputs_length=INPUTS_LENGTH, targets_length=None)
+    return cfg
+
+
+GRID = [objective(n, r, s) for n, r, s in itertools.product(objectives.OBJECTIVES, RATES, SPANS)]
+
+
+def layout(family="encoder_decoder"):
+    return objectives.layout_for(GRID, family, 160, 32)
+
+
+def raw_batch(seed=0, rows=8):
+    # Real tokens only: [3, vocab_size - num_sentinels).
+    return np.random.default_rng(seed).integers(3, 128, (rows, layout().raw_length), dtype=np.int32)
+
+
+def run(config, mesh, steps, state=None, spec=None, fam="encoder_decoder"):
+    """Metrics (lists per name) of `steps` updates on one repeated batch, and the final state."""
+    state = train.init_state(config, mesh) if state is None else state
+    step = train.make_train_step(config, layout(fam), mesh)
+    spec = objectives.spec_from_config(objective("span_corruption")) if spec is None else spec
+    history = {}
+    for _ in range(steps):
+        state, metrics = step(state, raw_batch(), spec, jax.random.key(0))
+        for name, value in metrics.items():
+            history.setdefault(name, []).append(float(value))
+    return {k: np.array(v) for k, v in history.items()}, state
+
+
+def one_device():
+    return partitioning.make_mesh(tiny_config().mesh, jax.devices()[:1])
+
+
+@pytest.fixture(scope="module")
+def baseline():
+    """Five steps on one device from the 1-device init: (host copy of init, metrics, final state)."""
+    config = tiny_config()
+    initial = jax.device_get(train.init_state(config, one_device()))
+    metrics, state = run(config, one_device(), 5, state=jax.device_put(initial))
+    return initial, metrics, jax.device_get(state)
+
+
+# --- loss -----------------------------------------------------------------------------------
+
+
+def test_cross_entropy_with_z_loss_and_label_smoothing_matches_a_hand_computation():
+    logits = np.array([[[2.0, 0.5, -1.0, 0.0], [0.1, 0.2, 3.0, -2.0], [1.0, 1.0, 1.0, 1.0]]], np.float32)
+    targets = np.array([[0, 1, 3]])
+    weights = np.array([[1.0, 2.0, 0.0]], np.float32)
+    smoothing, z_coef, vocab = 0.1, 1e-2, 4
+    expected_ce = expected_z = expected_correct = 0.0
+    for logit, target, weight in zip(logits[0], targets[0], weights[0]):
+        log_z = math.log(sum(math.exp(v) for v in logit))
+        q = np.full(vocab, smoothing / (vocab - 1))
+        q[target] = 1 - smoothing
+        # Cross entropy against q minus q's entropy (KL(q || p)): 0 for a perfect model.
+        expected_ce += weight * sum(q[v] * (math.log(q[v]) - (logit[v] - log_z)) for v in range(vocab))
+        expected_z += weight * z_coef * log_z**2
+        expected_correct += weight * (int(np.argmax(logit)) == target)
+    sums = train.cross_entropy_sums(jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights),
+                                    z_loss=z_coef, label_smoothing=smoothing)
+    np.testing.assert_allclose(float(sums["cross_entropy"]), expected_ce, rtol=1e-5)
+    np.testing.assert_allclose(float(sums["z_loss"]), expected_z, rtol=1e-5)
+    assert float(sums["correct"]) == expected_correct == 1.0  # only the first token is right
+    assert float(sums["weight"]) == 3.0
+
+
+def test_cross_entropy_without_smoothing_is_minus_log_softmax():
+    logits = jnp.array([[[0.0, math.log(3.0)]]])  # p = (1/4, 3/4)
+    sums = train.cross_entropy_sums(logits, jnp.array([[1]]), jnp.ones((1, 1)), z_loss=0.0, label_smoothing=0.0)
+    np.testing.assert_allclose(float(sums["cross_entropy"]), -math.log(0.75), rtol=1e-6)
+
+
+# --- schedules and optimisers -----------------------------------------------------------------
+
+
+def schedule(name, lr=1.0, warmup=10, steps=110):
+    cfg = tiny_config().train
+    cfg.update(schedule=name, learning_rate=lr, warmup_steps=warmup, steps=steps)
+    return lambda step: float(train.learning_rate_schedule(cfg)(jnp.asarray(step)))
+
+
+def test_rsqrt_schedule_is_t5s_inverse_square_root_with_constant_warmup():
+    lr = schedule("rsqrt", lr=1.0, warmup=10_000, steps=2**19)
+    assert lr(0) == pytest.approx(0.01) and lr(5_000) == pytest.approx(0.01)
+    assert lr(10_000) == pytest.approx(0.01) and lr(40_000) == pytest.approx(0.005)
+
+
+def test_linear_cosine_and_constant_schedules():
+    linear, cosine, constant = schedule("linear"), schedule("cosine"), schedule("constant", lr=3e-4)
+    assert [linear(s) for s in (0, 5, 10, 60, 110)] == pytest.approx([0.0, 0.5, 1.0, 0.5, 0.0])
+    assert [cosine(s) for s in (5, 10, 60, 110)] == pytest.approx([0.5, 1.0, 0.5, 0.0], abs=1e-6)
+    assert constant(0) == constant(10**6) == pytest.approx(3e-4)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("optimizer", "sgd", "train.optimizer='sgd' is not allowed; choose one of adafactor, adamw"),
+        ("schedule", "step", "train.schedule='step' is not allowed; choose one of rsqrt, linear, cosine, constant"),
+        ("learning_rate", 0.0, "train.learning_rate=0.0 must be a positive number"),
+        ("learning_rate", -1e-3, "train.learning_rate=-0.001 must be a positive number"),
+        ("warmup_steps", 0, "train.warmup_steps=0 must be >= 1 for train.schedule='rsqrt'"),
+        ("label_smoothing", 1.0, r"train.label_smoothing=1.0 must be in \[0, 1\)"),
+        ("loss_normalizing_factor", -2.0, "train.loss_normalizing_factor=-2.0 must be None"),
+        ("microbatches", 0, "train.microbatches=0 must be a positive number"),
+    ],
+)
+def test_bad_train_config_is_rejected_naming_the_field(field, value, message):
+    config = tiny_config()
+    config.train[field] = value
+    with pytest.raises(ConfigError, match=message):
+        train.make_optimizer(config.train)
+
+
+def test_bad_batch_split_and_mesh_are_rejected_before_compiling():
+    config = tiny_config(mesh=(4, 2), microbatches=4)  # 8 rows over 4 data shards x 4 micro-batches
+    with pytest.raises(ConfigError, match=r"train.batch_size=8 must be divisible .* = 16"):
+        train.make_train_step(config, layout(), partitioning.make_mesh(config.mesh))
+    with pytest.raises(ConfigError, match=r"mesh.shape=\(16, 1\) needs 16 devices but only 8"):
+        partitioning.make_mesh(tiny_config(mesh=(16, 1)).mesh)
+
+
+def test_raw_tokens_of_the_wrong_shape_are_rejected():
+    config = tiny_config()
+    step = train.make_train_step(config, layout(), one_device())
+    spec = objectives.spec_from_config(objective("span_corruption"))
+    with pytest.raises(ValueError, match=r"raw_tokens has shape \(4, \d+\).*\[8, \d+\]"):
+        step(None, raw_batch(rows=4), spec, jax.random.key(0))
+
+
+def test_initialize_distributed_needs_all_three_settings(monkeypatch):
+    for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "SLURM_NTASKS",
+                 "TPU_WORKER_HOSTNAMES"):
+        monkeypatch.delenv(name, raising=False)
+    assert train.initialize_distributed() is False  # single process: nothing to join
+    with pytest.raises(ConfigError, match="missing num_processes, process_id"):
+        train.initialize_distributed(coordinator="localhost:1234")
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "two")
+    with pytest.raises(ConfigError, match="JAX_NUM_PROCESSES='two' must be a non-negative integer"):
+        train.initialize_distributed()
+    with pytest.raises(ConfigError, match=r"process_id=2 must be in \[0, num_processes=2\)"):
+        train.initialize_distributed("localhost:1234", 2, 2)
+
+
+# --- behaviour on one device ------------------------------------------------------------------
+
+
+def test_loss_decreases_on_a_repeated_batch(baseline):
+    losses = baseline[1]["loss"]
+    assert np.all(np.isfinite(losses)) and np.all(np.diff(losses) < 0), losses
+    assert losses[-1] < 0.8 * losses[0], losses
+
+
+def test_metrics_report_the_step_learning_rate_and_token_counts(baseline):
+    metrics = baseline[1]
+    # rsqrt with learning_rate 0.1 and one warm-up step: 0.1 / sqrt(max(step, 1)), step = 0, 1, ...
+    np.testing.assert_allclose(metrics["learning_rate"], [0.1, 0.1, 0.1 / 2**0.5, 0.1 / 3**0.5, 0.05], rtol=1e-6)
+    # Span corruption at 15% / span 3 uses 34 raw tokens: round(5.1) = 5 noise tokens in
+    # round(5 / 3) = 2 spans -> 5 + 2 sentinels + EOS = 8 targets per example, 8 examples.
+    assert np.all(metrics["num_tokens"] == 8 * 8)
+    assert np.all((metrics["accuracy"] >= 0) & (metrics["accuracy"] <= 1)) and metrics["accuracy"][-1] > 0
+    assert np.all(metrics["grad_norm"] > 0) and np.all(metrics["z_loss"] > 0)
+    assert np.all(metrics["z_loss"] < metrics["loss"])
+    assert baseline[2].step == 5
+
+
+def test_every_objective_rate_and_span_shares_one_compilation():
+    config = tiny_config()
+    step = train.make_train_step(config, layout(), one_device())
+    state = train.init_state(config, one_device())
+    specs = [objectives.spec_from_config(point) for point in GRID]
+    backend_compiles = []
+    listener = lambda event, seconds, **_: backend_compiles.append(event)  # noqa: E731
+    state, _ = step(state, raw_batch(), specs[0], jax.random.key(0))
+    before = step.compiles
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        for spec in specs[1:]:
+            state, metrics = step(state, raw_batch(), spec, jax.random.key(0))
+            assert np.isfinite(float(metrics["loss"]))
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert step.compiles == before == 1
+    assert "/jax/core/compile/backend_compile_duration" not in backend_compiles
+    assert len(specs) == 7 * 4 * 5
+
+
+def test_language_model_and_prefix_lm_share_one_compilation_but_not_their_masks():
+    lm, prefix = tiny_config("language_model"), tiny_config("prefix_lm")
+    mesh = one_device()
+    fam = "decoder_only"
+    initial = jax.device_get(train.init_state(lm, mesh))
+    spec = objectives.spec_from_config(objective("prefix_lm"))
+    lm_metrics, _ = run(lm, mesh, 1, state=jax.device_put(initial), spec=spec, fam=fam)
+    compiles = train.make_train_step(lm, layout(fam), mesh).compiles
+    prefix_metrics, _ = run(prefix, mesh, 1, state=jax.device_put(initial), spec=spec, fam=fam)
+    assert train.make_train_step(prefix, layout(fam), mesh).compiles == compiles == 1
+    # Same parameters, same batch: only the prefix's bidirectional attention differs.
+    assert lm_metrics["loss"][0] != prefix_metrics["loss"][0]
+
+
+def test_two_microbatches_equal_one(baseline):
+    initial, metrics, final = baseline
+    mesh = one_device()
+    micro, state = run(tiny_config(microbatches=2), mesh, 5, state=jax.device_put(initial))
+    for name in ("loss", "accuracy", "num_tokens", "grad_norm"):
+        np.testing.assert_allclose(micro[name], metrics[name], rtol=1e-5, err_msg=name)
+    for a, b in zip(jax.tree.leaves(jax.device_get(state.params)), jax.tree.leaves(final.params)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+# --- sharding ---------------------------------------------------------------------------------
+
+# The default rule table, written out independently: (data, model) meshes have no fsdp axis.
+EXPECTED_MESH_AXIS = {"vocab": "model", "heads": "model", "mlp": "model"}
+
+
+@pytest.mark.parametrize("shape", [(8, 1), (4, 2), (2, 4)])
+def test_sharded_training_matches_one_device(baseline, shape):
+    initial, metrics, _ = baseline
+    config = tiny_config(mesh=shape)
+    mesh = partitioning.make_mesh(config.mesh)
+    if shape == (2, 4):  # initialised directly sharded: same values as the 1-device init
+        state = train.init_state(config, mesh)
+        for a, b in zip(jax.tree.leaves(jax.device_get(state)), jax.tree.leaves(initial)):
+            np.testing.assert_array_equal(a, b)
+    else:
+        shardings = jax.tree.map(lambda s: s.sharding, train.abstract_state(config, mesh))
+        state = jax.device_put(initial, shardings)
+    sharded, state = run(config, mesh, 5, state=state)
+    np.testing.assert_allclose(sharded["loss"], metrics["loss"], rtol=1e-5)
+
+    is_param = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
+    for path, param in jax.tree_util.tree_flatten_with_path(state.params, is_leaf=is_param)[0]:
+        axes = param.get_metadata()["logical_axes"]
+        expected = P(*(EXPECTED_MESH_AXIS.get(a) for a in axes))
+        actual = param.get_value().sharding
+        assert actual.is_equivalent_to(jax.sharding.NamedSharding(mesh, expected), len(axes)), path
+    assert state.params["token_embedder"]["embedding"].get_value().sharding.shard_shape((160, 32)) == (160 // shape[1], 32)
+
+
+# --- the loop ---------------------------------------------------------------------------------
+
+RECORD_FIELDS = {"step", "loss", "z_loss", "accuracy", "num_tokens", "learning_rate", "grad_norm",
+                 "step_s", "tokens_per_s", "tflops_per_s", "mfu", "compile_s", "compiles"}
+
+
+def test_train_writes_metrics_checkpoints_and_resumes(tmp_path, capsys):
+    words = [f"w{i}" for i in range(400)]
+    rng = np.random.default_rng(0)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "docs.txt").write_text(
+        "\n\n".join(" ".join(rng.choice(words, 40)) for _ in range(200)))
+    config = tiny_config()
+    config.model.update(vocab_size=300, num_sentinels=20)
+    config.data.update(corpus=str(corpus / "*.txt"), data_dir=str(tmp_path / "data"))
+    config.train.update(log_every=2)
+    config.checkpoint.update(every=2, keep=2)
+    workdir = tmp_path / "run"
+
+    summary = train.train(config, workdir, steps=4, progress=True)
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert all(set(r) == RECORD_FIELDS for r in records)
+    assert records[0]["compiles"] == 1 and records[0]["compile_s"] > 0
+    assert all(r["compile_s"] == 0 and r["compiles"] == 1 for r in records[1:])
+    assert all(r["tokens_per_s"] > 0 and r["tflops_per_s"] > 0 and 0 < r["mfu"] for r in records)
+    assert summary["step"] == 4 and summary["loss"] == records[-1]["loss"] and summary["compiles"] == 1
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == ["2", "4"]
+    logged = capsys.readouterr().err
+    assert "step 2/4 loss" in logged and "step 4/4 loss" in logged and "eta" in logged
+
+    # Resume: continues at step 5 from the checkpoint; the executable is reused.
+    summary = train.train(config, workdir, steps=6, progress=False)
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert summary["start_step"] == 4 and summary["step"] == 6 and summary["compiles"] == 0
