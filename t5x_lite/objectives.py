@@ -167,8 +167,10 @@ def lengths_for(objective: str, inputs_length: int, noise_density: float,
     """(raw, inputs, targets): the raw tokens an objective consumes and the longest inputs and
     targets (incl. EOS) it produces from them.
 
-    - span_corruption: `raw_length_for`; inputs = non-noise + spans + 1, targets = noise + spans + 1.
-    - drop_corrupted_tokens: the largest raw whose non-noise tokens + EOS fit; targets = noise + EOS.
+    - span_corruption: `raw_length_for`; inputs = non-noise + spans + 1,
+      targets = noise + spans + 1.
+    - drop_corrupted_tokens: the largest raw whose non-noise tokens + EOS fit;
+      targets = noise + EOS.
     - bert_style, mass_style, deshuffling, prefix_lm: raw = inputs_length - 1, and inputs and
       targets are at most raw + EOS (for prefix_lm each part is shorter, raw + EOS bounds both).
     - lm: raw = inputs_length - 1, no inputs, targets = raw + EOS.
@@ -199,7 +201,8 @@ def _validated_lengths(point: Mapping[str, Any]) -> tuple[int, int, int]:
     """Check one objective config (a ConfigDict or dict) and return its `lengths_for`."""
     name = point["name"]
     if name not in OBJECTIVES:
-        raise ConfigError(f"objective.name={name!r} is not allowed; choose one of {', '.join(OBJECTIVES)}")
+        raise ConfigError(
+            f"objective.name={name!r} is not allowed; choose one of {', '.join(OBJECTIVES)}")
     _require("objective.noise_density", point["noise_density"], lambda v: 0 < v < 1,
              "a number in (0, 1)")
     _require("objective.mean_noise_span_length", point["mean_noise_span_length"],
@@ -297,8 +300,8 @@ def _valid_length(length: int, valid_length: Any) -> jax.Array:
 
 
 # The masks below take their randomness as uniform draws in [0, 1): `corrupt` makes ONE draw
-# per example for all of them (each separate PRNG call costs about a second of CPU compile
-# time). The public functions are the same masks drawing from an rng.
+# per example for all of them, because every separate PRNG call adds its own threefry
+# computation to compile. The public functions are the same masks drawing from an rng.
 
 
 def _random_segmentation(num_items: jax.Array, num_segments: jax.Array,
@@ -366,10 +369,13 @@ def _uniform_int(uniform: jax.Array, low: Any, high: Any) -> jax.Array:
     return jnp.minimum(low + jnp.floor(uniform * (high - low)).astype(jnp.int32), high - 1)
 
 
+def _prefix_split(uniform: jax.Array, valid_length: jax.Array) -> jax.Array:
+    return _uniform_int(uniform, 1, jnp.maximum(valid_length, 2))
+
+
 def random_prefix_split(valid_length: Any, rng: jax.Array) -> jax.Array:
     """int32 split point uniform over [1, valid_length - 1] (1 when valid_length < 2)."""
-    valid_length = jnp.asarray(valid_length, jnp.int32)
-    return _uniform_int(jax.random.uniform(rng), 1, jnp.maximum(valid_length, 2))
+    return _prefix_split(jax.random.uniform(rng), jnp.asarray(valid_length, jnp.int32))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -416,7 +422,8 @@ def _mask_or_random_tokens(tokens, n, noise_density, random_token_fraction, unif
     valid = jnp.arange(tokens.shape[0]) < n
     noise = _iid_mask(uniform[0], noise_density, n)
     use_random = uniform[1] < random_token_fraction
-    random_tokens = _uniform_int(uniform[2], NUM_RESERVED_IDS, layout.vocab_size - layout.num_sentinels)
+    first_sentinel = layout.vocab_size - layout.num_sentinels
+    random_tokens = _uniform_int(uniform[2], NUM_RESERVED_IDS, first_sentinel)
     mask_token = layout.vocab_size - 1  # <extra_id_0>
     corrupted = jnp.where(noise, jnp.where(use_random, random_tokens, mask_token), tokens)
     return _pack_with_eos(corrupted, valid), _pack_with_eos(tokens, valid)
@@ -439,7 +446,7 @@ def _deshuffling(tokens, n, spec, uniform, layout):
 
 def _prefix_lm(tokens, n, spec, uniform, layout):
     position = jnp.arange(tokens.shape[0])
-    split = _uniform_int(uniform[0, 0], 1, jnp.maximum(n, 2))  # as random_prefix_split
+    split = _prefix_split(uniform[0, 0], n)
     return (_pack_with_eos(tokens, position < split),
             _pack_with_eos(tokens, (position >= split) & (position < n)))
 
@@ -489,7 +496,8 @@ def _decoder_only_example(inputs, targets, layout):
     return {
         "decoder_input_tokens": _shift_right(sequence),
         "decoder_target_tokens": sequence,
-        "decoder_loss_weights": ((position >= num_inputs) & (sequence != PAD_ID)).astype(jnp.float32),
+        "decoder_loss_weights": ((position >= num_inputs) & (sequence != PAD_ID)).astype(
+            jnp.float32),
         # seqio's PrefixLM convention: the prefix plus the position predicting the first target.
         "inputs_mask": (position <= num_inputs) & (num_inputs > 0),
     }
@@ -525,4 +533,5 @@ def corrupt(raw_tokens: jax.Array, spec: ObjectiveSpec, rng: jax.Array,
     rngs = jax.random.split(rng, raw_tokens.shape[0])
     # Scalar spec fields stay unbatched so the objective switch is a real branch, not a select.
     spec_axes = jax.tree.map(lambda field: 0 if jnp.ndim(field) else None, spec)
-    return jax.vmap(one_example, in_axes=(0, spec_axes, 0))(raw_tokens.astype(jnp.int32), spec, rngs)
+    batch_fn = jax.vmap(one_example, in_axes=(0, spec_axes, 0))
+    return batch_fn(raw_tokens.astype(jnp.int32), spec, rngs)

@@ -80,7 +80,8 @@ def unpad(row):
 def make_spec(name, density=0.15, span=3.0, raw_length=RAW, random_fraction=0.1):
     return ObjectiveSpec(
         objective=jnp.int32(OBJECTIVES.index(name)), noise_density=jnp.float32(density),
-        mean_noise_span_length=jnp.float32(span), random_token_fraction=jnp.float32(random_fraction),
+        mean_noise_span_length=jnp.float32(span),
+        random_token_fraction=jnp.float32(random_fraction),
         raw_length=jnp.int32(raw_length))
 
 
@@ -159,7 +160,8 @@ def test_lengths_for_follows_each_objectives_rule(name):
         assert (raw, inputs, targets) == (141, 128, 29)
     elif name == "drop_corrupted_tokens":
         num_noise, _ = expected_counts(raw, 0.15, 3)
-        assert raw - num_noise + 1 == inputs <= 128 < raw + 1 - expected_counts(raw + 1, 0.15, 3)[0] + 1
+        one_more_inputs = raw + 1 - expected_counts(raw + 1, 0.15, 3)[0] + 1
+        assert raw - num_noise + 1 == inputs <= 128 < one_more_inputs
         assert targets == num_noise + 1
     else:
         assert (raw, inputs, targets) == (127, 0 if name == "lm" else 128, 128)
@@ -186,8 +188,9 @@ def test_random_spans_noise_mask_has_exact_counts_and_t5_shape(density, span, va
 @pytest.mark.parametrize("span", [2.0, 3.0, 5.0])
 def test_mean_noise_span_length_is_within_5_percent(span):
     count, length = 64, 512
-    masks = np.asarray(span_masks(length, jnp.full(count, 0.15), jnp.full(count, span),
-                                  jax.random.split(jax.random.key(1), count), jnp.full(count, length)))
+    rngs = jax.random.split(jax.random.key(1), count)
+    masks = np.asarray(span_masks(length, jnp.full(count, 0.15), jnp.full(count, span), rngs,
+                                  jnp.full(count, length)))
     span_lengths = np.concatenate([runs(mask) for mask in masks])
     assert abs(span_lengths.mean() / span - 1) < 0.05
     assert span_lengths.std() > 0, "span lengths must be random, not all equal"
@@ -225,11 +228,13 @@ def test_span_corruption_and_drop_tokens_round_trip(density, span, raw_length, s
     num_noise, num_spans = expected_counts(raw_length, density, span)
     sentinels = list(range(VOCAB - 1, VOCAB - 1 - num_spans, -1))
     for i in range(BATCH):
-        inputs, targets = unpad(spans["encoder_input_tokens"][i]), unpad(spans["decoder_target_tokens"][i])
+        inputs = unpad(spans["encoder_input_tokens"][i])
+        targets = unpad(spans["decoder_target_tokens"][i])
         assert inputs[-1] == targets[-1] == 1
         assert len(inputs) == raw_length - num_noise + num_spans + 1
         assert len(targets) == num_noise + num_spans + 1
-        assert [t for t in inputs if t >= REAL_HIGH] == sentinels == [t for t in targets if t >= REAL_HIGH]
+        assert [t for t in inputs if t >= REAL_HIGH] == sentinels
+        assert [t for t in targets if t >= REAL_HIGH] == sentinels
         assert targets[0] == VOCAB - 1, "targets start with <extra_id_0>"
         assert merge_span_corruption(inputs[:-1], targets[:-1]) == tokens[i, :raw_length].tolist()
         # Drop tokens draws the same mask: its inputs/targets are these without the sentinels.
@@ -271,22 +276,18 @@ def test_outputs_use_only_real_tokens_eos_and_their_own_special_ids(name, densit
 
 
 def test_bert_style_random_token_share_and_mass_style_masks_only():
-    tokens = raw_tokens(4)
-    rng = jax.random.key(4)
-    outputs = {}
-    for name, fraction in [("bert_style", 0.3), ("mass_style", 0.3)]:
-        batch = corrupt_jit(tokens, make_spec(name, 0.5, 1, RAW, fraction), rng, WIDE["encoder_decoder"])
-        inputs = np.asarray(batch["encoder_input_tokens"])[:, :RAW]
-        outputs[name] = inputs
-    bert, mass = outputs["bert_style"], outputs["mass_style"]
+    tokens, rng, layout = raw_tokens(4), jax.random.key(4), WIDE["encoder_decoder"]
+    bert, mass = (np.asarray(corrupt_jit(tokens, make_spec(name, 0.5, 1, RAW, 0.3), rng, layout)
+                             ["encoder_input_tokens"])[:, :RAW]
+                  for name in ("bert_style", "mass_style"))
     masked = mass != tokens
-    assert (mass[masked] == VOCAB - 1).all()
+    assert (mass[masked] == VOCAB - 1).all(), "mass_style ignores random_token_fraction"
     assert abs(masked.mean() - 0.5) < 0.1
     # Same rng: the same noise positions, now ~30% random real tokens instead of the mask.
     assert ((bert != tokens) <= masked).all()
-    random_share = (bert[masked] != VOCAB - 1).mean()
-    assert 0.2 < random_share < 0.4
-    assert ((bert[masked] == VOCAB - 1) | ((bert[masked] >= REAL_LOW) & (bert[masked] < REAL_HIGH))).all()
+    replaced = bert[masked]
+    assert 0.2 < (replaced != VOCAB - 1).mean() < 0.4
+    assert ((replaced == VOCAB - 1) | ((replaced >= REAL_LOW) & (replaced < REAL_HIGH))).all()
 
 
 # ------------------------------------------------------------------------------------------
@@ -326,7 +327,8 @@ def test_decoder_only_row_is_inputs_then_targets(name, density, span, raw_length
         position = np.arange(sequence.shape[0])
         is_target = (position >= len(inputs)) & (position < len(inputs) + len(targets))
         np.testing.assert_array_equal(row["decoder_loss_weights"][i], is_target)
-        np.testing.assert_array_equal(row["inputs_mask"][i], (position <= len(inputs)) & bool(inputs))
+        np.testing.assert_array_equal(row["inputs_mask"][i],
+                                      (position <= len(inputs)) & bool(inputs))
         np.testing.assert_array_equal(row["decoder_input_tokens"][i], np.r_[0, sequence[:-1]])
 
 
@@ -339,7 +341,8 @@ def test_a_grid_shares_one_layout_and_one_compilation(family):
                                                 p["mean_noise_span_length"])[0] for p in points)
     step = jax.jit(corrupt, static_argnums=3)
     compiled_before = step._cache_size()  # jit caches are shared per function: count the new ones
-    tokens = np.random.default_rng(5).integers(REAL_LOW, REAL_HIGH, (2, layout.raw_length), np.int32)
+    tokens = np.random.default_rng(5).integers(REAL_LOW, REAL_HIGH, (2, layout.raw_length),
+                                               np.int32)
     for i, point in enumerate(points):
         batch = step(tokens, spec_from_config(point), jax.random.key(i), layout)
         expected = ({"encoder_input_tokens": layout.inputs_length,
