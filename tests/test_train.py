@@ -286,8 +286,9 @@ RECORD_FIELDS = {"step", "loss", "z_loss", "accuracy", "num_tokens", "learning_r
 
 
 def test_train_writes_metrics_checkpoints_and_resumes(tmp_path, capsys):
-    words = [f"w{i}" for i in range(400)]
     rng = np.random.default_rng(0)
+    letters = list("abcdefghijklmnopqrstuvwxyz")
+    words = ["".join(rng.choice(letters, rng.integers(2, 8))) for _ in range(800)]
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     (corpus / "docs.txt").write_text(
