@@ -4,6 +4,7 @@ import logging
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -215,48 +216,84 @@ def test_restore_params_only(tmp_path, config, mesh):
         restore_params_only(tmp_path, target, config=other)
 
 
-# A toy train loop: one "update" per 50 ms, saving only on preemption; prints each step.
+# A toy train loop: one "update" per 50 ms, saving only on preemption; prints each step. With
+# `port process_id` arguments it is one of 2 processes (one CPU device each) in a JAX cluster.
 CHILD = textwrap.dedent(
     """
     import sys, time
-    import jax.numpy as jnp
+    import jax
+    directory, *cluster = sys.argv[1:]
+    if cluster:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(f"localhost:{cluster[0]}", num_processes=2, process_id=int(cluster[1]))
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     from t5x_lite.checkpointing import Checkpointer
     from t5x_lite.config import default_config
 
-    with Checkpointer(sys.argv[1], every=1000, keep=2, config=default_config()) as ckpt:
-        state, step = {"w": jnp.zeros(3)}, 0
+    sharding = NamedSharding(Mesh(np.array(jax.devices()), ("data",)), P("data"))
+    w = jax.make_array_from_callback((2,), sharding, lambda index: np.zeros(2, np.float32)[index])
+    increment = jax.jit(lambda w: w + 1, out_shardings=sharding)
+    with Checkpointer(directory, every=1000, keep=2, config=default_config()) as ckpt:
+        step = 0
         while step < 10_000:
-            state, step = {"w": state["w"] + 1}, step + 1
+            w, step = increment(w), step + 1
             print(step, flush=True)
             if ckpt.reached_preemption(step):
-                ckpt.maybe_save(step, state, force=True)
+                ckpt.maybe_save(step, {"w": w}, force=True)
                 break
-            ckpt.maybe_save(step, state)
+            ckpt.maybe_save(step, {"w": w})
             time.sleep(0.05)
     print("stopped", step, flush=True)
     """
 )
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
-def test_signal_saves_the_step_reached_and_exits_cleanly(tmp_path, config, signum):
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, text=True,
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
-    )
-    lines = []
+def spawn(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    return subprocess.Popen([sys.executable, "-c", CHILD, *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, text=True)
+
+
+def signal_at_step_3(child: subprocess.Popen, signum: int) -> None:
     for line in child.stdout:
-        lines.append(line.split())
-        if int(lines[-1][0]) == 3:
+        if line.strip() == "3":
             child.send_signal(signum)
-            break
-    lines += [line.split() for line in child.stdout]
-    assert child.wait(timeout=60) == 0
-    assert lines[-1][0] == "stopped"
-    reached = int(lines[-1][1])
-    assert reached >= 3 and int(lines[-2][0]) == reached
-    with Checkpointer(tmp_path, every=1000, keep=2, config=default_config()) as ckpt:
-        assert ckpt.latest_step() == reached
+            return
+
+
+def stopped_at(child: subprocess.Popen) -> int:
+    """The step the child says it stopped at, after checking it exited cleanly."""
+    output, _ = child.communicate(timeout=120)
+    assert child.returncode == 0
+    word, step = output.split()[-2:]
+    assert word == "stopped"
+    return int(step)
+
+
+def assert_checkpoint_at(directory: pathlib.Path, step: int) -> None:
+    with Checkpointer(directory, every=1000, keep=2, config=default_config()) as ckpt:
+        assert ckpt.latest_step() == step
         one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        restored = ckpt.restore({"w": jax.ShapeDtypeStruct((3,), jnp.float32, sharding=one_device)})
-    np.testing.assert_array_equal(restored["w"], np.full(3, reached, np.float32))
+        restored = ckpt.restore({"w": jax.ShapeDtypeStruct((2,), jnp.float32, sharding=one_device)})
+    np.testing.assert_array_equal(restored["w"], np.full(2, step, np.float32))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_signal_saves_the_step_reached_and_exits_cleanly(tmp_path, signum):
+    child = spawn(str(tmp_path))
+    signal_at_step_3(child, signum)
+    reached = stopped_at(child)
+    assert reached >= 3
+    assert_checkpoint_at(tmp_path, reached)
+
+
+def test_multihost_preemption_notice_to_one_process_stops_all_at_one_step(tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        port = probe.getsockname()[1]
+    children = [spawn(str(tmp_path), str(port), str(i)) for i in range(2)]
+    signal_at_step_3(children[1], signal.SIGTERM)  # only process 1 gets the notice
+    reached = [stopped_at(child) for child in children]
+    assert reached[0] == reached[1] >= 3
+    assert_checkpoint_at(tmp_path, reached[0])
