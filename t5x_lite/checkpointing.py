@@ -21,9 +21,11 @@ step, so the checkpoint is all a resumed run needs. The train loop uses it like 
 
 Multi-host: every process makes the same calls with the same step; orbax writes each array
 shard from the process that holds it and does the file bookkeeping on process 0. A preemption
-notice (SIGTERM) may reach the processes at different steps, so with several processes the
-decision comes from JAX's preemption service (started by `jax.distributed.initialize`), which
-makes all processes agree on one step; `reached_preemption` returns True there on every process.
+notice (SIGTERM) may reach only some processes, at different steps, so with several processes
+the decision comes from JAX's preemption service (started by `jax.distributed.initialize`; it
+owns SIGTERM there, SIGINT is not handled): the processes agree on a step a little after the
+notice, and `reached_preemption` returns True at that step on every one of them. This needs
+every process to call `reached_preemption` after every step.
 """
 from __future__ import annotations
 
@@ -39,8 +41,8 @@ from typing import Any, Sequence
 import jax
 import ml_collections
 import orbax.checkpoint as ocp
-from orbax.checkpoint import checkpoint_managers as policies
 from etils import epath
+from orbax.checkpoint import checkpoint_managers as policies
 
 from t5x_lite.config import ConfigError
 
@@ -120,8 +122,8 @@ def _restore_args(target: Any, partial: bool = False) -> ocp.args.PyTreeRestore:
 
 def _short(error: Exception) -> str:
     """First line of an error, clipped: tensorstore errors carry a page-long spec dump."""
-    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    return f"{type(error).__name__}: {text[:300]}"
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:300] if lines else ''}"
 
 
 def _restore_newest(
@@ -132,7 +134,8 @@ def _restore_newest(
     A truncated or damaged step (a crash while the disk filled up, a bad copy) raises from deep
     inside orbax / tensorstore with unrelated exception types (ValueError, JSONDecodeError, bare
     Exception), so any failure counts as "unreadable": it is reported with a warning naming the
-    step and the next older step is tried. If none reads back the first error is raised.
+    step and the next older step is tried. If none reads back, a RuntimeError chained to the
+    newest step's error is raised.
     """
     steps = sorted(manager.all_steps(), reverse=True)
     if not steps:
@@ -176,7 +179,6 @@ class Checkpointer:
         config: ml_collections.ConfigDict,
         restart: bool = False,
         require_existing: bool = False,
-        async_save: bool = True,
     ) -> None:
         for field, value in (("checkpoint.every", every), ("checkpoint.keep", keep)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -201,7 +203,7 @@ class Checkpointer:
                     [policies.FixedIntervalPolicy(every), policies.PreemptionCheckpointingPolicy()]
                 ),
                 max_to_keep=keep,
-                enable_async_checkpointing=async_save,
+                enable_async_checkpointing=True,
                 cleanup_tmp_directories=True,  # saves cut short by a crash never finalised
             ),
         )

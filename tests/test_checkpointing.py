@@ -170,6 +170,14 @@ def test_run_settings_may_change_on_resume(tmp_path, config):
         assert ckpt.latest_step() == 1
 
 
+def test_checkpoints_without_saved_config_open_with_a_warning(tmp_path, config):
+    save_steps(tmp_path, config, {1: make_state()})
+    (tmp_path / "config.json").unlink()
+    with pytest.warns(UserWarning, match="holds checkpoints but no config.json"):
+        Checkpointer(tmp_path, every=1, keep=5, config=config).close()
+    assert (tmp_path / "config.json").exists()  # recorded for the next time
+
+
 def test_restart_deletes_old_checkpoints(tmp_path, config, caplog):
     save_steps(tmp_path, config, {1: make_state()})
     changed = config.copy_and_resolve_references()
