@@ -34,9 +34,8 @@ def dot_product_attention(
     kernel would do with it. Returns `[B, Lq, H, D]`.
     """
     if implementation not in IMPLEMENTATIONS:
-        raise ValueError(
-            f"implementation={implementation!r} is not allowed; choose one of None, 'xla', 'cudnn'"
-        )
+        raise ValueError(f"implementation={implementation!r} is not allowed; choose one of "
+                         f"{', '.join(map(repr, IMPLEMENTATIONS))}")
     if bias is not None:
         bias = _expand_to_logits(bias, q, k).astype(q.dtype)
     if mask is not None:
@@ -46,7 +45,8 @@ def dot_product_attention(
     )
     if mask is None:
         return out
-    # [B, H, Lq] -> [B, Lq, H, 1]: zero the rows that may see nothing.
+    # Kernels disagree on rows that may see nothing (XLA averages every value, others may give
+    # NaN); pin them to zero. [B, H, Lq] -> [B, Lq, H, 1].
     any_visible = jnp.any(mask, axis=-1).transpose(0, 2, 1)[..., None]
     return jnp.where(any_visible, out, jnp.zeros_like(out))
 

@@ -138,7 +138,7 @@ class TransformerStack(nnx.Module):
         return dropout(self.final_norm(x), self.dropout_rate, fold_rng(dropout_rng, 1))
 
 
-class _LanguageModel(nnx.Module):
+class _T5Model(nnx.Module):
     """What every architecture has: the token embedding and the output projection."""
 
     def __init__(self, cfg: ml_collections.ConfigDict, rngs: nnx.Rngs):
@@ -157,7 +157,7 @@ class _LanguageModel(nnx.Module):
         return self.lm_head(x).astype(jnp.float32)
 
 
-class EncoderDecoder(_LanguageModel):
+class EncoderDecoder(_T5Model):
     """`encoder_decoder`, `encoder_decoder_shared` and `encoder_decoder_half`."""
 
     def __init__(self, cfg: ml_collections.ConfigDict, rngs: nnx.Rngs):
@@ -205,7 +205,7 @@ class EncoderDecoder(_LanguageModel):
         return self.decode(self.encode(batch, masks, dropout_rng), batch, masks, dropout_rng)
 
 
-class DecoderOnly(_LanguageModel):
+class DecoderOnly(_T5Model):
     """`language_model` and `prefix_lm`: one causal-or-prefix decoder stack, no cross-attention.
 
     Bidirectional relative-position buckets for both, so a checkpoint means the same thing

@@ -20,6 +20,7 @@ from t5x_lite.models import build_model, make_masks
 VOCAB = 64
 LOGICAL_AXES = {"batch", "length", "embed", "vocab", "heads", "kv", "mlp", "relpos_buckets",
                 "layers"}
+V11 = dict(tie_embeddings=False, mlp="gated-gelu")  # T5 v1.1: the other branch of each option
 
 
 def tiny_config(arch, **overrides):
@@ -76,8 +77,9 @@ def probe(arch):
     junk = tokens(4, (LENGTH - REAL,))  # decoder inputs at padded targets must not matter
     zeros = jnp.zeros(LENGTH - REAL, jnp.int32)
     real = (encoder_row[:REAL], decoder_row[:REAL], targets[:REAL], prefix_row[:REAL])
-    rows.append(tuple(jnp.concatenate([r, pad]) for r, pad in zip(real, (zeros, junk, zeros, zeros))))
-    rows.append(tuple(jnp.concatenate([pad, r]) for r, pad in zip(real, (zeros, junk, zeros, zeros))))
+    pads = (zeros, junk, zeros, zeros)
+    rows.append(tuple(jnp.concatenate([r, p]) for r, p in zip(real, pads)))  # padded at the end
+    rows.append(tuple(jnp.concatenate([p, r]) for r, p in zip(real, pads)))  # ... at the front
     encoder, decoder, target, prefix = (jnp.stack(column) for column in zip(*rows))
     batch = {"decoder_input_tokens": decoder, "decoder_target_tokens": target}
     if arch in ENCODER_DECODER_ARCHS:
@@ -199,12 +201,11 @@ def test_every_parameter_has_logical_axes_of_its_rank():
 
 
 def test_parameter_tree_names():
-    names = {"/".join(map(str, path)) for path in abstract_params(
-        "encoder_decoder", tie_embeddings=False, mlp="gated-gelu")}
+    names = {"/".join(map(str, path)) for path in abstract_params("encoder_decoder", **V11)}
     for name in ["token_embedder/embedding", "encoder/relpos/embedding",
                  "encoder/layers/1/self_attention/query", "encoder/layers/0/mlp/wi_0",
-                 "decoder/layers/1/cross_attention/out", "decoder/layers/0/cross_attention_norm/scale",
-                 "decoder/final_norm/scale", "lm_head/kernel"]:
+                 "decoder/layers/1/cross_attention/out", "decoder/final_norm/scale",
+                 "decoder/layers/0/cross_attention_norm/scale", "lm_head/kernel"]:
         assert name in names
     assert not any(path[0] == "lm_head" for path in abstract_params("encoder_decoder"))
     assert not any(path[0] == "encoder" for path in abstract_params("language_model"))
@@ -239,6 +240,29 @@ def test_shared_parameters_are_one_object_through_split_and_merge():
     assert merged.decoder.final_norm is not merged.encoder.final_norm
 
 
+def test_initialisers_follow_t5():
+    """Standard deviations from T5's rule (factor 1); norm scales start at one."""
+    cfg = tiny_config("encoder_decoder", **V11)
+    model = tiny_model("encoder_decoder", **V11)
+    layer = model.decoder.layers[0]
+    d, heads, kv, ff = cfg.d_model, cfg.num_heads, cfg.d_kv, cfg.d_ff
+    expected_std = {
+        "embedding": (model.token_embedder.embedding, 1.0),
+        "query": (layer.self_attention.query, (d * kv) ** -0.5),
+        "key": (layer.cross_attention.key, d**-0.5),
+        "value": (layer.self_attention.value, d**-0.5),
+        "out": (layer.cross_attention.out, (heads * kv) ** -0.5),
+        "wi_0": (layer.mlp.wi_0, d**-0.5),
+        "wo": (layer.mlp.wo, ff**-0.5),
+        "lm_head": (model.lm_head.kernel, d**-0.5),
+    }
+    for name, (param, std) in expected_std.items():
+        values = np.asarray(param[...])
+        assert abs(values.mean()) < 0.15 * std, name
+        assert abs(values.std() / std - 1) < 0.1, name  # >= 1024 samples: ~2% standard error
+    np.testing.assert_array_equal(layer.mlp_norm.scale[...], 1.0)
+
+
 def test_paper_sized_parameter_ratios():
     """Table 2's Params column: encoder_decoder ~2P, shared and half ~P (no arrays built)."""
     def paper_count(arch):
@@ -254,9 +278,6 @@ def test_paper_sized_parameter_ratios():
 
 
 # ------------------------------------------------------------------ dropout, dtype, jit
-
-V11 = dict(tie_embeddings=False, mlp="gated-gelu")  # the other branch of every option
-
 
 def ed_batch():
     return {"encoder_input_tokens": tokens(20, (2, 5)), "decoder_input_tokens": tokens(21, (2, 4))}
