@@ -131,6 +131,7 @@ class TransformerStack(nnx.Module):
     ) -> jax.Array:
         """`x [B, L, D]` embedded tokens, `positions [B, L]` or `[L]` -> `[B, L, D]`."""
         bias = self.relpos(positions, positions, self.bidirectional)
+        # Dropout sites: 0 the embedded input, 1 the final norm's output, 2 + i layer i.
         x = dropout(x, self.dropout_rate, fold_rng(dropout_rng, 0))
         for i, layer in enumerate(self.layers):
             x = layer(x, mask, bias, encoded=encoded, cross_mask=cross_mask,
@@ -158,7 +159,11 @@ class _T5Model(nnx.Module):
 
 
 class EncoderDecoder(_T5Model):
-    """`encoder_decoder`, `encoder_decoder_shared` and `encoder_decoder_half`."""
+    """`encoder_decoder`, `encoder_decoder_shared` and `encoder_decoder_half`.
+
+    In `encoder_decoder_shared` the split state lists each shared block once, under whichever
+    of the two paths NNX reaches first (`decoder/layers/i/...`, alphabetical order).
+    """
 
     def __init__(self, cfg: ml_collections.ConfigDict, rngs: nnx.Rngs):
         super().__init__(cfg, rngs)
