@@ -19,6 +19,7 @@ import sys
 import jax
 import ml_collections
 import numpy as np
+import pytest
 
 from t5x_lite.config import default_config
 
@@ -74,6 +75,7 @@ def final_state(config: ml_collections.ConfigDict, workdir: pathlib.Path):
         return jax.device_get(ckpt.restore(train.abstract_state(config, mesh)))
 
 
+@pytest.mark.slow  # three training processes; the first compiles the train step
 def test_killed_and_resumed_run_matches_an_uninterrupted_one(tmp_path):
     data_dir = tmp_path / "data"
     write_corpus(data_dir)
