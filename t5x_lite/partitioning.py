@@ -9,6 +9,7 @@ Mesh axes named by a rule but absent from the mesh are ignored, so one table ser
 ('data', 'model') mesh and a ('data', 'fsdp', 'model') one. This module knows nothing about
 layers: it reads the metadata that `nnx.eval_shape` leaves on the abstract state.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,7 +25,17 @@ from t5x_lite.config import ConfigError
 
 MESH_AXES = ("data", "fsdp", "model")
 MESH_AXIS_LAYOUTS = (("data", "model"), ("data", "fsdp", "model"))
-LOGICAL_AXES = ("batch", "length", "embed", "vocab", "heads", "kv", "mlp", "relpos_buckets", "layers")
+LOGICAL_AXES = (
+    "batch",
+    "length",
+    "embed",
+    "vocab",
+    "heads",
+    "kv",
+    "mlp",
+    "relpos_buckets",
+    "layers",
+)
 
 Rules = Mapping[str, tuple[str, ...]]
 
@@ -37,11 +48,14 @@ def normalize_rules(rules: Iterable[tuple[str, Any]]) -> dict[str, tuple[str, ..
     table: dict[str, tuple[str, ...]] = {}
     for entry in rules:
         if not (isinstance(entry, (tuple, list)) and len(entry) == 2):
-            raise ConfigError(f"mesh.rules entry {entry!r} must be a (logical_axis, mesh_axes) pair")
+            raise ConfigError(
+                f"mesh.rules entry {entry!r} must be a (logical_axis, mesh_axes) pair"
+            )
         logical, target = entry
         if logical not in LOGICAL_AXES:
             raise ConfigError(
-                f"mesh.rules names unknown logical axis {logical!r}; choose from {', '.join(LOGICAL_AXES)}"
+                f"mesh.rules names unknown logical axis {logical!r}; "
+                f"choose from {', '.join(LOGICAL_AXES)}"
             )
         if logical in table:
             raise ConfigError(f"mesh.rules lists logical axis {logical!r} twice")
@@ -65,7 +79,9 @@ def resolve_mesh_shape(mesh_cfg: ml_collections.ConfigDict, num_devices: int) ->
             + " or ".join(repr(layout) for layout in MESH_AXIS_LAYOUTS)
         )
     shape = tuple(mesh_cfg.shape)
-    if len(shape) != len(names) or not all(isinstance(s, int) and (s == -1 or s > 0) for s in shape):
+    if len(shape) != len(names) or not all(
+        isinstance(s, int) and (s == -1 or s > 0) for s in shape
+    ):
         raise ConfigError(
             f"mesh.shape={shape!r} must hold {len(names)} positive integers (one may be -1) "
             f"for mesh.axis_names={names!r}"
@@ -81,12 +97,15 @@ def resolve_mesh_shape(mesh_cfg: ml_collections.ConfigDict, num_devices: int) ->
         shape = tuple(num_devices // known if s == -1 else s for s in shape)
     if math.prod(shape) > num_devices:
         raise ConfigError(
-            f"mesh.shape={shape!r} needs {math.prod(shape)} devices but only {num_devices} are available"
+            f"mesh.shape={shape!r} needs {math.prod(shape)} devices but only {num_devices} "
+            "are available"
         )
     return shape
 
 
-def make_mesh(mesh_cfg: ml_collections.ConfigDict, devices: Sequence[jax.Device] | None = None) -> Mesh:
+def make_mesh(
+    mesh_cfg: ml_collections.ConfigDict, devices: Sequence[jax.Device] | None = None
+) -> Mesh:
     """Build the mesh of `config.mesh` over `devices` (default: all devices of all processes)."""
     devices = list(jax.devices() if devices is None else devices)
     shape = resolve_mesh_shape(mesh_cfg, len(devices))
@@ -146,11 +165,16 @@ def _param_table(params: Any) -> dict[tuple, tuple[tuple[int, ...], tuple[str, .
         axes = var.get_metadata().get("logical_axes") if is_var(var) else None
         if axes is None:
             raise ValueError(f"parameter {jax.tree_util.keystr(path)} has no logical_axes metadata")
-        table[tuple(_key_name(k) for k in path) + ("value",)] = (tuple(var.get_value().shape), tuple(axes))
+        table[tuple(_key_name(k) for k in path) + ("value",)] = (
+            tuple(var.get_value().shape),
+            tuple(axes),
+        )
     return table
 
 
-def _axes_for_leaf(leaf_shape: tuple[int, ...], param_shape: tuple[int, ...], axes: tuple[str, ...]):
+def _axes_for_leaf(
+    leaf_shape: tuple[int, ...], param_shape: tuple[int, ...], axes: tuple[str, ...]
+):
     """Logical axes of an optimizer leaf that belongs to a parameter, or None (replicate).
 
     Same shape (Adam moments, Adafactor's unfactored v): the parameter's axes. One dimension

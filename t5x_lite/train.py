@@ -8,6 +8,7 @@ objective, corruption rate and span length arrive as a traced `ObjectiveSpec`, a
 traced flag, so a whole ablation grid for one architecture family shares one executable.
 `train(config, workdir)` wraps it in a resumable loop that writes `workdir/metrics.jsonl`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -66,9 +67,15 @@ class TrainState:
 def validate_train_config(train: ml_collections.ConfigDict) -> None:
     """Raise `ConfigError` naming the field if `config.train` cannot run."""
     if train.optimizer not in OPTIMIZERS:
-        raise ConfigError(f"train.optimizer={train.optimizer!r} is not allowed; choose one of {', '.join(OPTIMIZERS)}")
+        raise ConfigError(
+            f"train.optimizer={train.optimizer!r} is not allowed; "
+            f"choose one of {', '.join(OPTIMIZERS)}"
+        )
     if train.schedule not in SCHEDULES:
-        raise ConfigError(f"train.schedule={train.schedule!r} is not allowed; choose one of {', '.join(SCHEDULES)}")
+        raise ConfigError(
+            f"train.schedule={train.schedule!r} is not allowed; "
+            f"choose one of {', '.join(SCHEDULES)}"
+        )
     for field in ("learning_rate", "batch_size", "steps", "microbatches", "log_every"):
         value = train[field]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
@@ -82,13 +89,19 @@ def validate_train_config(train: ml_collections.ConfigDict) -> None:
             "(it divides by sqrt(max(step, warmup_steps))) and >= 0 otherwise"
         )
     if train.schedule in ("linear", "cosine") and train.warmup_steps > train.steps:
-        raise ConfigError(f"train.warmup_steps={train.warmup_steps} must be <= train.steps={train.steps}")
+        raise ConfigError(
+            f"train.warmup_steps={train.warmup_steps} must be <= train.steps={train.steps}"
+        )
     if train.z_loss < 0 or train.weight_decay < 0:
-        raise ConfigError(f"train.z_loss={train.z_loss} and train.weight_decay={train.weight_decay} must be >= 0")
+        raise ConfigError(
+            f"train.z_loss={train.z_loss} and train.weight_decay={train.weight_decay} must be >= 0"
+        )
     if not 0.0 <= train.label_smoothing < 1.0:
         raise ConfigError(f"train.label_smoothing={train.label_smoothing} must be in [0, 1)")
     factor = train.loss_normalizing_factor
-    if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 0):
+    if factor is not None and (
+        isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 0
+    ):
         raise ConfigError(
             f"train.loss_normalizing_factor={factor!r} must be None (divide by the number of "
             "target tokens) or a positive number"
@@ -130,12 +143,20 @@ def make_optimizer(train: ml_collections.ConfigDict) -> optax.GradientTransforma
     schedule = learning_rate_schedule(train)
     if train.optimizer == "adafactor":
         return optax.adafactor(
-            learning_rate=schedule, min_dim_size_to_factor=128, decay_rate=0.8,
-            multiply_by_parameter_scale=True, clipping_threshold=1.0, momentum=None, eps=1e-30,
-            factored=True, weight_decay_rate=train.weight_decay or None,
+            learning_rate=schedule,
+            min_dim_size_to_factor=128,
+            decay_rate=0.8,
+            multiply_by_parameter_scale=True,
+            clipping_threshold=1.0,
+            momentum=None,
+            eps=1e-30,
+            factored=True,
+            weight_decay_rate=train.weight_decay or None,
         )
     matrices = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
-    return optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-8, weight_decay=train.weight_decay, mask=matrices)
+    return optax.adamw(
+        schedule, b1=0.9, b2=0.999, eps=1e-8, weight_decay=train.weight_decay, mask=matrices
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,7 +164,12 @@ def make_optimizer(train: ml_collections.ConfigDict) -> optax.GradientTransforma
 
 
 def cross_entropy_sums(
-    logits: jax.Array, targets: jax.Array, weights: jax.Array, *, z_loss: float, label_smoothing: float
+    logits: jax.Array,
+    targets: jax.Array,
+    weights: jax.Array,
+    *,
+    z_loss: float,
+    label_smoothing: float,
 ) -> dict[str, jax.Array]:
     """Weighted sums over tokens of T5X's loss terms, in float32 (not yet normalised).
 
@@ -196,15 +222,22 @@ def _init_fn(config: ml_collections.ConfigDict) -> Callable[[], TrainState]:
 
 def model_graphdef(config: ml_collections.ConfigDict) -> nnx.GraphDef:
     """The model's static structure (no arrays allocated)."""
-    graphdef, _ = nnx.split(nnx.eval_shape(lambda: build_model(_program_model_config(config.model), nnx.Rngs(0))), nnx.Param)
+    graphdef, _ = nnx.split(
+        nnx.eval_shape(lambda: build_model(_program_model_config(config.model), nnx.Rngs(0))),
+        nnx.Param,
+    )
     return graphdef
 
 
 def abstract_state(config: ml_collections.ConfigDict, mesh: Mesh) -> TrainState:
-    """The train state as `jax.ShapeDtypeStruct`s carrying their shardings (for init and restore)."""
+    """The train state as `jax.ShapeDtypeStruct`s with their shardings (for init and restore)."""
     shapes = jax.eval_shape(_init_fn(config))
-    shardings = partitioning.state_shardings(shapes, mesh, partitioning.normalize_rules(config.mesh.rules))
-    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
+    shardings = partitioning.state_shardings(
+        shapes, mesh, partitioning.normalize_rules(config.mesh.rules)
+    )
+    return jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
+    )
 
 
 def init_state(config: ml_collections.ConfigDict, mesh: Mesh) -> TrainState:
@@ -219,7 +252,9 @@ def init_state(config: ml_collections.ConfigDict, mesh: Mesh) -> TrainState:
 # The train step
 
 
-def _split_microbatches(batch: dict[str, jax.Array], count: int, rows: NamedSharding) -> dict[str, jax.Array]:
+def _split_microbatches(
+    batch: dict[str, jax.Array], count: int, rows: NamedSharding
+) -> dict[str, jax.Array]:
     """[B, ...] -> [count, B / count, ...]; micro-batch m takes rows m, m + count, ... so that
     every device's rows hold an equal share of every micro-batch (no resharding)."""
     stacked = NamedSharding(rows.mesh, PartitionSpec(None, *rows.spec))
@@ -231,7 +266,9 @@ def _split_microbatches(batch: dict[str, jax.Array], count: int, rows: NamedShar
     return jax.tree.map(split, batch)
 
 
-def _step_fn(config: ml_collections.ConfigDict, layout: objectives.BatchLayout, mesh: Mesh) -> Callable:
+def _step_fn(
+    config: ml_collections.ConfigDict, layout: objectives.BatchLayout, mesh: Mesh
+) -> Callable:
     """The pure train step: (state, raw_tokens, spec, key_data, prefix_flag) -> (state, metrics)."""
     graphdef, tx = model_graphdef(config), make_optimizer(config.train)
     schedule, train = learning_rate_schedule(config.train), config.train
@@ -244,22 +281,36 @@ def _step_fn(config: ml_collections.ConfigDict, layout: objectives.BatchLayout, 
         model = nnx.merge(graphdef, params)
         logits = model(batch, make_masks(batch, arch), dropout_rng=rng if dropout else None)
         sums = cross_entropy_sums(
-            logits, batch["decoder_target_tokens"], batch["decoder_loss_weights"],
-            z_loss=train.z_loss, label_smoothing=train.label_smoothing,
+            logits,
+            batch["decoder_target_tokens"],
+            batch["decoder_loss_weights"],
+            z_loss=train.z_loss,
+            label_smoothing=train.label_smoothing,
         )
         return (sums["cross_entropy"] + sums["z_loss"]) / normalizer, sums
 
-    def step(state: TrainState, raw_tokens: jax.Array, spec: Any, key_data: jax.Array, prefix_flag: jax.Array):
+    def step(
+        state: TrainState,
+        raw_tokens: jax.Array,
+        spec: Any,
+        key_data: jax.Array,
+        prefix_flag: jax.Array,
+    ):
         # fold_in(seed key, step): the randomness of step n does not depend on how we got there.
-        corrupt_rng, dropout_rng = jax.random.split(jax.random.fold_in(jax.random.wrap_key_data(key_data), state.step))
+        corrupt_rng, dropout_rng = jax.random.split(
+            jax.random.fold_in(jax.random.wrap_key_data(key_data), state.step)
+        )
         batch = objectives.corrupt(raw_tokens, spec, corrupt_rng, layout)
         if "inputs_mask" in batch:
             batch["inputs_mask"] = batch["inputs_mask"] & prefix_flag
         batch = jax.lax.with_sharding_constraint(batch, rows)
         # One normaliser for the whole batch, so summed micro-batch gradients equal the full one.
         weight_sum = jnp.sum(batch["decoder_loss_weights"].astype(jnp.float32))
-        normalizer = (jnp.maximum(weight_sum, 1.0) if train.loss_normalizing_factor is None
-                      else jnp.float32(train.loss_normalizing_factor))
+        normalizer = (
+            jnp.maximum(weight_sum, 1.0)
+            if train.loss_normalizing_factor is None
+            else jnp.float32(train.loss_normalizing_factor)
+        )
         micro = _split_microbatches(batch, train.microbatches, rows)
         rngs = jax.random.split(dropout_rng, train.microbatches)
         grad_fn = jax.grad(loss_fn, has_aux=True)
@@ -269,7 +320,9 @@ def _step_fn(config: ml_collections.ConfigDict, layout: objectives.BatchLayout, 
             return jax.tree.map(jnp.add, carry, (grads, sums)), None
 
         zeros = jax.tree.map(jnp.zeros_like, state.params)
-        zero_sums = {k: jnp.zeros((), jnp.float32) for k in ("cross_entropy", "z_loss", "correct", "weight")}
+        zero_sums = {
+            k: jnp.zeros((), jnp.float32) for k in ("cross_entropy", "z_loss", "correct", "weight")
+        }
         (grads, sums), _ = jax.lax.scan(accumulate, (zeros, zero_sums), (micro, rngs))
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
@@ -307,12 +360,15 @@ class _Program:
 
 
 # What the step program depends on besides the model config, the layout and the mesh.
-_STEP_TRAIN_FIELDS = ("optimizer", "schedule", "learning_rate", "warmup_steps", "steps", "weight_decay",
-                      "z_loss", "label_smoothing", "microbatches", "loss_normalizing_factor", "batch_size")
+_STEP_TRAIN_FIELDS = ("optimizer", "schedule", "learning_rate", "warmup_steps", "steps",
+                      "weight_decay", "z_loss", "label_smoothing", "microbatches",
+                      "loss_normalizing_factor", "batch_size")
 _PROGRAMS: dict[Any, _Program] = {}
 
 
-def _program_key(config: ml_collections.ConfigDict, layout: objectives.BatchLayout, mesh: Mesh) -> tuple:
+def _program_key(
+    config: ml_collections.ConfigDict, layout: objectives.BatchLayout, mesh: Mesh
+) -> tuple:
     model = json.dumps(_program_model_config(config.model).to_dict(), sort_keys=True)
     train = json.dumps({f: config.train[f] for f in _STEP_TRAIN_FIELDS}, sort_keys=True)
     return model, train, layout, mesh, tuple(config.mesh.rules)
@@ -320,7 +376,9 @@ def _program_key(config: ml_collections.ConfigDict, layout: objectives.BatchLayo
 
 def _replicated(x: Any, mesh: Mesh) -> jax.Array:
     """A host value every process holds identically -> a global array replicated on `mesh`."""
-    return jax.make_array_from_process_local_data(NamedSharding(mesh, PartitionSpec()), np.asarray(x))
+    return jax.make_array_from_process_local_data(
+        NamedSharding(mesh, PartitionSpec()), np.asarray(x)
+    )
 
 
 @dataclasses.dataclass
@@ -339,16 +397,23 @@ class TrainStep:
     global_shape: tuple[int, int]
     prefix_attention: bool
 
-    def __call__(self, state: TrainState, raw_tokens: Any, spec: Any, rng: jax.Array) -> tuple[TrainState, dict]:
+    def __call__(
+        self, state: TrainState, raw_tokens: Any, spec: Any, rng: jax.Array
+    ) -> tuple[TrainState, dict]:
         if not isinstance(raw_tokens, jax.Array) or raw_tokens.shape != self.global_shape:
             local = np.asarray(raw_tokens, np.int32)
-            if local.shape[1:] != self.global_shape[1:] or local.shape[0] * jax.process_count() != self.global_shape[0]:
+            if (
+                local.shape[1:] != self.global_shape[1:]
+                or local.shape[0] * jax.process_count() != self.global_shape[0]
+            ):
                 raise ValueError(
-                    f"raw_tokens has shape {local.shape}; each of the {jax.process_count()} processes "
-                    f"must pass [train.batch_size / process_count, layout.raw_length] = "
+                    f"raw_tokens has shape {local.shape}; each of the {jax.process_count()} "
+                    "processes must pass [train.batch_size / process_count, layout.raw_length] = "
                     f"[{self.global_shape[0] // jax.process_count()}, {self.global_shape[1]}]"
                 )
-            raw_tokens = jax.make_array_from_process_local_data(self.tokens_sharding, local, self.global_shape)
+            raw_tokens = jax.make_array_from_process_local_data(
+                self.tokens_sharding, local, self.global_shape
+            )
         spec = jax.tree.map(lambda x: _replicated(x, self.mesh), spec)
         key_data = _replicated(jax.random.key_data(rng), self.mesh)
         flag = _replicated(np.bool_(self.prefix_attention), self.mesh)
@@ -365,10 +430,14 @@ def validate_config(config: ml_collections.ConfigDict, mesh: Mesh) -> None:
     validate_model_config(config.model)
     validate_train_config(config.train)
     rules = partitioning.normalize_rules(config.mesh.rules)
-    partitioning.validate_batch_split(config.train.batch_size, config.train.microbatches, mesh, rules)
+    partitioning.validate_batch_split(
+        config.train.batch_size, config.train.microbatches, mesh, rules
+    )
 
 
-def make_train_step(config: ml_collections.ConfigDict, layout: objectives.BatchLayout, mesh: Mesh) -> TrainStep:
+def make_train_step(
+    config: ml_collections.ConfigDict, layout: objectives.BatchLayout, mesh: Mesh
+) -> TrainStep:
     """The train step for `config` on `mesh`; executables are shared through a module cache."""
     validate_config(config, mesh)
     rules = partitioning.normalize_rules(config.mesh.rules)
@@ -385,7 +454,9 @@ def make_train_step(config: ml_collections.ConfigDict, layout: objectives.BatchL
         )
         _PROGRAMS[key] = _Program(jitted)
     return TrainStep(
-        program=_PROGRAMS[key], mesh=mesh, tokens_sharding=partitioning.batch_sharding(mesh, rules),
+        program=_PROGRAMS[key],
+        mesh=mesh,
+        tokens_sharding=partitioning.batch_sharding(mesh, rules),
         global_shape=(config.train.batch_size, layout.raw_length),
         prefix_attention=config.model.arch == "prefix_lm",
     )
@@ -416,7 +487,9 @@ def initialize_distributed(
     """
     given = {
         "coordinator": coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS"),
-        "num_processes": num_processes if num_processes is not None else _env_int("JAX_NUM_PROCESSES"),
+        "num_processes": (
+            num_processes if num_processes is not None else _env_int("JAX_NUM_PROCESSES")
+        ),
         "process_id": process_id if process_id is not None else _env_int("JAX_PROCESS_ID"),
     }
     if any(value is not None for value in given.values()):
@@ -429,9 +502,12 @@ def initialize_distributed(
             )
         if not 0 <= given["process_id"] < given["num_processes"]:
             raise ConfigError(
-                f"process_id={given['process_id']} must be in [0, num_processes={given['num_processes']})"
+                f"process_id={given['process_id']} must be in "
+                f"[0, num_processes={given['num_processes']})"
             )
-        jax.distributed.initialize(given["coordinator"], given["num_processes"], given["process_id"])
+        jax.distributed.initialize(
+            given["coordinator"], given["num_processes"], given["process_id"]
+        )
         return True
     if (_env_int("SLURM_NTASKS") or 1) > 1 or "," in os.environ.get("TPU_WORKER_HOSTNAMES", ""):
         jax.distributed.initialize()
@@ -479,19 +555,29 @@ class Progress:
     def __init__(self, start: int, total: int, every: int, enabled: bool):
         self.total, self.every, self.enabled = total, every, enabled and jax.process_index() == 0
         self.start_time, self.start_step = time.perf_counter(), start
-        self.bar = tqdm.tqdm(initial=start, total=total, unit="step") if self.enabled and sys.stderr.isatty() else None
+        self.bar = (
+            tqdm.tqdm(initial=start, total=total, unit="step")
+            if self.enabled and sys.stderr.isatty()
+            else None
+        )
 
     def update(self, record: dict[str, Any]) -> None:
         step = record["step"]
         if self.bar is not None:
             self.bar.update(1)
-            self.bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
+            self.bar.set_postfix(
+                loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}"
+            )
         elif self.enabled and (step % self.every == 0 or step == self.total):
             elapsed = time.perf_counter() - self.start_time
             eta = elapsed / (step - self.start_step) * (self.total - step)
-            print(f"step {step}/{self.total} loss {record['loss']:.4f} acc {record['accuracy']:.3f} "
-                  f"lr {record['learning_rate']:.2e} {record['tokens_per_s']:.0f} tok/s "
-                  f"eta {eta:.0f}s", file=sys.stderr, flush=True)
+            print(
+                f"step {step}/{self.total} loss {record['loss']:.4f} acc {record['accuracy']:.3f} "
+                f"lr {record['learning_rate']:.2e} {record['tokens_per_s']:.0f} tok/s "
+                f"eta {eta:.0f}s",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def close(self) -> None:
         if self.bar is not None:
@@ -513,6 +599,37 @@ def peak_flops_per_second(mesh: Mesh, dtype: str) -> float | None:
     return None if peak is None else peak * mesh.devices.size
 
 
+@dataclasses.dataclass(frozen=True)
+class _Speed:
+    """Turns one step's wall time into throughput: tokens/s, TFLOP/s and MFU.
+
+    Tokens are every position the model reads per step (batch x (inputs + targets) lengths);
+    FLOPs are the accounting module's training FLOPs (3 x forward matmuls)."""
+
+    tokens_per_step: int
+    flops_per_step: float
+    peak: float | None
+
+    @classmethod
+    def of(cls, config: ml_collections.ConfigDict, layout: objectives.BatchLayout, mesh: Mesh):
+        lengths = (layout.inputs_length, layout.targets_length)
+        return cls(
+            tokens_per_step=config.train.batch_size * sum(lengths),
+            flops_per_step=config.train.batch_size
+            * accounting.train_flops_per_example(config.model, *lengths),
+            peak=peak_flops_per_second(mesh, config.model.dtype),
+        )
+
+    def __call__(self, step_s: float) -> dict[str, float | None]:
+        flops_per_s = self.flops_per_step / step_s
+        return {
+            "step_s": step_s,
+            "tokens_per_s": self.tokens_per_step / step_s,
+            "tflops_per_s": flops_per_s / 1e12,
+            "mfu": accounting.mfu(flops_per_s, self.peak),
+        }
+
+
 def train(
     config: ml_collections.ConfigDict,
     workdir: str | os.PathLike,
@@ -520,13 +637,15 @@ def train(
     steps: int | None = None,
     progress: bool = True,
     restart: bool = False,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Pre-train `config` in `workdir` up to `steps` updates (default `config.train.steps`).
 
-    Resumes from `workdir/checkpoints` when it holds a checkpoint (`restart=True` wipes them);
-    the data position is a function of the step, so the checkpoint is all a resume needs.
-    Appends one record per step to `workdir/metrics.jsonl`; saves every
-    `config.checkpoint.every` steps, at the end, and on SIGTERM / SIGINT. Returns a summary.
+    Resumes from `workdir/checkpoints` when it holds a checkpoint of a compatible config
+    (`restart=True` wipes them; `resume=True` makes a missing checkpoint an error). The data
+    position is a function of the step, so the checkpoint is all a resume needs. Appends one
+    record per step to `workdir/metrics.jsonl`; saves every `config.checkpoint.every` steps, at
+    the end, and on SIGTERM / SIGINT. Returns a summary of the run.
     """
     workdir = Path(workdir)
     total = config.train.steps if steps is None else steps
@@ -538,65 +657,65 @@ def train(
     # Imported here: the pipeline pulls in TFDS, which the train step alone does not need.
     from t5x_lite.data.pipeline import pretrain_data_from_config
 
-    _, data = pretrain_data_from_config(config, layout.raw_length, jax.process_index(), jax.process_count())
-    train_step = make_train_step(config, layout, mesh)
-    rng = jax.random.key(config.train.seed)
-    tokens_per_step = config.train.batch_size * (layout.inputs_length + layout.targets_length)
-    flops_per_step = config.train.batch_size * accounting.train_flops_per_example(
-        config.model, layout.inputs_length, layout.targets_length)
-    peak = peak_flops_per_second(mesh, config.model.dtype)
-    if jax.process_index() == 0:
-        workdir.mkdir(parents=True, exist_ok=True)
-
-    records: list[dict[str, Any]] = []
-    compiles_before = train_step.compiles
-    with Checkpointer(workdir / "checkpoints", every=config.checkpoint.every, keep=config.checkpoint.keep,
-                      config=config, restart=restart) as checkpointer:
+    with Checkpointer(workdir / "checkpoints", every=config.checkpoint.every,
+                      keep=config.checkpoint.keep, config=config, restart=restart,
+                      require_existing=resume) as checkpointer:
+        _, data = pretrain_data_from_config(
+            config, layout.raw_length, jax.process_index(), jax.process_count())
+        train_step = make_train_step(config, layout, mesh)
+        speed = _Speed.of(config, layout, mesh)
         if checkpointer.latest_step() is None:
             state = init_state(config, mesh)
         else:
             state = checkpointer.restore(abstract_state(config, mesh))
-        step = start = int(state.step)
-        writer, bar = MetricsWriter(workdir), Progress(start, total, config.train.log_every, progress)
+        start = int(state.step)
+        writer = MetricsWriter(workdir)
+        bar = Progress(start, total, config.train.log_every, progress)
         try:
-            raw = data.batch(step) if step < total else None
-            last = time.perf_counter()
-            while step < total:
-                compile_before = train_step.program.compile_seconds
-                state, metrics = train_step(state, raw, spec, rng)
-                step += 1
-                raw = data.batch(step) if step < total else None  # overlaps with the device step
-                metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-                now = time.perf_counter()
-                compile_s = train_step.program.compile_seconds - compile_before
-                step_s, last = now - last - compile_s, now
-                flops_per_s = flops_per_step / step_s
-                record = {
-                    "step": step, **metrics, "step_s": step_s, "tokens_per_s": tokens_per_step / step_s,
-                    "tflops_per_s": flops_per_s / 1e12, "mfu": accounting.mfu(flops_per_s, peak),
-                    "compile_s": compile_s, "compiles": train_step.compiles - compiles_before,
-                }
-                writer.write(record)
-                bar.update(record)
-                records.append(record)
-                if not math.isfinite(record["loss"]):
-                    raise FloatingPointError(
-                        f"loss is {record['loss']} at step {step}; stopping without saving this state "
-                        f"(last checkpoint: step {checkpointer.latest_step()})"
-                    )
-                if checkpointer.reached_preemption(step):
-                    checkpointer.maybe_save(step, state, force=True)
-                    break
-                checkpointer.maybe_save(step, state)
-            else:
-                checkpointer.maybe_save(step, state, force=True)
+            records = _loop(state, start, total, data, train_step, spec,
+                            jax.random.key(config.train.seed), checkpointer, writer, bar, speed)
         finally:
             writer.close()
             bar.close()
-    return _summary(records, workdir, start, step)
+    return _summary(records, workdir, start)
 
 
-def _summary(records: list[dict[str, Any]], workdir: Path, start: int, step: int) -> dict[str, Any]:
+def _loop(state: TrainState, step: int, total: int, data: Any, train_step: TrainStep, spec: Any,
+          rng: jax.Array, checkpointer: Checkpointer, writer: MetricsWriter, bar: Progress,
+          speed: _Speed) -> list[dict[str, Any]]:
+    """Steps `step` -> `total`: train, record, checkpoint; stops early on preemption."""
+    records = []
+    compiles_before = train_step.compiles
+    raw = data.batch(step) if step < total else None
+    last = time.perf_counter()
+    while step < total:
+        compile_before = train_step.program.compile_seconds
+        state, metrics = train_step(state, raw, spec, rng)
+        step += 1
+        raw = data.batch(step) if step < total else None  # overlaps with the device step
+        metrics = {name: float(value) for name, value in jax.device_get(metrics).items()}
+        now = time.perf_counter()
+        compile_s = train_step.program.compile_seconds - compile_before
+        step_s, last = now - last - compile_s, now
+        record = {"step": step, **metrics, **speed(step_s), "compile_s": compile_s,
+                  "compiles": train_step.compiles - compiles_before}
+        writer.write(record)
+        bar.update(record)
+        records.append(record)
+        if not math.isfinite(record["loss"]):
+            raise FloatingPointError(
+                f"loss is {record['loss']} at step {step}; stopping without saving this state "
+                f"(last checkpoint: step {checkpointer.latest_step()})"
+            )
+        if checkpointer.reached_preemption(step):
+            checkpointer.maybe_save(step, state, force=True)
+            return records
+        checkpointer.maybe_save(step, state)
+    checkpointer.maybe_save(step, state, force=True)
+    return records
+
+
+def _summary(records: list[dict[str, Any]], workdir: Path, start: int) -> dict[str, Any]:
     """Final step and loss, plus medians of the speed metrics over steps that did not compile."""
     steady = [r for r in records if r["compile_s"] == 0.0] or records
 
@@ -606,7 +725,7 @@ def _summary(records: list[dict[str, Any]], workdir: Path, start: int, step: int
 
     last = records[-1] if records else {}
     return {
-        "workdir": str(workdir), "start_step": start, "step": step,
+        "workdir": str(workdir), "start_step": start, "step": last.get("step", start),
         "loss": last.get("loss"), "accuracy": last.get("accuracy"),
         "tokens_per_s": median("tokens_per_s"), "step_s": median("step_s"), "mfu": median("mfu"),
         "compiles": last.get("compiles", 0), "compile_s": sum(r["compile_s"] for r in records),

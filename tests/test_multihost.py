@@ -3,6 +3,7 @@ only its half of the global batch; their losses equal a single-process run on th
 
 Run as a script, this file is one of the two worker processes.
 """
+
 import json
 import os
 import socket
@@ -21,8 +22,16 @@ def tiny_config():
     from t5x_lite.config import default_config
 
     config = default_config()
-    config.model.update(d_model=32, d_ff=64, num_heads=4, d_kv=8, num_layers=2, vocab_size=160,
-                        num_sentinels=32, dropout_rate=0.0)
+    config.model.update(
+        d_model=32,
+        d_ff=64,
+        num_heads=4,
+        d_kv=8,
+        num_layers=2,
+        vocab_size=160,
+        num_sentinels=32,
+        dropout_rate=0.0,
+    )
     config.objective.update(inputs_length=32, targets_length=None)
     config.train.update(batch_size=8, optimizer="adafactor", learning_rate=0.1, warmup_steps=1)
     return config
@@ -72,13 +81,21 @@ def test_two_processes_match_a_single_process_run(tmp_path):
 
     from t5x_lite import partitioning
 
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES_PER_PROCESS}",
-               PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env = dict(
+        os.environ,
+        JAX_PLATFORMS="cpu",
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES_PER_PROCESS}",
+        PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+    )
     port = _free_port()
     workers = [
-        subprocess.Popen([sys.executable, __file__, str(port), str(i), str(tmp_path)], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(
+            [sys.executable, __file__, str(port), str(i), str(tmp_path)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for i in range(PROCESSES)
     ]
     try:
@@ -91,7 +108,9 @@ def test_two_processes_match_a_single_process_run(tmp_path):
 
     mesh = partitioning.make_mesh(tiny_config().mesh, jax.devices()[:1])
     reference = losses(mesh, slice(None))
-    per_process = [json.loads((tmp_path / f"losses_{i}.json").read_text()) for i in range(PROCESSES)]
+    per_process = [
+        json.loads((tmp_path / f"losses_{i}.json").read_text()) for i in range(PROCESSES)
+    ]
     assert per_process[0] == per_process[1]  # every process sees the same global loss
     np.testing.assert_allclose(per_process[0], reference, rtol=1e-5)
 

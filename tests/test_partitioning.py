@@ -1,4 +1,5 @@
 """Mesh construction, the logical-axis rule table, and state / batch shardings (8 CPU devices)."""
+
 import jax
 import ml_collections
 import optax
@@ -58,7 +59,9 @@ def test_bad_rules_are_rejected_naming_the_field(rules, message):
 def test_batch_must_split_evenly_over_data_axis_and_microbatches():
     mesh = partitioning.make_mesh(mesh_cfg((4, 2)))
     partitioning.validate_batch_split(16, 2, mesh, RULES)  # 16 = 4 shards x 2 micro-batches x 2
-    with pytest.raises(ConfigError, match=r"train.batch_size=12 .* \(4\) x train.microbatches \(2\) = 8"):
+    with pytest.raises(
+        ConfigError, match=r"train.batch_size=12 .* \(4\) x train.microbatches \(2\) = 8"
+    ):
         partitioning.validate_batch_split(12, 2, mesh, RULES)
     with pytest.raises(ConfigError, match="train.microbatches=0"):
         partitioning.validate_batch_split(16, 0, mesh, RULES)
@@ -68,14 +71,22 @@ def test_logical_to_spec_follows_the_rule_table():
     mesh = partitioning.make_mesh(mesh_cfg((2, 4)))
     fsdp = partitioning.make_mesh(mesh_cfg((2, 2, 2), ("data", "fsdp", "model")))
     # No fsdp axis in the mesh: embed is replicated; heads / mlp / vocab go to 'model'.
-    assert partitioning.logical_to_spec(("embed", "heads", "kv"), RULES, mesh) == P(None, "model", None)
-    assert partitioning.logical_to_spec(("embed", "heads", "kv"), RULES, fsdp) == P("fsdp", "model", None)
+    assert partitioning.logical_to_spec(("embed", "heads", "kv"), RULES, mesh) == P(
+        None, "model", None
+    )
+    assert partitioning.logical_to_spec(("embed", "heads", "kv"), RULES, fsdp) == P(
+        "fsdp", "model", None
+    )
     assert partitioning.logical_to_spec(("batch", "length"), RULES, mesh) == P("data", None)
-    assert partitioning.logical_to_spec(("batch", "length"), RULES, fsdp) == P(("data", "fsdp"), None)
+    assert partitioning.logical_to_spec(("batch", "length"), RULES, fsdp) == P(
+        ("data", "fsdp"), None
+    )
     # A mesh axis is used once per array: the second claimant is replicated.
     assert partitioning.logical_to_spec(("heads", "mlp"), RULES, mesh) == P("model", None)
     # A dimension the axis does not divide (6 heads over 4 devices) stays replicated.
-    assert partitioning.logical_to_spec(("embed", "heads"), RULES, mesh, shape=(32, 6)) == P(None, None)
+    assert partitioning.logical_to_spec(("embed", "heads"), RULES, mesh, shape=(32, 6)) == P(
+        None, None
+    )
 
 
 class _Toy(nnx.Module):
@@ -100,18 +111,29 @@ class _Obj:
 
 jax.tree_util.register_pytree_with_keys(
     _Obj,
-    lambda o: (((jax.tree_util.GetAttrKey("params"), o.params), (jax.tree_util.GetAttrKey("opt_state"), o.opt_state)), None),
+    lambda o: (
+        (
+            (jax.tree_util.GetAttrKey("params"), o.params),
+            (jax.tree_util.GetAttrKey("opt_state"), o.opt_state),
+        ),
+        None,
+    ),
     lambda _, children: _Obj(*children),
 )
 
 
 def _specs_by_path(shardings):
-    return {jax.tree_util.keystr(p): s.spec for p, s in jax.tree_util.tree_flatten_with_path(shardings)[0]}
+    return {
+        jax.tree_util.keystr(p): s.spec
+        for p, s in jax.tree_util.tree_flatten_with_path(shardings)[0]
+    }
 
 
 def test_adafactor_factored_moments_keep_the_axes_of_the_dimension_they_keep():
     mesh = partitioning.make_mesh(mesh_cfg((2, 2, 2), ("data", "fsdp", "model")))
-    specs = _specs_by_path(partitioning.state_shardings(_abstract_state(optax.adafactor(1e-2)), mesh, RULES))
+    specs = _specs_by_path(
+        partitioning.state_shardings(_abstract_state(optax.adafactor(1e-2)), mesh, RULES)
+    )
     assert specs[".params['big'].value"] == P("fsdp", "model")
     # optax factors over the two largest dims: v_row drops the largest (256, embed) and keeps
     # [128] = mlp; v_col drops the other (128, mlp) and keeps [256] = embed.
@@ -129,7 +151,11 @@ def test_adam_moments_mirror_their_parameters():
     state = _abstract_state(optax.adamw(1e-3))
     specs = _specs_by_path(partitioning.state_shardings(state, mesh, RULES))
     mu = {p.split("mu")[1]: s for p, s in specs.items() if "mu" in p}
-    assert mu == {"['big'].value": P(None, "model"), "['small'].value": P("model", None), "['scale'].value": P(None)}
+    assert mu == {
+        "['big'].value": P(None, "model"),
+        "['small'].value": P("model", None),
+        "['scale'].value": P(None),
+    }
     assert {p.split("nu")[1]: s for p, s in specs.items() if ".nu" in p} == mu
 
 

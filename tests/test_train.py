@@ -4,6 +4,7 @@ equivalence on 8 simulated CPU devices, and a tiny end-to-end `train()` run.
 One tiny encoder-decoder config and ONE batch layout (the whole grid's) serve every test, so the
 1-device program compiles once for the module.
 """
+
 import itertools
 import json
 import math
@@ -25,19 +26,39 @@ INPUTS_LENGTH = 32
 
 def tiny_config(arch="encoder_decoder", mesh=(-1, 1), **train_fields):
     config = default_config()
-    config.model.update(arch=arch, d_model=32, d_ff=64, num_heads=4, d_kv=8, num_layers=2,
-                        vocab_size=160, num_sentinels=32, dropout_rate=0.0)
+    config.model.update(
+        arch=arch,
+        d_model=32,
+        d_ff=64,
+        num_heads=4,
+        d_kv=8,
+        num_layers=2,
+        vocab_size=160,
+        num_sentinels=32,
+        dropout_rate=0.0,
+    )
     config.objective.update(inputs_length=INPUTS_LENGTH, targets_length=None)
-    config.train.update(batch_size=8, optimizer="adafactor", learning_rate=0.1, warmup_steps=1,
-                        steps=100, **train_fields)
+    config.train.update(
+        batch_size=8,
+        optimizer="adafactor",
+        learning_rate=0.1,
+        warmup_steps=1,
+        steps=100,
+        **train_fields,
+    )
     config.mesh.shape = mesh
     return config
 
 
 def objective(name, rate=0.15, span=3.0):
     cfg = default_config().objective
-    cfg.update(name=name, noise_density=rate, mean_noise_span_length=span,
-               inputs_length=INPUTS_LENGTH, targets_length=None)
+    cfg.update(
+        name=name,
+        noise_density=rate,
+        mean_noise_span_length=span,
+        inputs_length=INPUTS_LENGTH,
+        targets_length=None,
+    )
     return cfg
 
 
@@ -72,7 +93,7 @@ def one_device():
 
 @pytest.fixture(scope="module")
 def baseline():
-    """Five steps on one device from the 1-device init: (host copy of init, metrics, final state)."""
+    """Five steps on one device from the 1-device init: (init on host, metrics, final state)."""
     config = tiny_config()
     initial = jax.device_get(train.init_state(config, one_device()))
     metrics, state = run(config, one_device(), 5, state=jax.device_put(initial))
@@ -83,7 +104,9 @@ def baseline():
 
 
 def test_cross_entropy_with_z_loss_and_label_smoothing_matches_a_hand_computation():
-    logits = np.array([[[2.0, 0.5, -1.0, 0.0], [0.1, 0.2, 3.0, -2.0], [1.0, 1.0, 1.0, 1.0]]], np.float32)
+    logits = np.array(
+        [[[2.0, 0.5, -1.0, 0.0], [0.1, 0.2, 3.0, -2.0], [1.0, 1.0, 1.0, 1.0]]], np.float32
+    )
     targets = np.array([[0, 1, 3]])
     weights = np.array([[1.0, 2.0, 0.0]], np.float32)
     smoothing, z_coef, vocab = 0.1, 1e-2, 4
@@ -93,11 +116,18 @@ def test_cross_entropy_with_z_loss_and_label_smoothing_matches_a_hand_computatio
         q = np.full(vocab, smoothing / (vocab - 1))
         q[target] = 1 - smoothing
         # Cross entropy against q minus q's entropy (KL(q || p)): 0 for a perfect model.
-        expected_ce += weight * sum(q[v] * (math.log(q[v]) - (logit[v] - log_z)) for v in range(vocab))
+        expected_ce += weight * sum(
+            q[v] * (math.log(q[v]) - (logit[v] - log_z)) for v in range(vocab)
+        )
         expected_z += weight * z_coef * log_z**2
         expected_correct += weight * (int(np.argmax(logit)) == target)
-    sums = train.cross_entropy_sums(jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights),
-                                    z_loss=z_coef, label_smoothing=smoothing)
+    sums = train.cross_entropy_sums(
+        jnp.asarray(logits),
+        jnp.asarray(targets),
+        jnp.asarray(weights),
+        z_loss=z_coef,
+        label_smoothing=smoothing,
+    )
     np.testing.assert_allclose(float(sums["cross_entropy"]), expected_ce, rtol=1e-5)
     np.testing.assert_allclose(float(sums["z_loss"]), expected_z, rtol=1e-5)
     assert float(sums["correct"]) == expected_correct == 1.0  # only the first token is right
@@ -106,7 +136,9 @@ def test_cross_entropy_with_z_loss_and_label_smoothing_matches_a_hand_computatio
 
 def test_cross_entropy_without_smoothing_is_minus_log_softmax():
     logits = jnp.array([[[0.0, math.log(3.0)]]])  # p = (1/4, 3/4)
-    sums = train.cross_entropy_sums(logits, jnp.array([[1]]), jnp.ones((1, 1)), z_loss=0.0, label_smoothing=0.0)
+    sums = train.cross_entropy_sums(
+        logits, jnp.array([[1]]), jnp.ones((1, 1)), z_loss=0.0, label_smoothing=0.0
+    )
     np.testing.assert_allclose(float(sums["cross_entropy"]), -math.log(0.75), rtol=1e-6)
 
 
@@ -135,8 +167,16 @@ def test_linear_cosine_and_constant_schedules():
 @pytest.mark.parametrize(
     "field, value, message",
     [
-        ("optimizer", "sgd", "train.optimizer='sgd' is not allowed; choose one of adafactor, adamw"),
-        ("schedule", "step", "train.schedule='step' is not allowed; choose one of rsqrt, linear, cosine, constant"),
+        (
+            "optimizer",
+            "sgd",
+            "train.optimizer='sgd' is not allowed; choose one of adafactor, adamw",
+        ),
+        (
+            "schedule",
+            "step",
+            "train.schedule='step' is not allowed; choose one of rsqrt, linear, cosine, constant",
+        ),
         ("learning_rate", 0.0, "train.learning_rate=0.0 must be a positive number"),
         ("learning_rate", -1e-3, "train.learning_rate=-0.001 must be a positive number"),
         ("warmup_steps", 0, "train.warmup_steps=0 must be >= 1 for train.schedule='rsqrt'"),
@@ -169,8 +209,13 @@ def test_raw_tokens_of_the_wrong_shape_are_rejected():
 
 
 def test_initialize_distributed_needs_all_three_settings(monkeypatch):
-    for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "SLURM_NTASKS",
-                 "TPU_WORKER_HOSTNAMES"):
+    for name in (
+        "JAX_COORDINATOR_ADDRESS",
+        "JAX_NUM_PROCESSES",
+        "JAX_PROCESS_ID",
+        "SLURM_NTASKS",
+        "TPU_WORKER_HOSTNAMES",
+    ):
         monkeypatch.delenv(name, raising=False)
     assert train.initialize_distributed() is False  # single process: nothing to join
     with pytest.raises(ConfigError, match="missing num_processes, process_id"):
@@ -194,11 +239,16 @@ def test_loss_decreases_on_a_repeated_batch(baseline):
 def test_metrics_report_the_step_learning_rate_and_token_counts(baseline):
     metrics = baseline[1]
     # rsqrt with learning_rate 0.1 and one warm-up step: 0.1 / sqrt(max(step, 1)), step = 0, 1, ...
-    np.testing.assert_allclose(metrics["learning_rate"], [0.1, 0.1, 0.1 / 2**0.5, 0.1 / 3**0.5, 0.05], rtol=1e-6)
+    np.testing.assert_allclose(
+        metrics["learning_rate"], [0.1, 0.1, 0.1 / 2**0.5, 0.1 / 3**0.5, 0.05], rtol=1e-6
+    )
     # Span corruption at 15% / span 3 uses 34 raw tokens: round(5.1) = 5 noise tokens in
     # round(5 / 3) = 2 spans -> 5 + 2 sentinels + EOS = 8 targets per example, 8 examples.
     assert np.all(metrics["num_tokens"] == 8 * 8)
-    assert np.all((metrics["accuracy"] >= 0) & (metrics["accuracy"] <= 1)) and metrics["accuracy"][-1] > 0
+    assert (
+        np.all((metrics["accuracy"] >= 0) & (metrics["accuracy"] <= 1))
+        and metrics["accuracy"][-1] > 0
+    )
     assert np.all(metrics["grad_norm"] > 0) and np.all(metrics["z_loss"] > 0)
     assert np.all(metrics["z_loss"] < metrics["loss"])
     assert baseline[2].step == 5
@@ -276,13 +326,28 @@ def test_sharded_training_matches_one_device(baseline, shape):
         expected = P(*(EXPECTED_MESH_AXIS.get(a) for a in axes))
         actual = param.get_value().sharding
         assert actual.is_equivalent_to(jax.sharding.NamedSharding(mesh, expected), len(axes)), path
-    assert state.params["token_embedder"]["embedding"].get_value().sharding.shard_shape((160, 32)) == (160 // shape[1], 32)
+    assert state.params["token_embedder"]["embedding"].get_value().sharding.shard_shape(
+        (160, 32)
+    ) == (160 // shape[1], 32)
 
 
 # --- the loop ---------------------------------------------------------------------------------
 
-RECORD_FIELDS = {"step", "loss", "z_loss", "accuracy", "num_tokens", "learning_rate", "grad_norm",
-                 "step_s", "tokens_per_s", "tflops_per_s", "mfu", "compile_s", "compiles"}
+RECORD_FIELDS = {
+    "step",
+    "loss",
+    "z_loss",
+    "accuracy",
+    "num_tokens",
+    "learning_rate",
+    "grad_norm",
+    "step_s",
+    "tokens_per_s",
+    "tflops_per_s",
+    "mfu",
+    "compile_s",
+    "compiles",
+}
 
 
 def test_train_writes_metrics_checkpoints_and_resumes(tmp_path, capsys):
@@ -292,13 +357,16 @@ def test_train_writes_metrics_checkpoints_and_resumes(tmp_path, capsys):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     (corpus / "docs.txt").write_text(
-        "\n\n".join(" ".join(rng.choice(words, 40)) for _ in range(200)))
+        "\n\n".join(" ".join(rng.choice(words, 40)) for _ in range(200))
+    )
     config = tiny_config()
     config.model.update(vocab_size=300, num_sentinels=20)
     config.data.update(corpus=str(corpus / "*.txt"), data_dir=str(tmp_path / "data"))
     config.train.update(log_every=2)
     config.checkpoint.update(every=2, keep=2)
     workdir = tmp_path / "run"
+    with pytest.raises(ConfigError, match="resume requested but .* holds no checkpoint"):
+        train.train(config, workdir, steps=4, resume=True)
 
     summary = train.train(config, workdir, steps=4, progress=True)
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
@@ -307,8 +375,10 @@ def test_train_writes_metrics_checkpoints_and_resumes(tmp_path, capsys):
     assert records[0]["compiles"] == 1 and records[0]["compile_s"] > 0
     assert all(r["compile_s"] == 0 and r["compiles"] == 1 for r in records[1:])
     assert all(r["tokens_per_s"] > 0 and r["tflops_per_s"] > 0 and 0 < r["mfu"] for r in records)
-    assert summary["step"] == 4 and summary["loss"] == records[-1]["loss"] and summary["compiles"] == 1
-    assert sorted(p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == ["2", "4"]
+    assert summary["step"] == 4 and summary["loss"] == records[-1]["loss"]
+    assert summary["compiles"] == 1
+    saved = sorted(p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert saved == ["2", "4"]
     logged = capsys.readouterr().err
     assert "step 2/4 loss" in logged and "step 4/4 loss" in logged and "eta" in logged
 
@@ -317,3 +387,8 @@ def test_train_writes_metrics_checkpoints_and_resumes(tmp_path, capsys):
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
     assert summary["start_step"] == 4 and summary["step"] == 6 and summary["compiles"] == 0
+
+    other = tiny_config()
+    other.update_from_flattened_dict({"model.vocab_size": 320, "data.corpus": config.data.corpus})
+    with pytest.raises(ConfigError, match="model.vocab_size"):
+        train.train(other, workdir, steps=8)
