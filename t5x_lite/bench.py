@@ -1,0 +1,163 @@
+"""Benchmarks behind `t5x-lite bench`: train-step speed, MFU, on-device corruption cost, and
+the same step in PyTorch (Hugging Face transformers T5) measured in the same process.
+
+Timings are taken here and nowhere else: tests never time anything. Every number is the
+median over `steps` timed calls after `warmup` untimed ones, with the device synchronised
+around each call. Raw tokens are random real-token ids: the step's cost does not depend on
+their values, and the pipeline's own speed is measured separately (`pipeline_seconds`).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from t5x_lite import accounting, objectives, partitioning, train
+from t5x_lite.config import NUM_RESERVED_IDS
+
+
+def _median_seconds(fn: Callable[[], Any], steps: int, warmup: int) -> float:
+    for _ in range(warmup):
+        jax.block_until_ready(fn())
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _layout(config: ml_collections.ConfigDict) -> objectives.BatchLayout:
+    return objectives.layout_for([config.objective], objectives.family_for(config.model.arch),
+                                 config.model.vocab_size, config.model.num_sentinels)
+
+
+def random_raw_tokens(config: ml_collections.ConfigDict, raw_length: int, seed: int = 0) -> np.ndarray:
+    """int32 [batch_size, raw_length] of ids from the real-token range (no pad, no sentinel)."""
+    high = config.model.vocab_size - config.model.num_sentinels
+    return np.random.default_rng(seed).integers(
+        NUM_RESERVED_IDS, high, (config.train.batch_size, raw_length), dtype=np.int32)
+
+
+def train_step_benchmark(config: ml_collections.ConfigDict, steps: int = 10, warmup: int = 2) -> dict[str, Any]:
+    """Speed of the jitted train step (corruption included) on all local devices."""
+    mesh = partitioning.make_mesh(config.mesh)
+    layout = _layout(config)
+    step = train.make_train_step(config, layout, mesh)
+    spec = objectives.spec_from_config(config.objective)
+    raw = random_raw_tokens(config, layout.raw_length)
+    rng = jax.random.key(config.train.seed)
+    state = train.init_state(config, mesh)
+
+    start = time.perf_counter()
+    state, _ = step(state, raw, spec, rng)  # compiles
+    jax.block_until_ready(state)
+    first_call_s = time.perf_counter() - start
+
+    def run():
+        nonlocal state
+        state, metrics = step(state, raw, spec, rng)
+        return metrics
+
+    step_s = _median_seconds(run, steps, warmup)
+    tokens = config.train.batch_size * (layout.inputs_length + layout.targets_length)
+    flops = config.train.batch_size * accounting.train_flops_per_example(
+        config.model, layout.inputs_length, layout.targets_length)
+    peak = train.peak_flops_per_second(mesh, config.model.dtype)
+    return {
+        "tokens_per_second": tokens / step_s,
+        "step_ms": step_s * 1e3,
+        "tflops_per_second": flops / step_s / 1e12,
+        "peak_tflops_per_second": None if peak is None else peak / 1e12,
+        "mfu": accounting.mfu(flops / step_s, peak),
+        "compile_s": step.program.compile_seconds,
+        "first_call_s": first_call_s,
+        "devices": f"{mesh.devices.size} x {mesh.devices.flat[0].device_kind}",
+        "layout": {"raw_length": layout.raw_length, "inputs_length": layout.inputs_length,
+                   "targets_length": layout.targets_length},
+    }
+
+
+def corruption_benchmark(config: ml_collections.ConfigDict, steps: int = 20, warmup: int = 2) -> float:
+    """Seconds for `objectives.corrupt` on one global batch, jitted on its own."""
+    layout = _layout(config)
+    spec = objectives.spec_from_config(config.objective)
+    raw = jnp.asarray(random_raw_tokens(config, layout.raw_length))
+    corrupt = jax.jit(lambda raw, spec, key: objectives.corrupt(raw, spec, key, layout))
+    key = jax.random.key(0)
+    return _median_seconds(lambda: corrupt(raw, spec, key), steps, warmup)
+
+
+def torch_t5_benchmark(config: ml_collections.ConfigDict, steps: int = 10, warmup: int = 2) -> dict[str, Any]:
+    """The Hugging Face PyTorch T5 of the same size and batch, one AdamW step per call.
+
+    Only encoder-decoder models with AdamW compare like for like (HF T5 has no decoder-only
+    variant and PyTorch has no Adafactor with T5's settings in core). Uses every CPU core.
+    """
+    import torch
+    import transformers
+
+    model_cfg, layout = config.model, _layout(config)
+    if model_cfg.arch != "encoder_decoder" or config.train.optimizer != "adamw":
+        raise ValueError("the PyTorch comparison needs model.arch='encoder_decoder' and train.optimizer='adamw'")
+    torch.manual_seed(0)
+    torch.set_num_threads(os.cpu_count() or 1)
+    hf_config = transformers.T5Config(
+        vocab_size=model_cfg.vocab_size, d_model=model_cfg.d_model, d_kv=model_cfg.d_kv,
+        d_ff=model_cfg.d_ff, num_layers=model_cfg.num_layers, num_heads=model_cfg.num_heads,
+        relative_attention_num_buckets=model_cfg.relpos_buckets,
+        relative_attention_max_distance=model_cfg.relpos_max_distance,
+        dropout_rate=model_cfg.dropout_rate, feed_forward_proj=model_cfg.mlp,
+        tie_word_embeddings=model_cfg.tie_embeddings, decoder_start_token_id=0, pad_token_id=0,
+    )
+    model = transformers.T5ForConditionalGeneration(hf_config).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.learning_rate, weight_decay=0.0)
+    rng = np.random.default_rng(0)
+    high = model_cfg.vocab_size - model_cfg.num_sentinels
+    batch = config.train.batch_size
+    inputs = torch.from_numpy(rng.integers(NUM_RESERVED_IDS, high, (batch, layout.inputs_length)))
+    labels = torch.from_numpy(rng.integers(NUM_RESERVED_IDS, high, (batch, layout.targets_length)))
+
+    def run():
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(input_ids=inputs, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        return None
+
+    step_s = _median_seconds(run, steps, warmup)
+    tokens = batch * (layout.inputs_length + layout.targets_length)
+    return {"tokens_per_second": tokens / step_s, "step_ms": step_s * 1e3,
+            "torch": torch.__version__, "threads": torch.get_num_threads()}
+
+
+def pipeline_seconds(config: ml_collections.ConfigDict, batches: int = 200) -> float:
+    """Seconds per host batch from the real input pipeline (vocabulary trained or cached first)."""
+    from t5x_lite.data.pipeline import pretrain_data_from_config, seconds_per_batch
+
+    _, data = pretrain_data_from_config(config, _layout(config).raw_length)
+    return seconds_per_batch(data, num_batches=batches)
+
+
+def run_benchmarks(config: ml_collections.ConfigDict, *, steps: int = 10, compare_torch: bool = False,
+                   pipeline: bool = False) -> dict[str, Any]:
+    """Everything `t5x-lite bench` reports, as one JSON-able dict."""
+    result = train_step_benchmark(config, steps=steps)
+    corrupt_s = corruption_benchmark(config)
+    result["corruption_ms"] = corrupt_s * 1e3
+    result["corruption_share_of_step"] = corrupt_s / (result["step_ms"] / 1e3)
+    if compare_torch:
+        result["torch"] = torch_t5_benchmark(config, steps=steps)
+        result["speedup_vs_torch"] = result["tokens_per_second"] / result["torch"]["tokens_per_second"]
+    if pipeline:
+        batch_s = pipeline_seconds(config)
+        result["pipeline_batch_ms"] = batch_s * 1e3
+        result["pipeline_speedup_vs_step"] = (result["step_ms"] / 1e3) / batch_s
+    result["config"] = config.to_dict()
+    return result
