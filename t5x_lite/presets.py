@@ -36,7 +36,7 @@ def tiny() -> ml_collections.ConfigDict:
     )
     config.objective.update(inputs_length=128, targets_length=32)
     config.train.update(
-        batch_size=16, steps=2000, optimizer="adamw", schedule="rsqrt", learning_rate=1e-3,
+        batch_size=16, steps=2000, optimizer="adamw", schedule="cosine", learning_rate=1e-3,
         warmup_steps=100,
     )
     config.checkpoint.update(every=500)
@@ -47,7 +47,7 @@ def demo() -> ml_collections.ConfigDict:
     config = tiny()
     config.model.update(d_model=128, d_ff=512, num_heads=4, d_kv=32, num_layers=2, vocab_size=2048)
     config.objective.update(inputs_length=64, targets_length=16)
-    config.train.update(batch_size=8, steps=200, warmup_steps=20)
+    config.train.update(batch_size=8, steps=200, warmup_steps=20, learning_rate=2e-3)
     config.checkpoint.update(every=100)
     return config
 
