@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import threading
 import time
@@ -188,7 +189,8 @@ class Checkpointer:
                 "restart=True deletes the checkpoints that require_existing=True asks to "
                 "resume; pass only one of them"
             )
-        self.directory = epath.Path(directory)
+        # orbax's storage layer needs an absolute path; users pass relative workdirs.
+        self.directory = epath.Path(os.path.abspath(directory))
         self._config = _config_as_json(config)
         self._signal: int | None = None
         self._previous_handlers: dict[int, Any] = {}
@@ -364,7 +366,7 @@ def restore_params_only(
     model structure must match the saved run's (`ConfigError` lists the differences). The
     folder is opened read-only; unreadable checkpoints are skipped with a warning, not moved.
     """
-    directory = epath.Path(directory)
+    directory = epath.Path(os.path.abspath(directory))
     if config is not None:
         saved = _read_saved_config(directory)
         if saved is None:
