@@ -25,17 +25,8 @@ from t5x_lite.config import ConfigError
 
 MESH_AXES = ("data", "fsdp", "model")
 MESH_AXIS_LAYOUTS = (("data", "model"), ("data", "fsdp", "model"))
-LOGICAL_AXES = (
-    "batch",
-    "length",
-    "embed",
-    "vocab",
-    "heads",
-    "kv",
-    "mlp",
-    "relpos_buckets",
-    "layers",
-)
+LOGICAL_AXES = ("batch", "length", "embed", "vocab", "heads", "kv", "mlp", "relpos_buckets",
+                "layers")
 
 Rules = Mapping[str, tuple[str, ...]]
 
@@ -151,6 +142,7 @@ def logical_to_spec(
 
 
 def _key_name(key: Any) -> Any:
+    """The plain dict key / index / attribute name inside a jax key-path entry."""
     for attr in ("key", "idx", "name"):
         if hasattr(key, attr):
             return getattr(key, attr)
@@ -174,7 +166,7 @@ def _param_table(params: Any) -> dict[tuple, tuple[tuple[int, ...], tuple[str, .
 
 def _axes_for_leaf(
     leaf_shape: tuple[int, ...], param_shape: tuple[int, ...], axes: tuple[str, ...]
-):
+) -> tuple[str, ...] | None:
     """Logical axes of an optimizer leaf that belongs to a parameter, or None (replicate).
 
     Same shape (Adam moments, Adafactor's unfactored v): the parameter's axes. One dimension

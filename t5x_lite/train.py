@@ -240,12 +240,33 @@ def abstract_state(config: ml_collections.ConfigDict, mesh: Mesh) -> TrainState:
     )
 
 
+# The train fields a program depends on, besides the model config, the layout and the mesh.
+_STEP_TRAIN_FIELDS = ("optimizer", "schedule", "learning_rate", "warmup_steps", "steps",
+                      "weight_decay", "z_loss", "label_smoothing", "microbatches",
+                      "loss_normalizing_factor", "batch_size")
+_PROGRAMS: dict[Any, _Program] = {}  # program key -> the shared train step
+_INITS: dict[Any, Callable[[], TrainState]] = {}  # (program key, seed) -> jitted init
+
+
+def _program_key(
+    config: ml_collections.ConfigDict, layout: objectives.BatchLayout | None, mesh: Mesh
+) -> tuple:
+    """What a compiled program depends on, so equal keys can share one executable."""
+    model = json.dumps(_program_model_config(config.model).to_dict(), sort_keys=True)
+    train = json.dumps({f: config.train[f] for f in _STEP_TRAIN_FIELDS}, sort_keys=True)
+    return model, train, layout, mesh, tuple(config.mesh.rules)
+
+
+
 def init_state(config: ml_collections.ConfigDict, mesh: Mesh) -> TrainState:
     """Fresh parameters and optimiser state, created directly in their shardings."""
     validate_model_config(config.model)
     validate_train_config(config.train)
-    shardings = jax.tree.map(lambda s: s.sharding, abstract_state(config, mesh))
-    return jax.jit(_init_fn(config), out_shardings=shardings)()
+    key = (_program_key(config, None, mesh), config.train.seed)
+    if key not in _INITS:  # a sweep initialises many runs of one program: compile once
+        shardings = jax.tree.map(lambda s: s.sharding, abstract_state(config, mesh))
+        _INITS[key] = jax.jit(_init_fn(config), out_shardings=shardings)
+    return _INITS[key]()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -359,21 +380,6 @@ class _Program:
         return self.executables[key](*args)
 
 
-# What the step program depends on besides the model config, the layout and the mesh.
-_STEP_TRAIN_FIELDS = ("optimizer", "schedule", "learning_rate", "warmup_steps", "steps",
-                      "weight_decay", "z_loss", "label_smoothing", "microbatches",
-                      "loss_normalizing_factor", "batch_size")
-_PROGRAMS: dict[Any, _Program] = {}
-
-
-def _program_key(
-    config: ml_collections.ConfigDict, layout: objectives.BatchLayout, mesh: Mesh
-) -> tuple:
-    model = json.dumps(_program_model_config(config.model).to_dict(), sort_keys=True)
-    train = json.dumps({f: config.train[f] for f in _STEP_TRAIN_FIELDS}, sort_keys=True)
-    return model, train, layout, mesh, tuple(config.mesh.rules)
-
-
 def _replicated(x: Any, mesh: Mesh) -> jax.Array:
     """A host value every process holds identically -> a global array replicated on `mesh`."""
     return jax.make_array_from_process_local_data(
@@ -400,7 +406,9 @@ class TrainStep:
     def __call__(
         self, state: TrainState, raw_tokens: Any, spec: Any, rng: jax.Array
     ) -> tuple[TrainState, dict]:
-        if not isinstance(raw_tokens, jax.Array) or raw_tokens.shape != self.global_shape:
+        if isinstance(raw_tokens, jax.Array) and raw_tokens.shape == self.global_shape:
+            raw_tokens = jax.device_put(raw_tokens, self.tokens_sharding)  # no-op if it matches
+        else:
             local = np.asarray(raw_tokens, np.int32)
             if (
                 local.shape[1:] != self.global_shape[1:]

@@ -81,10 +81,12 @@ def test_two_processes_match_a_single_process_run(tmp_path):
 
     from t5x_lite import partitioning
 
+    # The workers skip XLA's slow CPU optimisations: compiling, not running, dominates here.
+    flags = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
     env = dict(
         os.environ,
         JAX_PLATFORMS="cpu",
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES_PER_PROCESS}",
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES_PER_PROCESS} {flags}",
         PYTHONPATH=str(Path(__file__).resolve().parents[1]),
     )
     port = _free_port()

@@ -232,8 +232,8 @@ def test_initialize_distributed_needs_all_three_settings(monkeypatch):
 
 def test_loss_decreases_on_a_repeated_batch(baseline):
     losses = baseline[1]["loss"]
-    assert np.all(np.isfinite(losses)) and np.all(np.diff(losses) < 0), losses
-    assert losses[-1] < 0.8 * losses[0], losses
+    # The raw batch repeats; its corruption is drawn afresh each step, so the loss is noisy.
+    assert np.all(np.isfinite(losses)) and losses[-1] < 0.8 * losses[0], losses
 
 
 def test_metrics_report_the_step_learning_rate_and_token_counts(baseline):
