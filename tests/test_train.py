@@ -8,6 +8,7 @@ One tiny encoder-decoder config and ONE batch layout (the whole grid's) serve ev
 import itertools
 import json
 import math
+import types
 
 import jax
 import jax.numpy as jnp
@@ -392,3 +393,53 @@ def test_train_writes_metrics_checkpoints_and_resumes(tmp_path, capsys):
     other.update_from_flattened_dict({"model.vocab_size": 320, "data.corpus": config.data.corpus})
     with pytest.raises(ConfigError, match="model.vocab_size"):
         train.train(other, workdir, steps=8)
+
+
+def test_bfloat16_compute_keeps_float32_parameters_and_tracks_the_float32_loss(baseline):
+    initial, metrics, _ = baseline
+    config = tiny_config()
+    config.model.dtype = "bfloat16"
+    bf16, state = run(config, one_device(), 2, state=jax.device_put(initial))
+    assert {leaf.dtype for leaf in jax.tree.leaves(state.params)} == {jnp.dtype("float32")}
+    np.testing.assert_allclose(bf16["loss"], metrics["loss"][:2], rtol=2e-2)
+
+
+class _FakeStep:
+    """Stands in for a TrainStep: returns scripted losses, never compiles."""
+
+    compiles = 0
+    program = types.SimpleNamespace(compile_seconds=0.0)
+
+    def __init__(self, losses):
+        self.losses = iter(losses)
+
+    def __call__(self, state, raw_tokens, spec, rng):
+        return state, {"loss": next(self.losses), "learning_rate": 0.1, "accuracy": 0.0}
+
+
+class _FakeCheckpointer:
+    def __init__(self):
+        self.saved = []
+
+    def reached_preemption(self, step):
+        return False
+
+    def maybe_save(self, step, state, force=False):
+        self.saved.append((step, force))
+
+    def latest_step(self):
+        return self.saved[-1][0] if self.saved else None
+
+
+def test_a_non_finite_loss_stops_the_loop_without_saving_that_state(tmp_path):
+    data = types.SimpleNamespace(batch=lambda step: np.zeros((8, 4), np.int32))
+    checkpointer, writer = _FakeCheckpointer(), train.MetricsWriter(tmp_path)
+    speed = train._Speed(tokens_per_step=10, flops_per_step=1.0, peak=None)
+    bar = train.Progress(0, 5, every=1, enabled=False)
+    step = _FakeStep([2.0, float("nan")])
+    with pytest.raises(FloatingPointError, match="loss is nan at step 2; stopping without saving"):
+        train._loop(None, 0, 5, data, step, None, None, checkpointer, writer, bar, speed)
+    writer.close()
+    assert checkpointer.saved == [(1, False)]  # step 1 offered to the schedule, step 2 never
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2]  # the bad step is on record
