@@ -143,15 +143,9 @@ def make_optimizer(train: ml_collections.ConfigDict) -> optax.GradientTransforma
     schedule = learning_rate_schedule(train)
     if train.optimizer == "adafactor":
         return optax.adafactor(
-            learning_rate=schedule,
-            min_dim_size_to_factor=128,
-            decay_rate=0.8,
-            multiply_by_parameter_scale=True,
-            clipping_threshold=1.0,
-            momentum=None,
-            eps=1e-30,
-            factored=True,
-            weight_decay_rate=train.weight_decay or None,
+            learning_rate=schedule, min_dim_size_to_factor=128, decay_rate=0.8,
+            multiply_by_parameter_scale=True, clipping_threshold=1.0, momentum=None, eps=1e-30,
+            factored=True, weight_decay_rate=train.weight_decay or None,
         )
     matrices = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
     return optax.adamw(
@@ -164,11 +158,7 @@ def make_optimizer(train: ml_collections.ConfigDict) -> optax.GradientTransforma
 
 
 def cross_entropy_sums(
-    logits: jax.Array,
-    targets: jax.Array,
-    weights: jax.Array,
-    *,
-    z_loss: float,
+    logits: jax.Array, targets: jax.Array, weights: jax.Array, *, z_loss: float,
     label_smoothing: float,
 ) -> dict[str, jax.Array]:
     """Weighted sums over tokens of T5X's loss terms, in float32 (not yet normalised).
@@ -333,6 +323,7 @@ def _step_fn(
             else jnp.float32(train.loss_normalizing_factor)
         )
         micro = _split_microbatches(batch, train.microbatches, rows)
+        # Corruption above saw the whole batch; only dropout draws depend on the split.
         rngs = jax.random.split(dropout_rng, train.microbatches)
         grad_fn = jax.grad(loss_fn, has_aux=True)
 
