@@ -443,3 +443,18 @@ def test_a_non_finite_loss_stops_the_loop_without_saving_that_state(tmp_path):
     assert checkpointer.saved == [(1, False)]  # step 1 offered to the schedule, step 2 never
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2]  # the bad step is on record
+
+
+def test_metrics_writer_appends_json_lines_and_tensorboard_events(tmp_path):
+    pytest.importorskip("tensorboardX", reason="tensorboardX (the `tensorboard` extra) is not installed")
+
+    writer = train.MetricsWriter(tmp_path)
+    writer.write({"step": 1, "loss": 2.5, "mfu": None})
+    writer.write({"step": 2, "loss": 2.0, "mfu": 0.5})
+    writer.close()
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["loss"]) for r in lines] == [(1, 2.5), (2, 2.0)]
+    events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(events) == 1 and events[0].stat().st_size > 0
+    # The event file holds the scalar tags we wrote (TensorBoard's record format stores tags as text).
+    assert b"train/loss" in events[0].read_bytes() and b"train/mfu" in events[0].read_bytes()
