@@ -22,15 +22,19 @@ from t5x_lite import accounting, objectives, partitioning, train
 from t5x_lite.config import NUM_RESERVED_IDS
 
 
-def _median_seconds(fn: Callable[[], Any], steps: int, warmup: int) -> float:
-    for _ in range(warmup):
-        jax.block_until_ready(fn())
-    times = []
+def _median_seconds(*fns: Callable[[], Any], steps: int, warmup: int) -> list[float]:
+    """Median wall time of each of `fns`, timed in turns (f1, f2, f1, f2, ...) so that drift in
+    the machine's speed during the run affects every one of them alike."""
+    for fn in fns:
+        for _ in range(warmup):
+            jax.block_until_ready(fn())
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(steps):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for fn, fn_times in zip(fns, times):
+            start = time.perf_counter()
+            jax.block_until_ready(fn())
+            fn_times.append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
 
 
 def _layout(config: ml_collections.ConfigDict) -> objectives.BatchLayout:
@@ -45,8 +49,9 @@ def random_raw_tokens(config: ml_collections.ConfigDict, raw_length: int, seed: 
         NUM_RESERVED_IDS, high, (config.train.batch_size, raw_length), dtype=np.int32)
 
 
-def train_step_benchmark(config: ml_collections.ConfigDict, steps: int = 10, warmup: int = 2) -> dict[str, Any]:
-    """Speed of the jitted train step (corruption included) on all local devices."""
+def jax_train_step(config: ml_collections.ConfigDict) -> tuple[Callable[[], Any], dict[str, Any]]:
+    """A closure running one jitted train step (corruption included) on all local devices,
+    already compiled, and what is needed to turn its time into tokens/s and MFU."""
     mesh = partitioning.make_mesh(config.mesh)
     layout = _layout(config)
     step = train.make_train_step(config, layout, mesh)
@@ -54,48 +59,42 @@ def train_step_benchmark(config: ml_collections.ConfigDict, steps: int = 10, war
     raw = random_raw_tokens(config, layout.raw_length)
     rng = jax.random.key(config.train.seed)
     state = train.init_state(config, mesh)
-
     start = time.perf_counter()
-    state, _ = step(state, raw, spec, rng)  # compiles
+    state, _ = step(state, raw, spec, rng)
     jax.block_until_ready(state)
     first_call_s = time.perf_counter() - start
 
-    def run():
+    def run() -> Any:
         nonlocal state
         state, metrics = step(state, raw, spec, rng)
         return metrics
 
-    step_s = _median_seconds(run, steps, warmup)
-    tokens = config.train.batch_size * (layout.inputs_length + layout.targets_length)
-    flops = config.train.batch_size * accounting.train_flops_per_example(
-        config.model, layout.inputs_length, layout.targets_length)
-    peak = train.peak_flops_per_second(mesh, config.model.dtype)
-    return {
-        "tokens_per_second": tokens / step_s,
-        "step_ms": step_s * 1e3,
-        "tflops_per_second": flops / step_s / 1e12,
-        "peak_tflops_per_second": None if peak is None else peak / 1e12,
-        "mfu": accounting.mfu(flops / step_s, peak),
+    info = {
+        "tokens": config.train.batch_size * (layout.inputs_length + layout.targets_length),
+        "flops": config.train.batch_size * accounting.train_flops_per_example(
+            config.model, layout.inputs_length, layout.targets_length),
+        "peak": train.peak_flops_per_second(mesh, config.model.dtype),
         "compile_s": step.program.compile_seconds,
         "first_call_s": first_call_s,
         "devices": f"{mesh.devices.size} x {mesh.devices.flat[0].device_kind}",
         "layout": {"raw_length": layout.raw_length, "inputs_length": layout.inputs_length,
                    "targets_length": layout.targets_length},
     }
+    return run, info
 
 
-def corruption_benchmark(config: ml_collections.ConfigDict, steps: int = 20, warmup: int = 2) -> float:
-    """Seconds for `objectives.corrupt` on one global batch, jitted on its own."""
+def corruption_only(config: ml_collections.ConfigDict) -> Callable[[], Any]:
+    """A closure running `objectives.corrupt` on one global batch, jitted on its own."""
     layout = _layout(config)
     spec = objectives.spec_from_config(config.objective)
     raw = jnp.asarray(random_raw_tokens(config, layout.raw_length))
     corrupt = jax.jit(lambda raw, spec, key: objectives.corrupt(raw, spec, key, layout))
     key = jax.random.key(0)
-    return _median_seconds(lambda: corrupt(raw, spec, key), steps, warmup)
+    return lambda: corrupt(raw, spec, key)
 
 
-def torch_t5_benchmark(config: ml_collections.ConfigDict, steps: int = 10, warmup: int = 2) -> dict[str, Any]:
-    """The Hugging Face PyTorch T5 of the same size and batch, one AdamW step per call.
+def torch_t5_train_step(config: ml_collections.ConfigDict) -> Callable[[], None]:
+    """One AdamW step of the Hugging Face PyTorch T5 of the same size and batch.
 
     Only encoder-decoder models with AdamW compare like for like (HF T5 has no decoder-only
     variant and PyTorch has no Adafactor with T5's settings in core). Uses every CPU core.
@@ -124,17 +123,12 @@ def torch_t5_benchmark(config: ml_collections.ConfigDict, steps: int = 10, warmu
     inputs = torch.from_numpy(rng.integers(NUM_RESERVED_IDS, high, (batch, layout.inputs_length)))
     labels = torch.from_numpy(rng.integers(NUM_RESERVED_IDS, high, (batch, layout.targets_length)))
 
-    def run():
+    def run() -> None:
         optimizer.zero_grad(set_to_none=True)
-        loss = model(input_ids=inputs, labels=labels).loss
-        loss.backward()
+        model(input_ids=inputs, labels=labels).loss.backward()
         optimizer.step()
-        return None
 
-    step_s = _median_seconds(run, steps, warmup)
-    tokens = batch * (layout.inputs_length + layout.targets_length)
-    return {"tokens_per_second": tokens / step_s, "step_ms": step_s * 1e3,
-            "torch": torch.__version__, "threads": torch.get_num_threads()}
+    return run
 
 
 def pipeline_seconds(config: ml_collections.ConfigDict, batches: int = 200) -> float:
@@ -145,19 +139,42 @@ def pipeline_seconds(config: ml_collections.ConfigDict, batches: int = 200) -> f
     return seconds_per_batch(data, num_batches=batches)
 
 
-def run_benchmarks(config: ml_collections.ConfigDict, *, steps: int = 10, compare_torch: bool = False,
-                   pipeline: bool = False) -> dict[str, Any]:
-    """Everything `t5x-lite bench` reports, as one JSON-able dict."""
-    result = train_step_benchmark(config, steps=steps)
-    corrupt_s = corruption_benchmark(config)
-    result["corruption_ms"] = corrupt_s * 1e3
-    result["corruption_share_of_step"] = corrupt_s / (result["step_ms"] / 1e3)
+def run_benchmarks(config: ml_collections.ConfigDict, *, steps: int = 10, warmup: int = 2,
+                   compare_torch: bool = False, pipeline: bool = False) -> dict[str, Any]:
+    """Everything `t5x-lite bench` reports, as one JSON-able dict.
+
+    The train step, corruption alone and (with `compare_torch`) the PyTorch step are timed in
+    turns within one loop, so their ratios hold even when the machine's speed drifts.
+    """
+    jax_run, info = jax_train_step(config)
+    runs = [jax_run, corruption_only(config)]
     if compare_torch:
-        result["torch"] = torch_t5_benchmark(config, steps=steps)
-        result["speedup_vs_torch"] = result["tokens_per_second"] / result["torch"]["tokens_per_second"]
+        runs.append(torch_t5_train_step(config))
+    seconds = _median_seconds(*runs, steps=steps, warmup=warmup)
+    step_s, corrupt_s = seconds[:2]
+    result = {
+        "tokens_per_second": info["tokens"] / step_s,
+        "step_ms": step_s * 1e3,
+        "tflops_per_second": info["flops"] / step_s / 1e12,
+        "peak_tflops_per_second": None if info["peak"] is None else info["peak"] / 1e12,
+        "mfu": accounting.mfu(info["flops"] / step_s, info["peak"]),
+        "compile_s": info["compile_s"],
+        "first_call_s": info["first_call_s"],
+        "devices": info["devices"],
+        "layout": info["layout"],
+        "corruption_ms": corrupt_s * 1e3,
+        "corruption_share_of_step": corrupt_s / step_s,
+    }
+    if compare_torch:
+        import torch
+
+        torch_s = seconds[2]
+        result["torch"] = {"tokens_per_second": info["tokens"] / torch_s, "step_ms": torch_s * 1e3,
+                           "version": torch.__version__, "threads": torch.get_num_threads()}
+        result["speedup_vs_torch"] = torch_s / step_s
     if pipeline:
         batch_s = pipeline_seconds(config)
         result["pipeline_batch_ms"] = batch_s * 1e3
-        result["pipeline_speedup_vs_step"] = (result["step_ms"] / 1e3) / batch_s
+        result["pipeline_speedup_vs_step"] = step_s / batch_s
     result["config"] = config.to_dict()
     return result

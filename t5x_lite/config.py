@@ -24,7 +24,7 @@ ENCODER_DECODER_ARCHS = ARCHS[:3]
 DECODER_ONLY_ARCHS = ARCHS[3:]
 MLP_KINDS = ("relu", "gated-gelu")
 DTYPES = ("float32", "bfloat16")
-ATTENTION_IMPLS = ("auto", "xla", "cudnn")
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "einsum")
 # Token ids shared by the vocabulary, the objectives and the model.
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 NUM_RESERVED_IDS = 3

@@ -16,7 +16,11 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from t5x_lite.attention import dot_product_attention, relative_position_bucket
+from t5x_lite.attention import (
+    dot_product_attention,
+    relative_position_bucket,
+    resolve_implementation,
+)
 
 
 def normal_param(
@@ -220,7 +224,7 @@ class TransformerLayer(nnx.Module):
         rngs: nnx.Rngs,
     ):
         dtype = jnp.dtype(cfg.dtype)
-        implementation = None if cfg.attention_impl == "auto" else cfg.attention_impl
+        implementation = resolve_implementation(cfg.attention_impl)
 
         def norm() -> RMSNorm:
             return RMSNorm(cfg.d_model, epsilon=cfg.layer_norm_epsilon)

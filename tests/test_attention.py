@@ -13,8 +13,12 @@ from t5x_lite.attention import (
     padding_mask,
     prefix_lm_mask,
     relative_position_bucket,
+    resolve_implementation,
     segment_mask,
 )
+
+# The two paths that run on CPU: jax.nn.dot_product_attention's XLA kernel and our einsum path.
+CPU_IMPLEMENTATIONS = pytest.mark.parametrize("impl", ["xla", "einsum"])
 
 B, LQ, LK, H, D = 2, 3, 4, 2, 5
 
@@ -39,46 +43,57 @@ def _reference(q, k, v, mask, bias=None):
 KEY_PADDING = np.array([[1, 1, 1, 0], [1, 1, 0, 0]], bool)[:, None, None, :]  # [B, 1, 1, LK]
 
 
+@CPU_IMPLEMENTATIONS
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_attention_matches_reference_with_key_padding(with_bias):
+def test_attention_matches_reference_with_key_padding(with_bias, impl):
     q, k, v = _qkv()
     bias = jax.random.normal(jax.random.key(1), (1, H, LQ, LK)) if with_bias else None
-    out = dot_product_attention(q, k, v, jnp.asarray(KEY_PADDING), bias)
+    out = dot_product_attention(q, k, v, jnp.asarray(KEY_PADDING), bias, implementation=impl)
     assert out.shape == (B, LQ, H, D)
     np.testing.assert_allclose(out, _reference(q, k, v, KEY_PADDING, bias), atol=1e-5)
 
 
-def test_attention_without_mask_and_with_2d_mask():
+@CPU_IMPLEMENTATIONS
+def test_attention_without_mask_and_with_2d_mask(impl):
     q, k, v = _qkv()
     everything = np.ones((B, 1, LQ, LK), bool)
-    np.testing.assert_allclose(dot_product_attention(q, k, v, None),
+    np.testing.assert_allclose(dot_product_attention(q, k, v, None, implementation=impl),
                                _reference(q, k, v, everything), atol=1e-5)
     two_d = np.tril(np.ones((LQ, LK), bool))  # broadcast over batch and heads
-    np.testing.assert_allclose(dot_product_attention(q, k, v, jnp.asarray(two_d)),
+    np.testing.assert_allclose(dot_product_attention(q, k, v, jnp.asarray(two_d), implementation=impl),
                                _reference(q, k, v, two_d), atol=1e-5)
 
 
-def test_padded_values_do_not_leak():
+@CPU_IMPLEMENTATIONS
+def test_padded_values_do_not_leak(impl):
     q, k, v = _qkv()
     v_changed = v.at[:, 3].set(100.0)  # position 3 is padding in both examples
     mask = jnp.asarray(KEY_PADDING)
-    np.testing.assert_allclose(dot_product_attention(q, k, v, mask),
-                               dot_product_attention(q, k, v_changed, mask), atol=1e-6)
+    np.testing.assert_allclose(dot_product_attention(q, k, v, mask, implementation=impl),
+                               dot_product_attention(q, k, v_changed, mask, implementation=impl),
+                               atol=1e-6)
 
 
-def test_fully_masked_query_rows_are_zero_not_nan():
+@CPU_IMPLEMENTATIONS
+def test_fully_masked_query_rows_are_zero_not_nan(impl):
     q, k, v = _qkv()
     mask = np.ones((B, 1, LQ, LK), bool)
     mask[0, :, 1, :] = False  # query 1 of example 0 may see nothing
-    out = dot_product_attention(q, k, v, jnp.asarray(mask))
+    out = dot_product_attention(q, k, v, jnp.asarray(mask), implementation=impl)
     assert np.all(np.isfinite(out))
     np.testing.assert_array_equal(out[0, 1], 0.0)
     np.testing.assert_allclose(out[1:], _reference(q[1:], k[1:], v[1:], mask[1:]), atol=1e-5)
 
 
+def test_auto_picks_the_einsum_path_off_gpu_and_passes_explicit_choices_through():
+    assert resolve_implementation("auto") == ("einsum" if jax.default_backend() != "gpu" else None)
+    assert resolve_implementation("cudnn") == "cudnn"
+    assert resolve_implementation("xla") == "xla"
+
+
 def test_unknown_implementation_is_rejected():
     q, k, v = _qkv()
-    with pytest.raises(ValueError, match="implementation='flash'.*'xla', 'cudnn'"):
+    with pytest.raises(ValueError, match="implementation='flash'.*'xla', 'cudnn', 'einsum'"):
         dot_product_attention(q, k, v, None, implementation="flash")
 
 
