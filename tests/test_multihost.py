@@ -12,29 +12,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from tiny_configs import tiny_train_config as tiny_config
 
 STEPS = 3
 PROCESSES = 2
 DEVICES_PER_PROCESS = 2
-
-
-def tiny_config():
-    from t5x_lite.config import default_config
-
-    config = default_config()
-    config.model.update(
-        d_model=32,
-        d_ff=64,
-        num_heads=4,
-        d_kv=8,
-        num_layers=2,
-        vocab_size=160,
-        num_sentinels=32,
-        dropout_rate=0.0,
-    )
-    config.objective.update(inputs_length=32, targets_length=None)
-    config.train.update(batch_size=8, optimizer="adafactor", learning_rate=0.1, warmup_steps=1)
-    return config
 
 
 def losses(mesh, process_rows: slice) -> list[float]:

@@ -19,38 +19,11 @@ from jax.sharding import PartitionSpec as P
 
 from t5x_lite import objectives, partitioning, train
 from t5x_lite.config import ConfigError, default_config
+from tiny_configs import INPUTS_LENGTH
+from tiny_configs import tiny_train_config as tiny_config
 
 RATES = (0.10, 0.15, 0.25, 0.50)
 SPANS = (1.0, 2.0, 3.0, 5.0, 10.0)
-INPUTS_LENGTH = 32
-
-
-def tiny_config(arch="encoder_decoder", mesh=(-1, 1), **train_fields):
-    config = default_config()
-    config.model.update(
-        arch=arch,
-        d_model=32,
-        d_ff=64,
-        num_heads=4,
-        d_kv=8,
-        num_layers=2,
-        vocab_size=160,
-        num_sentinels=32,
-        dropout_rate=0.0,
-    )
-    config.objective.update(inputs_length=INPUTS_LENGTH, targets_length=None)
-    config.train.update(
-        batch_size=8,
-        optimizer="adafactor",
-        learning_rate=0.1,
-        warmup_steps=1,
-        steps=100,
-        **train_fields,
-    )
-    config.mesh.shape = mesh
-    return config
-
-
 def objective(name, rate=0.15, span=3.0):
     cfg = default_config().objective
     cfg.update(
