@@ -87,9 +87,9 @@ def param_count(model_cfg: ml_collections.ConfigDict) -> int:
     return total
 
 
-def _require_length(field: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{field}={value!r} must be a positive integer (tokens per example)")
+def _require_length(field: str, value: Any, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{field}={value!r} must be an integer >= {minimum} (tokens per example)")
 
 
 def _attention_flops(d_model: int, inner: int, q_len: int, kv_len: int) -> int:
@@ -109,7 +109,9 @@ def train_flops_per_example(
     sequence. See the module docstring for which terms are counted.
     """
     validate_model_config(model_cfg)
-    _require_length("inputs_length", inputs_length)
+    # A decoder-only model trained with the LM objective has no inputs part.
+    _require_length("inputs_length", inputs_length,
+                    minimum=0 if model_cfg.arch in DECODER_ONLY_ARCHS else 1)
     _require_length("targets_length", targets_length)
     d_model, inner = model_cfg.d_model, model_cfg.num_heads * model_cfg.d_kv
     mlp_per_token = 2 * _num_mlp_matrices(model_cfg) * d_model * model_cfg.d_ff

@@ -188,8 +188,17 @@ def test_counts_reject_bad_config_before_counting():
 @pytest.mark.parametrize("lengths, field", [((0, 3), "inputs_length"), ((5, -1), "targets_length"),
                                             ((5.0, 3), "inputs_length")])
 def test_train_flops_reject_bad_lengths(lengths, field):
-    with pytest.raises(ValueError, match=f"{field}=.*positive integer"):
+    with pytest.raises(ValueError, match=f"{field}=.*integer >= 1"):
         accounting.train_flops_per_example(small_cfg(), *lengths)
+
+
+def test_decoder_only_lm_objective_has_no_inputs_part():
+    """The LM objective gives decoder-only models inputs_length 0: the whole sequence is targets."""
+    for arch in ("language_model", "prefix_lm"):
+        cfg = small_cfg(arch)
+        assert accounting.train_flops_per_example(cfg, 0, 9) == accounting.train_flops_per_example(cfg, 4, 5)
+    with pytest.raises(ValueError, match="inputs_length=0 must be an integer >= 1"):
+        accounting.train_flops_per_example(small_cfg("encoder_decoder"), 0, 9)
 
 
 # ---- peaks and MFU ----
