@@ -17,6 +17,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -203,11 +204,22 @@ def _program_model_config(model: ml_collections.ConfigDict) -> ml_collections.Co
     return model
 
 
+# Parameter initialisation and the train steps draw from separate streams of the seed key, so
+# no step's corruption or dropout noise is derived from the key that drew a parameter.
+_INIT_STREAM, _STEP_STREAM = 0, 1
+
+
+def step_key(seed: int) -> jax.Array:
+    """The key a run passes to its train steps (each step folds in its own number)."""
+    return jax.random.fold_in(jax.random.key(seed), _STEP_STREAM)
+
+
 def _init_fn(config: ml_collections.ConfigDict) -> Callable[[], TrainState]:
     model_cfg, tx = _program_model_config(config.model), make_optimizer(config.train)
 
     def init() -> TrainState:
-        params = nnx.state(build_model(model_cfg, nnx.Rngs(config.train.seed)), nnx.Param)
+        rngs = nnx.Rngs(jax.random.fold_in(jax.random.key(config.train.seed), _INIT_STREAM))
+        params = nnx.state(build_model(model_cfg, rngs), nnx.Param)
         return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
     return init
@@ -524,11 +536,18 @@ def initialize_distributed(
 class MetricsWriter:
     """One JSON object per step appended (and flushed) to `workdir/metrics.jsonl`, mirrored to
     TensorBoard event files when the optional `tensorboardX` is installed. Only process 0
-    writes; elsewhere every method is a no-op."""
+    writes; elsewhere every method is a no-op.
 
-    def __init__(self, workdir: Path):
+    A run that resumes from step `start_step` first drops the records of later steps (logged
+    after the checkpoint it resumes from, or by a run now restarted), so the file always holds
+    exactly one record per step of the trajectory that produced the current state.
+    """
+
+    def __init__(self, workdir: Path, start_step: int = 0):
         self.enabled = jax.process_index() == 0
         self.path = workdir / "metrics.jsonl"
+        if self.enabled and self.path.exists():
+            _keep_records_up_to(self.path, start_step)
         self._file = self.path.open("a") if self.enabled else None
         self._tensorboard = None
         if self.enabled and SummaryWriter is not None:
@@ -549,6 +568,29 @@ class MetricsWriter:
             self._file.close()
         if self._tensorboard is not None:
             self._tensorboard.close()
+
+
+def _keep_records_up_to(path: Path, step: int) -> None:
+    """Rewrite the JSON-lines file `path` keeping records with `step <= step` (atomically).
+
+    A last line cut short by a crash is dropped with a warning; any other unreadable line is
+    an error, since silently dropping it would lose a finished result.
+    """
+    lines = path.read_text().splitlines()
+    kept = []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):
+                warnings.warn(f"{path}: dropping a partly written last line (line {number})")
+                continue
+            raise ValueError(f"{path}: line {number} is not JSON: {line[:80]!r}") from None
+        if record["step"] <= step:
+            kept.append(line)
+    partial = path.with_suffix(".jsonl.tmp")
+    partial.write_text("".join(line + "\n" for line in kept))
+    os.replace(partial, path)
 
 
 class Progress:
@@ -654,8 +696,7 @@ def train(
     mesh = partitioning.make_mesh(config.mesh)
     validate_config(config, mesh)
     spec = objectives.spec_from_config(config.objective)
-    layout = objectives.layout_for([config.objective], objectives.family_for(config.model.arch),
-                                   config.model.vocab_size, config.model.num_sentinels)
+    layout = objectives.layout_from_config(config)
     # Imported here: the pipeline pulls in TFDS, which the train step alone does not need.
     from t5x_lite.data.pipeline import pretrain_data_from_config
 
@@ -671,11 +712,11 @@ def train(
         else:
             state = checkpointer.restore(abstract_state(config, mesh))
         start = int(state.step)
-        writer = MetricsWriter(workdir)
+        writer = MetricsWriter(workdir, start)
         bar = Progress(start, total, config.train.log_every, progress)
         try:
             records = _loop(state, start, total, data, train_step, spec,
-                            jax.random.key(config.train.seed), checkpointer, writer, bar, speed)
+                            step_key(config.train.seed), checkpointer, writer, bar, speed)
         finally:
             writer.close()
             bar.close()

@@ -431,3 +431,22 @@ def test_metrics_writer_appends_json_lines_and_tensorboard_events(tmp_path):
     assert len(events) == 1 and events[0].stat().st_size > 0
     # The event file holds the scalar tags we wrote (TensorBoard's record format stores tags as text).
     assert b"train/loss" in events[0].read_bytes() and b"train/mfu" in events[0].read_bytes()
+
+
+def test_metrics_of_steps_after_the_resumed_checkpoint_are_replaced(tmp_path):
+    """Resuming from step 3 drops the records of steps 4-5 that the crashed run logged after
+    its checkpoint (and a line cut short by the crash), so each step appears exactly once."""
+    lines = [json.dumps({"step": step, "loss": 10.0 - step}) for step in range(1, 6)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 6, "lo')
+    with pytest.warns(UserWarning, match="partly written last line"):
+        writer = train.MetricsWriter(tmp_path, start_step=3)
+    writer.write({"step": 4, "loss": 1.5})
+    writer.close()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["loss"]) for r in records] == [(1, 9.0), (2, 8.0), (3, 7.0), (4, 1.5)]
+
+
+def test_a_damaged_metrics_line_in_the_middle_is_an_error_not_a_silent_loss(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 2}\n')
+    with pytest.raises(ValueError, match="line 2 is not JSON"):
+        train.MetricsWriter(tmp_path, start_step=2)
