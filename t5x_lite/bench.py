@@ -37,11 +37,6 @@ def _median_seconds(*fns: Callable[[], Any], steps: int, warmup: int) -> list[fl
     return [statistics.median(t) for t in times]
 
 
-def _layout(config: ml_collections.ConfigDict) -> objectives.BatchLayout:
-    return objectives.layout_for([config.objective], objectives.family_for(config.model.arch),
-                                 config.model.vocab_size, config.model.num_sentinels)
-
-
 def random_raw_tokens(config: ml_collections.ConfigDict, raw_length: int, seed: int = 0) -> np.ndarray:
     """int32 [batch_size, raw_length] of ids from the real-token range (no pad, no sentinel)."""
     high = config.model.vocab_size - config.model.num_sentinels
@@ -53,11 +48,11 @@ def jax_train_step(config: ml_collections.ConfigDict) -> tuple[Callable[[], Any]
     """A closure running one jitted train step (corruption included) on all local devices,
     already compiled, and what is needed to turn its time into tokens/s and MFU."""
     mesh = partitioning.make_mesh(config.mesh)
-    layout = _layout(config)
+    layout = objectives.layout_from_config(config)
     step = train.make_train_step(config, layout, mesh)
     spec = objectives.spec_from_config(config.objective)
     raw = random_raw_tokens(config, layout.raw_length)
-    rng = jax.random.key(config.train.seed)
+    rng = train.step_key(config.train.seed)
     state = train.init_state(config, mesh)
     start = time.perf_counter()
     state, _ = step(state, raw, spec, rng)
@@ -85,7 +80,7 @@ def jax_train_step(config: ml_collections.ConfigDict) -> tuple[Callable[[], Any]
 
 def corruption_only(config: ml_collections.ConfigDict) -> Callable[[], Any]:
     """A closure running `objectives.corrupt` on one global batch, jitted on its own."""
-    layout = _layout(config)
+    layout = objectives.layout_from_config(config)
     spec = objectives.spec_from_config(config.objective)
     raw = jnp.asarray(random_raw_tokens(config, layout.raw_length))
     corrupt = jax.jit(lambda raw, spec, key: objectives.corrupt(raw, spec, key, layout))
@@ -102,7 +97,7 @@ def torch_t5_train_step(config: ml_collections.ConfigDict) -> Callable[[], None]
     import torch
     import transformers
 
-    model_cfg, layout = config.model, _layout(config)
+    model_cfg, layout = config.model, objectives.layout_from_config(config)
     if model_cfg.arch != "encoder_decoder" or config.train.optimizer != "adamw":
         raise ValueError("the PyTorch comparison needs model.arch='encoder_decoder' and train.optimizer='adamw'")
     torch.manual_seed(0)
@@ -135,7 +130,7 @@ def pipeline_seconds(config: ml_collections.ConfigDict, batches: int = 200) -> f
     """Seconds per host batch from the real input pipeline (vocabulary trained or cached first)."""
     from t5x_lite.data.pipeline import pretrain_data_from_config, seconds_per_batch
 
-    _, data = pretrain_data_from_config(config, _layout(config).raw_length)
+    _, data = pretrain_data_from_config(config, objectives.layout_from_config(config).raw_length)
     return seconds_per_batch(data, num_batches=batches)
 
 

@@ -290,6 +290,13 @@ def layout_for(points: Iterable[Mapping[str, Any]], family: str, vocab_size: int
     return BatchLayout(family, raw, inputs, targets, vocab_size, num_sentinels)
 
 
+def layout_from_config(config: Mapping[str, Any]) -> BatchLayout:
+    """The layout of a single-point run: `config.objective` for `config.model`'s family."""
+    model = config["model"]
+    return layout_for([config["objective"]], family_for(model["arch"]), model["vocab_size"],
+                      model["num_sentinels"])
+
+
 # ---------------------------------------------------------------------------------------------
 # Noise masks (device; one example, fixed size, traced counts)
 # ---------------------------------------------------------------------------------------------
