@@ -16,16 +16,20 @@ import os
 import sys
 from typing import Callable
 
+import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from t5x_lite import presets
+from t5x_lite.config import ConfigError
 
 _PRESETS_FILE = os.path.abspath(presets.__file__)
 
 FLAGS = flags.FLAGS
+# No default file: config_flags defines the `--config.*` override flags when it loads a file,
+# and a default loaded at start-up would collide with the one named on the command line.
 config_flags.DEFINE_config_file(
-    "config", f"{_PRESETS_FILE}:tiny", "ml_collections config file (path.py or path.py:ARG).",
+    "config", None, "ml_collections config file (path.py or path.py:ARG); default: the tiny preset.",
     lock_config=True,
 )
 flags.DEFINE_string("preset", None, f"Preset name ({', '.join(presets.PRESETS)}); replaces --config.")
@@ -57,12 +61,19 @@ def _expand_preset(argv: list[str]) -> list[str]:
     return out
 
 
-def _train() -> None:
-    from t5x_lite.train import train
+def _config() -> ml_collections.ConfigDict:
+    """The config named by --config / --preset, else the tiny preset."""
+    return presets.tiny() if FLAGS.config is None else FLAGS.config
 
+
+def _train() -> None:
+    from t5x_lite.train import initialize_distributed, train
+
+    # Joins a multi-host run when the JAX_* / SLURM / TPU VM environment describes one.
+    initialize_distributed()
     if not FLAGS.workdir:
         raise SystemExit("train needs --workdir (where metrics.jsonl and checkpoints go)")
-    summary = train(FLAGS.config, FLAGS.workdir, steps=FLAGS.steps, restart=FLAGS.restart)
+    summary = train(_config(), FLAGS.workdir, steps=FLAGS.steps, restart=FLAGS.restart)
     print(json.dumps(summary, indent=2))
 
 
@@ -70,18 +81,24 @@ def _demo() -> None:
     from t5x_lite.train import train
 
     config = presets.demo()
+    model, objective = config.model, config.objective
     workdir = FLAGS.workdir or "t5x_lite_demo"
     steps = FLAGS.steps or config.train.steps
     print(
-        f"t5x-lite demo: pre-training a small {config.model.arch} (d_model {config.model.d_model}, "
-        f"{config.model.num_layers}+{config.model.num_layers} layers, vocabulary {config.model.vocab_size}) "
-        f"with span corruption (15%, mean span 3) on the built-in python_docs corpus for {steps} steps.\n"
+        f"t5x-lite demo: pre-training a small {model.arch} (d_model {model.d_model}, "
+        f"{model.num_layers} layers per stack, vocabulary {model.vocab_size}) with "
+        f"{objective.name} ({objective.noise_density:.0%}, mean span "
+        f"{objective.mean_noise_span_length:g}) on the {config.data.corpus} corpus for {steps} steps.\n"
         f"This is smaller than the `tiny` benchmark preset so that it finishes in minutes on a laptop CPU.\n"
         f"Metrics: {workdir}/metrics.jsonl; re-running resumes from {workdir}/checkpoints "
         f"(--restart starts over).",
         flush=True,
     )
     summary = train(config, workdir, steps=steps, restart=FLAGS.restart)
+    if summary["step"] == summary["start_step"]:
+        print(f"\n{workdir} already holds a run at step {summary['step']}; "
+              "pass --restart to train again from step 0, or --steps N to go further.")
+        return
     first = _first_loss(os.path.join(workdir, "metrics.jsonl"))
     print(f"\nDone: step {summary['step']}, loss {first:.3f} -> {summary['loss']:.3f}, "
           f"token accuracy {summary['accuracy']:.3f}, {summary['tokens_per_s']:.0f} tokens/s, "
@@ -96,7 +113,7 @@ def _first_loss(metrics_path: str) -> float:
 def _bench() -> None:
     from t5x_lite.bench import run_benchmarks
 
-    result = run_benchmarks(FLAGS.config, steps=FLAGS.bench_steps, compare_torch=FLAGS.compare_torch,
+    result = run_benchmarks(_config(), steps=FLAGS.bench_steps, compare_torch=FLAGS.compare_torch,
                             pipeline=FLAGS.pipeline)
     if FLAGS.json:
         print(json.dumps(result))
@@ -120,7 +137,10 @@ def main(argv: list[str] | None = None) -> None:
         # orbax and TFDS log every save and build step (and TFDS each custom config) through absl;
         # our own warnings go through `warnings` and still show.
         logging.set_verbosity(logging.ERROR)
-        COMMANDS[command]()
+        try:
+            COMMANDS[command]()
+        except ConfigError as error:  # a bad setting: the message names it; no traceback needed
+            raise SystemExit(f"t5x-lite {command}: invalid config: {error}") from None
 
     app.run(run, argv=_expand_preset(argv))
 

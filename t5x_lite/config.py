@@ -69,9 +69,11 @@ def default_config() -> ml_collections.ConfigDict:
             mean_noise_span_length=3.0,
             random_token_fraction=0.1,  # BERT-style: share of noise tokens made random
             inputs_length=512,
-            targets_length=114,
         )
     )
+    # None: as long as the objective needs (114 for span corruption at 512 / 15% / 3). A set
+    # value pads every objective's targets to it, and must be at least that need.
+    config.objective.targets_length = ml_collections.config_dict.placeholder(int)
     config.train = ml_collections.ConfigDict(
         dict(
             batch_size=128,

@@ -24,7 +24,7 @@ def small() -> ml_collections.ConfigDict:
     config = default_config()
     config.model.update(d_model=512, d_ff=2048, num_heads=8, d_kv=64, num_layers=6)
     config.train.update(batch_size=128, steps=2**16)
-    config.objective.update(inputs_length=512, targets_length=114)
+    config.objective.update(inputs_length=512)
     return config
 
 
@@ -46,7 +46,7 @@ def tiny() -> ml_collections.ConfigDict:
 def demo() -> ml_collections.ConfigDict:
     config = tiny()
     config.model.update(d_model=128, d_ff=512, num_heads=4, d_kv=32, num_layers=2, vocab_size=2048)
-    config.objective.update(inputs_length=64, targets_length=16)
+    config.objective.update(inputs_length=64, targets_length=None)
     config.train.update(batch_size=8, steps=200, warmup_steps=20, learning_rate=2e-3)
     config.checkpoint.update(every=100)
     return config

@@ -48,5 +48,21 @@ def test_demo_runs_and_resumes(tmp_path):
     assert "Done: step 4" in out
     out = run(6)
     assert "Done: step 6" in out
+    out = run(6)  # nothing left to do: says so instead of training or crashing
+    assert "already holds a run at step 6" in out
     steps = [json.loads(line)["step"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_bad_config_override_fails_fast_naming_the_field(tmp_path):
+    """An override that cannot work stops before any data or model is built, without a traceback."""
+    result = subprocess.run(
+        [sys.executable, "-m", "t5x_lite.cli", "train", "--preset", "demo",
+         "--config.objective.name=deshuffling", "--config.objective.targets_length=8",
+         f"--workdir={tmp_path / 'run'}"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode != 0
+    assert "invalid config: objective.targets_length=8" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()
