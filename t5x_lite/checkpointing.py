@@ -211,10 +211,10 @@ class Checkpointer:
         )
         try:
             self._check_resumable(require_existing)
-        except ConfigError:
+            self._write_config()
+        except BaseException:  # never leave orbax's background threads behind; re-raised
             self._manager.close()
             raise
-        self._write_config()
 
     def _wipe(self) -> None:
         if self.directory.exists():

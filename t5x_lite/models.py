@@ -8,8 +8,11 @@
   same class with the same parameters, and only the mask from `make_masks` differs.
 
 `make_masks(batch, arch)` is the only place where the architecture decides what a position
-may see; a model called without masks calls it. `model(batch)` returns float32 logits
-`[B, target_len, vocab]`.
+may see; a model called without masks calls it. (The train step builds both decoder-only
+archs as `prefix_lm` and ANDs `inputs_mask` with a traced flag, so they share one
+compilation; with the flag off, the prefix mask is the causal mask.) `model(batch)` returns
+float32 logits `[B, target_len, vocab]` for encoder-decoders and `[B, inputs_len +
+target_len, vocab]` for decoder-only models.
 """
 from __future__ import annotations
 

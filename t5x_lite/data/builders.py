@@ -509,9 +509,12 @@ def _gather_in_child() -> tuple[list[str], dict[str, int]]:
         out = os.path.join(tmp, "docs.json")
         code = ("import json, sys; from t5x_lite.data.builders import gather_python_docs; "
                 "json.dump(gather_python_docs(), open(sys.argv[1], 'w'))")
-        subprocess.run([sys.executable, "-c", code, out], check=True, timeout=600,
-                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)
+        child = subprocess.run([sys.executable, "-c", code, out], timeout=600,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+        if child.returncode != 0:
+            raise RuntimeError("gathering the python_docs corpus failed in a child interpreter "
+                               f"(exit code {child.returncode}):\n{child.stderr[-2000:]}")
         with open(out) as f:
             docs, counts = json.load(f)
     return docs, counts
