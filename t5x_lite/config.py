@@ -117,26 +117,39 @@ def default_config() -> ml_collections.ConfigDict:
     return config
 
 
-def _require_choice(field: str, value: Any, allowed: Iterable[str]) -> None:
+def require_choice(field: str, value: Any, allowed: Iterable[str]) -> None:
+    """Raise `ConfigError` unless `value` is one of `allowed`; the message lists them."""
     allowed = tuple(allowed)
     if value not in allowed:
         raise ConfigError(f"{field}={value!r} is not allowed; choose one of {', '.join(allowed)}")
 
 
-def _require_positive(field: str, value: Any) -> None:
+def require_positive(field: str, value: Any) -> None:
+    """Raise `ConfigError` unless `value` is a positive int or float (not a bool)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         raise ConfigError(f"{field}={value!r} must be a positive number")
 
 
+def require_vocab_room(vocab_size: int, num_sentinels: int) -> None:
+    """Raise `ConfigError` unless the vocabulary holds pad, eos, unk, one real token and the
+    sentinels."""
+    if vocab_size < num_sentinels + NUM_RESERVED_IDS + 1:
+        raise ConfigError(
+            f"model.vocab_size={vocab_size} is too small for model.num_sentinels="
+            f"{num_sentinels}: it must be at least num_sentinels + "
+            f"{NUM_RESERVED_IDS + 1} (pad, eos, unk and one real token)"
+        )
+
+
 def validate_model_config(model: ml_collections.ConfigDict) -> None:
     """Raise `ConfigError` naming the field if the model settings cannot build a network."""
-    _require_choice("model.arch", model.arch, ARCHS)
-    _require_choice("model.mlp", model.mlp, MLP_KINDS)
-    _require_choice("model.dtype", model.dtype, DTYPES)
-    _require_choice("model.attention_impl", model.attention_impl, ATTENTION_IMPLS)
+    require_choice("model.arch", model.arch, ARCHS)
+    require_choice("model.mlp", model.mlp, MLP_KINDS)
+    require_choice("model.dtype", model.dtype, DTYPES)
+    require_choice("model.attention_impl", model.attention_impl, ATTENTION_IMPLS)
     for field in ("vocab_size", "d_model", "d_ff", "num_heads", "d_kv", "num_layers",
                   "relpos_buckets", "relpos_max_distance", "layer_norm_epsilon"):
-        _require_positive(f"model.{field}", model[field])
+        require_positive(f"model.{field}", model[field])
     for field in ("vocab_size", "d_model", "d_ff", "num_heads", "d_kv", "num_layers",
                   "relpos_buckets", "relpos_max_distance", "num_sentinels"):
         if not isinstance(model[field], int) or isinstance(model[field], bool):
@@ -145,12 +158,7 @@ def validate_model_config(model: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"model.num_sentinels={model.num_sentinels} must be >= 0")
     if not 0.0 <= model.dropout_rate < 1.0:
         raise ConfigError(f"model.dropout_rate={model.dropout_rate} must be in [0, 1)")
-    if model.vocab_size < model.num_sentinels + NUM_RESERVED_IDS + 1:
-        raise ConfigError(
-            f"model.vocab_size={model.vocab_size} is too small for model.num_sentinels="
-            f"{model.num_sentinels}: it must be at least num_sentinels + "
-            f"{NUM_RESERVED_IDS + 1} (pad, eos, unk and one real token)"
-        )
+    require_vocab_room(model.vocab_size, model.num_sentinels)
     if model.arch == "encoder_decoder_half" and model.num_layers % 2:
         raise ConfigError(
             f"model.num_layers={model.num_layers} must be even for "

@@ -26,7 +26,7 @@ from t5x_lite.config import (
     ARCHS,
     DECODER_ONLY_ARCHS,
     ENCODER_DECODER_ARCHS,
-    ConfigError,
+    require_choice,
     validate_model_config,
 )
 from t5x_lite.layers import (
@@ -51,6 +51,7 @@ def make_masks(batch: Batch, arch: str) -> dict[str, jax.Array]:
     is padding iff `decoder_target_tokens` is present and 0 there (Hugging Face T5 has no
     decoder padding mask, so without targets every decoder position is valid).
     """
+    require_choice("model.arch", arch, ARCHS)
     decoder_tokens = batch["decoder_input_tokens"]
     if "decoder_target_tokens" in batch:
         decoder_valid = batch["decoder_target_tokens"] > 0
@@ -69,12 +70,10 @@ def make_masks(batch: Batch, arch: str) -> dict[str, jax.Array]:
             "cross_mask": attention.cross_attention_mask(
                 decoder_valid, encoder_valid, decoder_segments, encoder_segments),
         }
-    if arch == "language_model":
-        visibility = attention.causal_mask(decoder_tokens.shape[1])
-    elif arch == "prefix_lm":
+    if arch == "prefix_lm":
         visibility = attention.prefix_lm_mask(batch["inputs_mask"])
     else:
-        raise ConfigError(f"arch={arch!r} is not allowed; choose one of {', '.join(ARCHS)}")
+        visibility = attention.causal_mask(decoder_tokens.shape[1])
     return {"decoder_mask": attention.combine_masks(visibility, decoder_self)}
 
 

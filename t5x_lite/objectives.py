@@ -34,7 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5x_lite.config import (
-    ENCODER_DECODER_ARCHS, EOS_ID, NUM_RESERVED_IDS, PAD_ID, ConfigError,
+    ENCODER_DECODER_ARCHS, EOS_ID, NUM_RESERVED_IDS, PAD_ID, ConfigError, require_choice,
+    require_vocab_room,
 )
 
 OBJECTIVES = (
@@ -200,9 +201,7 @@ def _require(field: str, value: Any, ok: Callable[[Any], bool], allowed: str) ->
 def _validated_lengths(point: Mapping[str, Any]) -> tuple[int, int, int]:
     """Check one objective config (a ConfigDict or dict) and return its `lengths_for`."""
     name = point["name"]
-    if name not in OBJECTIVES:
-        raise ConfigError(
-            f"objective.name={name!r} is not allowed; choose one of {', '.join(OBJECTIVES)}")
+    require_choice("objective.name", name, OBJECTIVES)
     _require("objective.noise_density", point["noise_density"], lambda v: 0 < v < 1,
              "a number in (0, 1)")
     _require("objective.mean_noise_span_length", point["mean_noise_span_length"],
@@ -231,11 +230,7 @@ def validate_vocab(vocab_size: int, num_sentinels: int) -> None:
         raise ConfigError(
             f"model.num_sentinels={num_sentinels} is too small: the objectives need at least 1 "
             "(<extra_id_0> is the mask token and the first sentinel)")
-    if vocab_size - num_sentinels <= NUM_RESERVED_IDS:
-        raise ConfigError(
-            f"model.vocab_size={vocab_size} is too small for model.num_sentinels={num_sentinels}: "
-            f"it must be at least num_sentinels + {NUM_RESERVED_IDS + 1} (pad, eos, unk and one "
-            "real token)")
+    require_vocab_room(vocab_size, num_sentinels)
 
 
 def spec_from_config(objective_cfg: Mapping[str, Any]) -> ObjectiveSpec:
@@ -264,8 +259,7 @@ def layout_for(points: Iterable[Mapping[str, Any]], family: str, vocab_size: int
     Validates every point, the family and the vocabulary, including that the vocabulary has a
     sentinel for every span a span-corruption point can make.
     """
-    if family not in FAMILIES:
-        raise ConfigError(f"family={family!r} is not allowed; choose one of {', '.join(FAMILIES)}")
+    require_choice("family", family, FAMILIES)
     validate_vocab(vocab_size, num_sentinels)
     points = list(points)
     if not points:

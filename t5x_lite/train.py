@@ -33,7 +33,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from t5x_lite import accounting, objectives, partitioning
 from t5x_lite.checkpointing import Checkpointer
-from t5x_lite.config import DECODER_ONLY_ARCHS, ConfigError, validate_model_config
+from t5x_lite.config import (
+    DECODER_ONLY_ARCHS,
+    ConfigError,
+    require_choice,
+    require_positive,
+    validate_model_config,
+)
 from t5x_lite.models import build_model, make_masks
 
 try:
@@ -67,20 +73,10 @@ class TrainState:
 
 def validate_train_config(train: ml_collections.ConfigDict) -> None:
     """Raise `ConfigError` naming the field if `config.train` cannot run."""
-    if train.optimizer not in OPTIMIZERS:
-        raise ConfigError(
-            f"train.optimizer={train.optimizer!r} is not allowed; "
-            f"choose one of {', '.join(OPTIMIZERS)}"
-        )
-    if train.schedule not in SCHEDULES:
-        raise ConfigError(
-            f"train.schedule={train.schedule!r} is not allowed; "
-            f"choose one of {', '.join(SCHEDULES)}"
-        )
+    require_choice("train.optimizer", train.optimizer, OPTIMIZERS)
+    require_choice("train.schedule", train.schedule, SCHEDULES)
     for field in ("learning_rate", "batch_size", "steps", "microbatches", "log_every"):
-        value = train[field]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise ConfigError(f"train.{field}={value!r} must be a positive number")
+        require_positive(f"train.{field}", train[field])
     for field in ("batch_size", "steps", "microbatches", "log_every", "warmup_steps"):
         if isinstance(train[field], bool) or not isinstance(train[field], int):
             raise ConfigError(f"train.{field}={train[field]!r} must be an integer")
