@@ -62,7 +62,7 @@ RESUME_FIELDS = (
 )
 # Fields inside `model` that leave the parameters unchanged: the saved float32 parameters
 # restore under any compute dtype, attention kernel or dropout rate.
-_PARAMETER_NEUTRAL_FIELDS = ("model.dtype", "model.attention_impl", "model.dropout_rate")
+_PARAMETER_NEUTRAL_FIELDS = ("model.dtype", "model.attention_impl", "model.dropout_rate", "model.remat")
 _ABSENT = "<absent>"
 
 

@@ -54,6 +54,7 @@ def model_config() -> ml_collections.ConfigDict:
             layer_norm_epsilon=1e-6,
             dtype="float32",  # compute dtype; parameters are always float32
             attention_impl="auto",
+            remat=False,  # recompute each layer's activations in the backward pass (saves memory)
         )
     )
 

@@ -90,6 +90,17 @@ def _positions(batch: Batch, stack: str, tokens_key: str) -> jax.Array:
     return jnp.arange(batch[tokens_key].shape[1]) if positions is None else positions
 
 
+def _run_layer(layer: TransformerLayer, x: jax.Array, mask: jax.Array | None,
+               bias: jax.Array | None, encoded: jax.Array | None, cross_mask: jax.Array | None,
+               dropout_rng: jax.Array | None) -> jax.Array:
+    return layer(x, mask, bias, encoded=encoded, cross_mask=cross_mask, dropout_rng=dropout_rng)
+
+
+# `model.remat`: keep only each layer's input for the backward pass and recompute the rest,
+# trading about one extra forward pass for activation memory that no longer grows with depth.
+_run_layer_remat = nnx.remat(_run_layer)
+
+
 class TransformerStack(nnx.Module):
     """Embedded tokens -> dropout -> layers -> final norm -> dropout.
 
@@ -120,6 +131,7 @@ class TransformerStack(nnx.Module):
         self.final_norm = RMSNorm(cfg.d_model, epsilon=cfg.layer_norm_epsilon)
         self.bidirectional = bidirectional
         self.dropout_rate = cfg.dropout_rate
+        self.remat = cfg.remat
 
     def __call__(
         self,
@@ -135,9 +147,9 @@ class TransformerStack(nnx.Module):
         bias = self.relpos(positions, positions, self.bidirectional)
         # Dropout sites: 0 the embedded input, 1 the final norm's output, 2 + i layer i.
         x = dropout(x, self.dropout_rate, fold_rng(dropout_rng, 0))
+        run_layer = _run_layer_remat if self.remat else _run_layer
         for i, layer in enumerate(self.layers):
-            x = layer(x, mask, bias, encoded=encoded, cross_mask=cross_mask,
-                      dropout_rng=fold_rng(dropout_rng, i + 2))
+            x = run_layer(layer, x, mask, bias, encoded, cross_mask, fold_rng(dropout_rng, i + 2))
         return dropout(self.final_norm(x), self.dropout_rate, fold_rng(dropout_rng, 1))
 
 
