@@ -122,6 +122,13 @@ def test_from_config_trains_the_vocabulary_and_reads_the_corpus(tmp_path):
         pretrain_data_from_config(config, raw_length=32)
 
 
+def test_a_mistyped_corpus_is_a_config_error_naming_the_field(tmp_path):
+    config = default_config()
+    config.data.update(corpus="pyhton_docs", data_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match="data.corpus='pyhton_docs' is not 'python_docs'"):
+        pretrain_data_from_config(config, raw_length=32)
+
+
 # ----------------------------------------------------------------------------- downstream
 
 def numbered_examples(lengths):

@@ -625,6 +625,13 @@ def build(source: _LocalSource, data_dir: str) -> LocalFiles:
     return builder
 
 
+def is_catalog_name(name: str) -> bool:
+    """Whether `name` ('c4/en', 'glue/cola:2.0.0', ...) names a dataset in the TFDS catalog."""
+    for module in _CATALOG_MODULES:  # TFDS registers catalog builders when their module loads
+        importlib.import_module(f"tensorflow_datasets.{module}")
+    return name.split("/")[0].split(":")[0] in tfds.list_builders(with_community_datasets=False)
+
+
 def load_split(source: str | _LocalSource, split: str, data_dir: str | None = None) -> Records:
     """One split of any source as a random-access sequence of dict records.
 
@@ -640,8 +647,10 @@ def load_split(source: str | _LocalSource, split: str, data_dir: str | None = No
             raise ValueError(f"split={split!r} is not in {source.kind}; "
                              f"choose one of {', '.join(splits)}")
         return Records(splits[split])
-    for module in _CATALOG_MODULES:
-        importlib.import_module(f"tensorflow_datasets.{module}")
+    if not is_catalog_name(source):
+        raise ValueError(
+            f"source={source!r} is not 'python_docs', an existing file or glob of text files, "
+            "or a TFDS catalog name (e.g. 'c4/en', 'glue/cola')")
     builder = tfds.builder(source, data_dir=data_dir, file_format="array_record")
     try:
         return Records(builder.as_data_source(split=split))

@@ -21,7 +21,7 @@ import ml_collections
 import numpy as np
 
 from t5x_lite.config import EOS_ID, PAD_ID, UNK_ID, ConfigError
-from t5x_lite.data.builders import as_source, default_data_dir, load_split
+from t5x_lite.data.builders import as_source, default_data_dir, is_catalog_name, load_split
 from t5x_lite.data.vocabulary import Vocabulary, load_vocabulary, train_vocabulary
 
 log = logging.getLogger(__name__)
@@ -162,13 +162,18 @@ def pretrain_data_from_config(
 ) -> tuple[Vocabulary, PretrainData]:
     """The vocabulary and pre-training batches the config asks for.
 
-    `config.data.corpus` is 'python_docs' or a glob of text files; `config.data.vocab` is a
+    `config.data.corpus` is 'python_docs', a glob of text files or a TFDS catalog name (read
+    from `config.data.data_dir`, where it must be prepared); `config.data.vocab` is a
     SentencePiece `.model` path, or '' to train one on the corpus with `config.model.vocab_size`
     ids (cached under `config.data.data_dir`, default ~/.cache/t5x_lite). With several hosts,
     share that directory (or a `.model` path) so all hosts use the same vocabulary.
     """
     data_dir = config.data.data_dir or default_data_dir()
     source = as_source(config.data.corpus)
+    if isinstance(source, str) and not is_catalog_name(source):
+        raise ConfigError(
+            f"data.corpus={config.data.corpus!r} is not 'python_docs', an existing file or glob "
+            "of .txt/.jsonl files, or a TFDS catalog name prepared in data.data_dir")
     if config.data.vocab:
         vocab = load_vocabulary(config.data.vocab, config.model.num_sentinels)
     else:
