@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from t5x_lite import accounting, objectives, partitioning, train
+from t5x_lite import objectives, partitioning, train
 from t5x_lite.config import NUM_RESERVED_IDS
 
 
@@ -65,10 +65,7 @@ def jax_train_step(config: ml_collections.ConfigDict) -> tuple[Callable[[], Any]
         return metrics
 
     info = {
-        "tokens": config.train.batch_size * (layout.inputs_length + layout.targets_length),
-        "flops": config.train.batch_size * accounting.train_flops_per_example(
-            config.model, layout.inputs_length, layout.targets_length),
-        "peak": train.peak_flops_per_second(mesh, config.model.dtype),
+        "throughput": train.Throughput.of(config, layout, mesh),
         "compile_s": step.program.compile_seconds,
         "first_call_s": first_call_s,
         "devices": f"{mesh.devices.size} x {mesh.devices.flat[0].device_kind}",
@@ -147,12 +144,14 @@ def run_benchmarks(config: ml_collections.ConfigDict, *, steps: int = 10, warmup
         runs.append(torch_t5_train_step(config))
     seconds = _median_seconds(*runs, steps=steps, warmup=warmup)
     step_s, corrupt_s = seconds[:2]
+    throughput = info["throughput"]
+    speed = throughput(step_s)
     result = {
-        "tokens_per_second": info["tokens"] / step_s,
+        "tokens_per_second": speed["tokens_per_s"],
         "step_ms": step_s * 1e3,
-        "tflops_per_second": info["flops"] / step_s / 1e12,
-        "peak_tflops_per_second": None if info["peak"] is None else info["peak"] / 1e12,
-        "mfu": accounting.mfu(info["flops"] / step_s, info["peak"]),
+        "tflops_per_second": speed["tflops_per_s"],
+        "peak_tflops_per_second": None if throughput.peak is None else throughput.peak / 1e12,
+        "mfu": speed["mfu"],
         "compile_s": info["compile_s"],
         "first_call_s": info["first_call_s"],
         "devices": info["devices"],
@@ -164,7 +163,7 @@ def run_benchmarks(config: ml_collections.ConfigDict, *, steps: int = 10, warmup
         import torch
 
         torch_s = seconds[2]
-        result["torch"] = {"tokens_per_second": info["tokens"] / torch_s, "step_ms": torch_s * 1e3,
+        result["torch"] = {"tokens_per_second": throughput.tokens_per_step / torch_s, "step_ms": torch_s * 1e3,
                            "version": torch.__version__, "threads": torch.get_num_threads()}
         result["speedup_vs_torch"] = torch_s / step_s
     if pipeline:

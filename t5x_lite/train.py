@@ -640,7 +640,7 @@ def peak_flops_per_second(mesh: Mesh, dtype: str) -> float | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Speed:
+class Throughput:
     """Turns one step's wall time into throughput: tokens/s, TFLOP/s and MFU.
 
     Tokens are every position the model reads per step (batch x (inputs + targets) lengths);
@@ -702,7 +702,7 @@ def train(
         _, data = pretrain_data_from_config(
             config, layout.raw_length, jax.process_index(), jax.process_count())
         train_step = make_train_step(config, layout, mesh)
-        speed = _Speed.of(config, layout, mesh)
+        speed = Throughput.of(config, layout, mesh)
         if checkpointer.latest_step() is None:
             state = init_state(config, mesh)
         else:
@@ -721,7 +721,7 @@ def train(
 
 def _loop(state: TrainState, step: int, total: int, data: Any, train_step: TrainStep, spec: Any,
           rng: jax.Array, checkpointer: Checkpointer, writer: MetricsWriter, bar: Progress,
-          speed: _Speed) -> list[dict[str, Any]]:
+          speed: Throughput) -> list[dict[str, Any]]:
     """Steps `step` -> `total`: train, record, checkpoint; stops early on preemption."""
     records = []
     compiles_before = train_step.compiles

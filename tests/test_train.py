@@ -407,7 +407,7 @@ class _FakeCheckpointer:
 def test_a_non_finite_loss_stops_the_loop_without_saving_that_state(tmp_path):
     data = types.SimpleNamespace(batch=lambda step: np.zeros((8, 4), np.int32))
     checkpointer, writer = _FakeCheckpointer(), train.MetricsWriter(tmp_path)
-    speed = train._Speed(tokens_per_step=10, flops_per_step=1.0, peak=None)
+    speed = train.Throughput(tokens_per_step=10, flops_per_step=1.0, peak=None)
     bar = train.Progress(0, 5, every=1, enabled=False)
     step = _FakeStep([2.0, float("nan")])
     with pytest.raises(FloatingPointError, match="loss is nan at step 2; stopping without saving"):
