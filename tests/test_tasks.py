@@ -1,10 +1,11 @@
 """Text-to-text formatting against the T5 paper's appendix D, the task registry, GLUE average."""
+import collections
 import json
 import os
 
 import pytest
 
-from t5x_lite.data import tasks
+from t5x_lite.data import builtin, tasks
 
 SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
 
@@ -244,7 +245,8 @@ def test_registry_has_the_paper_tasks_and_names_them_in_errors():
              "squad", "cnn_dailymail", "wmt_ende", "wmt_enfr", "wmt_enro"]
     assert set(paper) <= set(tasks.TASKS)
     with pytest.raises(ValueError,
-                       match="unknown task 'glue_colaa'; known tasks: cnn_dailymail, glue_cola"):
+                       match="unknown task 'glue_colaa'; known tasks: builtin_module, "
+                             "builtin_reverse, builtin_sort, cnn_dailymail, glue_cola"):
         tasks.get_task("glue_colaa")
 
 
@@ -314,3 +316,83 @@ def test_local_glue_rte_from_shared_data(tmp_path):
     assert examples[0].inputs.endswith(" sentence2: Christopher Reeve had an accident.")
     assert examples[0].targets == "not_entailment"
     assert all(ex.targets is None for ex in task.examples("test", str(tmp_path), SHARED_DATA))
+
+
+# ---------------------------------------------------------------------------------------------
+# Built-in tasks, generated from the python_docs corpus.
+
+BUILTIN = ("builtin_reverse", "builtin_sort", "builtin_module")
+
+
+@pytest.fixture(scope="module")
+def docs_dir(tmp_path_factory):
+    """One python_docs build for the built-in task tests (a few seconds)."""
+    return str(tmp_path_factory.mktemp("python_docs"))
+
+
+def _examples(name, split, data_dir):
+    return tasks.get_task(name).examples(split, data_dir)
+
+
+@pytest.mark.parametrize("name, prefix, transform", [
+    ("builtin_reverse", "reverse: ", lambda words: words[::-1]),
+    ("builtin_sort", "sort: ", sorted),
+])
+def test_builtin_word_tasks(docs_dir, name, prefix, transform):
+    for split, size in (("train", 8192), ("validation", 256)):
+        examples = _examples(name, split, docs_dir)
+        assert len(examples) == size
+        for ex in examples:
+            assert ex.inputs.startswith(prefix)
+            words = ex.inputs.removeprefix(prefix).split(" ")
+            assert 3 <= len(words) <= 8
+            assert all(w.isascii() and w.isalpha() and w.islower() for w in words)
+            assert ex.targets.split(" ") == transform(words)
+    # Exact match over the whole sequence: one word out of place makes an example wrong.
+    examples = _examples(name, "validation", docs_dir)[:4]
+    predictions = [ex.targets for ex in examples[:3]] + [examples[3].inputs]
+    assert tasks.get_task(name).score(examples, predictions) == {"accuracy": 75.0}
+
+
+def test_builtin_module_is_balanced_and_hides_its_labels(docs_dir):
+    task = tasks.get_task("builtin_module")
+    sizes = {}
+    for split in ("train", "validation"):
+        examples = _examples("builtin_module", split, docs_dir)
+        counts = collections.Counter(ex.targets for ex in examples)
+        assert set(counts) == {"asyncio", "email", "logging", "xml"}
+        assert len(set(counts.values())) == 1  # the same number of every class
+        sizes[split] = len(examples)
+        for ex in examples:
+            sentence = ex.inputs.removeprefix("module sentence: ")
+            assert sentence != ex.inputs and 6 <= len(sentence.split()) <= 30
+            assert not any(label in sentence.lower() for label in counts)
+    # Validation holds about one sentence in five.
+    assert 4 * 100 <= sizes["train"] and 0.1 < sizes["validation"] / sizes["train"] < 0.4
+    examples = _examples("builtin_module", "validation", docs_dir)[:2]
+    scores = task.score(examples, [examples[0].targets, "not a module"])
+    assert scores == {"accuracy": 50.0}
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+def test_builtin_splits_are_disjoint(docs_dir, name):
+    train = {ex.inputs for ex in _examples(name, "train", docs_dir)}
+    validation = {ex.inputs for ex in _examples(name, "validation", docs_dir)}
+    assert validation and not train & validation
+
+
+def test_builtin_tasks_are_deterministic(docs_dir, tmp_path):
+    before = {name: _examples(name, "train", docs_dir) for name in BUILTIN}
+    # A second build of the corpus, generated afresh, gives the same examples in the same order.
+    for cached in (builtin._paragraphs, builtin._word_sequences, builtin._module_sentences):
+        cached.cache_clear()
+    assert {name: _examples(name, "train", str(tmp_path)) for name in BUILTIN} == before
+
+
+def test_builtin_tasks_have_no_test_split(docs_dir):
+    with pytest.raises(ValueError, match="'builtin_reverse' has no split 'test'; "
+                                         "its splits: train, validation"):
+        tasks.get_task("builtin_reverse").examples("test", docs_dir)
+    with pytest.raises(ValueError, match="built-in tasks have no split 'dev'; "
+                                         "choose one of train, validation"):
+        builtin.word_sequences("dev", docs_dir, None)

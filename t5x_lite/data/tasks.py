@@ -19,8 +19,14 @@ Records are those of the TFDS catalog (`glue/*`, `squad`, `cnn_dailymail`, `wmt*
 or of the local builders in `t5x_lite.data.builders`, which use the same field names.
 
 The registry holds the paper's tasks, read from the TFDS catalog (`glue_cola` ... `glue_wnli`,
-`squad`, `cnn_dailymail`, `wmt_ende`, `wmt_enfr`, `wmt_enro`), and `local_*` tasks with the same
-formats, read from the small real sets under a data root laid out as `../shared/data`.
+`squad`, `cnn_dailymail`, `wmt_ende`, `wmt_enfr`, `wmt_enro`), `local_*` tasks with the same
+formats, read from the small real sets under a data root laid out as `../shared/data`, and
+`builtin_*` tasks generated from the built-in python_docs corpus (`t5x_lite.data.builtin`),
+which need no data at all:
+
+    reverse: return the first item                                    -> item first the return
+    sort: return the first item                                       -> first item return the
+    module sentence: Push more data into the parser.                  -> email
 """
 from __future__ import annotations
 
@@ -30,7 +36,7 @@ import os
 from typing import Any, Callable, Mapping, Sequence
 
 from t5x_lite import metrics
-from t5x_lite.data import builders
+from t5x_lite.data import builders, builtin
 
 Record = Mapping[str, Any]
 # (split name of the source, data_dir, data_root) -> records; see `Task.examples`.
@@ -118,6 +124,17 @@ def format_summarization(
 ) -> Example:
     """A document/summary pair -> "summarize: <document>", target = the summary."""
     return _labeled(f"summarize: {record[document_key]}", record[summary_key])
+
+
+def format_word_task(
+    record: Record, *, prefix: str, transform: Callable[[list[str]], list[str]]
+) -> Example:
+    """A `{'words': 'w1 .. wn'}` record -> "<prefix>: w1 .. wn", target = the transformed words."""
+    return _labeled(f"{prefix}: {record['words']}", " ".join(transform(record["words"].split())))
+
+
+def reverse_words(words: list[str]) -> list[str]:
+    return words[::-1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,7 +342,26 @@ def _local_tasks() -> list[Task]:
     ]
 
 
-TASKS: dict[str, Task] = {task.name: task for task in [*_paper_tasks(), *_local_tasks()]}
+def _builtin_tasks() -> list[Task]:
+    # A whole-string `accuracy` is the exact match of the predicted word sequence.
+    def word_task(name: str, prefix: str, transform: Callable[[list[str]], list[str]]) -> Task:
+        formatter = functools.partial(format_word_task, prefix=prefix, transform=transform)
+        return Task(name, builtin.word_sequences, formatter, ("accuracy",), _TRAIN_VALIDATION)
+
+    labels = builtin.MODULE_CLASSES
+    return [
+        word_task("builtin_reverse", "reverse", reverse_words),
+        word_task("builtin_sort", "sort", sorted),
+        Task("builtin_module", builtin.module_sentences,
+             functools.partial(format_glue, benchmark="module", keys=("sentence",),
+                               label_names=labels),
+             ("accuracy",), _TRAIN_VALIDATION,
+             functools.partial(label_to_class_id, label_names=labels)),
+    ]
+
+
+TASKS: dict[str, Task] = {
+    task.name: task for task in [*_paper_tasks(), *_local_tasks(), *_builtin_tasks()]}
 
 
 def get_task(name: str) -> Task:
