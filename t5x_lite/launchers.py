@@ -1,0 +1,400 @@
+"""Where a sweep's grid points run: in this process, in worker processes, on Ray, on a TPU pod
+or on a SLURM cluster.
+
+t5x_lite has no cluster manager of its own. One run scales through JAX's multi-controller
+runtime (`jax.distributed` + XLA SPMD); a sweep's points are spread by something that exists:
+
+- `LocalLauncher` (default): the points one after another, in this process.
+- `LocalParallelLauncher(workers=N)`: N worker processes on this machine, each with its own
+  devices (a share of the GPUs through CUDA_VISIBLE_DEVICES, or its own CPU devices).
+- `RayLauncher(address=...)`: each point is a Ray task with a CPU/GPU/TPU request.
+- `tpu_commands(...)`: the `gcloud ... tpu-vm ssh --worker=all` commands that install the
+  package and start the same sweep on every host of a TPU pod slice.
+- `slurm_script(...)`: an sbatch job array, one array task per grid point, one process per GPU.
+
+A launcher only moves points and records: `sweep.run_sweep` calls `launcher.map(run_point,
+points, workdir)` and stays the one writer of results.jsonl, appending records as they arrive.
+`main(argv)` is the command line of the TPU and SLURM generators (`python -m t5x_lite.launchers`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import math
+import multiprocessing
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence
+
+if TYPE_CHECKING:  # sweep imports this module; the type is only needed for annotations
+    from t5x_lite.sweep import GridPoint
+
+PointFn = Callable[["GridPoint", str], list[dict]]
+LAUNCHERS = ("local", "parallel", "ray")
+ACCELERATORS = ("cpu", "gpu", "tpu")
+# The flag that makes `t5x-lite sweep` run only the grid point with this index (SLURM arrays).
+POINT_INDEX_FLAG = "--point_index"
+_DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+class Launcher(Protocol):
+    """Runs `fn(point, workdir)` for every point and yields each point's records as it finishes
+    (in completion order, not necessarily the order of `points`)."""
+
+    def map(self, fn: PointFn, points: Sequence[GridPoint], workdir: str) -> Iterator[list[dict]]:
+        ...
+
+
+# ---------------------------------------------------------------------------------------------
+# In this process, in local worker processes
+
+
+class LocalLauncher:
+    """The points one after another in this process (the default)."""
+
+    def map(self, fn: PointFn, points: Sequence[GridPoint], workdir: str) -> Iterator[list[dict]]:
+        for point in points:
+            yield fn(point, workdir)
+
+
+def visible_gpus() -> list[str]:
+    """The GPU ids this process may use, found without initialising JAX: CUDA_VISIBLE_DEVICES
+    when set, else one id per GPU that `nvidia-smi -L` lists, else none."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [gpu.strip() for gpu in listed.split(",") if gpu.strip()]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    lines = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=True).stdout
+    return [str(i) for i, line in enumerate(lines.splitlines()) if line.startswith("GPU ")]
+
+
+def worker_environments(
+    workers: int, gpus: Sequence[str], cpu_devices_per_worker: int = 1, xla_flags: str = ""
+) -> list[dict[str, str]]:
+    """The environment variables that give each of `workers` processes its own devices.
+
+    With GPUs: contiguous, near-equal shares of `gpus` as CUDA_VISIBLE_DEVICES. Without: XLA_FLAGS
+    (`xla_flags` with its host device count replaced) so that each worker's JAX sees
+    `cpu_devices_per_worker` CPU devices. (A TPU host's chips are not split: use one worker.)
+    """
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers={workers!r} must be an integer >= 1")
+    if cpu_devices_per_worker < 1:
+        raise ValueError(f"cpu_devices_per_worker={cpu_devices_per_worker!r} must be >= 1")
+    if gpus:
+        if len(gpus) < workers:
+            raise ValueError(
+                f"workers={workers} needs at least one GPU each, but only {len(gpus)} are "
+                f"visible ({','.join(gpus)}); use workers <= {len(gpus)}"
+            )
+        bounds = [round(i * len(gpus) / workers) for i in range(workers + 1)]
+        return [
+            {"CUDA_VISIBLE_DEVICES": ",".join(gpus[bounds[i]:bounds[i + 1]])}
+            for i in range(workers)
+        ]
+    kept = [flag for flag in xla_flags.split() if not flag.startswith(_DEVICE_COUNT_FLAG)]
+    flags = " ".join(kept + [f"{_DEVICE_COUNT_FLAG}={cpu_devices_per_worker}"])
+    return [{"XLA_FLAGS": flags} for _ in range(workers)]
+
+
+def _claim_environment(slots: Any, environments: list[dict[str, str]]) -> None:
+    """Worker initializer: take a free slot's environment before anything starts JAX's backend
+    (JAX reads these variables when it first creates its devices, not at import)."""
+    os.environ.update(environments[slots.get()])
+
+
+class LocalParallelLauncher:
+    """`workers` processes on this machine, each with its own devices (see
+    `worker_environments`). Points go to whichever worker is free; the records come back to the
+    calling (sweep) process. An exception in `fn`, or a worker that dies, is raised here.
+
+    gpus: the GPU ids to share out (default `visible_gpus()`); an empty list means CPU workers.
+    """
+
+    def __init__(
+        self, workers: int, *, gpus: Sequence[str] | None = None, cpu_devices_per_worker: int = 1
+    ):
+        self.environments = worker_environments(
+            workers, visible_gpus() if gpus is None else list(gpus), cpu_devices_per_worker,
+            os.environ.get("XLA_FLAGS", ""),
+        )
+
+    def map(self, fn: PointFn, points: Sequence[GridPoint], workdir: str) -> Iterator[list[dict]]:
+        # spawn, not fork: a forked child would inherit this process's JAX runtime and threads.
+        context = multiprocessing.get_context("spawn")
+        slots = context.Queue()
+        for slot in range(len(self.environments)):
+            slots.put(slot)
+        pool = concurrent.futures.ProcessPoolExecutor(
+            len(self.environments), mp_context=context, initializer=_claim_environment,
+            initargs=(slots, self.environments),
+        )
+        try:
+            futures = [pool.submit(fn, point, workdir) for point in points]
+            for future in concurrent.futures.as_completed(futures):
+                yield future.result()
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Ray
+
+
+def resource_request(
+    point: GridPoint, accelerator: str = "cpu", devices_per_point: int = 1, num_cpus: float = 1
+) -> dict[str, Any]:
+    """The Ray resources one grid point asks for: as many accelerators as its mesh has devices
+    (`config.mesh.shape` when it holds no -1, else `devices_per_point`), plus `num_cpus`."""
+    if accelerator not in ACCELERATORS:
+        raise ValueError(f"accelerator={accelerator!r}; choose one of {', '.join(ACCELERATORS)}")
+    shape = tuple(point.config.mesh.shape)
+    devices = math.prod(shape) if -1 not in shape else devices_per_point
+    if accelerator == "gpu":
+        return {"num_cpus": num_cpus, "num_gpus": devices}
+    if accelerator == "tpu":
+        return {"num_cpus": num_cpus, "resources": {"TPU": devices}}
+    return {"num_cpus": max(num_cpus, devices)}
+
+
+def check_address_answers(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast, naming the address, when nothing listens at a Ray 'host:port' or
+    'ray://host:port' address (ray.init itself would retry for minutes)."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(
+            f"Ray address {address!r} must be 'host:port', 'ray://host:port' or 'auto'"
+        )
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as error:
+        raise ConnectionError(
+            f"Ray address {address!r} does not answer ({error}); start the cluster with "
+            f"`ray start --head --port={port}` or pass the address it printed"
+        ) from None
+
+
+class RayLauncher:
+    """Each grid point is a Ray task with `resource_request(point, ...)`; the records come back
+    to the sweep process as tasks finish.
+
+    address: a running cluster ('host:port', 'ray://host:port', or 'auto' for the one this
+    machine belongs to); None starts a Ray instance on this machine. Every task runs in a fresh
+    worker process (`max_calls=1`), so each point's JAX sees the devices Ray gave it.
+    runtime_env: passed to `ray.init`, e.g. {"working_dir": "."} to ship this checkout.
+    """
+
+    def __init__(
+        self, address: str | None = None, *, accelerator: str = "cpu", devices_per_point: int = 1,
+        num_cpus: float = 1, runtime_env: dict[str, Any] | None = None,
+    ):
+        if accelerator not in ACCELERATORS:
+            raise ValueError(
+                f"accelerator={accelerator!r}; choose one of {', '.join(ACCELERATORS)}"
+            )
+        self.address, self.runtime_env = address, runtime_env
+        self.request = dict(
+            accelerator=accelerator, devices_per_point=devices_per_point, num_cpus=num_cpus
+        )
+
+    def map(self, fn: PointFn, points: Sequence[GridPoint], workdir: str) -> Iterator[list[dict]]:
+        if self.address not in (None, "auto"):
+            check_address_answers(self.address)
+        try:
+            import ray
+        except ImportError:
+            raise ImportError("RayLauncher needs Ray: pip install 't5x-lite[ray]'") from None
+        # A session the caller opened (e.g. in a notebook) is used as it is and left open.
+        connected_here = not ray.is_initialized()
+        if connected_here:
+            ray.init(address=self.address, runtime_env=self.runtime_env)
+        try:
+            remote_fn = ray.remote(max_calls=1)(fn)
+            pending = [
+                remote_fn.options(**resource_request(point, **self.request)).remote(point, workdir)
+                for point in points
+            ]
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                yield ray.get(done[0])
+        finally:
+            if connected_here:
+                ray.shutdown()
+
+
+def make_launcher(name: str = "local", *, workers: int = 1, address: str | None = None,
+                  accelerator: str = "cpu") -> Launcher:
+    """The launcher a `--launcher NAME` flag selects: local | parallel (`workers`) | ray."""
+    if name == "local":
+        return LocalLauncher()
+    if name == "parallel":
+        return LocalParallelLauncher(workers)
+    if name == "ray":
+        return RayLauncher(address, accelerator=accelerator)
+    raise ValueError(f"launcher={name!r}; choose one of {', '.join(LAUNCHERS)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# TPU pods and SLURM clusters: commands and scripts that start `t5x-lite sweep` there
+
+
+def sweep_command(sweep_args: Sequence[str]) -> list[str]:
+    """`t5x-lite sweep ARGS` as a module call: a remote shell may lack pip's script directory on
+    its PATH, but always has the interpreter."""
+    if not sweep_args:
+        raise ValueError("sweep_args is empty; give the sweep's arguments, e.g. "
+                         "['table2', '--preset', 'tiny', '--workdir', 'gs://bucket/table2']")
+    return ["python3", "-m", "t5x_lite.cli", "sweep", *sweep_args]
+
+
+def tpu_commands(
+    sweep_args: Sequence[str], *, tpu: str, zone: str, package: str, project: str | None = None
+) -> list[list[str]]:
+    """The two `gcloud compute tpus tpu-vm ssh NAME --worker=all` commands for a TPU pod slice:
+    install JAX for TPUs and `package` (a pip requirement, e.g. 'git+https://.../t5x_lite') on
+    every host, then start the same sweep on every host. Each host joins `jax.distributed` by
+    itself (TPU VMs describe the slice in their environment); the workdir should be a bucket.
+    """
+    for name, value in (("tpu", tpu), ("zone", zone), ("package", package)):
+        if not value:
+            raise ValueError(
+                f"{name} is required for a TPU pod launch (--{name}); e.g. --tpu my-v4-32 "
+                "--zone us-central2-b --package 'git+https://github.com/ORG/t5x_lite'"
+            )
+    ssh = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", tpu, f"--zone={zone}"]
+    ssh += [f"--project={project}"] if project else []
+    ssh += ["--worker=all"]
+    install = f'python3 -m pip install -U "jax[tpu]" {shlex.quote(package)}'
+    return [
+        ssh + [f"--command={install}"],
+        ssh + [f"--command={shell_join(sweep_command(sweep_args))}"],
+    ]
+
+
+def slurm_script(
+    sweep_args: Sequence[str], *, num_points: int, partition: str | None, nodes: int = 1,
+    gpus_per_node: int = 1, time: str = "24:00:00", job_name: str = "t5x-lite",
+    account: str | None = None, setup: Sequence[str] = (),
+) -> str:
+    """An sbatch script for a sweep: a job array with one array task per grid point; inside a
+    task, `srun` starts one process per GPU on each of `nodes` nodes. Every process joins
+    `jax.distributed` from the SLURM environment (train.initialize_distributed) and runs the
+    grid point `$SLURM_ARRAY_TASK_ID` (the sweep's `--point_index`). `setup`: shell lines run
+    first (module loads, activating a virtualenv)."""
+    if not partition:
+        raise ValueError("partition is required for a SLURM launch (--partition NAME); "
+                         "`sinfo -s` lists the cluster's partitions")
+    for name, value in (("num_points", num_points), ("nodes", nodes),
+                        ("gpus_per_node", gpus_per_node)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be an integer >= 1")
+    options = {
+        "job-name": job_name, "partition": partition, "account": account,
+        "array": f"0-{num_points - 1}", "nodes": nodes, "ntasks-per-node": gpus_per_node,
+        "gpus-per-node": gpus_per_node, "time": time, "output": "slurm-%A_%a.out",
+    }
+    command = shell_join(sweep_command(sweep_args))
+    lines = [
+        "#!/bin/bash",
+        f"# t5x-lite sweep: array task i runs grid point i of {num_points}, one process per GPU on",
+        "# every node; a task's processes form one jax.distributed run (coordinator from SLURM).",
+        *(f"#SBATCH --{key}={value}" for key, value in options.items() if value is not None),
+        "set -eo pipefail",  # not -u: module and virtualenv scripts read unset variables
+        *setup,
+        f'srun {command} {POINT_INDEX_FLAG}="$SLURM_ARRAY_TASK_ID"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def require_program(name: str) -> None:
+    """Raise before anything is submitted when the cluster's client program is missing."""
+    if shutil.which(name) is None:
+        raise FileNotFoundError(f"{name!r} is not on PATH; install it, or print the dry run")
+
+
+def shell_join(command: Sequence[str]) -> str:
+    """`command` as one shell line, quoting a `--flag=value` argument's value only, so the
+    printed line reads as one would type it."""
+    def quote(arg: str) -> str:
+        flag, sep, value = arg.partition("=")
+        if arg.startswith("--") and sep and shlex.quote(flag) == flag:
+            return f"{flag}={shlex.quote(value)}"
+        return shlex.quote(arg)
+
+    return " ".join(quote(arg) for arg in command)
+
+
+def run_commands(commands: Sequence[Sequence[str]], *, dry_run: bool = True) -> None:
+    """Print the commands (dry run), or run them one after another, stopping at a failure."""
+    if not dry_run:
+        require_program(commands[0][0])
+    for command in commands:
+        print(shell_join(command), flush=True)
+        if not dry_run:
+            subprocess.run(command, check=True)
+
+
+def _count_points(sweep_args: Sequence[str]) -> int:
+    """The grid size of `t5x-lite sweep EXPERIMENT --preset P ...`, for the SLURM array."""
+    from t5x_lite import sweep
+
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("experiment")
+    parser.add_argument("--preset", default="tiny")
+    known, _ = parser.parse_known_args(sweep_args)
+    return len(sweep.expand(known.experiment, known.preset))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`t5x-lite launch tpu|slurm [flags] -- SWEEP_ARGS`: print (default) or submit the commands
+    or the sbatch script that run `t5x-lite sweep SWEEP_ARGS` on a TPU pod or SLURM cluster."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    sweep_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(prog="t5x-lite launch", description=main.__doc__)
+    targets = parser.add_subparsers(dest="target", required=True)
+    tpu = targets.add_parser("tpu", help="gcloud commands for every host of a TPU pod slice")
+    tpu.add_argument("--tpu", help="TPU VM name")
+    tpu.add_argument("--zone", help="its zone, e.g. us-central2-b")
+    tpu.add_argument("--project", help="Google Cloud project (default: gcloud's)")
+    tpu.add_argument("--package", help="pip requirement for t5x-lite, e.g. git+https://...")
+    slurm = targets.add_parser("slurm", help="an sbatch job-array script")
+    slurm.add_argument("--partition")
+    slurm.add_argument("--nodes", type=int, default=1)
+    slurm.add_argument("--gpus_per_node", type=int, default=1)
+    slurm.add_argument("--time", default="24:00:00")
+    slurm.add_argument("--account")
+    slurm.add_argument("--setup", action="append", default=[], help="a shell line run first")
+    slurm.add_argument("--script", default="t5x_lite_sweep.sbatch", help="where to write it")
+    for target in (tpu, slurm):
+        target.add_argument("--submit", action="store_true", help="run/submit, not only print")
+    args = parser.parse_args(argv)
+    if args.target == "tpu":
+        commands = tpu_commands(sweep_args, tpu=args.tpu, zone=args.zone, package=args.package,
+                                project=args.project)
+        run_commands(commands, dry_run=not args.submit)
+        return
+    if not args.partition:  # before counting the grid, which imports the whole framework
+        parser.error("slurm needs --partition NAME (`sinfo -s` lists them)")
+    script = slurm_script(
+        sweep_args, num_points=_count_points(sweep_args), partition=args.partition,
+        nodes=args.nodes, gpus_per_node=args.gpus_per_node, time=args.time,
+        account=args.account, setup=args.setup,
+    )
+    if not args.submit:
+        print(script, end="")
+        return
+    require_program("sbatch")
+    Path(args.script).write_text(script)
+    run_commands([["sbatch", args.script]], dry_run=False)
+
+
+if __name__ == "__main__":
+    main()

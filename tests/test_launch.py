@@ -1,0 +1,208 @@
+"""Launchers: local, local-parallel and Ray run every point once and bring its records back;
+the TPU and SLURM generators print what a person would type; bad input fails before launch."""
+
+import dataclasses
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import ml_collections
+import pytest
+
+from t5x_lite import launchers
+
+DATA = Path(__file__).parent / "data"
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class FakePoint:
+    """Stands in for sweep.GridPoint: what the launchers read of a point."""
+
+    point: str
+    mesh_shape: tuple[int, ...] = (-1, 1)
+
+    @property
+    def config(self) -> ml_collections.ConfigDict:
+        return ml_collections.ConfigDict({"mesh": {"shape": self.mesh_shape}})
+
+
+def describe_devices(point: FakePoint, workdir: str) -> list[dict]:
+    """A point function: which process ran the point and how many devices its JAX saw."""
+    import jax
+
+    return [{"point": point.point, "workdir": workdir, "pid": os.getpid(),
+             "devices": jax.device_count()}]
+
+
+def fail_on_b(point: FakePoint, workdir: str) -> list[dict]:
+    if point.point == "b":
+        raise RuntimeError("point b broke")
+    return [{"point": point.point}]
+
+
+POINTS = [FakePoint(name) for name in "abcd"]
+
+
+def test_local_launcher_runs_points_in_order():
+    results = list(launchers.LocalLauncher().map(fail_on_b, POINTS[2:], "wd"))
+    assert results == [[{"point": "c"}], [{"point": "d"}]]
+
+
+def test_parallel_launcher_returns_every_point_once_with_the_workers_own_devices(tmp_path):
+    launcher = launchers.LocalParallelLauncher(2, gpus=[], cpu_devices_per_worker=3)
+    results = list(launcher.map(describe_devices, POINTS, str(tmp_path)))
+    records = [record for records in results for record in records]
+    assert sorted(record["point"] for record in records) == ["a", "b", "c", "d"]
+    assert {record["devices"] for record in records} == {3}  # the test process itself has 8
+    assert {record["workdir"] for record in records} == {str(tmp_path)}
+    assert os.getpid() not in {record["pid"] for record in records}
+    assert len({record["pid"] for record in records}) <= 2
+
+
+def test_parallel_launcher_raises_a_points_error():
+    launcher = launchers.LocalParallelLauncher(2, gpus=[])
+    with pytest.raises(RuntimeError, match="point b broke"):
+        list(launcher.map(fail_on_b, POINTS, "wd"))
+
+
+def test_worker_environments_share_out_gpus_and_set_cpu_device_counts():
+    envs = launchers.worker_environments(2, ["0", "1", "2", "3", "4"])
+    assert [env["CUDA_VISIBLE_DEVICES"] for env in envs] == ["0,1", "2,3,4"]
+    envs = launchers.worker_environments(2, [], 4, "--xla_force_host_platform_device_count=8 --x")
+    assert envs == [{"XLA_FLAGS": "--x --xla_force_host_platform_device_count=4"}] * 2
+
+
+def test_worker_environments_bad_input():
+    with pytest.raises(ValueError, match="workers=3 needs at least one GPU each, but only 2"):
+        launchers.worker_environments(3, ["0", "1"])
+    with pytest.raises(ValueError, match="workers=0 must be an integer >= 1"):
+        launchers.LocalParallelLauncher(0)
+
+
+def test_resource_request_follows_the_points_mesh():
+    pinned, flexible = FakePoint("a", (2, 2)), FakePoint("b", (-1, 1))
+    assert launchers.resource_request(pinned, "gpu") == {"num_cpus": 1, "num_gpus": 4}
+    assert launchers.resource_request(flexible, "gpu", devices_per_point=2)["num_gpus"] == 2
+    assert launchers.resource_request(pinned, "tpu")["resources"] == {"TPU": 4}
+    assert launchers.resource_request(pinned, "cpu") == {"num_cpus": 4}
+    with pytest.raises(ValueError, match="accelerator='npu'; choose one of cpu, gpu, tpu"):
+        launchers.resource_request(pinned, "npu")
+
+
+def test_make_launcher_names():
+    assert isinstance(launchers.make_launcher("local"), launchers.LocalLauncher)
+    with pytest.raises(ValueError, match="launcher='slurm'; choose one of local, parallel, ray"):
+        launchers.make_launcher("slurm")
+
+
+# ---------------------------------------------------------------------------------------------
+# Ray
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ray_address():
+    """A Ray head on loopback, started (and stopped, by its process id) by this test module."""
+    pytest.importorskip("ray", reason="Ray is an optional extra: pip install '.[ray]'")
+    port = _free_port()
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0",
+               # Ray's workers import the point functions of this file and t5x_lite from here.
+               PYTHONPATH=os.pathsep.join([str(REPO / "tests"), str(REPO)]))
+    head = subprocess.Popen(
+        [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}",
+         "--node-ip-address=127.0.0.1", "--num-cpus=2", "--include-dashboard=false",
+         "--disable-usage-stats", "--block"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while head.poll() is None and time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            pytest.fail(f"the Ray head did not start:\n{head.stdout.read()[-3000:]}")
+        yield f"127.0.0.1:{port}"
+    finally:
+        head.terminate()  # --block: the head stops the Ray processes it started
+        head.communicate(timeout=60)
+
+
+def test_ray_launcher_runs_every_point_in_its_own_process(ray_address, tmp_path):
+    launcher = launchers.RayLauncher(ray_address)
+    records = [r for rs in launcher.map(describe_devices, POINTS[:2], str(tmp_path)) for r in rs]
+    assert sorted(record["point"] for record in records) == ["a", "b"]
+    assert len({record["pid"] for record in records}) == 2  # max_calls=1: a fresh worker each
+    assert os.getpid() not in {record["pid"] for record in records}
+
+
+def test_ray_address_that_does_not_answer_fails_fast():
+    address = f"127.0.0.1:{_free_port()}"
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match=f"Ray address '{address}' does not answer"):
+        list(launchers.RayLauncher(address).map(fail_on_b, POINTS, "wd"))
+    assert time.monotonic() - start < 10
+    with pytest.raises(ValueError, match="must be 'host:port', 'ray://host:port' or 'auto'"):
+        list(launchers.RayLauncher("headnode").map(fail_on_b, POINTS, "wd"))
+
+
+# ---------------------------------------------------------------------------------------------
+# TPU pods and SLURM
+
+
+def test_tpu_dry_run_prints_the_expected_commands(capsys):
+    launchers.main([
+        "tpu", "--tpu", "t5-pod", "--zone", "us-central2-b", "--project", "my-project",
+        "--package", "git+https://github.com/ORG/t5x_lite",
+        "--", "table2", "--preset", "tiny", "--workdir", "gs://my-bucket/table2",
+        "--config.train.steps=100",
+    ])
+    assert capsys.readouterr().out == (DATA / "launch_tpu.txt").read_text()
+
+
+@pytest.mark.parametrize("missing", ["tpu", "zone", "package"])
+def test_tpu_launch_without_a_required_flag_says_which(missing):
+    given = dict(tpu="t5-pod", zone="us-central2-b", package="t5x-lite", project=None)
+    given[missing] = None
+    with pytest.raises(ValueError, match=f"{missing} is required for a TPU pod launch"):
+        launchers.tpu_commands(["table2"], **given)
+
+
+def test_tpu_launch_without_sweep_arguments():
+    with pytest.raises(ValueError, match="sweep_args is empty"):
+        launchers.tpu_commands([], tpu="t5-pod", zone="us-central2-b", package="t5x-lite")
+
+
+def test_slurm_script_for_a_two_point_sweep():
+    script = launchers.slurm_script(
+        ["table2", "--preset", "tiny", "--workdir", "/scratch/table2"], num_points=2,
+        partition="gpu", nodes=2, gpus_per_node=4, time="12:00:00",
+        setup=["source ~/t5x_lite/.venv/bin/activate"],
+    )
+    assert script == (DATA / "launch_slurm.txt").read_text()
+
+
+def test_slurm_without_a_partition_fails_before_writing_anything(tmp_path, capsys):
+    with pytest.raises(ValueError, match=r"partition is required for a SLURM launch"):
+        launchers.slurm_script(["table2"], num_points=2, partition=None)
+    script = tmp_path / "sweep.sbatch"
+    with pytest.raises(SystemExit):
+        launchers.main(["slurm", "--submit", "--script", str(script), "--", "table2"])
+    assert "slurm needs --partition NAME" in capsys.readouterr().err
+    assert not script.exists()
+
+
+def test_slurm_bad_sizes():
+    with pytest.raises(ValueError, match="gpus_per_node=0 must be an integer >= 1"):
+        launchers.slurm_script(["table2"], num_points=2, partition="gpu", gpus_per_node=0)
