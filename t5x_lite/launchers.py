@@ -250,31 +250,35 @@ def sweep_command(sweep_args: Sequence[str]) -> list[str]:
     its PATH, but always has the interpreter."""
     if not sweep_args:
         raise ValueError("sweep_args is empty; give the sweep's arguments, e.g. "
-                         "['table2', '--preset', 'tiny', '--workdir', 'gs://bucket/table2']")
+                         "['table2', '--preset', 'tiny', '--workdir', 'runs/table2']")
     return ["python3", "-m", "t5x_lite.cli", "sweep", *sweep_args]
 
 
 def tpu_commands(
-    sweep_args: Sequence[str], *, tpu: str, zone: str, package: str, project: str | None = None
+    sweep_args: Sequence[str], *, tpu: str, zone: str, repo: str, project: str | None = None
 ) -> list[list[str]]:
     """The two `gcloud compute tpus tpu-vm ssh NAME --worker=all` commands for a TPU pod slice:
-    install JAX for TPUs and `package` (a pip requirement, e.g. 'git+https://.../t5x_lite') on
-    every host, then start the same sweep on every host. Each host joins `jax.distributed` by
-    itself (TPU VMs describe the slice in their environment); the workdir should be a bucket.
+    on every host, clone (or update) the git repository `repo` into ~/t5x_lite and install it
+    with JAX for TPUs; then start the same sweep there on every host. A checkout, not a wheel,
+    because the sweep reads its grids from the repository's experiments/. Each host joins
+    `jax.distributed` by itself (TPU VMs describe the slice in their environment).
     """
-    for name, value in (("tpu", tpu), ("zone", zone), ("package", package)):
+    for name, value in (("tpu", tpu), ("zone", zone), ("repo", repo)):
         if not value:
             raise ValueError(
                 f"{name} is required for a TPU pod launch (--{name}); e.g. --tpu my-v4-32 "
-                "--zone us-central2-b --package 'git+https://github.com/ORG/t5x_lite'"
+                "--zone us-central2-b --repo https://github.com/ORG/t5x_lite"
             )
     ssh = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", tpu, f"--zone={zone}"]
     ssh += [f"--project={project}"] if project else []
     ssh += ["--worker=all"]
-    install = f'python3 -m pip install -U "jax[tpu]" {shlex.quote(package)}'
+    install = (
+        f"(git clone --depth=1 {shlex.quote(repo)} ~/t5x_lite || git -C ~/t5x_lite pull) && "
+        'python3 -m pip install -U "jax[tpu]" -e ~/t5x_lite'
+    )
     return [
         ssh + [f"--command={install}"],
-        ssh + [f"--command={shell_join(sweep_command(sweep_args))}"],
+        ssh + [f"--command=cd ~/t5x_lite && {shell_join(sweep_command(sweep_args))}"],
     ]
 
 
@@ -342,14 +346,16 @@ def run_commands(commands: Sequence[Sequence[str]], *, dry_run: bool = True) -> 
 
 
 def _count_points(sweep_args: Sequence[str]) -> int:
-    """The grid size of `t5x-lite sweep EXPERIMENT --preset P ...`, for the SLURM array."""
+    """The number of runs of `t5x-lite sweep EXPERIMENT --preset P [--config.F=V ...]` (grid
+    rows x seeds), for the SLURM array."""
     from t5x_lite import sweep
 
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("experiment")
     parser.add_argument("--preset", default="tiny")
-    known, _ = parser.parse_known_args(sweep_args)
-    return len(sweep.expand(known.experiment, known.preset))
+    known, rest = parser.parse_known_args(sweep_args)
+    overrides = [arg for arg in rest if arg.startswith("--config.")]
+    return len(sweep.expand(known.experiment, known.preset, overrides))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -364,7 +370,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     tpu.add_argument("--tpu", help="TPU VM name")
     tpu.add_argument("--zone", help="its zone, e.g. us-central2-b")
     tpu.add_argument("--project", help="Google Cloud project (default: gcloud's)")
-    tpu.add_argument("--package", help="pip requirement for t5x-lite, e.g. git+https://...")
+    tpu.add_argument("--repo", help="git URL of this repository, cloned on every host")
     slurm = targets.add_parser("slurm", help="an sbatch job-array script")
     slurm.add_argument("--partition")
     slurm.add_argument("--nodes", type=int, default=1)
@@ -377,7 +383,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         target.add_argument("--submit", action="store_true", help="run/submit, not only print")
     args = parser.parse_args(argv)
     if args.target == "tpu":
-        commands = tpu_commands(sweep_args, tpu=args.tpu, zone=args.zone, package=args.package,
+        commands = tpu_commands(sweep_args, tpu=args.tpu, zone=args.zone, repo=args.repo,
                                 project=args.project)
         run_commands(commands, dry_run=not args.submit)
         return

@@ -164,16 +164,16 @@ def test_ray_address_that_does_not_answer_fails_fast():
 def test_tpu_dry_run_prints_the_expected_commands(capsys):
     launchers.main([
         "tpu", "--tpu", "t5-pod", "--zone", "us-central2-b", "--project", "my-project",
-        "--package", "git+https://github.com/ORG/t5x_lite",
-        "--", "table2", "--preset", "tiny", "--workdir", "gs://my-bucket/table2",
+        "--repo", "https://github.com/ORG/t5x_lite",
+        "--", "table2", "--preset", "tiny", "--workdir", "runs/table2",
         "--config.train.steps=100",
     ])
     assert capsys.readouterr().out == (DATA / "launch_tpu.txt").read_text()
 
 
-@pytest.mark.parametrize("missing", ["tpu", "zone", "package"])
+@pytest.mark.parametrize("missing", ["tpu", "zone", "repo"])
 def test_tpu_launch_without_a_required_flag_says_which(missing):
-    given = dict(tpu="t5-pod", zone="us-central2-b", package="t5x-lite", project=None)
+    given = dict(tpu="t5-pod", zone="us-central2-b", repo="https://h/t5x_lite", project=None)
     given[missing] = None
     with pytest.raises(ValueError, match=f"{missing} is required for a TPU pod launch"):
         launchers.tpu_commands(["table2"], **given)
@@ -181,7 +181,7 @@ def test_tpu_launch_without_a_required_flag_says_which(missing):
 
 def test_tpu_launch_without_sweep_arguments():
     with pytest.raises(ValueError, match="sweep_args is empty"):
-        launchers.tpu_commands([], tpu="t5-pod", zone="us-central2-b", package="t5x-lite")
+        launchers.tpu_commands([], tpu="t5-pod", zone="us-central2-b", repo="https://h/t5x_lite")
 
 
 def test_slurm_script_for_a_two_point_sweep():
