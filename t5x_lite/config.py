@@ -1,7 +1,7 @@
 """The one configuration tree every command reads, and its validation.
 
 A config is an `ml_collections.ConfigDict` with the sections `model`, `objective`, `train`,
-`mesh`, `data` and `checkpoint`. `default_config()` returns the whole tree with T5 v1.0
+`mesh`, `data`, `checkpoint` and `finetune`. `default_config()` returns the whole tree with T5 v1.0
 defaults; presets (`t5x_lite.presets`) start from it and change a few fields.
 
 `validate_model_config` / `validate_config` reject a config that cannot work before any
@@ -25,6 +25,9 @@ DECODER_ONLY_ARCHS = ARCHS[3:]
 MLP_KINDS = ("relu", "gated-gelu")
 DTYPES = ("float32", "bfloat16")
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "einsum")
+OPTIMIZERS = ("adafactor", "adamw")
+SCHEDULES = ("rsqrt", "linear", "cosine", "constant")
+DECODE_METHODS = ("greedy", "sample", "beam")
 # Token ids shared by the vocabulary, the objectives and the model.
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 NUM_RESERVED_IDS = 3
@@ -111,10 +114,44 @@ def default_config() -> ml_collections.ConfigDict:
             ),
         )
     )
+    # data_root: a directory laid out like ../shared/data, read by the `local_*` tasks.
     config.data = ml_collections.ConfigDict(
-        dict(corpus="python_docs", data_dir="", vocab="", tasks=())
+        dict(corpus="python_docs", data_dir="", vocab="", tasks=(), data_root="")
     )
     config.checkpoint = ml_collections.ConfigDict(dict(every=1000, keep=3))
+    config.finetune = finetune_config()
+    return config
+
+
+def finetune_config() -> ml_collections.ConfigDict:
+    """Fine-tuning and validation settings (the paper's: Adafactor, constant lr 1e-3).
+
+    tasks: task names (`t5x_lite.data.tasks`); several are mixed examples-proportionally with
+    each task's share capped at `mixing_limit` examples (the paper's rate limit K, 2**19).
+    The train step's other settings (z_loss, label smoothing, micro-batches, seed) come from
+    `config.train`; these fields replace its optimiser, schedule, batch size and step count.
+    """
+    config = ml_collections.ConfigDict(
+        dict(
+            tasks=(),
+            mixing_limit=2**19,
+            steps=2**18,  # the paper fine-tunes for 2^18 steps
+            batch_size=128,
+            inputs_length=512,
+            targets_length=128,
+            pack=True,
+            optimizer="adafactor",
+            schedule="constant",
+            learning_rate=1e-3,
+            warmup_steps=0,
+            eval_every=5000,  # the paper saves (and evaluates) a checkpoint every 5000 steps
+            decode=ml_collections.ConfigDict(
+                dict(method="greedy", num_beams=4, alpha=0.6)
+            ),
+        )
+    )
+    config.eval_examples = ml_collections.config_dict.placeholder(int)  # None: all of them
+    config.decode.max_length = ml_collections.config_dict.placeholder(int)  # None: targets_length
     return config
 
 
@@ -140,6 +177,55 @@ def require_vocab_room(vocab_size: int, num_sentinels: int) -> None:
             f"{num_sentinels}: it must be at least num_sentinels + "
             f"{NUM_RESERVED_IDS + 1} (pad, eos, unk and one real token)"
         )
+
+
+def require_integer(field: str, value: Any, minimum: int) -> None:
+    """Raise `ConfigError` unless `value` is an int (not a bool) of at least `minimum`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{field}={value!r} must be an integer >= {minimum}")
+
+
+def require_warmup(section: str, schedule: str, warmup_steps: int, steps: int) -> None:
+    """Raise `ConfigError` unless `{section}.warmup_steps` suits `{section}.schedule`."""
+    if warmup_steps < (1 if schedule == "rsqrt" else 0):
+        raise ConfigError(
+            f"{section}.warmup_steps={warmup_steps} must be >= 1 for {section}.schedule='rsqrt' "
+            "(it divides by sqrt(max(step, warmup_steps))) and >= 0 otherwise"
+        )
+    if schedule in ("linear", "cosine") and warmup_steps > steps:
+        raise ConfigError(
+            f"{section}.warmup_steps={warmup_steps} must be <= {section}.steps={steps}"
+        )
+
+
+def validate_finetune_config(finetune: ml_collections.ConfigDict) -> None:
+    """Raise `ConfigError` naming the field if `config.finetune` cannot run.
+
+    Task names are checked against the registry where they are used (`t5x_lite.evaluation`),
+    since the registry imports the data stack.
+    """
+    if isinstance(finetune.tasks, str) or not finetune.tasks:
+        raise ConfigError(
+            f"finetune.tasks={finetune.tasks!r} must be a non-empty list of task names"
+        )
+    require_choice("finetune.optimizer", finetune.optimizer, OPTIMIZERS)
+    require_choice("finetune.schedule", finetune.schedule, SCHEDULES)
+    require_choice("finetune.decode.method", finetune.decode.method, DECODE_METHODS)
+    require_positive("finetune.learning_rate", finetune.learning_rate)
+    for field in ("steps", "batch_size", "inputs_length", "targets_length", "eval_every",
+                  "mixing_limit"):
+        require_integer(f"finetune.{field}", finetune[field], 1)
+    require_integer("finetune.warmup_steps", finetune.warmup_steps, 0)
+    require_integer("finetune.decode.num_beams", finetune.decode.num_beams, 1)
+    for field, value in (("eval_examples", finetune.eval_examples),
+                         ("decode.max_length", finetune.decode.max_length)):
+        if value is not None:
+            require_integer(f"finetune.{field}", value, 1)
+    if finetune.decode.alpha < 0:
+        raise ConfigError(f"finetune.decode.alpha={finetune.decode.alpha} must be >= 0")
+    if not isinstance(finetune.pack, bool):
+        raise ConfigError(f"finetune.pack={finetune.pack!r} must be True or False")
+    require_warmup("finetune", finetune.schedule, finetune.warmup_steps, finetune.steps)
 
 
 def validate_model_config(model: ml_collections.ConfigDict) -> None:

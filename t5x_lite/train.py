@@ -1,8 +1,11 @@
-"""Pre-training: optimiser and schedule, the loss, the one jitted train step, and the loop.
+"""Training: optimiser and schedule, the loss, the one jitted train step, and the loop.
 
     raw tokens [B, raw_len] --jit(train_step)--> corrupt -> masks -> model -> loss -> grads -> optax
+    ready batch (fine-tuning) --jit(finetune_step)------^
 
-The train step is compiled once per *program*: the model, optimiser, batch layout and mesh. The
+Pre-training and fine-tuning run the same update (`_step_fn`); they differ only in how the
+step's data becomes a batch on the device (corruption, or none). A step is compiled once per
+*program*: the model, optimiser, data kind (batch layout) and mesh. The
 objective, corruption rate and span length arrive as a traced `ObjectiveSpec`, and
 `language_model` / `prefix_lm` run the same decoder-only program whose prefix attention is a
 traced flag, so a whole ablation grid for one architecture family shares one executable.
@@ -35,9 +38,12 @@ from t5x_lite import accounting, objectives, partitioning
 from t5x_lite.checkpointing import Checkpointer
 from t5x_lite.config import (
     DECODER_ONLY_ARCHS,
+    OPTIMIZERS,
+    SCHEDULES,
     ConfigError,
     require_choice,
     require_positive,
+    require_warmup,
     validate_model_config,
 )
 from t5x_lite.models import build_model, make_masks
@@ -47,8 +53,6 @@ try:
 except ImportError:  # an optional extra: metrics.jsonl stays the canonical record without it
     SummaryWriter = None
 
-OPTIMIZERS = ("adafactor", "adamw")
-SCHEDULES = ("rsqrt", "linear", "cosine", "constant")
 # The decoder-only archs share one program; the model is built under this name and the
 # prefix attention is switched by a traced flag (see `TrainStep`).
 _DECODER_ONLY_PROGRAM_ARCH = "prefix_lm"
@@ -80,15 +84,7 @@ def validate_train_config(train: ml_collections.ConfigDict) -> None:
     for field in ("batch_size", "steps", "microbatches", "log_every", "warmup_steps"):
         if isinstance(train[field], bool) or not isinstance(train[field], int):
             raise ConfigError(f"train.{field}={train[field]!r} must be an integer")
-    if train.warmup_steps < (1 if train.schedule == "rsqrt" else 0):
-        raise ConfigError(
-            f"train.warmup_steps={train.warmup_steps} must be >= 1 for train.schedule='rsqrt' "
-            "(it divides by sqrt(max(step, warmup_steps))) and >= 0 otherwise"
-        )
-    if train.schedule in ("linear", "cosine") and train.warmup_steps > train.steps:
-        raise ConfigError(
-            f"train.warmup_steps={train.warmup_steps} must be <= train.steps={train.steps}"
-        )
+    require_warmup("train", train.schedule, train.warmup_steps, train.steps)
     if train.z_loss < 0 or train.weight_decay < 0:
         raise ConfigError(
             f"train.z_loss={train.z_loss} and train.weight_decay={train.weight_decay} must be >= 0"
@@ -249,14 +245,13 @@ _PROGRAMS: dict[Any, _Program] = {}  # program key -> the shared train step
 _INITS: dict[Any, Callable[[], TrainState]] = {}  # (program key, seed) -> jitted init
 
 
-def _program_key(
-    config: ml_collections.ConfigDict, layout: objectives.BatchLayout | None, mesh: Mesh
-) -> tuple:
-    """What a compiled program depends on, so equal keys can share one executable."""
+def _program_key(config: ml_collections.ConfigDict, data_kind: Any, mesh: Mesh) -> tuple:
+    """What a compiled program depends on, so equal keys can share one executable.
+
+    data_kind: what the program is fed, e.g. the pre-training `BatchLayout`."""
     model = json.dumps(_program_model_config(config.model).to_dict(), sort_keys=True)
     train = json.dumps({f: config.train[f] for f in _STEP_TRAIN_FIELDS}, sort_keys=True)
-    return model, train, layout, mesh, tuple(config.mesh.rules)
-
+    return model, train, data_kind, mesh, tuple(config.mesh.rules)
 
 
 def init_state(config: ml_collections.ConfigDict, mesh: Mesh) -> TrainState:
@@ -270,8 +265,25 @@ def init_state(config: ml_collections.ConfigDict, mesh: Mesh) -> TrainState:
     return _INITS[key]()
 
 
+def state_from_params(
+    config: ml_collections.ConfigDict, mesh: Mesh, params: nnx.State
+) -> TrainState:
+    """A train state at step 0 holding `params` and a fresh optimiser state (fine-tuning from
+    a checkpoint's parameters only), created in the state's shardings."""
+    validate_train_config(config.train)
+    key = (_program_key(config, None, mesh), "from params")
+    if key not in _INITS:
+        tx = make_optimizer(config.train)
+        shardings = jax.tree.map(lambda s: s.sharding, abstract_state(config, mesh))
+        _INITS[key] = jax.jit(
+            lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p)),
+            in_shardings=(shardings.params,), out_shardings=shardings,
+        )
+    return _INITS[key](params)
+
+
 # ---------------------------------------------------------------------------------------------
-# The train step
+# The train step: one update core, fed raw tokens (pre-training) or ready batches (fine-tuning)
 
 
 def _split_microbatches(
@@ -288,43 +300,55 @@ def _split_microbatches(
     return jax.tree.map(split, batch)
 
 
-def _step_fn(
-    config: ml_collections.ConfigDict, layout: objectives.BatchLayout, mesh: Mesh
-) -> Callable:
-    """The pure train step: (state, raw_tokens, spec, key_data, prefix_flag) -> (state, metrics)."""
-    graphdef, tx = model_graphdef(config), make_optimizer(config.train)
-    schedule, train = learning_rate_schedule(config.train), config.train
+def _with_prefix_flag(batch: dict[str, jax.Array], prefix_flag: jax.Array) -> dict:
+    """Switch prefix attention off (language_model) or on (prefix_lm) in the shared program;
+    with the flag off, `make_masks`' prefix mask is the causal mask."""
+    if "inputs_mask" not in batch:
+        return batch
+    return {**batch, "inputs_mask": batch["inputs_mask"] & prefix_flag}
+
+
+def _loss_fn(config: ml_collections.ConfigDict) -> Callable:
+    """(params, batch, dropout_rng | None) -> T5X's loss sums (`cross_entropy_sums`) of the
+    program's model on `batch`; no dropout when the rng is None."""
+    graphdef, train = model_graphdef(config), config.train
     arch = _program_model_config(config.model).arch
+
+    def loss_sums(params: nnx.State, batch: dict, rng: jax.Array | None) -> dict[str, jax.Array]:
+        model = nnx.merge(graphdef, params)
+        logits = model(batch, make_masks(batch, arch), dropout_rng=rng)
+        return cross_entropy_sums(
+            logits, batch["decoder_target_tokens"], batch["decoder_loss_weights"],
+            z_loss=train.z_loss, label_smoothing=train.label_smoothing,
+        )
+
+    return loss_sums
+
+
+def _step_fn(
+    config: ml_collections.ConfigDict, mesh: Mesh, make_batch: Callable[[Any, jax.Array], dict]
+) -> Callable:
+    """The pure train step: (state, data, key_data, prefix_flag) -> (state, metrics).
+
+    `make_batch(data, rng)` turns the step's data into the batch dict on the device:
+    `objectives.corrupt` of (raw tokens, spec) for pre-training, the batch itself for
+    fine-tuning. Everything after it (loss, micro-batches, optimiser, metrics) is shared.
+    """
+    tx, train = make_optimizer(config.train), config.train
+    schedule, loss_sums = learning_rate_schedule(config.train), _loss_fn(config)
     dropout = config.model.dropout_rate > 0
-    rules = partitioning.normalize_rules(config.mesh.rules)
-    rows = partitioning.batch_sharding(mesh, rules)
+    rows = partitioning.batch_sharding(mesh, partitioning.normalize_rules(config.mesh.rules))
 
     def loss_fn(params: nnx.State, batch: dict, rng: jax.Array, normalizer: jax.Array):
-        model = nnx.merge(graphdef, params)
-        logits = model(batch, make_masks(batch, arch), dropout_rng=rng if dropout else None)
-        sums = cross_entropy_sums(
-            logits,
-            batch["decoder_target_tokens"],
-            batch["decoder_loss_weights"],
-            z_loss=train.z_loss,
-            label_smoothing=train.label_smoothing,
-        )
+        sums = loss_sums(params, batch, rng if dropout else None)
         return (sums["cross_entropy"] + sums["z_loss"]) / normalizer, sums
 
-    def step(
-        state: TrainState,
-        raw_tokens: jax.Array,
-        spec: Any,
-        key_data: jax.Array,
-        prefix_flag: jax.Array,
-    ):
+    def step(state: TrainState, data: Any, key_data: jax.Array, prefix_flag: jax.Array):
         # fold_in(seed key, step): the randomness of step n does not depend on how we got there.
-        corrupt_rng, dropout_rng = jax.random.split(
+        batch_rng, dropout_rng = jax.random.split(
             jax.random.fold_in(jax.random.wrap_key_data(key_data), state.step)
         )
-        batch = objectives.corrupt(raw_tokens, spec, corrupt_rng, layout)
-        if "inputs_mask" in batch:
-            batch["inputs_mask"] = batch["inputs_mask"] & prefix_flag
+        batch = _with_prefix_flag(make_batch(data, batch_rng), prefix_flag)
         batch = jax.lax.with_sharding_constraint(batch, rows)
         # One normaliser for the whole batch, so summed micro-batch gradients equal the full one.
         weight_sum = jnp.sum(batch["decoder_loss_weights"].astype(jnp.float32))
@@ -334,7 +358,7 @@ def _step_fn(
             else jnp.float32(train.loss_normalizing_factor)
         )
         micro = _split_microbatches(batch, train.microbatches, rows)
-        # Corruption above saw the whole batch; only dropout draws depend on the split.
+        # make_batch above saw the whole batch; only dropout draws depend on the split.
         rngs = jax.random.split(dropout_rng, train.microbatches)
         grad_fn = jax.grad(loss_fn, has_aux=True)
 
@@ -363,7 +387,7 @@ def _step_fn(
 
 
 class _Program:
-    """One jitted train step and its AOT-compiled executables, keyed by argument shapes."""
+    """One jitted function and its AOT-compiled executables, keyed by argument shapes."""
 
     def __init__(self, jitted: Any):
         self.jitted = jitted
@@ -389,8 +413,46 @@ def _replicated(x: Any, mesh: Mesh) -> jax.Array:
     )
 
 
+def _global_rows(local: Any, sharding: NamedSharding, global_shape: tuple[int, ...],
+                 name: str) -> jax.Array:
+    """This process's rows of a batch-sharded array (numpy, or an already global jax.Array of
+    `global_shape`) -> the global array; a wrong shape is an error naming `name`."""
+    if isinstance(local, jax.Array) and local.shape == global_shape:
+        return jax.device_put(local, sharding)  # a no-op if it is already placed so
+    local = np.asarray(local)
+    processes = jax.process_count()
+    if local.shape[1:] != global_shape[1:] or local.shape[0] * processes != global_shape[0]:
+        raise ValueError(
+            f"{name} has shape {local.shape}; each of the {processes} processes must pass "
+            f"[batch_size / process_count, ...] = "
+            f"{[global_shape[0] // processes, *global_shape[1:]]}"
+        )
+    return jax.make_array_from_process_local_data(sharding, local, global_shape)
+
+
 @dataclasses.dataclass
-class TrainStep:
+class _StepCaller:
+    """What both step callers share: the compiled program, the mesh, the row sharding of the
+    batch, and the static prefix-attention setting fed to the program as a traced flag."""
+
+    program: _Program
+    mesh: Mesh
+    rows: NamedSharding
+    prefix_attention: bool
+
+    def _run(self, state: TrainState, data: Any, rng: jax.Array) -> tuple[TrainState, dict]:
+        key_data = _replicated(jax.random.key_data(rng), self.mesh)
+        flag = _replicated(np.bool_(self.prefix_attention), self.mesh)
+        return self.program(state, data, key_data, flag)
+
+    @property
+    def compiles(self) -> int:
+        """Compilations of the shared program so far (by every caller using it)."""
+        return self.program.compiles
+
+
+@dataclasses.dataclass
+class TrainStep(_StepCaller):
     """`train_step(state, raw_tokens, spec, rng) -> (state, metrics)` for one config.
 
     raw_tokens: this process's rows of the global batch, int32 [batch_size / process_count,
@@ -399,40 +461,37 @@ class TrainStep:
     rng: the run's seed key; the step folds in `state.step`. The state is donated.
     """
 
-    program: _Program
-    mesh: Mesh
-    tokens_sharding: NamedSharding
     global_shape: tuple[int, int]
-    prefix_attention: bool
 
     def __call__(
         self, state: TrainState, raw_tokens: Any, spec: Any, rng: jax.Array
     ) -> tuple[TrainState, dict]:
-        if isinstance(raw_tokens, jax.Array) and raw_tokens.shape == self.global_shape:
-            raw_tokens = jax.device_put(raw_tokens, self.tokens_sharding)  # no-op if it matches
-        else:
-            local = np.asarray(raw_tokens, np.int32)
-            if (
-                local.shape[1:] != self.global_shape[1:]
-                or local.shape[0] * jax.process_count() != self.global_shape[0]
-            ):
-                raise ValueError(
-                    f"raw_tokens has shape {local.shape}; each of the {jax.process_count()} "
-                    "processes must pass [train.batch_size / process_count, layout.raw_length] = "
-                    f"[{self.global_shape[0] // jax.process_count()}, {self.global_shape[1]}]"
-                )
-            raw_tokens = jax.make_array_from_process_local_data(
-                self.tokens_sharding, local, self.global_shape
-            )
+        if not isinstance(raw_tokens, jax.Array):
+            raw_tokens = np.asarray(raw_tokens, np.int32)
+        raw_tokens = _global_rows(raw_tokens, self.rows, self.global_shape, "raw_tokens")
         spec = jax.tree.map(lambda x: _replicated(x, self.mesh), spec)
-        key_data = _replicated(jax.random.key_data(rng), self.mesh)
-        flag = _replicated(np.bool_(self.prefix_attention), self.mesh)
-        return self.program(state, raw_tokens, spec, key_data, flag)
+        return self._run(state, (raw_tokens, spec), rng)
 
-    @property
-    def compiles(self) -> int:
-        """Compilations of the shared program so far (by every TrainStep using it)."""
-        return self.program.compiles
+
+@dataclasses.dataclass
+class FinetuneStep(_StepCaller):
+    """`finetune_step(state, batch, rng) -> (state, metrics)`: the train step on a ready batch.
+
+    batch: this process's rows of a `data.pipeline.pack_examples` / `pad_examples` batch
+    (dict of [batch_size / process_count, length] arrays). Each new set of keys or lengths
+    compiles once. rng: the run's seed key, as for `TrainStep`. The state is donated.
+    """
+
+    batch_size: int
+
+    def __call__(
+        self, state: TrainState, batch: dict[str, Any], rng: jax.Array
+    ) -> tuple[TrainState, dict]:
+        batch = {
+            name: _global_rows(value, self.rows, (self.batch_size, *np.shape(value)[1:]), name)
+            for name, value in batch.items()
+        }
+        return self._run(state, batch, rng)
 
 
 def validate_config(config: ml_collections.ConfigDict, mesh: Mesh) -> None:
@@ -445,31 +504,76 @@ def validate_config(config: ml_collections.ConfigDict, mesh: Mesh) -> None:
     )
 
 
-def make_train_step(
-    config: ml_collections.ConfigDict, layout: objectives.BatchLayout, mesh: Mesh
-) -> TrainStep:
-    """The train step for `config` on `mesh`; executables are shared through a module cache."""
+def _compiled_step(config: ml_collections.ConfigDict, mesh: Mesh, data_kind: Any,
+                   make_batch: Callable, data_sharding: Any) -> _Program:
+    """The shared program for (config, data_kind, mesh): jitted once with explicit shardings,
+    the state donated; `data_sharding` places the step's data argument."""
     validate_config(config, mesh)
-    rules = partitioning.normalize_rules(config.mesh.rules)
-    key = _program_key(config, layout, mesh)
+    key = _program_key(config, data_kind, mesh)
     if key not in _PROGRAMS:
         state_shardings = jax.tree.map(lambda s: s.sharding, abstract_state(config, mesh))
         replicated = NamedSharding(mesh, PartitionSpec())
-        tokens = partitioning.batch_sharding(mesh, rules)
-        jitted = jax.jit(
-            _step_fn(config, layout, mesh),
-            in_shardings=(state_shardings, tokens, replicated, replicated, replicated),
+        _PROGRAMS[key] = _Program(jax.jit(
+            _step_fn(config, mesh, make_batch),
+            in_shardings=(state_shardings, data_sharding, replicated, replicated),
             out_shardings=(state_shardings, replicated),
             donate_argnums=0,
-        )
-        _PROGRAMS[key] = _Program(jitted)
-    return TrainStep(
-        program=_PROGRAMS[key],
-        mesh=mesh,
-        tokens_sharding=partitioning.batch_sharding(mesh, rules),
-        global_shape=(config.train.batch_size, layout.raw_length),
-        prefix_attention=config.model.arch == "prefix_lm",
-    )
+        ))
+    return _PROGRAMS[key]
+
+
+def _rows_sharding(config: ml_collections.ConfigDict, mesh: Mesh) -> NamedSharding:
+    return partitioning.batch_sharding(mesh, partitioning.normalize_rules(config.mesh.rules))
+
+
+def make_train_step(
+    config: ml_collections.ConfigDict, layout: objectives.BatchLayout, mesh: Mesh
+) -> TrainStep:
+    """The pre-training step for `config` on `mesh`; executables are shared through a module
+    cache, so every objective of one layout runs the same program."""
+    rows = _rows_sharding(config, mesh)
+    corrupt = lambda data, rng: objectives.corrupt(data[0], data[1], rng, layout)  # noqa: E731
+    replicated = NamedSharding(mesh, PartitionSpec())
+    program = _compiled_step(config, mesh, layout, corrupt, (rows, replicated))
+    return TrainStep(program=program, mesh=mesh, rows=rows,
+                     prefix_attention=config.model.arch == "prefix_lm",
+                     global_shape=(config.train.batch_size, layout.raw_length))
+
+
+_READY_BATCHES = "ready batches"  # the data kind of fine-tuning programs (no corruption)
+
+
+def make_finetune_step(config: ml_collections.ConfigDict, mesh: Mesh) -> FinetuneStep:
+    """The train step on ready batches (fine-tuning) for `config` on `mesh`; `config.train`
+    holds the fine-tuning optimiser and batch size (see `evaluation.finetune_train_config`)."""
+    rows = _rows_sharding(config, mesh)
+    program = _compiled_step(config, mesh, _READY_BATCHES, lambda batch, rng: batch, rows)
+    return FinetuneStep(program=program, mesh=mesh, rows=rows,
+                        prefix_attention=config.model.arch == "prefix_lm",
+                        batch_size=config.train.batch_size)
+
+
+def make_eval_step(
+    config: ml_collections.ConfigDict, mesh: Mesh
+) -> Callable[[nnx.State, dict[str, np.ndarray]], dict[str, float]]:
+    """`eval_step(params, batch) -> loss sums` without dropout: teacher-forced validation.
+
+    batch: a whole `pad_examples` / `pack_examples` batch (single process). Returns the float
+    sums of `cross_entropy_sums` (cross_entropy, z_loss, correct, weight); add them over
+    batches and divide by `weight` for the mean loss and token accuracy.
+    """
+    key = (_program_key(config, "eval", mesh), "eval")
+    if key not in _PROGRAMS:
+        loss_sums = _loss_fn(config)
+        _PROGRAMS[key] = _Program(jax.jit(
+            lambda params, batch, flag: loss_sums(params, _with_prefix_flag(batch, flag), None)))
+    program, flag = _PROGRAMS[key], np.bool_(config.model.arch == "prefix_lm")
+
+    def eval_step(params: nnx.State, batch: dict[str, np.ndarray]) -> dict[str, float]:
+        sums = jax.device_get(program(params, batch, flag))
+        return {name: float(value) for name, value in sums.items()}
+
+    return eval_step
 
 
 # ---------------------------------------------------------------------------------------------
@@ -543,7 +647,7 @@ class MetricsWriter:
         self.enabled = jax.process_index() == 0
         self.path = workdir / "metrics.jsonl"
         if self.enabled and self.path.exists():
-            _keep_records_up_to(self.path, start_step)
+            keep_records_up_to(self.path, start_step)
         self._file = self.path.open("a") if self.enabled else None
         self._tensorboard = None
         if self.enabled and SummaryWriter is not None:
@@ -566,7 +670,7 @@ class MetricsWriter:
             self._tensorboard.close()
 
 
-def _keep_records_up_to(path: Path, step: int) -> None:
+def keep_records_up_to(path: Path, step: int) -> None:
     """Rewrite the JSON-lines file `path` keeping records with `step <= step` (atomically).
 
     A last line cut short by a crash is dropped with a warning; any other unreadable line is
@@ -711,27 +815,30 @@ def train(
         writer = MetricsWriter(workdir, start)
         bar = Progress(start, total, config.train.log_every, progress)
         try:
-            records = _loop(state, start, total, data, train_step, spec,
-                            step_key(config.train.seed), checkpointer, writer, bar, speed)
+            records = run_loop(state, start, total, data, train_step,
+                               (spec, step_key(config.train.seed)), checkpointer, writer, bar,
+                               speed)
         finally:
             writer.close()
             bar.close()
-    return _summary(records, workdir, start)
+    return summarize(records, workdir, start)
 
 
-def _loop(state: TrainState, step: int, total: int, data: Any, train_step: TrainStep, spec: Any,
-          rng: jax.Array, checkpointer: Checkpointer, writer: MetricsWriter, bar: Progress,
-          speed: Throughput) -> list[dict[str, Any]]:
-    """Steps `step` -> `total`: train, record, checkpoint; stops early on preemption."""
+def run_loop(state: TrainState, step: int, total: int, data: Any,
+             train_step: TrainStep | FinetuneStep, step_args: tuple, checkpointer: Checkpointer,
+             writer: MetricsWriter, bar: Progress, speed: Throughput,
+             on_step: Callable[[int, TrainState], None] | None = None) -> list[dict[str, Any]]:
+    """Steps `step` -> `total`: `train_step(state, data.batch(step), *step_args)`, record,
+    `on_step(step, state)` (e.g. validation), checkpoint; stops early on preemption."""
     records = []
     compiles_before = train_step.compiles
-    raw = data.batch(step) if step < total else None
+    batch = data.batch(step) if step < total else None
     last = time.perf_counter()
     while step < total:
         compile_before = train_step.program.compile_seconds
-        state, metrics = train_step(state, raw, spec, rng)
+        state, metrics = train_step(state, batch, *step_args)
         step += 1
-        raw = data.batch(step) if step < total else None  # overlaps with the device step
+        batch = data.batch(step) if step < total else None  # overlaps with the device step
         metrics = {name: float(value) for name, value in jax.device_get(metrics).items()}
         now = time.perf_counter()
         compile_s = train_step.program.compile_seconds - compile_before
@@ -746,6 +853,9 @@ def _loop(state: TrainState, step: int, total: int, data: Any, train_step: Train
                 f"loss is {record['loss']} at step {step}; stopping without saving this state "
                 f"(last checkpoint: step {checkpointer.latest_step()})"
             )
+        if on_step is not None:
+            on_step(step, state)
+            last = time.perf_counter()  # validation time is not step time
         if checkpointer.reached_preemption(step):
             checkpointer.maybe_save(step, state, force=True)
             return records
@@ -754,7 +864,7 @@ def _loop(state: TrainState, step: int, total: int, data: Any, train_step: Train
     return records
 
 
-def _summary(records: list[dict[str, Any]], workdir: Path, start: int) -> dict[str, Any]:
+def summarize(records: list[dict[str, Any]], workdir: Path, start: int) -> dict[str, Any]:
     """Final step and loss, plus medians of the speed metrics over steps that did not compile."""
     steady = [r for r in records if r["compile_s"] == 0.0] or records
 

@@ -411,7 +411,7 @@ def test_a_non_finite_loss_stops_the_loop_without_saving_that_state(tmp_path):
     bar = train.Progress(0, 5, every=1, enabled=False)
     step = _FakeStep([2.0, float("nan")])
     with pytest.raises(FloatingPointError, match="loss is nan at step 2; stopping without saving"):
-        train._loop(None, 0, 5, data, step, None, None, checkpointer, writer, bar, speed)
+        train.run_loop(None, 0, 5, data, step, (None, None), checkpointer, writer, bar, speed)
     writer.close()
     assert checkpointer.saved == [(1, False)]  # step 1 offered to the schedule, step 2 never
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
