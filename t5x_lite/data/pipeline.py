@@ -154,35 +154,50 @@ class PretrainData:
         return np.asarray(self.tokens[index], dtype=np.int32)
 
 
+def vocabulary_from_config(config: ml_collections.ConfigDict) -> Vocabulary:
+    """The vocabulary a run of `config` uses (pre-training and fine-tuning alike).
+
+    `config.data.vocab` is a SentencePiece `.model` path, or '' to train one on
+    `config.data.corpus` with `config.model.vocab_size` ids (cached under
+    `config.data.data_dir`, default ~/.cache/t5x_lite). With several hosts, share that
+    directory (or a `.model` path) so all hosts use the same vocabulary.
+    """
+    data_dir = config.data.data_dir or default_data_dir()
+    if config.data.vocab:
+        vocab = load_vocabulary(config.data.vocab, config.model.num_sentinels)
+    else:
+        texts = _texts(load_split(_corpus_source(config), "train", data_dir))
+        vocab = train_vocabulary(texts, config.model.vocab_size, config.model.num_sentinels,
+                                 cache_dir=os.path.join(data_dir, "vocab"))
+    if vocab.vocab_size != config.model.vocab_size:
+        raise ConfigError(f"model.vocab_size={config.model.vocab_size} but the vocabulary "
+                          f"data.vocab={config.data.vocab!r} has {vocab.vocab_size} ids")
+    return vocab
+
+
+def _corpus_source(config: ml_collections.ConfigDict) -> Any:
+    source = as_source(config.data.corpus)
+    if isinstance(source, str) and not is_catalog_name(source):
+        raise ConfigError(
+            f"data.corpus={config.data.corpus!r} is not 'python_docs', an existing file or glob "
+            "of .txt/.jsonl files, or a TFDS catalog name prepared in data.data_dir")
+    return source
+
+
 def pretrain_data_from_config(
     config: ml_collections.ConfigDict,
     raw_length: int,
     process_index: int = 0,
     process_count: int = 1,
 ) -> tuple[Vocabulary, PretrainData]:
-    """The vocabulary and pre-training batches the config asks for.
+    """The vocabulary (`vocabulary_from_config`) and pre-training batches the config asks for.
 
     `config.data.corpus` is 'python_docs', a glob of text files or a TFDS catalog name (read
-    from `config.data.data_dir`, where it must be prepared); `config.data.vocab` is a
-    SentencePiece `.model` path, or '' to train one on the corpus with `config.model.vocab_size`
-    ids (cached under `config.data.data_dir`, default ~/.cache/t5x_lite). With several hosts,
-    share that directory (or a `.model` path) so all hosts use the same vocabulary.
+    from `config.data.data_dir`, where it must be prepared).
     """
     data_dir = config.data.data_dir or default_data_dir()
-    source = as_source(config.data.corpus)
-    if isinstance(source, str) and not is_catalog_name(source):
-        raise ConfigError(
-            f"data.corpus={config.data.corpus!r} is not 'python_docs', an existing file or glob "
-            "of .txt/.jsonl files, or a TFDS catalog name prepared in data.data_dir")
-    if config.data.vocab:
-        vocab = load_vocabulary(config.data.vocab, config.model.num_sentinels)
-    else:
-        texts = _texts(load_split(source, "train", data_dir))
-        vocab = train_vocabulary(texts, config.model.vocab_size, config.model.num_sentinels,
-                                 cache_dir=os.path.join(data_dir, "vocab"))
-    if vocab.vocab_size != config.model.vocab_size:
-        raise ConfigError(f"model.vocab_size={config.model.vocab_size} but the vocabulary "
-                          f"data.vocab={config.data.vocab!r} has {vocab.vocab_size} ids")
+    source = _corpus_source(config)
+    vocab = vocabulary_from_config(config)
     data = PretrainData(source, vocab, raw_length, config.train.batch_size, config.train.seed,
                         process_index, process_count, cache_dir=os.path.join(data_dir, "tokens"),
                         data_dir=data_dir)
@@ -217,15 +232,27 @@ def _truncate(ids: Sequence[int], length: int) -> tuple[list[int], bool]:
     return ids[: length - 1] + ids[-1:], True
 
 
-def _rows(examples: Sequence[Example], inputs_length: int, targets_length: int,
-          decoder_only: bool, pack: bool) -> list[list[Example]]:
-    """Examples grouped into rows: one each, or greedily in order while they fit."""
-    truncated, rows = 0, []
-    used = (0, 0)
+def truncate_examples(examples: Sequence[Example], inputs_length: int,
+                      targets_length: int) -> tuple[list[Example], int]:
+    """Examples cut to at most `inputs_length` input and `targets_length` target ids (each
+    keeping its final EOS), and how many were cut. The batchers do this too, warning per
+    call; truncate once up front to count a whole data set."""
+    out, truncated = [], 0
     for inputs, targets in examples:
         inputs, cut_i = _truncate(inputs, inputs_length)
         targets, cut_t = _truncate(targets, targets_length)
         truncated += cut_i or cut_t
+        out.append((inputs, targets))
+    return out, truncated
+
+
+def _rows(examples: Sequence[Example], inputs_length: int, targets_length: int,
+          decoder_only: bool, pack: bool) -> list[list[Example]]:
+    """Examples grouped into rows: one each, or greedily in order while they fit."""
+    examples, truncated = truncate_examples(examples, inputs_length, targets_length)
+    rows = []
+    used = (0, 0)
+    for inputs, targets in examples:
         if decoder_only:  # one sequence: any split of the total length between the parts
             fits = used[0] + used[1] + len(inputs) + len(targets) <= inputs_length + targets_length
         else:
