@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import importlib.util
 import math
 import multiprocessing
 import os
@@ -148,13 +149,17 @@ class LocalParallelLauncher:
 # Ray
 
 
+def _require_accelerator(accelerator: str) -> None:
+    if accelerator not in ACCELERATORS:
+        raise ValueError(f"accelerator={accelerator!r}; choose one of {', '.join(ACCELERATORS)}")
+
+
 def resource_request(
     point: GridPoint, accelerator: str = "cpu", devices_per_point: int = 1, num_cpus: float = 1
 ) -> dict[str, Any]:
     """The Ray resources one grid point asks for: as many accelerators as its mesh has devices
     (`config.mesh.shape` when it holds no -1, else `devices_per_point`), plus `num_cpus`."""
-    if accelerator not in ACCELERATORS:
-        raise ValueError(f"accelerator={accelerator!r}; choose one of {', '.join(ACCELERATORS)}")
+    _require_accelerator(accelerator)
     shape = tuple(point.config.mesh.shape)
     devices = math.prod(shape) if -1 not in shape else devices_per_point
     if accelerator == "gpu":
@@ -186,31 +191,29 @@ class RayLauncher:
     to the sweep process as tasks finish.
 
     address: a running cluster ('host:port', 'ray://host:port', or 'auto' for the one this
-    machine belongs to); None starts a Ray instance on this machine. Every task runs in a fresh
-    worker process (`max_calls=1`), so each point's JAX sees the devices Ray gave it.
-    runtime_env: passed to `ray.init`, e.g. {"working_dir": "."} to ship this checkout.
+    machine belongs to); None starts a Ray instance on this machine. An address that does not
+    answer, or Ray not installed, is an error here, before the sweep starts anything. Every task
+    runs in a fresh worker process (`max_calls=1`), so each point's JAX sees the devices Ray
+    gave it. runtime_env: passed to `ray.init`, e.g. {"working_dir": "."} to ship this checkout.
     """
 
     def __init__(
         self, address: str | None = None, *, accelerator: str = "cpu", devices_per_point: int = 1,
         num_cpus: float = 1, runtime_env: dict[str, Any] | None = None,
     ):
-        if accelerator not in ACCELERATORS:
-            raise ValueError(
-                f"accelerator={accelerator!r}; choose one of {', '.join(ACCELERATORS)}"
-            )
+        _require_accelerator(accelerator)
+        if address not in (None, "auto"):
+            check_address_answers(address)
+        if importlib.util.find_spec("ray") is None:
+            raise ImportError("RayLauncher needs Ray: pip install 't5x-lite[ray]'")
         self.address, self.runtime_env = address, runtime_env
         self.request = dict(
             accelerator=accelerator, devices_per_point=devices_per_point, num_cpus=num_cpus
         )
 
     def map(self, fn: PointFn, points: Sequence[GridPoint], workdir: str) -> Iterator[list[dict]]:
-        if self.address not in (None, "auto"):
-            check_address_answers(self.address)
-        try:
-            import ray
-        except ImportError:
-            raise ImportError("RayLauncher needs Ray: pip install 't5x-lite[ray]'") from None
+        import ray
+
         # A session the caller opened (e.g. in a notebook) is used as it is and left open.
         connected_here = not ray.is_initialized()
         if connected_here:

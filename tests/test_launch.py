@@ -2,11 +2,13 @@
 the TPU and SLURM generators print what a person would type; bad input fails before launch."""
 
 import dataclasses
+import json
 import os
 import socket
 import subprocess
 import sys
 import time
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import ml_collections
@@ -44,6 +46,10 @@ def fail_on_b(point: FakePoint, workdir: str) -> list[dict]:
     return [{"point": point.point}]
 
 
+def die(point: FakePoint, workdir: str) -> list[dict]:
+    os._exit(3)  # as a worker killed by the OOM killer would
+
+
 POINTS = [FakePoint(name) for name in "abcd"]
 
 
@@ -67,6 +73,12 @@ def test_parallel_launcher_raises_a_points_error():
     launcher = launchers.LocalParallelLauncher(2, gpus=[])
     with pytest.raises(RuntimeError, match="point b broke"):
         list(launcher.map(fail_on_b, POINTS, "wd"))
+
+
+def test_parallel_launcher_raises_when_a_worker_dies():
+    launcher = launchers.LocalParallelLauncher(1, gpus=[])
+    with pytest.raises(BrokenProcessPool):
+        list(launcher.map(die, POINTS[:1], "wd"))
 
 
 def test_worker_environments_share_out_gpus_and_set_cpu_device_counts():
@@ -151,10 +163,10 @@ def test_ray_address_that_does_not_answer_fails_fast():
     address = f"127.0.0.1:{_free_port()}"
     start = time.monotonic()
     with pytest.raises(ConnectionError, match=f"Ray address '{address}' does not answer"):
-        list(launchers.RayLauncher(address).map(fail_on_b, POINTS, "wd"))
+        launchers.RayLauncher(address)
     assert time.monotonic() - start < 10
     with pytest.raises(ValueError, match="must be 'host:port', 'ray://host:port' or 'auto'"):
-        list(launchers.RayLauncher("headnode").map(fail_on_b, POINTS, "wd"))
+        launchers.RayLauncher("headnode")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,3 +218,27 @@ def test_slurm_without_a_partition_fails_before_writing_anything(tmp_path, capsy
 def test_slurm_bad_sizes():
     with pytest.raises(ValueError, match="gpus_per_node=0 must be an integer >= 1"):
         launchers.slurm_script(["table2"], num_points=2, partition="gpu", gpus_per_node=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The Colab notebook
+
+
+def test_colab_notebook_runs_on_cpu_with_tiny_settings(tmp_path, monkeypatch):
+    nbclient = pytest.importorskip("nbclient", reason="needs the notebook extra: pip install '.[notebook]'")
+    nbformat = pytest.importorskip("nbformat", reason="needs the notebook extra")
+    pytest.importorskip("ipykernel", reason="needs the notebook extra")
+    # The kernel inherits this environment: two CPU devices, so the mesh really splits the batch.
+    monkeypatch.setenv("T5X_LITE_NOTEBOOK_TINY", "1")
+    monkeypatch.setenv("T5X_LITE_NOTEBOOK_WORKDIR", str(tmp_path))
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+    notebook = nbformat.read(REPO / "launch" / "colab_tpu_demo.ipynb", as_version=4)
+    nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3",
+                            resources={"metadata": {"path": str(REPO)}}).execute()
+    outputs = "".join(output.get("text", "") for cell in notebook.cells
+                      for output in cell.get("outputs", []))
+    assert "2 cpu device(s)" in outputs
+    records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert {(r["point"], r["status"]) for r in records} == {
+        ("encoder_decoder/denoising", "ok"), ("encoder_decoder/lm", "ok")}
+    assert "Encoder-decoder" in outputs  # the table's row
