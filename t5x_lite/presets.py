@@ -5,6 +5,9 @@
 - `small`: T5-small-sized (6+6 layers, d_model 512), for single-accelerator runs.
 - `paper`: the paper's baseline (12+12 layers, d_model 768, batch 128 x 512, Adafactor, rsqrt).
 - `demo`: smaller than `tiny`, sized for `t5x-lite demo` on a 2-core CPU.
+
+`sweep_preset(name)` adds what a sweep (`t5x_lite.sweep`, `experiments/`) needs on top: the
+fine-tuning settings and the downstream tasks each grid point is fine-tuned on, one at a time.
 """
 from __future__ import annotations
 
@@ -67,3 +70,49 @@ def get_preset(name: str) -> ml_collections.ConfigDict:
 def get_config(name: str = "tiny") -> ml_collections.ConfigDict:
     """`config_flags` entry point: `--config=path/to/presets.py:NAME` selects a preset."""
     return get_preset(name)
+
+
+# The downstream tasks a sweep fine-tunes every grid point on, one task at a time.
+# Generated from the built-in corpus (no downloads): a seq2seq and a classification task.
+BUILTIN_TASKS = ("builtin_reverse", "builtin_module")
+# The small real sets under ../shared/data (`data.data_root`), standing in for the paper's
+# tasks (local_glue_qnli has no training split, so it is left out).
+LOCAL_TASKS = (
+    "local_glue_cola", "local_glue_sst2", "local_glue_mrpc", "local_glue_stsb", "local_glue_rte",
+    "local_squad", "local_dialogsum", "local_multi30k_ende", "local_multi30k_enfr",
+    "local_rosts_enro",
+)
+# The paper's tasks from the TFDS catalog (prepared in data.data_dir); SuperGLUE is not
+# registered in data.tasks, so the SGLUE column stays empty.
+PAPER_TASKS = (
+    "glue_cola", "glue_sst2", "glue_mrpc", "glue_stsb", "glue_qqp", "glue_mnli_matched",
+    "glue_mnli_mismatched", "glue_qnli", "glue_rte", "cnn_dailymail", "squad", "wmt_ende",
+    "wmt_enfr", "wmt_enro",
+)
+# Per preset: (tasks, data.data_root, config.finetune fields). The paper fine-tunes for 2^18
+# steps with batch 128 and a constant learning rate of 1e-3 (Adafactor); the smaller presets
+# scale steps and lengths down with their pre-training.
+_SWEEPS = {
+    "paper": (PAPER_TASKS, "", dict(
+        steps=2**18, batch_size=128, inputs_length=512, targets_length=128, eval_every=5000)),
+    "small": (LOCAL_TASKS, "../shared/data", dict(
+        steps=2**13, batch_size=64, inputs_length=512, targets_length=128, eval_every=1000)),
+    "tiny": (BUILTIN_TASKS, "", dict(
+        steps=500, batch_size=16, inputs_length=128, targets_length=32, eval_every=250,
+        eval_examples=200)),
+    "demo": (BUILTIN_TASKS, "", dict(
+        steps=150, batch_size=16, inputs_length=32, targets_length=16, eval_every=150,
+        eval_examples=100)),
+}
+
+
+def sweep_preset(name: str) -> ml_collections.ConfigDict:
+    """The preset `name` plus the sweep section: `sweep.tasks` (fine-tuned one at a time),
+    `sweep.seeds` (each grid point runs once per seed) and `sweep.progress` (train progress)."""
+    config = get_preset(name)
+    tasks, data_root, finetune = _SWEEPS[name]
+    config.finetune.update(finetune)
+    config.data.data_root = data_root
+    config.objective.targets_length = None  # each objective's own; the sweep's layout pads
+    config.sweep = ml_collections.ConfigDict(dict(tasks=tasks, seeds=(0,), progress=True))
+    return config
