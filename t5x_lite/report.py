@@ -1,0 +1,474 @@
+"""`t5x-lite report DIR`: a sweep's results.jsonl as the paper's table, beside the paper's numbers.
+
+`report(workdir)` reads `workdir/results.jsonl` (one record per grid point and task, written by
+`t5x_lite.sweep`), builds a `Table` in the layout of the paper's table for that experiment and
+writes it to `workdir/report/` as Markdown, CSV and LaTeX, with PNG plots when matplotlib is
+installed. `Report.text` is the terminal rendering.
+
+The table follows the paper's conventions:
+- rows in the paper's order (rows the paper does not have come last, in the order first seen),
+  with the Params and Cost labels the sweep recorded (`accounting.table2_columns`);
+- one column per paper column a task stands in for (GLUE averages the GLUE tasks, see
+  `paper_results.group_columns`), then one column per task without a paper column;
+- each cell is our score averaged over the seeds that ran, with the spread when there are
+  several (sample standard deviation), and the paper's value in parentheses where it has one;
+- bold marks scores within two standard deviations of the column's best, the paper's rule. The
+  paper's deviation is the spread of its baseline over 10 runs; ours is the spread over seeds,
+  pooled over the rows of the column that ran several. When no row did, the deviation is 0 and
+  only the best score (and exact ties) is bold: one seed gives no spread to be generous with;
+- Kendall's tau (tau-b) between our row order and the paper's, per paper column and for the
+  row average (the mean of a row's columns; the paper's side averages the same paper columns,
+  or all seven when some of our columns have no paper column, e.g. the built-in tasks).
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import math
+import os
+import re
+import warnings
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+import scipy.stats
+
+from t5x_lite import paper_results
+from t5x_lite.data.tasks import GLUE_AVERAGE_GROUPS
+from t5x_lite.paper_results import PaperRow, PaperTable
+
+RESULTS_FILE = "results.jsonl"
+STATUSES = ("ok", "failed")
+# Fields every record needs and their JSON types; the rest (labels, timings, curve) are optional.
+_REQUIRED = {"experiment": str, "point": str, "row": str, "task": str, "seed": int,
+             "status": str}
+
+
+# ----------------------------------------------------------------------------- reading records
+
+
+def _problem(record: Any) -> str | None:
+    """Why `record` cannot be used, or None when it can."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    for field, kind in _REQUIRED.items():
+        if not isinstance(record.get(field), kind) or isinstance(record.get(field), bool):
+            return f"field {field!r} is missing or not a {kind.__name__}"
+    if record["status"] not in STATUSES:
+        return f"status {record['status']!r} is not one of {', '.join(STATUSES)}"
+    metrics = record.get("metrics")
+    if record["status"] == "ok" and not (
+            isinstance(metrics, dict) and metrics and all(map(_is_number, metrics.values()))):
+        return "status 'ok' without a non-empty 'metrics' object of numbers"
+    curve = record.get("pretrain_curve", [])
+    if not (isinstance(curve, list) and all(
+            isinstance(p, list) and len(p) == 2 and all(map(_is_number, p)) for p in curve)):
+        return "'pretrain_curve' is not a list of [step, loss] pairs"
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def read_results(path: str) -> list[dict]:
+    """The usable records of a results.jsonl file, in file order.
+
+    A line that is not a usable record is skipped with a warning naming its line number. A file
+    without usable records, or with records of several experiments or presets, is an error.
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} does not exist; run `t5x-lite sweep` with this workdir "
+                                "first")
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                warnings.warn(f"{path} line {line_no}: not JSON ({error.msg}); skipped")
+                continue
+            problem = _problem(record)
+            if problem:
+                warnings.warn(f"{path} line {line_no}: {problem}; skipped")
+                continue
+            records.append(record)
+    if not records:
+        raise ValueError(f"{path} holds no usable records")
+    sweeps = sorted({(r["experiment"], str(r.get("preset"))) for r in records})
+    if len(sweeps) > 1:
+        found = ", ".join(f"{experiment} (preset {preset})" for experiment, preset in sweeps)
+        raise ValueError(f"{path} mixes the records of several sweeps: {found}; a workdir holds "
+                         "one experiment and preset, so give each sweep its own workdir")
+    return records
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One (row, column) of the table.
+
+    status: 'ok'; 'failed' when a record of the cell failed; 'missing' when none ran.
+    mean, std, seeds: our score over the seeds that ran (std: sample deviation, 0 for one).
+    paper: the published score, where the paper has this row and column.
+    """
+
+    status: str
+    mean: float | None = None
+    std: float = 0.0
+    seeds: int = 0
+    paper: float | None = None
+    bold: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    label: str
+    objective: str | None
+    params_label: str
+    cost_label: str
+    cells: dict[str, Cell]  # column -> cell, in the table's column order
+    paper: PaperRow | None  # the published row with these labels
+
+    @property
+    def average(self) -> float | None:
+        """The mean of the row's columns, or None unless every column has a score."""
+        means = [cell.mean for cell in self.cells.values()]
+        return None if None in means else float(np.mean(means))
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+    experiment: str
+    preset: str
+    paper: PaperTable | None  # None for an experiment that is not one of the paper's tables
+    columns: dict[str, tuple[str, ...]]  # column -> the tasks it is made of
+    rows: tuple[Row, ...]
+    tau: dict[str, float | None]  # paper column, or 'average' -> Kendall's tau vs. the paper
+    failures: tuple[str, ...]  # one line per failed record: point, seed, task, error
+
+
+def kendall_tau(ours: Sequence[float], paper: Sequence[float]) -> float | None:
+    """Kendall's tau-b between two score lists; None when it is undefined (< 2 rows, constant)."""
+    if len(ours) < 2:
+        return None
+    tau = scipy.stats.kendalltau(ours, paper).statistic
+    return None if math.isnan(tau) else float(tau)
+
+
+def bold_flags(means: Sequence[float | None], std: float) -> list[bool]:
+    """The paper's rule: True for each score within `2 * std` of the best (higher is better)."""
+    scores = [m for m in means if m is not None]
+    if not scores:
+        return [False] * len(means)
+    best = max(scores)
+    return [m is not None and m >= best - 2 * std for m in means]
+
+
+def pooled_std(cells: Iterable[Cell]) -> float:
+    """The spread over seeds of a column: root mean variance of the cells with several seeds."""
+    variances = [cell.std ** 2 for cell in cells if cell.status == "ok" and cell.seeds > 1]
+    return math.sqrt(sum(variances) / len(variances)) if variances else 0.0
+
+
+def _cell(column: str, tasks: tuple[str, ...], records: list[dict], paper: PaperRow | None) -> Cell:
+    """Our score for one row and column from the row's records (one per seed and task)."""
+    published = paper.scores.get(column) if paper else None
+    mine = [r for r in records if r["task"] in tasks]
+    if any(r["status"] == "failed" for r in mine):
+        return Cell("failed", paper=published)
+    by_seed: dict[int, dict[str, dict]] = {}
+    for record in mine:
+        by_seed.setdefault(record["seed"], {})[record["task"]] = record["metrics"]
+    values = [paper_results.column_score(column, metrics) for metrics in by_seed.values()
+              if set(metrics) == set(tasks)]  # a seed without every task of the column: no score
+    if not values:
+        return Cell("missing", paper=published)
+    std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+    return Cell("ok", float(np.mean(values)), std, len(values), published)
+
+
+def _paper_average_columns(columns: Iterable[str]) -> tuple[str, ...]:
+    """The paper columns its side of the average tau averages (see the module docstring)."""
+    columns = tuple(columns)
+    if all(c in paper_results.COLUMNS for c in columns):
+        return columns
+    return paper_results.COLUMNS
+
+
+def _taus(rows: Sequence[Row], columns: Iterable[str]) -> dict[str, float | None]:
+    compared = [row for row in rows if row.paper is not None]
+    taus = {}
+    for column in columns:
+        if column in paper_results.COLUMNS:
+            pairs = [(row.cells[column].mean, row.paper.scores[column]) for row in compared
+                     if row.cells[column].status == "ok"]
+            taus[column] = kendall_tau(*zip(*pairs)) if pairs else None
+    averaged = _paper_average_columns(columns)
+    pairs = [(row.average, float(np.mean([row.paper.scores[c] for c in averaged])))
+             for row in compared if row.average is not None]
+    taus["average"] = kendall_tau(*zip(*pairs)) if pairs else None
+    return taus
+
+
+def _latest(records: Sequence[dict]) -> list[dict]:
+    """The last record of each (point, seed, task): a re-run of a failed point appends a new
+    record rather than rewriting the old one."""
+    return list({(r["point"], r["seed"], r["task"]): r for r in records}.values())
+
+
+def build_table(records: Sequence[dict]) -> Table:
+    """The comparison table of one sweep's records (as `read_results` returns them).
+
+    When one (point, seed, task) has several records, the last one counts (`_latest`).
+    """
+    records = _latest(records)
+    experiment, preset = records[0]["experiment"], str(records[0].get("preset", ""))
+    paper = paper_results.PAPER_TABLES.get(experiment)
+    columns = paper_results.group_columns(r["task"] for r in records)
+    by_row: dict[tuple[str, str | None], list[dict]] = {}
+    for record in records:
+        by_row.setdefault((record["row"], record.get("objective")), []).append(record)
+
+    def paper_order(key: tuple[str, str | None]) -> int:
+        published = paper.find(*key) if paper else None
+        return paper.rows.index(published) if published else len(by_row)
+
+    rows = []
+    for key in sorted(by_row, key=paper_order):  # stable: unknown rows keep first-seen order
+        row_records = by_row[key]
+        published = paper.find(*key) if paper else None
+        cells = {column: _cell(column, tasks, row_records, published)
+                 for column, tasks in columns.items()}
+        first = row_records[0]
+        rows.append(Row(key[0], key[1], str(first.get("params_label", "")),
+                        str(first.get("cost_label", "")), cells, published))
+    for column in columns:
+        cells = [row.cells[column] for row in rows]
+        flags = bold_flags([c.mean for c in cells], pooled_std(cells))
+        for row, cell, flag in zip(rows, cells, flags):
+            row.cells[column] = dataclasses.replace(cell, bold=flag)
+    failures = tuple(f"{r['point']} seed {r['seed']} {r['task']}: "
+                     f"{str(r.get('error') or 'no error message').splitlines()[0]}"
+                     for r in records if r["status"] == "failed")
+    return Table(experiment, preset, paper, columns, tuple(rows), _taus(rows, columns), failures)
+
+
+# ----------------------------------------------------------------------------- rendering
+
+
+def _number(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
+
+
+def _cell_text(cell: Cell, bold: Callable[[str], str]) -> str:
+    """'61.00 ± 0.50 (83.28)', the score wrapped by `bold` when it is bold."""
+    if cell.status != "ok":
+        text = "failed" if cell.status == "failed" else "–"
+    else:
+        text = bold(f"{cell.mean:.2f}") if cell.bold else f"{cell.mean:.2f}"
+        if cell.seeds > 1:
+            text += f" ± {cell.std:.2f}"
+    return text if cell.paper is None else f"{text} ({cell.paper:.2f})"
+
+
+def _header(table: Table) -> list[str]:
+    label = table.paper.row_header if table.paper else "Row"
+    objective = ["Objective"] if any(row.objective for row in table.rows) else []
+    return [label, *objective, "Params", "Cost", *table.columns]
+
+
+def _grid(table: Table, bold: Callable[[str], str]) -> list[list[str]]:
+    """Header and body of the table as text cells, the scores formatted by `_cell_text`."""
+    with_objective = any(row.objective for row in table.rows)
+    body = [[row.label, *([row.objective or ""] if with_objective else []), row.params_label,
+             row.cost_label, *(_cell_text(cell, bold) for cell in row.cells.values())]
+            for row in table.rows]
+    return [_header(table), *body]
+
+
+def _title(table: Table) -> str:
+    name = (f"Table {table.paper.number}: {table.paper.caption}" if table.paper
+            else f"Experiment {table.experiment}")
+    return f"{name} (experiment {table.experiment}, preset {table.preset or '?'})"
+
+
+def _notes(table: Table) -> list[str]:
+    """The lines under the table: tau, the bolding rule, sources of the columns, failures."""
+    taus = ", ".join(f"{column} {_number(tau)}" for column, tau in table.tau.items())
+    notes = []
+    if table.paper:
+        notes += [f"Kendall's tau of our row order vs. the paper's: {taus}.",
+                  f"In parentheses: the paper's Table {table.paper.number} "
+                  f"({paper_results.CITATION})."]
+    spreads = {c: pooled_std(row.cells[c] for row in table.rows) for c in table.columns}
+    notes.append("Bold: within two standard deviations of the column's best; the deviation is "
+                 "the spread over seeds (" + ", ".join(f"{c} {s:.2f}" for c, s in spreads.items())
+                 + "), 0 with one seed, so then only the best is bold.")
+    for column, tasks in table.columns.items():
+        if column == "GLUE":
+            missing = sorted(set(GLUE_AVERAGE_GROUPS.values())
+                             - {GLUE_AVERAGE_GROUPS[t.removeprefix("local_")] for t in tasks})
+            notes.append(f"GLUE from {', '.join(tasks)}" + (
+                f"; without {', '.join(missing)}, so not the paper's GLUE average." if missing
+                else "."))
+        elif (column,) != tasks:
+            notes.append(f"{column} from {', '.join(tasks)}.")
+    notes += [f"Failed: {failure}" for failure in table.failures]
+    return notes
+
+
+def to_markdown(table: Table) -> str:
+    header, *body = _grid(table, lambda s: f"**{s}**")
+    n_labels = len(header) - len(table.columns)
+    lines = [f"## {_title(table)}", "", "| " + " | ".join(header) + " |",
+             "|" + "---|" * n_labels + "---:|" * len(table.columns)]
+    lines += ["| " + " | ".join(row) + " |" for row in body]
+    return "\n".join([*lines, "", *_notes(table)]) + "\n"
+
+
+def to_text(table: Table) -> str:
+    """The terminal rendering: aligned columns, bold scores marked with '*'."""
+    grid = _grid(table, lambda s: f"{s}*")
+    widths = [max(len(row[i]) for row in grid) for i in range(len(grid[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in grid]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join([_title(table), "", *lines, "", *_notes(table)]) + "\n"
+
+
+_LATEX_SPECIAL = re.compile(r"([&%$#_{}])")
+
+
+def _latex(text: str) -> str:
+    return _LATEX_SPECIAL.sub(r"\\\1", text).replace("±", "$\\pm$").replace("–", "--")
+
+
+def to_latex(table: Table) -> str:
+    """A booktabs `table` environment (needs \\usepackage{booktabs})."""
+    header, *body = _grid(table, lambda s: f"\x00{s}\x01")  # bold markers, escaped after
+
+    def line(cells: list[str]) -> str:
+        escaped = (_latex(c).replace("\x00", "\\textbf{").replace("\x01", "}") for c in cells)
+        return " & ".join(escaped) + r" \\"
+
+    spec = "l" * (len(header) - len(table.columns)) + "r" * len(table.columns)
+    lines = [r"\begin{table}[t]", r"\centering", rf"\begin{{tabular}}{{{spec}}}", r"\toprule",
+             line(header), r"\midrule", *(line(row) for row in body), r"\bottomrule",
+             r"\end{tabular}", rf"\caption{{{_latex(_title(table))}. "
+             + " ".join(_latex(note) for note in _notes(table)) + "}", r"\end{table}"]
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(table: Table) -> str:
+    """One line per (row, column): our mean, spread, seeds, status, bold flag and paper value."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["experiment", "preset", "row", "objective", "params", "cost", "column",
+                     "tasks", "status", "mean", "std", "seeds", "bold", "paper"])
+    for row in table.rows:
+        for column, cell in row.cells.items():
+            writer.writerow([table.experiment, table.preset, row.label, row.objective or "",
+                             row.params_label, row.cost_label, column,
+                             " ".join(table.columns[column]), cell.status,
+                             "" if cell.mean is None else f"{cell.mean:.4f}",
+                             f"{cell.std:.4f}", cell.seeds, int(cell.bold),
+                             "" if cell.paper is None else f"{cell.paper:.2f}"])
+    return out.getvalue()
+
+
+# ----------------------------------------------------------------------------- plots
+
+
+def _row_name(label: str, objective: str | None) -> str:
+    return f"{label} ({objective})" if objective else label
+
+
+def write_plots(table: Table, records: Sequence[dict], out_dir: str) -> list[str]:
+    """PNG plots (needs matplotlib): `pretrain_loss.png`, the pre-training loss curve of every
+    grid point and seed, and `bars_<column>.png` per column, our scores as bars (spread over
+    seeds as error bars) and the paper's as black diamonds. Returns the paths written."""
+    from matplotlib.figure import Figure  # no pyplot: no global state, no display needed
+
+    paths = []
+    curves: dict[tuple[str, int], tuple[str, list]] = {}
+    seeds = {r["seed"] for r in records}
+    for r in _latest(records):
+        if r.get("pretrain_curve"):
+            name = _row_name(r["row"], r.get("objective"))
+            name += f", seed {r['seed']}" if len(seeds) > 1 else ""
+            curves.setdefault((r["point"], r["seed"]), (name, r["pretrain_curve"]))
+    if curves:
+        figure = Figure(figsize=(7, 4.5), layout="constrained")
+        axes = figure.add_subplot()
+        for name, curve in curves.values():
+            steps, losses = zip(*curve)
+            axes.plot(steps, losses, label=name)
+        axes.set(xlabel="pre-training step", ylabel="loss",
+                 title=f"Pre-training loss: {table.experiment}, preset {table.preset}")
+        axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1, 1))
+        paths.append(os.path.join(out_dir, "pretrain_loss.png"))
+        figure.savefig(paths[-1], dpi=120)
+    x = np.arange(len(table.rows))
+    names = [_row_name(row.label, row.objective) for row in table.rows]
+    for column in table.columns:
+        cells = [row.cells[column] for row in table.rows]
+        figure = Figure(figsize=(3.5 + 0.9 * len(cells), 4.5), layout="constrained")
+        axes = figure.add_subplot()
+        axes.bar(x, [c.mean or 0.0 for c in cells], yerr=[c.std for c in cells],
+                 color=["tab:blue" if c.bold else "tab:gray" for c in cells],
+                 label="ours (blue: bold)")
+        published = [(i, c.paper) for i, c in enumerate(cells) if c.paper is not None]
+        if published:
+            axes.scatter(*zip(*published), marker="D", color="black", zorder=3, label="paper")
+        for i, cell in enumerate(cells):
+            if cell.status != "ok":
+                axes.text(i, 0, cell.status if cell.status == "failed" else "not run",
+                          rotation=90, ha="center", va="bottom")
+        axes.set_xticks(x, names, rotation=30, ha="right")
+        axes.set(ylabel=column, title=f"{column}: {table.experiment}, preset {table.preset}")
+        axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1, 1))
+        paths.append(os.path.join(out_dir, f"bars_{re.sub(r'[^A-Za-z0-9_.-]', '_', column)}.png"))
+        figure.savefig(paths[-1], dpi=120)
+    return paths
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    table: Table
+    text: str  # the terminal rendering, with a line naming what was written
+    files: tuple[str, ...]  # every file written
+
+
+def report(workdir: str, *, out_dir: str | None = None) -> Report:
+    """Reads `workdir/results.jsonl` and writes table.md, table.csv, table.tex and the PNG
+    plots to `out_dir` (default `workdir/report`). Plots are skipped with a notice in the text
+    when matplotlib is not installed."""
+    records = read_results(os.path.join(workdir, RESULTS_FILE))
+    table = build_table(records)
+    out_dir = out_dir or os.path.join(workdir, "report")
+    os.makedirs(out_dir, exist_ok=True)
+    files = []
+    for name, render in (("table.md", to_markdown), ("table.csv", to_csv),
+                         ("table.tex", to_latex)):
+        files.append(os.path.join(out_dir, name))
+        with open(files[-1], "w", encoding="utf-8") as f:
+            f.write(render(table))
+    try:
+        import matplotlib  # noqa: F401 - only asks whether the optional extra is installed
+    except ImportError:
+        notice = "Plots skipped: matplotlib is not installed (pip install 't5x-lite[plots]')."
+    else:
+        files += write_plots(table, records, out_dir)
+        notice = ""
+    written = f"Wrote {len(files)} files to {out_dir}."
+    return Report(table, "\n".join(filter(None, [to_text(table), notice, written])) + "\n",
+                  tuple(files))

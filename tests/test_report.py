@@ -1,0 +1,240 @@
+"""The paper's reference numbers and the comparison report built from a results.jsonl."""
+import csv
+import io
+import json
+import math
+import os
+import shutil
+import sys
+
+import pytest
+import scipy.stats
+
+from t5x_lite import paper_results, report
+from t5x_lite.report import Cell
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+
+
+# ----------------------------------------------------------------------------- paper results
+
+
+def test_paper_tables_have_the_contract_row_labels_in_order():
+    labels = {name: [(row.row, row.objective) for row in table.rows]
+              for name, table in paper_results.PAPER_TABLES.items()}
+    architectures = ["Encoder-decoder", "Enc-dec, shared", "Enc-dec, 6 layers",
+                     "Language model", "Prefix LM"]
+    assert labels["table2"] == ([(a, "Denoising") for a in architectures]
+                                + [(a, "LM") for a in architectures])
+    rows = {name: [row for row, _ in pairs] for name, pairs in labels.items()}
+    assert rows["table4"] == ["Prefix language modeling", "BERT-style", "Deshuffling"]
+    assert rows["table5"] == ["BERT-style", "MASS-style", "Replace corrupted spans",
+                              "Drop corrupted tokens"]
+    assert rows["table6"] == ["10%", "15%", "25%", "50%"]
+    assert rows["table7"] == ["i.i.d.", "2", "3", "5", "10"]
+
+
+def test_paper_numbers_spot_checks():
+    # Values typed from the paper (issue 7), one per table, read back through the lookup.
+    table2 = paper_results.PAPER_TABLES["table2"]
+    assert table2.find("Language model", "LM").scores["SQuAD"] == 53.81
+    assert table2.find("Enc-dec, 6 layers", "Denoising").scores == dict(
+        zip(paper_results.COLUMNS, (80.88, 18.97, 77.59, 68.42, 26.38, 38.40, 26.95)))
+    assert paper_results.PAPER_TABLES["table4"].find("Deshuffling", None).scores["GLUE"] == 73.17
+    assert paper_results.PAPER_TABLES["table5"].find("Drop corrupted tokens", None) \
+        .scores["GLUE"] == 84.44
+    assert paper_results.PAPER_TABLES["table6"].find("25%", None).scores["CNNDM"] == 19.54
+    assert paper_results.PAPER_TABLES["table7"].find("3", None).scores["SGLUE"] == 72.53
+    # The baseline is the same run in Tables 2, 5, 6 and 7.
+    baseline = table2.find("Encoder-decoder", "Denoising").scores
+    for name, row in (("table5", "Replace corrupted spans"), ("table6", "15%"),
+                      ("table7", "i.i.d.")):
+        assert paper_results.PAPER_TABLES[name].find(row, None).scores == baseline
+    assert paper_results.BASELINE_STD["SQuAD"] == 0.343
+    assert table2.find("Prefix LM", None) is None  # Table 2 rows need their objective
+
+
+@pytest.mark.parametrize("task, column", [
+    ("glue_cola", "GLUE"), ("local_glue_rte", "GLUE"), ("glue_mnli_matched", "GLUE"),
+    ("glue_wnli", None), ("cnn_dailymail", "CNNDM"), ("local_dialogsum", "CNNDM"),
+    ("squad", "SQuAD"), ("local_squad", "SQuAD"), ("wmt_enfr", "EnFr"),
+    ("local_multi30k_ende", "EnDe"), ("local_rosts_enro", "EnRo"), ("builtin_reverse", None),
+])
+def test_paper_column_of_each_task(task, column):
+    assert paper_results.paper_column(task) == column
+
+
+def test_headline_scores_are_the_papers_metrics():
+    assert paper_results.headline_score("squad", {"em": 80.0, "f1": 88.0}) == 80.0
+    rouge = {"rouge1": 40.0, "rouge2": 19.0, "rougeLsum": 37.0}
+    assert paper_results.headline_score("local_dialogsum", rouge) == 19.0
+    # Without a paper metric: the mean of the task's metrics (T5's multi-metric convention).
+    assert paper_results.headline_score("builtin_sort", {"a": 10.0, "b": 20.0}) == 15.0
+    with pytest.raises(ValueError, match="'squad' reports 'em' in the paper, but its metrics "
+                                         "are f1"):
+        paper_results.headline_score("squad", {"f1": 88.0})
+
+
+def test_group_columns_and_column_score():
+    columns = paper_results.group_columns(
+        ["builtin_reverse", "local_glue_rte", "local_squad", "local_glue_cola", "builtin_reverse"])
+    assert columns == {"GLUE": ("local_glue_cola", "local_glue_rte"), "SQuAD": ("local_squad",),
+                       "builtin_reverse": ("builtin_reverse",)}
+    glue = {"local_glue_cola": {"matthews_corrcoef": 20.0}, "local_glue_rte": {"accuracy": 60.0}}
+    assert paper_results.column_score("GLUE", glue) == 40.0
+    with pytest.raises(ValueError, match="'wmt_ende' and 'local_multi30k_ende' both stand in "
+                                         "for the paper column 'EnDe'"):
+        paper_results.group_columns(["wmt_ende", "local_multi30k_ende"])
+
+
+# ----------------------------------------------------------------------------- rules
+
+
+def test_bolding_rule_within_two_standard_deviations():
+    # best 10, 2 x 0.6 = 1.2: 9 is within, 8.5 is not; a missing score is never bold.
+    assert report.bold_flags([10.0, 9.0, 8.5, None], std=0.6) == [True, True, False, False]
+    # One seed: no spread, so only the best and exact ties.
+    assert report.bold_flags([7.0, 9.0, 9.0], std=0.0) == [False, True, True]
+    assert report.bold_flags([None, None], std=1.0) == [False, False]
+
+
+def test_pooled_std_uses_cells_with_several_seeds():
+    cells = [Cell("ok", 1.0, std=1.0, seeds=2), Cell("ok", 2.0, std=3.0, seeds=3),
+             Cell("ok", 5.0, std=0.0, seeds=1), Cell("failed")]
+    assert report.pooled_std(cells) == pytest.approx(math.sqrt((1 + 9) / 2))
+    assert report.pooled_std([Cell("ok", 1.0, seeds=1)]) == 0.0
+
+
+@pytest.mark.parametrize("ours, paper, expected", [
+    ([1, 2, 3, 4], [10, 20, 30, 40], 1.0),
+    ([1, 2, 3, 4], [40, 30, 20, 10], -1.0),
+    ([1, 2, 3, 4], [1, 2, 4, 3], 4 / 6),  # 5 concordant, 1 discordant pair of 6
+    # One tie in ours (pairs 6, tied 1): tau-b = (5 - 0) / sqrt((6 - 1) * 6).
+    ([11, 8, 11, 10], [19.24, 17.93, 18.61, 18.59], 5 / math.sqrt(30)),
+])
+def test_kendall_tau_hand_cases_and_scipy(ours, paper, expected):
+    assert report.kendall_tau(ours, paper) == pytest.approx(expected)
+    assert report.kendall_tau(ours, paper) == pytest.approx(
+        scipy.stats.kendalltau(ours, paper).statistic)
+
+
+def test_kendall_tau_undefined():
+    assert report.kendall_tau([1.0], [2.0]) is None
+    assert report.kendall_tau([1.0, 1.0], [1.0, 2.0]) is None  # constant: no order to compare
+
+
+# ----------------------------------------------------------------------------- the report
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    """A workdir holding the hand-written results of tests/data/results_table2.jsonl."""
+    shutil.copy(os.path.join(DATA, "results_table2.jsonl"), tmp_path / "results.jsonl")
+    return tmp_path
+
+
+def _report(workdir, **kwargs):
+    with pytest.warns(UserWarning) as caught:
+        result = report.report(str(workdir), **kwargs)
+    return result, [str(w.message) for w in caught]
+
+
+def test_markdown_table_matches_the_hand_written_expectation(workdir):
+    result, warned = _report(workdir)
+    with open(os.path.join(DATA, "results_table2.md"), encoding="utf-8") as f:
+        expected = f.read()
+    with open(workdir / "report" / "table.md", encoding="utf-8") as f:
+        assert f.read() == expected
+    # Lines 7 (cut off), 24 (no task) and 30 (unknown status) are skipped, each named once.
+    assert [w.split("results.jsonl ")[1] for w in warned] == [
+        "line 7: not JSON (Invalid control character at); skipped",
+        "line 24: field 'task' is missing or not a str; skipped",
+        "line 30: status 'done' is not one of ok, failed; skipped",
+    ]
+    assert "Encoder-decoder  LM         2P      M     56.00 ± 1.41 (79.56)" in result.text
+    assert "61.00* ± 1.41 (83.28)" in result.text
+
+
+def test_csv_and_latex_hold_the_same_cells(workdir):
+    _report(workdir)
+    with open(workdir / "report" / "table.csv", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 5 * 3  # five rows, three columns
+    first = rows[0]
+    assert (first["row"], first["objective"], first["column"], first["mean"], first["std"],
+            first["seeds"], first["bold"], first["paper"]) == (
+        "Encoder-decoder", "Denoising", "GLUE", "61.0000", "1.4142", "2", "1", "83.28")
+    failed = [r for r in rows if r["status"] == "failed"]
+    assert [(r["row"], r["objective"], r["column"]) for r in failed] == [
+        ("Encoder-decoder", "LM", "builtin_reverse")]
+    with open(workdir / "report" / "table.tex", encoding="utf-8") as f:
+        latex = f.read()
+    assert r"\textbf{61.00} $\pm$ 1.41 (83.28)" in latex
+    assert r"Architecture & Objective & Params & Cost & GLUE & CNNDM & builtin\_reverse \\" in latex
+
+
+def test_plots_are_written(workdir):
+    pytest.importorskip("matplotlib", reason="plots need the optional matplotlib")
+    result, _ = _report(workdir, out_dir=str(workdir / "out"))
+    pngs = sorted(os.path.basename(p) for p in result.files if p.endswith(".png"))
+    assert pngs == ["bars_CNNDM.png", "bars_GLUE.png", "bars_builtin_reverse.png",
+                    "pretrain_loss.png"]
+    for path in result.files:
+        assert os.path.dirname(path) == str(workdir / "out")
+        if path.endswith(".png"):
+            with open(path, "rb") as f:
+                assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_tables_without_matplotlib(workdir, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
+    result, _ = _report(workdir)
+    assert [os.path.basename(p) for p in result.files] == ["table.md", "table.csv", "table.tex"]
+    assert "Plots skipped: matplotlib is not installed" in result.text
+
+
+def _write(path, records):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in records))
+
+
+def _record(**fields):
+    return {"experiment": "table6", "preset": "tiny", "point": "p", "row": "15%", "seed": 0,
+            "task": "builtin_reverse", "status": "ok", "metrics": {"accuracy": 50.0}, **fields}
+
+
+def test_records_of_two_experiments_are_an_error(tmp_path):
+    _write(tmp_path / "results.jsonl",
+           [_record(), _record(experiment="table4", row="BERT-style")])
+    with pytest.raises(ValueError, match=r"mixes the records of several sweeps: table4 \(preset "
+                                         r"tiny\), table6 \(preset tiny\)"):
+        report.report(str(tmp_path))
+
+
+def test_missing_or_empty_results(tmp_path):
+    with pytest.raises(FileNotFoundError, match="results.jsonl does not exist"):
+        report.report(str(tmp_path))
+    (tmp_path / "results.jsonl").write_text("[1, 2]\n")
+    with pytest.warns(UserWarning, match="line 1: not a JSON object"):
+        with pytest.raises(ValueError, match="holds no usable records"):
+            report.report(str(tmp_path))
+
+
+def test_other_experiments_have_no_paper_column_or_tau(tmp_path):
+    _write(tmp_path / "results.jsonl", [
+        _record(experiment="mine", point="b", row="B", metrics={"accuracy": 30.0}),
+        _record(experiment="mine", point="a", row="A", metrics={"accuracy": 60.0}),
+        _record(experiment="mine", point="a", row="A", task="builtin_sort", status="failed",
+                metrics={}, error="boom"),
+    ])
+    result = report.report(str(tmp_path))
+    table = result.table
+    assert [row.label for row in table.rows] == ["B", "A"]  # no paper order: as first seen
+    assert [row.cells["builtin_reverse"].bold for row in table.rows] == [False, True]
+    assert table.rows[0].cells["builtin_sort"].status == "missing"
+    assert table.rows[1].cells["builtin_sort"].status == "failed"
+    assert table.tau == {"average": None}
+    text = io.StringIO(result.text).readlines()
+    assert text[2].split() == ["Row", "Params", "Cost", "builtin_reverse", "builtin_sort"]
+    assert not any("Kendall" in line for line in text)
+    assert "Failed: a seed 0 builtin_sort: boom\n" in text
