@@ -62,7 +62,7 @@ def _problem(record: Any) -> str | None:
     if record["status"] == "ok" and not (
             isinstance(metrics, dict) and metrics and all(map(_is_number, metrics.values()))):
         return "status 'ok' without a non-empty 'metrics' object of numbers"
-    curve = record.get("pretrain_curve", [])
+    curve = record.get("pretrain_curve") or []
     if not (isinstance(curve, list) and all(
             isinstance(p, list) and len(p) == 2 and all(map(_is_number, p)) for p in curve)):
         return "'pretrain_curve' is not a list of [step, loss] pairs"
@@ -232,28 +232,23 @@ def build_table(records: Sequence[dict]) -> Table:
     experiment, preset = records[0]["experiment"], str(records[0].get("preset", ""))
     paper = paper_results.PAPER_TABLES.get(experiment)
     columns = paper_results.group_columns(r["task"] for r in records)
-    by_row: dict[tuple[str, str | None], list[dict]] = {}
+    by_row: dict[tuple[str, str | None], list[dict]] = {}  # (row, objective) -> records
     for record in records:
         by_row.setdefault((record["row"], record.get("objective")), []).append(record)
-
-    def paper_order(key: tuple[str, str | None]) -> int:
-        published = paper.find(*key) if paper else None
-        return paper.rows.index(published) if published else len(by_row)
-
-    rows = []
-    for key in sorted(by_row, key=paper_order):  # stable: unknown rows keep first-seen order
-        row_records = by_row[key]
-        published = paper.find(*key) if paper else None
-        cells = {column: _cell(column, tasks, row_records, published)
-                 for column, tasks in columns.items()}
-        first = row_records[0]
-        rows.append(Row(key[0], key[1], str(first.get("params_label", "")),
-                        str(first.get("cost_label", "")), cells, published))
+    published = {key: paper.find(*key) if paper else None for key in by_row}
+    # The paper's order; rows it does not have come last, in first-seen order (a stable sort).
+    keys = sorted(by_row, key=lambda k: paper.rows.index(published[k]) if published[k]
+                  else len(by_row))
+    cells = {key: {column: _cell(column, tasks, by_row[key], published[key])
+                   for column, tasks in columns.items()} for key in keys}
     for column in columns:
-        cells = [row.cells[column] for row in rows]
-        flags = bold_flags([c.mean for c in cells], pooled_std(cells))
-        for row, cell, flag in zip(rows, cells, flags):
-            row.cells[column] = dataclasses.replace(cell, bold=flag)
+        column_cells = [cells[key][column] for key in keys]
+        flags = bold_flags([cell.mean for cell in column_cells], pooled_std(column_cells))
+        for key, cell, flag in zip(keys, column_cells, flags):
+            cells[key][column] = dataclasses.replace(cell, bold=flag)
+    rows = [Row(key[0], key[1], str(by_row[key][0].get("params_label", "")),
+                str(by_row[key][0].get("cost_label", "")), cells[key], published[key])
+            for key in keys]
     failures = tuple(f"{r['point']} seed {r['seed']} {r['task']}: "
                      f"{str(r.get('error') or 'no error message').splitlines()[0]}"
                      for r in records if r["status"] == "failed")
@@ -278,19 +273,15 @@ def _cell_text(cell: Cell, bold: Callable[[str], str]) -> str:
     return text if cell.paper is None else f"{text} ({cell.paper:.2f})"
 
 
-def _header(table: Table) -> list[str]:
-    label = table.paper.row_header if table.paper else "Row"
-    objective = ["Objective"] if any(row.objective for row in table.rows) else []
-    return [label, *objective, "Params", "Cost", *table.columns]
-
-
 def _grid(table: Table, bold: Callable[[str], str]) -> list[list[str]]:
     """Header and body of the table as text cells, the scores formatted by `_cell_text`."""
     with_objective = any(row.objective for row in table.rows)
+    header = [table.paper.row_header if table.paper else "Row",
+              *(["Objective"] if with_objective else []), "Params", "Cost", *table.columns]
     body = [[row.label, *([row.objective or ""] if with_objective else []), row.params_label,
              row.cost_label, *(_cell_text(cell, bold) for cell in row.cells.values())]
             for row in table.rows]
-    return [_header(table), *body]
+    return [header, *body]
 
 
 def _title(table: Table) -> str:
@@ -299,7 +290,7 @@ def _title(table: Table) -> str:
     return f"{name} (experiment {table.experiment}, preset {table.preset or '?'})"
 
 
-def _notes(table: Table) -> list[str]:
+def _notes(table: Table, bold_name: str = "Bold") -> list[str]:
     """The lines under the table: tau, the bolding rule, sources of the columns, failures."""
     taus = ", ".join(f"{column} {_number(tau)}" for column, tau in table.tau.items())
     notes = []
@@ -307,10 +298,11 @@ def _notes(table: Table) -> list[str]:
         notes += [f"Kendall's tau of our row order vs. the paper's: {taus}.",
                   f"In parentheses: the paper's Table {table.paper.number} "
                   f"({paper_results.CITATION})."]
-    spreads = {c: pooled_std(row.cells[c] for row in table.rows) for c in table.columns}
-    notes.append("Bold: within two standard deviations of the column's best; the deviation is "
-                 "the spread over seeds (" + ", ".join(f"{c} {s:.2f}" for c, s in spreads.items())
-                 + "), 0 with one seed, so then only the best is bold.")
+    spreads = ", ".join(f"{column} {pooled_std(row.cells[column] for row in table.rows):.2f}"
+                        for column in table.columns)
+    notes.append(f"{bold_name}: within two standard deviations of the column's best; the "
+                 f"deviation is the spread over seeds ({spreads}), 0 with one seed, so then only "
+                 "the best is bold.")
     for column, tasks in table.columns.items():
         if column == "GLUE":
             missing = sorted(set(GLUE_AVERAGE_GROUPS.values())
@@ -339,7 +331,7 @@ def to_text(table: Table) -> str:
     widths = [max(len(row[i]) for row in grid) for i in range(len(grid[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in grid]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join([_title(table), "", *lines, "", *_notes(table)]) + "\n"
+    return "\n".join([_title(table), "", *lines, "", *_notes(table, bold_name="*")]) + "\n"
 
 
 _LATEX_SPECIAL = re.compile(r"([&%$#_{}])")
