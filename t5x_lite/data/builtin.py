@@ -56,7 +56,7 @@ def split_of(text: str) -> str:
 def _paragraphs(data_dir: str | None) -> tuple[tuple[str, str], ...]:
     """(top-level module or pydoc topic, paragraph) for every distinct paragraph, corpus order."""
     seen: dict[str, str] = {}
-    for split in ("train", "validation"):
+    for split in ("train", "validation"):  # the corpus' own splits; ours are made by split_of
         for record in builders.load_split("python_docs", split, data_dir):
             name, _, body = record["text"].partition("\n\n")
             for paragraph in body.split("\n\n"):
@@ -80,6 +80,7 @@ def _check_split(split: str) -> None:
 
 @functools.lru_cache(maxsize=4)
 def _word_sequences(data_dir: str | None) -> dict[str, tuple[str, ...]]:
+    """Split -> its distinct word sequences, drawn with SEED until each split is full."""
     paragraphs = [w for w in (_words(p) for _, p in _paragraphs(data_dir)) if len(w) >= MAX_WORDS]
     # Drawing a paragraph with probability proportional to its length makes every word
     # position of the corpus equally likely to start a sequence.
@@ -127,6 +128,7 @@ def _is_prose(sentence: str) -> bool:
 
 @functools.lru_cache(maxsize=4)
 def _module_sentences(data_dir: str | None) -> dict[str, tuple[dict, ...]]:
+    """Split -> its balanced, shuffled `module_sentences` records."""
     owners: dict[str, set[int]] = {}  # sentence -> the classes whose docs contain it
     for module, paragraph in _paragraphs(data_dir):
         if module in MODULE_CLASSES:
