@@ -124,6 +124,22 @@ def causal_mask(length: int) -> jax.Array:
     return (index[None, :] <= index[:, None])[None, None]
 
 
+def cache_mask(query_positions: jax.Array, cache_length: int,
+               prefix_length: jax.Array | None = None) -> jax.Array:
+    """`bool [B, 1, Lq, cache_length]` for queries at `query_positions [B, Lq]` over the slots
+    of a decoding cache, where slot j holds position j: causal (a query sees slots up to its
+    own position). With `prefix_length [B]` (a prefix LM), queries inside a row's prefix
+    (positions < prefix_length) also see the whole prefix, as `prefix_lm_mask` does.
+    """
+    query = query_positions[:, None, :, None]
+    slot = jnp.arange(cache_length)[None, None, None, :]
+    visible = slot <= query
+    if prefix_length is None:
+        return visible
+    prefix_length = prefix_length[:, None, None, None]
+    return visible | ((query < prefix_length) & (slot < prefix_length))
+
+
 def padding_mask(query_valid: jax.Array, key_valid: jax.Array) -> jax.Array:
     """`bool [B, 1, Lq, Lk]` from `query_valid [B, Lq]`, `key_valid [B, Lk]` (e.g. tokens > 0).
 

@@ -7,10 +7,13 @@ Conventions shared by every module here:
   (`dropout_rng`, folded per site), and masks / biases arrive as arguments: no layer decides
   which positions are visible.
 - Initialisers follow T5 (Mesh TF / Hugging Face `_init_weights` with factor 1).
-- Shapes: B batch, L length, D d_model, H heads, K d_kv, F d_ff.
+- Shapes: B batch, L length, D d_model, H heads, K d_kv, F d_ff, Lc cache slots.
+- Incremental decoding passes an explicit cache (`LayerCache` per layer) in and gets the
+  updated one back; without a cache (training) nothing about the computation changes.
 """
 from __future__ import annotations
 
+import flax
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -89,6 +92,34 @@ class LMHead(nnx.Module):
         return jnp.einsum("bld,dv->blv", x, self.kernel[...].astype(self.dtype))
 
 
+@flax.struct.dataclass
+class KeysValues:
+    """One attention's projected keys and values, each `[B, L, H, K]`: the whole sequence in
+    training, the slots of a decoding cache (slot j = position j) when decoding."""
+
+    key: jax.Array
+    value: jax.Array
+
+    def write(self, new: KeysValues, start: jax.Array) -> KeysValues:
+        """These slots with `new` (`[B, Ln, H, K]`) written at slots `start[b] .. start[b] + Ln`
+        of row b (`start` int `[B]`: rows of a batch may be at different positions)."""
+        def write_rows(slots: jax.Array, update: jax.Array) -> jax.Array:
+            return jax.vmap(jax.lax.dynamic_update_slice_in_dim, in_axes=(0, 0, 0, None))(
+                slots, update.astype(slots.dtype), start, 0)
+
+        return KeysValues(write_rows(self.key, new.key), write_rows(self.value, new.value))
+
+
+@flax.struct.dataclass
+class LayerCache:
+    """What one layer keeps between decoding steps: its self-attention's keys / values of every
+    position so far (`[B, Lc, H, K]`), and, in an encoder-decoder's decoder, the
+    cross-attention's keys / values of the encoder output, computed once (`[B, Le, H, K]`)."""
+
+    self_attention: KeysValues
+    cross_attention: KeysValues | None
+
+
 class Attention(nnx.Module):
     """Multi-head attention with query / key / value / out projections and no biases.
 
@@ -131,14 +162,35 @@ class Attention(nnx.Module):
 
         `mask` bool / `bias` float broadcastable to `[B, H, Lq, Lk]`. Returns `[B, Lq, D]`.
         """
-        def project(x: jax.Array, kernel: nnx.Param) -> jax.Array:
-            return jnp.einsum("bld,dhk->blhk", x, kernel[...].astype(self.dtype))
+        return self.attend(inputs_q, self.keys_values(inputs_kv), mask, bias)
 
-        q = project(inputs_q, self.query)
-        k = project(inputs_kv, self.key)
-        v = project(inputs_kv, self.value)
-        heads = dot_product_attention(q, k, v, mask, bias, implementation=self.implementation)
+    def keys_values(self, inputs_kv: jax.Array) -> KeysValues:
+        """`inputs_kv [B, Lk, D]` -> its keys and values `[B, Lk, H, K]`."""
+        return KeysValues(self._project(inputs_kv, self.key), self._project(inputs_kv, self.value))
+
+    def attend(
+        self,
+        inputs_q: jax.Array,
+        kv: KeysValues,
+        mask: jax.Array | None,
+        bias: jax.Array | None = None,
+    ) -> jax.Array:
+        """Queries from `inputs_q [B, Lq, D]` attend over projected `kv` (`[B, Lk, H, K]`,
+        e.g. a decoding cache). Returns `[B, Lq, D]`."""
+        q = self._project(inputs_q, self.query)
+        heads = dot_product_attention(q, kv.key, kv.value, mask, bias,
+                                      implementation=self.implementation)
         return jnp.einsum("blhk,hkd->bld", heads, self.out[...].astype(self.dtype))
+
+    def empty_cache(self, batch_size: int, length: int) -> KeysValues:
+        """Zero keys / values `[batch_size, length, H, K]` in the compute dtype."""
+        _, num_heads, d_kv = self.key.shape
+        zeros = jnp.zeros((batch_size, length, num_heads, d_kv), self.dtype)
+        return KeysValues(zeros, zeros)
+
+    def _project(self, x: jax.Array, kernel: nnx.Param) -> jax.Array:
+        """`[B, L, D]` -> `[B, L, H, K]` with a `[D, H, K]` kernel."""
+        return jnp.einsum("bld,dhk->blhk", x, kernel[...].astype(self.dtype))
 
 
 class MLP(nnx.Module):
@@ -257,21 +309,34 @@ class TransformerLayer(nnx.Module):
         encoded: jax.Array | None = None,
         cross_mask: jax.Array | None = None,
         dropout_rng: jax.Array | None = None,
-    ) -> jax.Array:
-        """`x [B, L, D]` -> `[B, L, D]`.
+        cache: LayerCache | None = None,
+        cache_start: jax.Array | None = None,
+    ) -> tuple[jax.Array, LayerCache | None]:
+        """`x [B, L, D]` -> (`[B, L, D]`, the updated cache or None).
 
         `mask` / `bias` are for self-attention; `encoded [B, Le, D]` and `cross_mask`
-        (broadcastable to `[B, 1, L, Le]`) are required exactly when the layer has
-        cross-attention (T5 uses no position bias there).
+        (broadcastable to `[B, 1, L, Le]`) give cross-attention its keys (T5 uses no position
+        bias there). With `cache`, `x` holds the tokens for slots `cache_start[b] ..` of row b:
+        their keys / values are written there and the queries attend over every slot (`mask`,
+        `bias` `[.., L, Lc]`), and cross-attention uses the cached encoder keys / values.
         """
-        if (self.cross_attention is None) != (encoded is None):
-            raise ValueError("encoded must be given if and only if the layer has cross-attention")
+        has_encoder_kv = encoded is not None or (cache is not None
+                                                 and cache.cross_attention is not None)
+        if (self.cross_attention is None) == has_encoder_kv:
+            raise ValueError("encoded (or a cache holding its keys / values) must be given if "
+                             "and only if the layer has cross-attention")
         h = self.self_attention_norm(x)
-        x = x + dropout(self.self_attention(h, h, mask, bias), self.dropout_rate,
+        self_kv = self.self_attention.keys_values(h)
+        if cache is not None:
+            self_kv = cache.self_attention.write(self_kv, cache_start)
+        x = x + dropout(self.self_attention.attend(h, self_kv, mask, bias), self.dropout_rate,
                         fold_rng(dropout_rng, 0))
         if self.cross_attention is not None:
             h = self.cross_attention_norm(x)
-            x = x + dropout(self.cross_attention(h, encoded, cross_mask), self.dropout_rate,
-                            fold_rng(dropout_rng, 1))
+            encoder_kv = (self.cross_attention.keys_values(encoded) if cache is None
+                          else cache.cross_attention)
+            x = x + dropout(self.cross_attention.attend(h, encoder_kv, cross_mask),
+                            self.dropout_rate, fold_rng(dropout_rng, 1))
         h = self.mlp(self.mlp_norm(x), dropout_rng=fold_rng(dropout_rng, 2))
-        return x + dropout(h, self.dropout_rate, fold_rng(dropout_rng, 3))
+        x = x + dropout(h, self.dropout_rate, fold_rng(dropout_rng, 3))
+        return x, None if cache is None else cache.replace(self_attention=self_kv)

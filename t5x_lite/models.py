@@ -13,6 +13,10 @@ archs as `prefix_lm` and ANDs `inputs_mask` with a traced flag, so they share on
 compilation; with the flag off, the prefix mask is the causal mask.) `model(batch)` returns
 float32 logits `[B, target_len, vocab]` for encoder-decoders and `[B, inputs_len +
 target_len, vocab]` for decoder-only models.
+
+Incremental decoding (`t5x_lite.decoding`) uses two more methods every architecture shares:
+`init_cache` (empty self-attention slots, plus the encoder's cross-attention keys / values)
+and `extend` (run the decoder on the next tokens against the cache).
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from t5x_lite.config import (
 )
 from t5x_lite.layers import (
     Embed,
+    LayerCache,
     LMHead,
     RMSNorm,
     RelativePositionBias,
@@ -92,8 +97,10 @@ def _positions(batch: Batch, stack: str, tokens_key: str) -> jax.Array:
 
 def _run_layer(layer: TransformerLayer, x: jax.Array, mask: jax.Array | None,
                bias: jax.Array | None, encoded: jax.Array | None, cross_mask: jax.Array | None,
-               dropout_rng: jax.Array | None) -> jax.Array:
-    return layer(x, mask, bias, encoded=encoded, cross_mask=cross_mask, dropout_rng=dropout_rng)
+               dropout_rng: jax.Array | None, cache: LayerCache | None,
+               cache_start: jax.Array | None) -> tuple[jax.Array, LayerCache | None]:
+    return layer(x, mask, bias, encoded=encoded, cross_mask=cross_mask, dropout_rng=dropout_rng,
+                 cache=cache, cache_start=cache_start)
 
 
 # `model.remat`: keep only each layer's input for the backward pass and recompute the rest,
@@ -142,15 +149,42 @@ class TransformerStack(nnx.Module):
         encoded: jax.Array | None = None,
         cross_mask: jax.Array | None = None,
         dropout_rng: jax.Array | None = None,
-    ) -> jax.Array:
-        """`x [B, L, D]` embedded tokens, `positions [B, L]` or `[L]` -> `[B, L, D]`."""
-        bias = self.relpos(positions, positions, self.bidirectional)
+        cache: list[LayerCache] | None = None,
+    ) -> tuple[jax.Array, list[LayerCache] | None]:
+        """`x [B, L, D]` embedded tokens, `positions [B, L]` or `[L]` -> (`[B, L, D]`, cache).
+
+        With `cache` (from `init_cache`), `positions [B, L]` are also the cache slots the
+        tokens' keys / values go to, keys sit at positions `arange(Lc)`, and `mask` is
+        `[B, 1, L, Lc]`; the updated cache is returned (None without one).
+        """
+        if cache is None:
+            bias = self.relpos(positions, positions, self.bidirectional)
+            layer_caches, cache_start = [None] * len(self.layers), None
+        else:
+            cache_length = cache[0].self_attention.key.shape[1]
+            bias = self.relpos(positions, jnp.arange(cache_length), self.bidirectional)
+            layer_caches, cache_start = list(cache), positions[:, 0]
         # Dropout sites: 0 the embedded input, 1 the final norm's output, 2 + i layer i.
         x = dropout(x, self.dropout_rate, fold_rng(dropout_rng, 0))
         run_layer = _run_layer_remat if self.remat else _run_layer
         for i, layer in enumerate(self.layers):
-            x = run_layer(layer, x, mask, bias, encoded, cross_mask, fold_rng(dropout_rng, i + 2))
-        return dropout(self.final_norm(x), self.dropout_rate, fold_rng(dropout_rng, 1))
+            x, layer_caches[i] = run_layer(layer, x, mask, bias, encoded, cross_mask,
+                                           fold_rng(dropout_rng, i + 2), layer_caches[i],
+                                           cache_start)
+        x = dropout(self.final_norm(x), self.dropout_rate, fold_rng(dropout_rng, 1))
+        return x, None if cache is None else layer_caches
+
+    def init_cache(self, batch_size: int, length: int,
+                   encoded: jax.Array | None = None) -> list[LayerCache]:
+        """An empty cache of `length` slots per layer; with `encoded [B, Le, D]` (a decoder
+        with cross-attention) each layer's encoder keys / values, computed once here."""
+        return [
+            LayerCache(
+                layer.self_attention.empty_cache(batch_size, length),
+                None if encoded is None else layer.cross_attention.keys_values(encoded),
+            )
+            for layer in self.layers
+        ]
 
 
 class _T5Model(nnx.Module):
@@ -170,6 +204,28 @@ class _T5Model(nnx.Module):
             # Tied embeddings: T5 rescales so the logits do not grow with d_model.
             return self.token_embedder.attend(x * self.d_model**-0.5).astype(jnp.float32)
         return self.lm_head(x).astype(jnp.float32)
+
+    def init_cache(self, batch_size: int, length: int,
+                   encoded: jax.Array | None = None) -> list[LayerCache]:
+        """The decoder's empty decoding cache of `length` positions (see
+        `TransformerStack.init_cache`); encoder-decoders pass the encoder output `encoded`."""
+        return self.decoder.init_cache(batch_size, length, encoded)
+
+    def extend(
+        self,
+        tokens: jax.Array,
+        positions: jax.Array,
+        mask: jax.Array,
+        cache: list[LayerCache],
+        cross_mask: jax.Array | None = None,
+    ) -> tuple[jax.Array, list[LayerCache]]:
+        """Run the decoder on the next `tokens [B, L]` at `positions [B, L]` (also their cache
+        slots), attending over the cache with `mask [B, 1, L, Lc]` (and over the cached encoder
+        output with `cross_mask [B, 1, L, Le]`). Returns float32 logits `[B, L, vocab]` and
+        the updated cache."""
+        x, cache = self.decoder(self.token_embedder(tokens), positions, mask,
+                                cross_mask=cross_mask, cache=cache)
+        return self.logits(x), cache
 
 
 class EncoderDecoder(_T5Model):
@@ -194,8 +250,9 @@ class EncoderDecoder(_T5Model):
         """`batch['encoder_input_tokens'] [B, Le]` -> encoder output `[B, Le, D]`."""
         x = self.token_embedder(batch["encoder_input_tokens"])
         positions = _positions(batch, "encoder", "encoder_input_tokens")
-        return self.encoder(x, positions, masks["encoder_mask"],
+        x, _ = self.encoder(x, positions, masks["encoder_mask"],
                             dropout_rng=fold_rng(dropout_rng, 0))
+        return x
 
     def decode(
         self,
@@ -208,8 +265,8 @@ class EncoderDecoder(_T5Model):
         float32 logits `[B, Ld, vocab]`."""
         x = self.token_embedder(batch["decoder_input_tokens"])
         positions = _positions(batch, "decoder", "decoder_input_tokens")
-        x = self.decoder(x, positions, masks["decoder_mask"], encoded=encoded,
-                         cross_mask=masks["cross_mask"], dropout_rng=fold_rng(dropout_rng, 1))
+        x, _ = self.decoder(x, positions, masks["decoder_mask"], encoded=encoded,
+                            cross_mask=masks["cross_mask"], dropout_rng=fold_rng(dropout_rng, 1))
         return self.logits(x)
 
     def __call__(
@@ -247,7 +304,8 @@ class DecoderOnly(_T5Model):
         masks = make_masks(batch, self.arch) if masks is None else masks
         x = self.token_embedder(batch["decoder_input_tokens"])
         positions = _positions(batch, "decoder", "decoder_input_tokens")
-        x = self.decoder(x, positions, masks["decoder_mask"], dropout_rng=fold_rng(dropout_rng, 1))
+        x, _ = self.decoder(x, positions, masks["decoder_mask"],
+                            dropout_rng=fold_rng(dropout_rng, 1))
         return self.logits(x)
 
 

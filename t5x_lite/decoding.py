@@ -1,0 +1,341 @@
+"""From a trained model to target tokens: cached decoding (greedy, sampling, beam search), and
+teacher-forced scoring of given targets.
+
+Every architecture decodes the same way: each step feeds one token per row at its position,
+writes its keys / values into the cache slot of that position, and chooses the next token
+from the logits there. The first step feeds the *prompt*'s last token. For encoder-decoders
+the prompt is the start token 0 (the inputs are encoded once and the encoder's keys / values
+cached for cross-attention). For decoder-only models it is `[0, inputs...]`, the very prefix
+that `pad_examples(..., decoder_only=True)` builds in training, run through the decoder
+once beforehand (prefill: bidirectionally for `prefix_lm`, causally for `language_model`) so
+that prefix positions see each other; rows' prompts end at different positions (`end [B]`).
+So every row's cache holds the sequence training saw, at the same positions (hence the same
+relative position bias).
+
+One `decode` call is one jitted program around a `lax.while_loop` that stops as soon as every
+row has finished (EOS). The model goes in as `nnx.split` state, with its graphdef and the
+decoding settings static, so jax's compilation cache reuses the program across the calls of a
+sweep (same architecture, shapes and settings).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from t5x_lite import attention
+from t5x_lite.config import ARCHS, DECODER_ONLY_ARCHS, ENCODER_DECODER_ARCHS, EOS_ID, PAD_ID
+from t5x_lite.layers import LayerCache
+from t5x_lite.models import EncoderDecoder, make_masks
+
+METHODS = ("greedy", "sample", "beam")
+
+
+@flax.struct.dataclass
+class DecodeResult:
+    """What `decode` returns, one row per input row."""
+
+    tokens: jax.Array  # int32 [B, max_length]: target ids, EOS included, 0 after EOS
+    scores: jax.Array  # float32 [B]: sum of the tokens' log-probs (beam: / length penalty)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Settings:
+    """Everything static about one decoding program (hashable: part of the jit cache key)."""
+
+    arch: str
+    method: str
+    max_length: int
+    num_beams: int
+    alpha: float
+    temperature: float
+    top_k: int
+    top_p: float
+
+
+@flax.struct.dataclass
+class _Prompt:
+    """The decoder state before the first step, one row per sequence being decoded."""
+
+    cache: list[LayerCache]  # slots [N, prompt length + max_length - 1, H, K] per layer
+    token: jax.Array  # int32 [N]: the prompt's last token, which the first step feeds
+    end: jax.Array  # int32 [N]: its position
+    cross_mask: jax.Array | None  # bool [N, 1, 1, Le]: real encoder tokens (encoder-decoders)
+
+
+def decode(
+    model: nnx.Module,
+    inputs: jax.Array | np.ndarray,
+    *,
+    max_length: int,
+    arch: str | None = None,
+    method: str = "greedy",
+    num_beams: int = 4,
+    alpha: float = 0.6,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    rng: jax.Array | None = None,
+) -> DecodeResult:
+    """Decode up to `max_length` target tokens for each row of `inputs`.
+
+    `inputs` is int `[B, Li]`, each row the encoded inputs ending in EOS, right-padded with 0
+    (`pad_examples(...)["encoder_input_tokens"]`). `arch` (default `model.arch`) picks the
+    prompt attention of decoder-only models: the train step builds both as 'prefix_lm'.
+    `method`: 'greedy'; 'sample' from the model's distribution divided by `temperature`
+    (0 = greedy), cut to the `top_k` most likely tokens (0 = all) and to the smallest set
+    holding probability `top_p` (nucleus), with the key `rng`; or 'beam' search over
+    `num_beams` beams, ranking finished sequences by log-prob / ((5 + length) / 6) ** alpha
+    (T5X's length penalty). Scores are log-probs under the model itself (temperature 1).
+    The pad id 0 is never generated: in the outputs it means "no token", and training never
+    has it as a target.
+    """
+    settings = _check_settings(model, arch, method, max_length, num_beams, alpha, temperature,
+                               top_k, top_p)
+    if method == "sample" and rng is None:
+        raise ValueError("method='sample' needs rng (a jax.random key)")
+    inputs = jnp.asarray(inputs)
+    if inputs.ndim != 2 or not jnp.issubdtype(inputs.dtype, jnp.integer):
+        raise ValueError(f"inputs must be an integer array [batch, length]; got "
+                         f"{inputs.dtype} {inputs.shape}")
+    rng = jax.random.key(0) if rng is None else rng  # unused unless sampling
+    graphdef, state = nnx.split(model)
+    return _decode_program(graphdef, state, inputs.astype(jnp.int32), rng, settings)
+
+
+def score(model: nnx.Module, batch: dict[str, np.ndarray], *, arch: str | None = None) -> np.ndarray:
+    """float32 `[B]`: each row's sum of log p(target token) over the positions where
+    `decoder_loss_weights` is non-zero (weighted by it), teacher-forced in one forward pass.
+
+    `batch` is laid out as `data.pipeline.pad_examples` makes it (encoder-decoder, or
+    decoder-only with `inputs_mask`); ranking label words by this score classifies.
+    """
+    arch = _check_arch(model, arch)
+    required = ["decoder_input_tokens", "decoder_target_tokens", "decoder_loss_weights"]
+    required.append("encoder_input_tokens" if arch in ENCODER_DECODER_ARCHS else "inputs_mask")
+    missing = [key for key in required if key not in batch]
+    if missing:
+        raise ValueError(f"score() needs batch keys {', '.join(required)} for arch={arch!r}; "
+                         f"missing {', '.join(missing)}")
+    batch = {key: jnp.asarray(value) for key, value in batch.items()}
+    graphdef, state = nnx.split(model)
+    return np.asarray(_score_program(graphdef, state, batch, arch))
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "arch"))
+def _score_program(graphdef: nnx.GraphDef, state: nnx.State, batch: dict[str, jax.Array],
+                   arch: str) -> jax.Array:
+    model = nnx.merge(graphdef, state)
+    log_probs = jax.nn.log_softmax(model(batch, make_masks(batch, arch)))
+    targets = batch["decoder_target_tokens"][..., None]
+    target_log_probs = jnp.take_along_axis(log_probs, targets, axis=-1)[..., 0]
+    return jnp.sum(target_log_probs * batch["decoder_loss_weights"], axis=-1)
+
+
+# ------------------------------------------------------------------------------- checks
+
+
+def _check_arch(model: nnx.Module, arch: str | None) -> str:
+    """`arch` (default `model.arch`), checked against ARCHS and against the model's family."""
+    arch = model.arch if arch is None else arch
+    family = ENCODER_DECODER_ARCHS if isinstance(model, EncoderDecoder) else DECODER_ONLY_ARCHS
+    if arch not in ARCHS or arch not in family:
+        raise ValueError(f"arch={arch!r} is not allowed for this {type(model).__name__}; "
+                         f"choose one of {', '.join(family)}")
+    return arch
+
+
+def _check_settings(model: nnx.Module, arch: str | None, method: str, max_length: int,
+                    num_beams: int, alpha: float, temperature: float, top_k: int,
+                    top_p: float) -> _Settings:
+    """Validate `decode`'s arguments, each error naming the argument and what is allowed."""
+    def require_int(name: str, value: int, minimum: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
+
+    if method not in METHODS:
+        raise ValueError(f"method={method!r} is not allowed; choose one of "
+                         f"{', '.join(map(repr, METHODS))}")
+    require_int("max_length", max_length, 1)
+    require_int("num_beams", num_beams, 1)
+    require_int("top_k", top_k, 0)
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p={top_p!r} must be in (0, 1]")
+    if not temperature >= 0.0:
+        raise ValueError(f"temperature={temperature!r} must be >= 0 (0 = greedy)")
+    if not alpha >= 0.0:
+        raise ValueError(f"alpha={alpha!r} must be >= 0 (0 = no length penalty)")
+    return _Settings(_check_arch(model, arch), method, max_length, num_beams, float(alpha),
+                     float(temperature), top_k, float(top_p))
+
+
+# ------------------------------------------------------------------------- the program
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "settings"))
+def _decode_program(graphdef: nnx.GraphDef, state: nnx.State, inputs: jax.Array,
+                    rng: jax.Array, settings: _Settings) -> DecodeResult:
+    model = nnx.merge(graphdef, state)
+    prompt = _prefill(model, inputs, settings)
+    if settings.method == "beam":
+        return _beam_search(model, prompt, settings)
+    return _sample(model, prompt, settings, rng)
+
+
+def _prefill(model: nnx.Module, inputs: jax.Array, settings: _Settings) -> _Prompt:
+    """The cache and the first token to feed: the encoder's keys / values for
+    encoder-decoders, the whole prompt's for decoder-only models."""
+    batch_size = inputs.shape[0]
+    start = jnp.zeros(batch_size, jnp.int32)
+    if settings.arch in ENCODER_DECODER_ARCHS:
+        encoder_valid = inputs > 0
+        encoder_mask = attention.padding_mask(encoder_valid, encoder_valid)
+        encoded = model.encode({"encoder_input_tokens": inputs}, {"encoder_mask": encoder_mask})
+        cache = model.init_cache(batch_size, settings.max_length, encoded)
+        return _Prompt(cache, start, start, encoder_valid[:, None, None, :])
+    tokens = jnp.pad(inputs, ((0, 0), (1, 0)))  # inputs shifted right, as in training
+    end = jnp.sum(inputs > 0, axis=1, dtype=jnp.int32)  # the input's EOS sits here
+    cache = model.init_cache(batch_size, tokens.shape[1] + settings.max_length - 1)
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    # The prefix is the inputs plus the position predicting the first target (inputs_mask).
+    prefix_length = end + 1 if settings.arch == "prefix_lm" else None
+    mask = attention.cache_mask(positions, cache[0].self_attention.key.shape[1], prefix_length)
+    # Slots past a row's prompt get padding's keys here; each is overwritten by the step that
+    # first makes it visible. The first step recomputes slot `end` (the same keys / values:
+    # that position sees the same slots either way) and gives the first target's logits.
+    _, cache = model.extend(tokens, positions, mask, cache)
+    return _Prompt(cache, tokens[jnp.arange(batch_size), end], end, None)
+
+
+def _step(model: nnx.Module, prompt: _Prompt, cache: list[LayerCache], tokens: jax.Array,
+          positions: jax.Array) -> tuple[jax.Array, list[LayerCache]]:
+    """Feed `tokens [N]` at `positions [N]`: logits `[N, vocab]` for the next ones, new cache."""
+    cache_length = cache[0].self_attention.key.shape[1]
+    mask = attention.cache_mask(positions[:, None], cache_length)
+    logits, cache = model.extend(tokens[:, None], positions[:, None], mask, cache,
+                                 prompt.cross_mask)
+    return logits[:, 0], cache
+
+
+def _sample(model: nnx.Module, prompt: _Prompt, settings: _Settings,
+            rng: jax.Array) -> DecodeResult:
+    """Greedy decoding or sampling: one token per row and step until EOS or max_length."""
+    batch_size = prompt.end.shape[0]
+
+    def unfinished(carry):
+        t, _, _, _, done, _ = carry
+        return (t < settings.max_length) & ~jnp.all(done)
+
+    def step(carry):
+        t, tokens, last, cache, done, scores = carry
+        logits, cache = _step(model, prompt, cache, last, prompt.end + t)
+        log_probs = _log_probs(logits)
+        token = jnp.where(done, PAD_ID, _choose(log_probs, settings, jax.random.fold_in(rng, t)))
+        token_log_prob = jnp.take_along_axis(log_probs, token[:, None], axis=1)[:, 0]
+        scores = scores + jnp.where(done, 0.0, token_log_prob)
+        tokens = tokens.at[:, t].set(token)
+        done = done | (token == EOS_ID)
+        return t + 1, tokens, token, cache, done, scores
+
+    carry = (jnp.int32(0), jnp.zeros((batch_size, settings.max_length), jnp.int32), prompt.token,
+             prompt.cache, jnp.zeros(batch_size, bool), jnp.zeros(batch_size, jnp.float32))
+    _, tokens, _, _, _, scores = jax.lax.while_loop(unfinished, step, carry)
+    return DecodeResult(tokens, scores)
+
+
+def _log_probs(logits: jax.Array) -> jax.Array:
+    """Logits `[N, vocab]` -> the model's log-probs, with -inf for the pad id (never chosen)."""
+    return jax.nn.log_softmax(logits).at[:, PAD_ID].set(-jnp.inf)
+
+
+def _choose(log_probs: jax.Array, settings: _Settings, key: jax.Array) -> jax.Array:
+    """int32 `[N]`: the next token of each row from the model's `log_probs [N, vocab]`."""
+    if settings.method == "greedy" or settings.temperature == 0.0:
+        return jnp.argmax(log_probs, axis=-1).astype(jnp.int32)
+    logits = log_probs / settings.temperature
+    if settings.top_k:
+        kth_best = jax.lax.top_k(logits, min(settings.top_k, logits.shape[-1]))[0][:, -1:]
+        logits = jnp.where(logits >= kth_best, logits, -jnp.inf)
+    if settings.top_p < 1.0:
+        # Keep the most likely tokens while the probability before them is below top_p (the
+        # most likely one always stays).
+        descending = -jnp.sort(-logits, axis=-1)
+        probs = jax.nn.softmax(descending, axis=-1)
+        mass_before = jnp.cumsum(probs, axis=-1) - probs
+        cutoff = jnp.min(jnp.where(mass_before < settings.top_p, descending, jnp.inf), axis=-1,
+                         keepdims=True)
+        logits = jnp.where(logits >= cutoff, logits, -jnp.inf)
+    return jax.random.categorical(key, logits).astype(jnp.int32)
+
+
+def _beam_search(model: nnx.Module, prompt: _Prompt, settings: _Settings) -> DecodeResult:
+    """Beam search with `num_beams` live beams and the `num_beams` best finished sequences.
+
+    Each step extends every live beam by every token and keeps the 2k best candidates. One
+    that ends (EOS, or max_length reached) joins the finished set if it ranks among the k
+    best candidates, as in greedy decoding (so one beam is greedy decoding, up to the length
+    penalty); the k best that do not end stay live. A row is done when no live beam can
+    still beat its worst finished score: log-probs only fall, and the length penalty is at
+    most that of max_length.
+    """
+    k, max_length = settings.num_beams, settings.max_length
+    batch_size = prompt.end.shape[0]
+    beams = jax.tree.map(lambda x: jnp.repeat(x, k, axis=0), prompt)  # row b * k + beam
+
+    def length_penalty(length):
+        return ((5.0 + length) / 6.0) ** settings.alpha
+
+    def unfinished(carry):
+        t, _, live_log_probs, _, finished_scores, _, _ = carry
+        best_reachable = live_log_probs[:, 0] / length_penalty(max_length)
+        return (t < max_length) & jnp.any(best_reachable > finished_scores[:, -1])
+
+    def step(carry):
+        t, live_tokens, live_log_probs, finished_tokens, finished_scores, last, cache = carry
+        logits, cache = _step(model, beams, cache, last, beams.end + t)
+        vocab = logits.shape[-1]
+        log_probs = live_log_probs[..., None] + _log_probs(logits).reshape(batch_size, k, vocab)
+        top_log_probs, top_index = jax.lax.top_k(log_probs.reshape(batch_size, k * vocab), 2 * k)
+        parent, token = top_index // vocab, top_index % vocab
+        top_tokens = _take_rows(live_tokens, parent).at[:, :, t].set(token)
+
+        ends = ((token == EOS_ID) | (t == max_length - 1)) & (jnp.arange(2 * k) < k)
+        ended_scores = jnp.where(ends, top_log_probs / length_penalty(t + 1), -jnp.inf)
+        finished_scores, (finished_tokens,) = _keep_best(
+            jnp.concatenate([finished_scores, ended_scores], axis=1), k,
+            jnp.concatenate([finished_tokens, top_tokens], axis=1))
+
+        continuing = jnp.where(token == EOS_ID, -jnp.inf, top_log_probs)
+        live_log_probs, (live_tokens, parent, token) = _keep_best(
+            continuing, k, top_tokens, parent, token)
+        rows = (jnp.arange(batch_size)[:, None] * k + parent).reshape(-1)
+        cache = [layer.replace(self_attention=jax.tree.map(lambda x: x[rows], layer.self_attention))
+                 for layer in cache]
+        return (t + 1, live_tokens, live_log_probs, finished_tokens, finished_scores,
+                token.reshape(-1), cache)
+
+    no_tokens = jnp.zeros((batch_size, k, max_length), jnp.int32)
+    # Beams start as k copies of the prompt; only the first is live, so step 0's candidates
+    # are distinct.
+    live_log_probs = jnp.full((batch_size, k), -jnp.inf).at[:, 0].set(0.0)
+    carry = (jnp.int32(0), no_tokens, live_log_probs, no_tokens, jnp.full((batch_size, k), -jnp.inf),
+             beams.token, beams.cache)
+    _, _, _, finished_tokens, finished_scores, _, _ = jax.lax.while_loop(unfinished, step, carry)
+    return DecodeResult(finished_tokens[:, 0], finished_scores[:, 0])
+
+
+def _take_rows(x: jax.Array, index: jax.Array) -> jax.Array:
+    """`x [B, n, ...]` at `index [B, m]` along axis 1 -> `[B, m, ...]`."""
+    return jax.vmap(lambda rows, i: rows[i])(x, index)
+
+
+def _keep_best(scores: jax.Array, k: int, *arrays: jax.Array) -> tuple[jax.Array, tuple]:
+    """The `k` best of `scores [B, n]` (best first) and the matching entries of each
+    `arrays[i] [B, n, ...]`."""
+    best, index = jax.lax.top_k(scores, k)
+    return best, tuple(_take_rows(x, index) for x in arrays)

@@ -1,0 +1,279 @@
+"""decoding.py: cached decoding equals re-computation for every architecture, prompts mean what
+they meant in training, beam search and sampling keep their promises, score() is teacher
+forcing, and bad arguments are refused by name.
+
+Compiles dominate the runtime, so the tests share shapes: every batch has INPUTS' 4 rows and
+its inputs length, and MAX_LENGTH targets, and one jitted forward per architecture serves the
+reference loop and every teacher-forced check.
+"""
+import functools
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from t5x_lite.config import ARCHS, ENCODER_DECODER_ARCHS, EOS_ID, model_config
+from t5x_lite.data.pipeline import pad_examples
+from t5x_lite.decoding import decode, score
+from t5x_lite.models import build_model, make_masks
+
+VOCAB, MAX_LENGTH = 48, 8
+# Rows of different lengths, each ending in EOS, right-padded; the last row is all padding
+# (pad_examples fills a last batch with such rows).
+INPUTS = np.array([[7, 12, 30, 9, 1], [21, 5, 1, 0, 0], [40, 33, 17, 1, 0], [0, 0, 0, 0, 0]],
+                  np.int32)
+MODEL_INPUTS = ("encoder_input_tokens", "decoder_input_tokens", "inputs_mask")
+
+
+@functools.cache
+def tiny_model(arch):
+    """A random 2-layer model with T5 v1.1's untied head (seed 4); its greedy outputs are long
+    and varied, unlike a tied random model's, which mostly repeat one token."""
+    cfg = model_config()
+    cfg.update(arch=arch, vocab_size=VOCAB, num_sentinels=4, d_model=32, d_ff=64, num_heads=4,
+               d_kv=8, num_layers=2, relpos_buckets=8, relpos_max_distance=16, dropout_rate=0.0,
+               tie_embeddings=False, mlp="gated-gelu")
+    return build_model(cfg, nnx.Rngs(4))
+
+
+@functools.cache
+def _jitted_forward(arch):
+    graphdef, state = nnx.split(tiny_model(arch))
+    apply = jax.jit(lambda state, batch: nnx.merge(graphdef, state)(batch, make_masks(batch, arch)))
+    return functools.partial(apply, state)
+
+
+def forward(arch, batch):
+    """float32 logits of `tiny_model(arch)` on `batch`, every decoder position treated as
+    real. Positions after a row's real ones are then junk, but causal (and prefix) attention
+    keeps them from the real ones, so those are exactly what training computes."""
+    return np.asarray(_jitted_forward(arch)({k: v for k, v in batch.items() if k in MODEL_INPUTS}))
+
+
+def prompt_length(row):
+    return int(np.sum(row > 0))
+
+
+def teacher_forced(arch, targets, inputs=INPUTS):
+    """The `pad_examples` batch of `inputs` -> `targets` rows (up to and with their EOS) and the
+    model's logits on it."""
+    pairs = []
+    for x, y in zip(inputs, np.asarray(targets)):
+        ends = np.flatnonzero(y == EOS_ID)
+        pairs.append((x[:prompt_length(x)], y[:ends[0] + 1 if ends.size else len(y)]))
+    [batch] = pad_examples(pairs, len(pairs), INPUTS.shape[1], MAX_LENGTH,
+                           decoder_only=arch not in ENCODER_DECODER_ARCHS)
+    return batch, forward(arch, batch)
+
+
+def log_likelihood(batch, logits):
+    """Per row: the sum of log-softmax at the targets, over the loss-weighted positions."""
+    log_probs = jax.nn.log_softmax(logits)
+    at_targets = np.take_along_axis(log_probs, batch["decoder_target_tokens"][..., None], -1)
+    return (at_targets[..., 0] * batch["decoder_loss_weights"]).sum(-1)
+
+
+def greedy_by_recomputation(arch):
+    """Reference: run the whole model on the growing sequence, take the argmax (never the pad
+    id, which decode() does not generate), repeat until EOS."""
+    rows = [[] for _ in INPUTS]
+    for _ in range(MAX_LENGTH):
+        if arch in ENCODER_DECODER_ARCHS:
+            sequences = [[0, *row] for row in rows]
+            length = MAX_LENGTH
+            batch = {"encoder_input_tokens": INPUTS}
+        else:  # [0, inputs..., targets...] with inputs_mask as pad_examples lays out training
+            sequences = [[0, *x[:prompt_length(x)], *row] for x, row in zip(INPUTS, rows)]
+            length = INPUTS.shape[1] + MAX_LENGTH
+            batch = {"inputs_mask": np.array([np.arange(length) <= prompt_length(x)
+                                              for x in INPUTS])}
+        batch["decoder_input_tokens"] = np.array([s + [0] * (length - len(s)) for s in sequences])
+        logits = forward(arch, batch)
+        for row, sequence, row_logits in zip(rows, sequences, logits):
+            if EOS_ID not in row:
+                row.append(1 + int(np.argmax(row_logits[len(sequence) - 1, 1:])))
+    return np.array([row + [0] * (MAX_LENGTH - len(row)) for row in rows])
+
+
+def decode_greedy(arch):
+    """Greedy decoding as `arch`. A language model is decoded as the train step builds it: a
+    'prefix_lm' model (the same class and weights) told arch='language_model'."""
+    model = tiny_model("prefix_lm" if arch == "language_model" else arch)
+    return decode(model, INPUTS, max_length=MAX_LENGTH, arch=arch)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cached_greedy_equals_recomputation_and_the_training_layout(arch):
+    result = decode_greedy(arch)
+    np.testing.assert_array_equal(result.tokens, greedy_by_recomputation(arch))
+    # Teacher-forced on the pad_examples batch of these very targets (for decoder-only models
+    # the training prompt; its last prefix position gives the first token), every target is
+    # the argmax given the ones before it, and the score is their log-likelihood.
+    batch, logits = teacher_forced(arch, result.tokens)
+    weighted = batch["decoder_loss_weights"] > 0
+    np.testing.assert_array_equal(1 + logits[..., 1:].argmax(-1)[weighted],
+                                  batch["decoder_target_tokens"][weighted])
+    np.testing.assert_allclose(result.scores, log_likelihood(batch, logits), rtol=1e-5)
+    if arch not in ENCODER_DECODER_ARCHS:
+        assert len(set(batch["inputs_mask"].sum(1))) > 1  # prompts of different lengths
+
+
+def test_greedy_outputs_are_varied_and_some_rows_stop_at_eos():
+    """Guards the test above: across the architectures it sees long and varied outputs, and
+    rows that stop at EOS mid-way (zeros after it)."""
+    rows = [list(row) for arch in ARCHS for row in np.asarray(decode_greedy(arch).tokens)]
+    stopped = [row for row in rows if EOS_ID in row[:-1]]
+    assert len(stopped) >= 2 and all(not any(row[row.index(EOS_ID) + 1:]) for row in stopped)
+    assert len({row.index(EOS_ID) for row in stopped}) > 1
+    assert sum(EOS_ID not in row for row in rows) >= len(rows) // 2
+    assert len(np.unique(rows)) > 20
+
+
+def test_prefix_lm_and_language_model_decode_the_same_weights_differently():
+    assert not np.array_equal(decode_greedy("prefix_lm").tokens,
+                              decode_greedy("language_model").tokens)
+
+
+# ----------------------------------------------------------------------------- beam search
+
+
+def length_penalty(tokens, alpha=0.6):
+    lengths = [list(row).index(EOS_ID) + 1 if EOS_ID in row else len(row) for row in tokens]
+    return ((5.0 + np.array(lengths)) / 6.0) ** alpha
+
+
+def test_one_beam_without_length_penalty_is_greedy():
+    # With alpha > 0 one beam may rightly return a longer, better-scoring sequence than greedy.
+    model = tiny_model("encoder_decoder")
+    beam = decode(model, INPUTS, max_length=MAX_LENGTH, method="beam", num_beams=1, alpha=0.0)
+    greedy = decode(model, INPUTS, max_length=MAX_LENGTH)
+    np.testing.assert_array_equal(beam.tokens, greedy.tokens)
+    np.testing.assert_allclose(beam.scores, greedy.scores, rtol=1e-5)
+
+
+def test_four_beams_score_what_they_return_and_beat_greedy():
+    model = tiny_model("encoder_decoder")
+    beam = decode(model, INPUTS, max_length=MAX_LENGTH, method="beam", num_beams=4)
+    greedy = decode(model, INPUTS, max_length=MAX_LENGTH)
+    tokens = np.asarray(beam.tokens)
+    np.testing.assert_allclose(beam.scores, log_likelihood(*teacher_forced(
+        "encoder_decoder", tokens)) / length_penalty(tokens), rtol=1e-5)
+    greedy_scores = np.asarray(greedy.scores) / length_penalty(np.asarray(greedy.tokens))
+    assert np.all(beam.scores >= greedy_scores - 1e-5)
+    assert np.any(beam.scores > greedy_scores + 1e-3)
+
+
+def test_beam_search_with_a_beam_per_token_finds_the_best_two_token_target():
+    """At max_length=2 with as many beams as tokens nothing is pruned: the result is the best
+    by length-penalised log-likelihood of all one- and two-token targets."""
+    model = tiny_model("encoder_decoder")
+    beam = decode(model, INPUTS, max_length=2, method="beam", num_beams=VOCAB)
+    no_targets = np.zeros((len(INPUTS), MAX_LENGTH), int)
+    first = np.asarray(jax.nn.log_softmax(forward("encoder_decoder", {
+        "encoder_input_tokens": INPUTS, "decoder_input_tokens": no_targets})))[:, 0]
+    for row in range(len(INPUTS)):
+        # second[a, b]: log p(b | a) for every first token a, in batches of INPUTS' shape.
+        decoder = np.zeros((VOCAB, MAX_LENGTH), int)
+        decoder[:, 1] = np.arange(VOCAB)
+        second = np.concatenate([jax.nn.log_softmax(forward("encoder_decoder", {
+            "encoder_input_tokens": np.repeat(INPUTS[row:row + 1], len(INPUTS), axis=0),
+            "decoder_input_tokens": decoder[a:a + len(INPUTS)]}))[:, 1]
+            for a in range(0, VOCAB, len(INPUTS))])
+        two_tokens = first[row][:, None] + np.asarray(second)
+        two_tokens[:EOS_ID + 1] = two_tokens[:, 0] = -np.inf  # no pad; EOS first ends it
+        best_a, best_b = np.unravel_index(np.argmax(two_tokens), two_tokens.shape)
+        best_two = two_tokens[best_a, best_b] / ((5.0 + 2) / 6.0) ** 0.6
+        eos_alone = first[row, EOS_ID] / ((5.0 + 1) / 6.0) ** 0.6
+        expected = [EOS_ID, 0] if eos_alone > best_two else [best_a, best_b]
+        np.testing.assert_array_equal(beam.tokens[row], expected)
+        np.testing.assert_allclose(beam.scores[row], max(eos_alone, best_two), rtol=1e-5)
+
+
+# -------------------------------------------------------------------------------- sampling
+
+
+@pytest.mark.parametrize("settings", [dict(top_k=1), dict(top_p=1e-6, temperature=2.0)])
+def test_degenerate_sampling_is_greedy(settings):
+    model = tiny_model("prefix_lm")
+    sampled = decode(model, INPUTS, max_length=MAX_LENGTH, method="sample",
+                     rng=jax.random.key(3), **settings)
+    greedy = decode(model, INPUTS, max_length=MAX_LENGTH)
+    np.testing.assert_array_equal(sampled.tokens, greedy.tokens)
+    np.testing.assert_allclose(sampled.scores, greedy.scores, rtol=1e-5)
+
+
+def test_sampling_is_reproducible_per_key_and_stays_in_the_top_k():
+    model = tiny_model("encoder_decoder")
+
+    def sample(seed):
+        return decode(model, INPUTS, max_length=MAX_LENGTH, method="sample", top_k=5,
+                      rng=jax.random.key(seed))
+
+    first, again, other = sample(0), sample(0), sample(1)
+    np.testing.assert_array_equal(first.tokens, again.tokens)
+    assert not np.array_equal(first.tokens, other.tokens)
+    assert not np.array_equal(first.tokens, decode(model, INPUTS, max_length=MAX_LENGTH).tokens)
+    # Every sampled token is among the 5 most likely (pad aside) given what came before it.
+    batch, logits = teacher_forced("encoder_decoder", first.tokens)
+    fifth_best = np.sort(logits[..., 1:], axis=-1)[..., -5]
+    picked = np.take_along_axis(logits, batch["decoder_target_tokens"][..., None], -1)[..., 0]
+    weighted = batch["decoder_loss_weights"] > 0
+    assert np.all(picked[weighted] >= fifth_best[weighted])
+    np.testing.assert_allclose(first.scores, log_likelihood(batch, logits), rtol=1e-5)
+
+
+# --------------------------------------------------------------------------------- scoring
+
+
+@pytest.mark.parametrize("arch", ["encoder_decoder", "prefix_lm"])
+def test_score_is_the_target_log_likelihood(arch):
+    batch, logits = teacher_forced(arch, np.array([[5, 9, 1], [11, 1, 0], [6, 6, 1], [1, 0, 0]]))
+    expected = [sum(jax.nn.log_softmax(logits[i, pos])[batch["decoder_target_tokens"][i, pos]]
+                    for pos in np.flatnonzero(batch["decoder_loss_weights"][i]))
+                for i in range(len(INPUTS))]
+    np.testing.assert_allclose(score(tiny_model(arch), batch), expected, rtol=1e-5)
+
+
+def test_ranking_label_words_by_score_picks_the_most_likely_label():
+    # One-token labels: the greedy first tokens of two inputs, so each input has its own
+    # most likely label.
+    model = tiny_model("encoder_decoder")
+    labels = np.asarray(decode_greedy("encoder_decoder").tokens)[:2, :1]
+    assert labels[0] != labels[1]
+    inputs = np.repeat(INPUTS[:2], len(labels), axis=0)  # each of 2 inputs with each label
+    batch, logits = teacher_forced("encoder_decoder", np.tile(labels, (2, 1)), inputs)
+    scores = score(model, batch).reshape(2, len(labels))
+    likelihood = np.exp(jax.nn.log_softmax(logits[:, 0]))[np.arange(4), batch[
+        "decoder_target_tokens"][:, 0]].reshape(2, len(labels))
+    np.testing.assert_array_equal(scores.argmax(1), likelihood.argmax(1))
+    np.testing.assert_array_equal(scores.argmax(1), [0, 1])
+
+
+# ------------------------------------------------------------------------------ bad input
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(max_length=0), "max_length=0 must be an integer >= 1"),
+    (dict(max_length=-3), "max_length=-3 must be an integer >= 1"),
+    (dict(method="nucleus"), "method='nucleus' is not allowed; choose one of 'greedy', "
+                             "'sample', 'beam'"),
+    (dict(method="beam", num_beams=0), "num_beams=0 must be an integer >= 1"),
+    (dict(method="sample", top_p=0.0), r"top_p=0.0 must be in \(0, 1\]"),
+    (dict(method="sample", top_p=1.5), r"top_p=1.5 must be in \(0, 1\]"),
+    (dict(method="sample", temperature=-1.0), "temperature=-1.0 must be >= 0"),
+    (dict(method="sample"), "method='sample' needs rng"),
+    (dict(arch="prefix_lm"), "arch='prefix_lm' is not allowed for this EncoderDecoder; "
+                             "choose one of encoder_decoder, encoder_decoder_shared"),
+])
+def test_bad_arguments_name_what_is_wrong(kwargs, message):
+    kwargs = {"max_length": MAX_LENGTH, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        decode(tiny_model("encoder_decoder"), INPUTS, **kwargs)
+
+
+def test_score_names_missing_batch_keys():
+    batch, _ = teacher_forced("prefix_lm", np.ones((len(INPUTS), 1), np.int32))
+    del batch["inputs_mask"]
+    with pytest.raises(ValueError, match="missing inputs_mask"):
+        score(tiny_model("prefix_lm"), batch)
