@@ -1,0 +1,452 @@
+"""Sweeps: expand an experiment's grid, run every grid point (pre-train -> fine-tune on each task
+-> evaluate) and append one record per (grid point, seed, task) to `workdir/results.jsonl`.
+
+    points = expand("table2", "tiny")                   # validated before anything runs
+    records = run_sweep("table2", "tiny", "runs/table2", overrides=["train.steps=100"])
+
+An experiment is a file `experiments/<name>.py` (or any `path/to/file.py`) defining
+  GRID: rows `dict(point=id, row=paper row label, objective=label (Table 2 only),
+        overrides={dotted config field: value})`, in the paper's order;
+  get_config(preset) -> the config every row starts from (`presets.sweep_preset`).
+A point's config is: get_config(preset), then the user's overrides, then the row's overrides
+(so the grid stays the grid), then `train.seed` = the seed. Each row runs once per seed in
+`sweep.seeds` and is fine-tuned on each task of `sweep.tasks` separately.
+
+Compile sharing: every point gets the one `BatchLayout` of all points with its batch family
+and vocabulary (`objectives.layout_for` over their objective configs), so points with the same
+parameter structure have equal train-step program keys and share one compiled pre-train step.
+
+The workdir:
+  sweep.json                                  experiment, preset and overrides it belongs to
+  results.jsonl                               the records; the sweep process is the one writer
+  points/<point>/seed<k>/pretrain/            train.train's workdir (checkpoints, metrics.jsonl)
+  points/<point>/seed<k>/finetune/<task>/     evaluation.finetune's workdir
+  points/<point>/seed<k>/records/<task>.json  a finished task's record, reused on resume
+Re-running skips points whose records are all in results.jsonl (failed ones included: delete
+their lines to retry them) and resumes the others from their checkpoints.
+"""
+from __future__ import annotations
+
+import ast
+import copy
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Mapping, Sequence
+
+import ml_collections
+
+from t5x_lite import accounting, launchers, objectives, presets
+from t5x_lite.config import ConfigError, validate_finetune_config, validate_model_config
+
+EXPERIMENTS_DIR = Path(__file__).resolve().parent.parent / "experiments"
+RESULTS_FILE = "results.jsonl"
+SWEEP_FILE = "sweep.json"
+# Record fields that measure time or depend on how often a run was interrupted, not on what it
+# computed (a resumed point compiles once per process).
+TIMING_FIELDS = ("wall_s", "compile_s", "compiles", "finetune_compile_s", "finetune_compiles")
+
+
+@dataclasses.dataclass(frozen=True)
+class GridPoint:
+    """One run of a sweep: a grid row with one seed, its full config and its shared layout.
+
+    point: the row's id ("encoder_decoder/denoising"), unique within the experiment; with
+    `seed`, it names the run. row / objective: the paper's row label and (Table 2) objective
+    label. index: position in `expand`'s list of `num_points`. layout: the batch layout shared
+    by every point of its batch family and vocabulary (see the module docstring).
+    """
+
+    experiment: str
+    preset: str
+    point: str
+    row: str
+    objective: str | None
+    config: ml_collections.ConfigDict
+    seed: int
+    index: int
+    num_points: int
+    layout: objectives.BatchLayout
+
+    @property
+    def run_name(self) -> str:
+        """'[3/10] encoder_decoder_half/denoising (seed 0)', for progress lines."""
+        return f"[{self.index + 1}/{self.num_points}] {self.point} (seed {self.seed})"
+
+    def directory(self, workdir: str | os.PathLike) -> Path:
+        return Path(workdir) / "points" / self.point / f"seed{self.seed}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Experiments and overrides
+
+
+def experiment_names() -> list[str]:
+    """The experiments in `EXPERIMENTS_DIR` (file stems)."""
+    return sorted(path.stem for path in EXPERIMENTS_DIR.glob("*.py"))
+
+
+def load_experiment(experiment: str) -> ModuleType:
+    """The module of an experiment name (`EXPERIMENTS_DIR/<name>.py`) or of a `.py` path.
+
+    Raises `ConfigError` for an unknown name (listing the known ones) and for a file that
+    defines no non-empty GRID or no get_config.
+    """
+    path = Path(experiment) if experiment.endswith(".py") else EXPERIMENTS_DIR / f"{experiment}.py"
+    if not path.is_file():
+        raise ConfigError(
+            f"experiment={experiment!r} does not exist; choose one of "
+            f"{', '.join(experiment_names())} or give the path of an experiment .py file"
+        )
+    spec = importlib.util.spec_from_file_location(f"t5x_lite_experiment_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    grid = getattr(module, "GRID", None)
+    if not grid or isinstance(grid, (str, Mapping)) or not callable(
+        getattr(module, "get_config", None)
+    ):
+        raise ConfigError(
+            f"experiment file {path} defines no grid: it needs GRID, a non-empty sequence of "
+            "dict(point=..., row=..., overrides={...}), and get_config(preset)"
+        )
+    return module
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """'train.steps=100' (or '--config.train.steps=100') -> ('train.steps', 100).
+
+    The value is a Python literal when it parses as one (numbers, tuples, None, True), else a
+    string.
+    """
+    field, sep, value = text.removeprefix("--").removeprefix("config.").partition("=")
+    if not sep or not field:
+        raise ConfigError(f"override {text!r} must look like field.name=value")
+    try:
+        return field, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return field, value
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]) -> None:
+    """Set dotted fields in place; an unknown field or a value of the wrong type is a
+    `ConfigError` naming the field."""
+    for field, value in overrides.items():
+        *parents, name = field.split(".")
+        node = config
+        for part in parents:
+            if part not in node or not isinstance(node[part], ml_collections.ConfigDict):
+                raise ConfigError(f"override {field}={value!r}: the config has no field {field!r}")
+            node = node[part]
+        if name not in node:
+            raise ConfigError(f"override {field}={value!r}: the config has no field {field!r}")
+        try:
+            node[name] = value
+        except TypeError as error:
+            raise ConfigError(f"override {field}={value!r}: {error}") from None
+
+
+def config_hash(config: ml_collections.ConfigDict) -> str:
+    """A short stable hash of the config (equal configs, equal hashes)."""
+    text = config.to_json_best_effort(sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------------------
+# Expansion
+
+
+def _validate(config: ml_collections.ConfigDict, where: str) -> None:
+    """Every check that needs no arrays, with `where` (the grid point) in the message."""
+    from t5x_lite.data import tasks
+    from t5x_lite.train import validate_train_config
+
+    try:
+        validate_model_config(config.model)
+        validate_train_config(config.train)
+        objectives.spec_from_config(config.objective)
+        for task in config.sweep.tasks:
+            if task not in tasks.TASKS:
+                raise ConfigError(
+                    f"sweep.tasks has unknown task {task!r}; known tasks: "
+                    f"{', '.join(sorted(tasks.TASKS))}")
+        finetune = copy.deepcopy(config.finetune)
+        finetune.tasks = config.sweep.tasks  # each is fine-tuned alone; check them together
+        validate_finetune_config(finetune)
+    except ConfigError as error:
+        raise ConfigError(f"{where}: {error}") from None
+
+
+def _layout_group(config: ml_collections.ConfigDict) -> tuple[str, int, int]:
+    """What `objectives.layout_for` needs besides the objectives: points agreeing on it share
+    a layout (and, with equal model and train settings, one compiled step)."""
+    model = config.model
+    return objectives.family_for(model.arch), model.vocab_size, model.num_sentinels
+
+
+def expand(experiment: str, preset: str, overrides: Sequence[str] = ()) -> list[GridPoint]:
+    """The grid points of `experiment` under `preset`, in the paper's row order, each seed of
+    a row after the other; every config is validated (before anything runs)."""
+    module = load_experiment(experiment)
+    if preset not in presets.PRESETS:
+        raise ConfigError(
+            f"preset={preset!r} does not exist; choose one of {', '.join(presets.PRESETS)}")
+    user = dict(parse_override(text) for text in overrides)
+    rows = []
+    for row in module.GRID:
+        config = module.get_config(preset)
+        apply_overrides(config, user)
+        apply_overrides(config, row["overrides"])
+        for seed in config.sweep.seeds:
+            seeded = copy.deepcopy(config)
+            seeded.train.seed = seed
+            _validate(seeded, f"{experiment} point {row['point']!r}")
+            rows.append((row, seeded))
+    # One layout per group of points (layout_for validates every objective config).
+    groups: dict[tuple, list] = {}
+    for _, config in rows:
+        groups.setdefault(_layout_group(config), []).append(config.objective)
+    layouts = {key: objectives.layout_for(objs, *key) for key, objs in groups.items()}
+    name = Path(experiment).stem
+    return [
+        GridPoint(experiment=name, preset=preset, point=row["point"], row=row["row"],
+                  objective=row.get("objective"), config=config, seed=config.train.seed,
+                  index=index, num_points=len(rows), layout=layouts[_layout_group(config)])
+        for index, (row, config) in enumerate(rows)
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# One grid point
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _pretrain_history(metrics_path: Path, log_every: int) -> dict[str, Any]:
+    """Loss curve, final loss, step time and compiles from train.train's metrics.jsonl, which
+    holds exactly one record per step of the trajectory (resumed segments included)."""
+    steps = [json.loads(line) for line in metrics_path.read_text().splitlines() if line]
+    return {
+        "pretrain_loss": steps[-1]["loss"],
+        "pretrain_curve": [[r["step"], r["loss"]] for r in steps
+                           if r["step"] % log_every == 0 or r is steps[-1]],
+        # step_s excludes the compile; a step that compiled has compile_s > 0.
+        "pretrain_wall_s": sum(r["step_s"] + r["compile_s"] for r in steps),
+        "compile_s": sum(r["compile_s"] for r in steps),
+        "compiles": sum(r["compile_s"] > 0 for r in steps),
+    }
+
+
+def _base_record(point: GridPoint) -> dict[str, Any]:
+    """The fields every record of `point` shares, known before anything runs."""
+    config, objective = point.config, point.config.objective
+    raw, inputs, targets = objectives.lengths_for(
+        objective.name, objective.inputs_length, objective.noise_density,
+        objective.mean_noise_span_length)
+    columns = accounting.table2_columns(config.model, inputs, targets)
+    return {
+        "experiment": point.experiment, "preset": point.preset, "point": point.point,
+        "row": point.row, "objective": point.objective, "config_hash": config_hash(config),
+        "seed": point.seed, "params": columns.params, "params_label": columns.params_label,
+        "cost_label": columns.cost_label, "pretrain_steps": config.train.steps,
+        # Raw corpus tokens read, as the paper counts them (2^19 steps x 128 x 512 = 2^35).
+        "pretrain_tokens": config.train.steps * config.train.batch_size * raw,
+        "finetune_steps": config.finetune.steps, "pretrain_loss": None, "pretrain_curve": [],
+    }
+
+
+def _failed(base: dict[str, Any], task: str, error: Exception) -> dict[str, Any]:
+    _log(f"  {base['point']} (seed {base['seed']}) {task}: FAILED: "
+         + "".join(traceback.format_exception(error)))
+    return {"wall_s": None, "compile_s": None, "compiles": None, **base, "task": task,
+            "metrics": {}, "status": "failed", "error": f"{type(error).__name__}: {error}"}
+
+
+def _write_json(path: Path, data: Any) -> None:
+    """Write to a temporary file and rename, so a crash never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.tmp")
+    partial.write_text(json.dumps(data))
+    os.replace(partial, path)
+
+
+def run_point(point: GridPoint, workdir: str) -> list[dict]:
+    """Pre-train the point, fine-tune and evaluate on each task; one record per task.
+
+    Never raises for a failing or diverging run: its records get status 'failed' and the
+    error. Resumes from the checkpoints under `point.directory(workdir)`; a task whose record
+    was already written there is not run again.
+    """
+    from t5x_lite import evaluation, train
+
+    config, rundir = point.config, point.directory(workdir)
+    base = _base_record(point)
+    started = time.perf_counter()
+    _log(f"{point.experiment} {point.run_name}: pre-training {config.train.steps} steps "
+         f"({config.model.arch}, {config.objective.name})")
+    try:
+        train.train(config, rundir / "pretrain", progress=config.sweep.progress,
+                    layout=point.layout)
+        history = _pretrain_history(rundir / "pretrain" / "metrics.jsonl",
+                                    config.train.log_every)
+    except Exception as error:  # recorded as failed; the sweep goes on
+        return [_failed(base, task, error) for task in config.sweep.tasks]
+    pretrain_wall_s = history.pop("pretrain_wall_s")
+    records = []
+    for task in config.sweep.tasks:
+        saved = rundir / "records" / f"{task}.json"
+        if saved.exists():
+            records.append(json.loads(saved.read_text()))
+            continue
+        _log(f"{point.experiment} {point.run_name}: fine-tuning on {task} "
+             f"({config.finetune.steps} steps; {time.perf_counter() - started:.0f} s so far)")
+        task_config = copy.deepcopy(config)
+        task_config.finetune.tasks = (task,)
+        try:
+            result = evaluation.finetune(task_config, str(rundir / "finetune" / task),
+                                         init_from=str(rundir / "pretrain"),
+                                         progress=config.sweep.progress)
+        except Exception as error:  # recorded as failed; the other tasks still run
+            records.append(_failed({**base, **history}, task, error))
+            continue
+        record = {
+            **base, **history, "task": task,
+            "wall_s": pretrain_wall_s + result["wall_s"],
+            "finetune_compile_s": result["compile_s"], "finetune_compiles": result["compiles"],
+            "metrics": result["scores"][task], "status": "ok", "error": None,
+        }
+        _write_json(saved, record)
+        records.append(record)
+    return records
+
+
+# ---------------------------------------------------------------------------------------------
+# The results file and the sweep
+
+
+class ResultsFile:
+    """`workdir/results.jsonl`: one JSON record per line, appended atomically by one writer."""
+
+    def __init__(self, workdir: str | os.PathLike):
+        self.path = Path(workdir) / RESULTS_FILE
+
+    def records(self) -> list[dict]:
+        """Every readable record; an unreadable line is skipped with a warning naming it."""
+        if not self.path.exists():
+            return []
+        records = []
+        for number, line in enumerate(self.path.read_text().splitlines(), 1):
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                warnings.warn(f"{self.path}: skipping line {number}, which is not JSON: "
+                              f"{line[:80]!r}", stacklevel=2)
+        return records
+
+    def drop_partial_last_line(self) -> None:
+        """Cut a last line left without its newline by a crash, so appends start clean."""
+        if not self.path.exists():
+            return
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            keep = data.rfind(b"\n") + 1
+            warnings.warn(f"{self.path}: dropping a partly written last line "
+                          f"{data[keep:keep + 80]!r}", stacklevel=2)
+            with self.path.open("r+b") as f:
+                f.truncate(keep)
+
+    def append(self, record: dict) -> None:
+        """One write of one line, then fsync: a crash leaves the line whole or cut short,
+        never interleaved with another."""
+        line = (json.dumps(record) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            if os.write(fd, line) != len(line):
+                raise OSError(f"{self.path}: short write of a record")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _claim_workdir(workdir: Path, identity: dict[str, Any]) -> None:
+    """Record which sweep the workdir belongs to; refuse a workdir of a different sweep."""
+    path = workdir / SWEEP_FILE
+    if path.exists():
+        saved = json.loads(path.read_text())
+        if saved != identity:
+            differences = ", ".join(f"{key}: {saved.get(key)!r} there, {identity[key]!r} now"
+                                    for key in identity if saved.get(key) != identity[key])
+            raise ConfigError(
+                f"workdir {workdir} holds a different sweep ({differences}); use another "
+                "--workdir, or the same experiment, preset and overrides to resume it")
+        return
+    _write_json(path, identity)
+
+
+def run_sweep(experiment: str, preset: str, workdir: str, *,
+              launcher: launchers.Launcher | None = None,
+              overrides: Sequence[str] = (), point_index: int | None = None) -> list[dict]:
+    """Run every unfinished point of the sweep and return all of its records.
+
+    `launcher` (default: `launchers.LocalLauncher`, in this process) maps `run_point` over the
+    points; this process appends each point's records to results.jsonl as they come back.
+    Overrides are 'field=value' strings (see `parse_override`). `point_index`
+    runs only that point of `expand`'s list (one job of a job array); appends of concurrent
+    jobs are single O_APPEND writes of whole lines.
+    """
+    points = expand(experiment, preset, overrides)
+    if point_index is not None:
+        if not 0 <= point_index < len(points):
+            raise ConfigError(f"point_index={point_index} must be in [0, {len(points)})")
+        points = [points[point_index]]
+    workdir_path = Path(workdir)
+    workdir_path.mkdir(parents=True, exist_ok=True)
+    # As JSON sees it, so that it compares equal to the saved copy.
+    identity = json.loads(json.dumps({
+        "experiment": points[0].experiment, "preset": preset,
+        "overrides": [list(parse_override(text)) for text in overrides]}))
+    _claim_workdir(workdir_path, identity)
+    results = ResultsFile(workdir_path)
+    results.drop_partial_last_line()
+    done = {(r["point"], r["seed"], r["task"]) for r in results.records()}
+    todo = [p for p in points
+            if any((p.point, p.seed, task) not in done for task in p.config.sweep.tasks)]
+    _log(f"sweep {points[0].experiment} --preset {preset}: {len(points)} runs x "
+         f"{len(points[0].config.sweep.tasks)} tasks; {len(points) - len(todo)} done, "
+         f"{len(todo)} to run; records in {results.path}")
+    started = time.perf_counter()
+    launcher = launcher if launcher is not None else launchers.LocalLauncher()
+    for finished, records in enumerate(launcher.map(run_point, todo, str(workdir_path)), 1):
+        for record in records:
+            if (record["point"], record["seed"], record["task"]) not in done:
+                results.append(record)
+        statuses = ", ".join(f"{r['task']} {r['status']}" for r in records)
+        _log(f"done {records[0]['point']} (seed {records[0]['seed']}): {statuses}; {finished} of "
+             f"{len(todo)} runs finished, {time.perf_counter() - started:.0f} s elapsed")
+    wanted = {(p.point, p.seed) for p in points}
+    return [r for r in results.records() if (r["point"], r["seed"]) in wanted]
+
+
+def run_demo(workdir: str) -> str:
+    """`t5x-lite demo`: Table 2 under the `demo` preset, then the comparison table (returned)."""
+    from t5x_lite import report
+
+    config = presets.sweep_preset("demo")
+    model = config.model
+    _log(f"t5x-lite demo: the T5 paper's Table 2 (5 architectures x 2 objectives) with a small "
+         f"model (d_model {model.d_model}, {model.num_layers} layers per stack, vocabulary "
+         f"{model.vocab_size}), {config.train.steps} pre-training and {config.finetune.steps} "
+         f"fine-tuning steps per task on the built-in tasks {', '.join(config.sweep.tasks)}. "
+         "This is a smaller model and fewer steps than the `tiny` preset, so that it finishes "
+         f"in minutes on a laptop CPU. Re-running resumes from {workdir}.")
+    run_sweep("table2", "demo", workdir)
+    return report.report(workdir).text

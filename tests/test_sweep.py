@@ -1,0 +1,214 @@
+"""Sweeps: the experiment grids, a tiny sweep end to end, kill-and-rerun, failures, bad input."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from t5x_lite import sweep
+from t5x_lite.config import ConfigError
+from t5x_lite.data import tasks
+
+# A three-point sweep of tiny models: two encoder-decoder points of one parameter structure
+# (so they must share one compiled pre-train step) around a point that fails when it runs.
+TINY_EXPERIMENT = '''
+from t5x_lite import presets
+
+GRID = (
+    dict(point="denoising", row="Encoder-decoder", objective="Denoising",
+         overrides={"objective.name": "span_corruption"}),
+    dict(point="broken", row="Enc-dec, shared", objective="Denoising",
+         overrides={"data.corpus": "/nonexistent/*.txt"}),
+    dict(point="prefix_lm", row="Encoder-decoder", objective="LM",
+         overrides={"objective.name": "prefix_lm"}),
+)
+
+
+def get_config(preset):
+    config = presets.sweep_preset(preset)
+    config.model.update(d_model=32, d_ff=64, num_heads=2, d_kv=16, num_layers=1,
+                        vocab_size=256, num_sentinels=16)
+    config.objective.update(inputs_length=16, mean_noise_span_length=3.0)
+    config.train.update(batch_size=4, steps=6, warmup_steps=1, log_every=2)
+    config.mesh.shape = (1, 1)
+    config.checkpoint.every = 2
+    config.finetune.update(steps=4, batch_size=4, inputs_length=24, targets_length=16,
+                           eval_every=4, eval_examples=8)
+    config.sweep.update(tasks=("builtin_reverse",), progress=False)
+    return config
+'''
+# The contract's record fields (s2 contract, section 4).
+RECORD_FIELDS = {
+    "experiment", "preset", "point", "row", "objective", "config_hash", "seed", "task", "params",
+    "params_label", "cost_label", "pretrain_steps", "pretrain_tokens", "finetune_steps", "wall_s",
+    "compile_s", "compiles", "pretrain_loss", "pretrain_curve", "metrics", "status", "error",
+}
+# The paper's row labels, copied from the contract.
+PAPER_ROWS = {
+    "table2": ["Encoder-decoder", "Enc-dec, shared", "Enc-dec, 6 layers", "Language model",
+               "Prefix LM"] * 2,
+    "table4": ["Prefix language modeling", "BERT-style", "Deshuffling"],
+    "table5": ["BERT-style", "MASS-style", "Replace corrupted spans", "Drop corrupted tokens"],
+    "table6": ["10%", "15%", "25%", "50%"],
+    "table7": ["i.i.d.", "2", "3", "5", "10"],
+}
+
+
+def _without_timing(records):
+    return sorted(
+        ({k: v for k, v in r.items() if k not in sweep.TIMING_FIELDS} for r in records),
+        key=lambda r: (r["point"], r["seed"], r["task"]),
+    )
+
+
+@pytest.fixture(scope="module")
+def experiment(tmp_path_factory):
+    path = tmp_path_factory.mktemp("experiments") / "tiny_grid.py"
+    path.write_text(TINY_EXPERIMENT)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(experiment, tmp_path_factory):
+    """(workdir, records) of the tiny sweep run once, start to end, in this process."""
+    workdir = tmp_path_factory.mktemp("sweep")
+    return workdir, sweep.run_sweep(experiment, "demo", str(workdir))
+
+
+@pytest.mark.parametrize("experiment_name", sorted(PAPER_ROWS))
+def test_grids_have_the_paper_rows_and_one_layout_per_family(experiment_name):
+    for preset in ("demo", "paper"):
+        points = sweep.expand(experiment_name, preset)
+        assert [p.row for p in points] == PAPER_ROWS[experiment_name]
+        assert len({p.point for p in points}) == len(points)
+        layouts = {}
+        for point in points:
+            family = point.layout.family
+            assert layouts.setdefault(family, point.layout) == point.layout
+            assert point.config.objective.inputs_length <= point.layout.inputs_length
+    if experiment_name == "table2":
+        objective_names = {(p.config.model.arch, p.objective): p.config.objective.name
+                           for p in points}
+        assert objective_names[("encoder_decoder", "LM")] == "prefix_lm"
+        assert objective_names[("language_model", "LM")] == "lm"
+        assert objective_names[("prefix_lm", "LM")] == "prefix_lm"
+        assert objective_names[("language_model", "Denoising")] == "span_corruption"
+        paper = {p.point: sweep._base_record(p) for p in points}
+        assert paper["encoder_decoder/denoising"]["params_label"] == "2P"
+        assert paper["encoder_decoder_half/lm"]["cost_label"] == "M/2"
+
+
+def test_sweep_end_to_end(uninterrupted):
+    workdir, records = uninterrupted
+    assert [(r["point"], r["status"]) for r in records] == [
+        ("denoising", "ok"), ("broken", "failed"), ("prefix_lm", "ok")]
+    for record in records:
+        assert RECORD_FIELDS <= record.keys()
+        assert (record["experiment"], record["preset"], record["task"]) == (
+            "tiny_grid", "demo", "builtin_reverse")
+    ok = [r for r in records if r["status"] == "ok"]
+    for record in ok:
+        metric_names = tasks.get_task("builtin_reverse").metric_names
+        assert set(record["metrics"]) == set(metric_names)
+        assert all(0.0 <= value <= 100.0 for value in record["metrics"].values())
+        assert [step for step, _ in record["pretrain_curve"]] == [2, 4, 6]
+        assert record["pretrain_loss"] == record["pretrain_curve"][-1][1]
+        assert record["error"] is None
+    lines = (workdir / "results.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == records
+
+
+def test_points_of_one_structure_share_one_compiled_pretrain_step(uninterrupted):
+    _, records = uninterrupted
+    compiles = {r["point"]: r["compiles"] for r in records if r["status"] == "ok"}
+    assert compiles == {"denoising": 1, "prefix_lm": 0}
+
+
+def test_a_failing_point_is_recorded_and_the_sweep_goes_on(uninterrupted):
+    _, records = uninterrupted
+    broken = next(r for r in records if r["point"] == "broken")
+    assert "/nonexistent/*.txt" in broken["error"]
+    assert broken["metrics"] == {}
+    assert records[-1]["status"] == "ok"  # the point after it still ran
+
+
+def test_rerun_skips_finished_points(experiment, uninterrupted):
+    workdir, records = uninterrupted
+    before = (workdir / "results.jsonl").read_text()
+    assert sweep.run_sweep(experiment, "demo", str(workdir)) == records
+    assert (workdir / "results.jsonl").read_text() == before
+
+
+def test_killed_sweep_resumes_to_the_same_records(experiment, uninterrupted, tmp_path):
+    """SIGKILL the sweep in the middle of its first point's pre-training, re-run it: the
+    records equal an uninterrupted sweep's (timing aside), none duplicated or lost."""
+    script = (f"from t5x_lite import sweep; "
+              f"sweep.run_sweep({experiment!r}, 'demo', {str(tmp_path)!r})")
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, cwd=Path(__file__).parent.parent)
+    metrics = tmp_path / "points" / "denoising" / "seed0" / "pretrain" / "metrics.jsonl"
+    try:
+        deadline = time.monotonic() + 120
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 3):
+            assert child.poll() is None, "the sweep ended before it could be killed"
+            assert time.monotonic() < deadline, "no pre-training step within 120 s"
+            time.sleep(0.02)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    results = tmp_path / sweep.RESULTS_FILE
+    assert not results.exists() or results.read_text().count("\n") < 3  # killed before the end
+    records = sweep.run_sweep(experiment, "demo", str(tmp_path))
+    assert _without_timing(records) == _without_timing(uninterrupted[1])
+    assert len(results.read_text().splitlines()) == len(records) == 3
+
+
+def test_results_file_skips_malformed_lines_and_cuts_a_partial_last_line(tmp_path):
+    results = sweep.ResultsFile(tmp_path)
+    results.append({"point": "a"})
+    with open(results.path, "a") as f:
+        f.write("not json\n")
+    results.append({"point": "b"})
+    with pytest.warns(UserWarning, match="skipping line 2"):
+        assert results.records() == [{"point": "a"}, {"point": "b"}]
+    with open(results.path, "a") as f:
+        f.write('{"point": "c"')  # a crash in the middle of a line
+    with pytest.warns(UserWarning, match="partly written last line"):
+        results.drop_partial_last_line()
+    results.append({"point": "d"})
+    with pytest.warns(UserWarning, match="skipping line 2"):
+        assert [r["point"] for r in results.records()] == ["a", "b", "d"]
+
+
+def test_bad_inputs(tmp_path, experiment):
+    with pytest.raises(ConfigError, match="experiment='table3' does not exist.*table2, table4"):
+        sweep.expand("table3", "tiny")
+    with pytest.raises(ConfigError, match="preset='huge' does not exist.*tiny, small, paper, demo"):
+        sweep.expand("table2", "huge")
+    no_grid = tmp_path / "no_grid.py"
+    no_grid.write_text("def get_config(preset):\n    return None\n")
+    with pytest.raises(ConfigError, match="no_grid.py defines no grid"):
+        sweep.expand(str(no_grid), "tiny")
+    with pytest.raises(ConfigError, match="no field 'model.depth'"):
+        sweep.expand("table4", "tiny", ["model.depth=3"])
+    with pytest.raises(ConfigError, match="override 'train.steps' must look like"):
+        sweep.expand("table4", "tiny", ["train.steps"])
+    with pytest.raises(ConfigError, match="train.steps='many'"):
+        sweep.expand("table4", "tiny", ["train.steps=many"])
+    with pytest.raises(ConfigError, match="table4 point 'prefix_lm'.*unknown task 'glue_nope'"):
+        sweep.expand("table4", "tiny", ["sweep.tasks=('glue_nope',)"])
+    with pytest.raises(ConfigError, match=r"point_index=3 must be in \[0, 3\)"):
+        sweep.run_sweep("table4", "demo", str(tmp_path / "a"), point_index=3)
+    # A workdir of another sweep is refused before anything runs.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / sweep.SWEEP_FILE).write_text(
+        json.dumps({"experiment": "table6", "preset": "demo", "overrides": []}))
+    with pytest.raises(ConfigError, match="holds a different sweep.*experiment: 'table6' there"):
+        sweep.run_sweep("table4", "demo", str(other))
+    assert not (other / sweep.RESULTS_FILE).exists()
