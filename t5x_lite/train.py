@@ -250,7 +250,10 @@ def _program_key(config: ml_collections.ConfigDict, data_kind: Any, mesh: Mesh) 
 
     data_kind: what the program is fed, e.g. the pre-training `BatchLayout`."""
     model = json.dumps(_program_model_config(config.model).to_dict(), sort_keys=True)
-    train = json.dumps({f: config.train[f] for f in _STEP_TRAIN_FIELDS}, sort_keys=True)
+    fields = {f: config.train[f] for f in _STEP_TRAIN_FIELDS}
+    if config.train.schedule not in ("linear", "cosine"):  # the only schedules ending at `steps`
+        del fields["steps"]
+    train = json.dumps(fields, sort_keys=True)
     return model, train, data_kind, mesh, tuple(config.mesh.rules)
 
 
@@ -782,8 +785,12 @@ def train(
     progress: bool = True,
     restart: bool = False,
     resume: bool = False,
+    layout: objectives.BatchLayout | None = None,
 ) -> dict[str, Any]:
     """Pre-train `config` in `workdir` up to `steps` updates (default `config.train.steps`).
+
+    `layout` defaults to `objectives.layout_from_config(config)`; a sweep passes the layout of
+    its whole grid, so that every run of an architecture family shares one compiled program.
 
     Resumes from `workdir/checkpoints` when it holds a checkpoint of a compatible config
     (`restart=True` wipes them; `resume=True` makes a missing checkpoint an error). The data
@@ -796,7 +803,7 @@ def train(
     mesh = partitioning.make_mesh(config.mesh)
     validate_config(config, mesh)
     spec = objectives.spec_from_config(config.objective)
-    layout = objectives.layout_from_config(config)
+    layout = objectives.layout_from_config(config) if layout is None else layout
     # Imported here: the pipeline pulls in TFDS, which the train step alone does not need.
     from t5x_lite.data.pipeline import pretrain_data_from_config
 

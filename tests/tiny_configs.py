@@ -22,3 +22,15 @@ def tiny_train_config(arch="encoder_decoder", mesh=(-1, 1), **train_fields):
     )
     config.mesh.shape = mesh
     return config
+
+
+def tiny_finetune_config(arch, corpus, data_dir, tasks=("test_reverse",)):
+    """`tiny_train_config` reading the text files `corpus` (a glob; vocabulary cached under
+    `data_dir`), pre-training on 32-token chunks, fine-tuning with batch 8 on 16 + 16 tokens."""
+    config = tiny_train_config(arch, mesh=(1, 1), log_every=1)
+    config.train.update(learning_rate=0.01, steps=2)
+    config.data.update(corpus=str(corpus), data_dir=str(data_dir))
+    config.finetune.update(tasks=tasks, steps=2, batch_size=8, inputs_length=16,
+                           targets_length=16, eval_every=100, eval_examples=16)
+    config.checkpoint.update(every=100, keep=1)
+    return config

@@ -349,3 +349,72 @@ def pad_examples(examples: Sequence[Example], batch_size: int, inputs_length: in
                  targets_length: int, decoder_only: bool = False) -> list[dict[str, np.ndarray]]:
     """Like `pack_examples` with one example per row and no segment ids or positions."""
     return _batches(examples, batch_size, inputs_length, targets_length, decoder_only, False)
+
+
+class MixtureData:
+    """Fine-tuning batches from one task or an examples-proportional mixture of several.
+
+    `tasks` holds each task's encoded training examples (already truncated). As in the T5
+    paper, task t is sampled in proportion to r_t = min(len(examples_t), mixing_limit) (the
+    rate limit K). The stream is laid out in mixture epochs of sum(r_t) slots: epoch e takes
+    the next r_t examples of each task's own stream (a fresh seeded permutation per pass over
+    the task) and shuffles the slots with a seeded permutation. `batch(step)` reads
+    `examples_per_step` consecutive slots, so it depends only on (seed, step).
+
+    Unpacked, a step holds `batch_size` examples. Packed, it takes as many as fit on average
+    (from the mean example length) and packs them into `batch_size` rows; examples that do
+    not fit are left out of this step.
+    """
+
+    def __init__(self, tasks: Sequence[Sequence[Example]], mixing_limit: int, batch_size: int,
+                 inputs_length: int, targets_length: int, *, decoder_only: bool, pack: bool,
+                 seed: int):
+        if not tasks or any(len(examples) == 0 for examples in tasks):
+            raise ValueError("every task of the mixture needs at least one training example")
+        self.tasks = [list(examples) for examples in tasks]
+        self.rates = np.array([min(len(ex), mixing_limit) for ex in self.tasks], np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(self.rates)])
+        self.batch_size, self.seed = batch_size, seed
+        self.lengths = (inputs_length, targets_length)
+        self.decoder_only, self.pack = decoder_only, pack
+        self.examples_per_step = batch_size * (self._examples_per_row() if pack else 1)
+        self._permutations: dict[tuple[int, int], np.ndarray] = {}
+
+    def _examples_per_row(self) -> int:
+        """How many examples of mean length fill a row (at least one)."""
+        pairs = [(len(i), len(t)) for examples in self.tasks for i, t in examples]
+        mean_inputs, mean_targets = np.mean(pairs, axis=0)
+        if self.decoder_only:
+            return max(1, int(sum(self.lengths) // (mean_inputs + mean_targets)))
+        return max(1, int(min(self.lengths[0] / mean_inputs, self.lengths[1] / mean_targets)))
+
+    def _permutation(self, stream: int, epoch: int, size: int) -> np.ndarray:
+        """Seeded permutation of `size` items for (stream, epoch); stream -1 is the mixture."""
+        key = (stream, epoch)
+        if key not in self._permutations:
+            if len(self._permutations) > 4 * (len(self.tasks) + 1):  # a batch spans few epochs
+                self._permutations.clear()
+            rng = np.random.default_rng([self.seed, stream + 1, epoch])
+            self._permutations[key] = rng.permutation(size)
+        return self._permutations[key]
+
+    def example(self, position: int) -> Example:
+        """The example at `position` of the mixture stream."""
+        epoch, offset = divmod(position, int(self.starts[-1]))
+        slot = int(self._permutation(-1, epoch, int(self.starts[-1]))[offset])
+        task = int(np.searchsorted(self.starts, slot, side="right")) - 1
+        task_position = epoch * int(self.rates[task]) + slot - int(self.starts[task])
+        size = len(self.tasks[task])
+        task_epoch, index = divmod(task_position, size)
+        return self.tasks[task][int(self._permutation(task, task_epoch, size)[index])]
+
+    def batch(self, step: int) -> dict[str, np.ndarray]:
+        """The batch of `step`: the t5x/seqio keys, [batch_size, length] each."""
+        if step < 0:
+            raise ValueError(f"step={step} must be >= 0")
+        first = step * self.examples_per_step
+        examples = [self.example(p) for p in range(first, first + self.examples_per_step)]
+        # Packed, any rows beyond batch_size are dropped: their examples come round again in
+        # the next epoch, in a new order.
+        return _batches(examples, self.batch_size, *self.lengths, self.decoder_only,
+                        self.pack)[0]

@@ -1,0 +1,350 @@
+"""Fine-tuning a pre-trained model on downstream tasks, and scoring it on them.
+
+    pre-training checkpoint --params only--> finetune(config, workdir, init_from=...)
+        task examples -> the pre-training vocabulary -> MixtureData batches (f(seed, step))
+        -> train.make_finetune_step (the pre-training update on ready batches)
+        every finetune.eval_every steps and at the end: Evaluator on the validation split
+        -> workdir/eval.jsonl; the best score per task is reported (the paper's convention)
+    evaluate(config, params | checkpoint dir | converted HF module, tasks) -> {task: metrics}
+
+Validation measures two things: the teacher-forced loss and token accuracy of the targets,
+and the task's own metrics (`Task.score`, 0-100) on decoded predictions
+(`t5x_lite.decoding.decode`). Fine-tuning starts from the checkpoint's parameters only, with a
+fresh optimiser state, as the paper does; its own checkpoints under `workdir/checkpoints`
+make it resumable, and `eval.jsonl` keeps the validation history that the best scores are
+taken from, so they survive a resume.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from t5x_lite import accounting, checkpointing, decoding, partitioning, train
+from t5x_lite.checkpointing import Checkpointer
+from t5x_lite.config import (
+    DECODER_ONLY_ARCHS,
+    ConfigError,
+    validate_finetune_config,
+    validate_model_config,
+)
+from t5x_lite.data import pipeline, tasks
+from t5x_lite.data.vocabulary import Vocabulary
+
+EVAL_FILE = "eval.jsonl"
+# Fields a checkpoint must share with the config that reads its parameters: the network, and
+# the vocabulary that gives its token ids their meaning.
+_PARAMETER_FIELDS = ("model", "data.corpus", "data.vocab")
+# Fields a resumed fine-tuning run must share with the run that wrote its checkpoints (besides
+# `checkpointing.RESUME_FIELDS`): they fix which examples the step-indexed batches hold.
+_FINETUNE_DATA_FIELDS = ("finetune.tasks", "finetune.mixing_limit", "finetune.pack",
+                         "finetune.inputs_length", "finetune.targets_length")
+
+
+# ---------------------------------------------------------------------------------------------
+# Config
+
+
+def finetune_train_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """`config` with `train` set up for fine-tuning: the optimiser, schedule, learning rate,
+    warm-up, steps and batch size of `config.finetune` (the train step reads `config.train`)."""
+    ft = config.finetune
+    derived = copy.deepcopy(config)
+    derived.train.update(optimizer=ft.optimizer, schedule=ft.schedule,
+                         learning_rate=ft.learning_rate, warmup_steps=ft.warmup_steps,
+                         steps=ft.steps, batch_size=ft.batch_size)
+    return derived
+
+
+def check_task_names(names: Sequence[str], field: str = "finetune.tasks") -> list[tasks.Task]:
+    """The registered tasks called `names`; a `ConfigError` naming `field` lists unknown ones
+    and every known name."""
+    if isinstance(names, str) or not names:
+        raise ConfigError(f"{field}={names!r} must be a non-empty list of task names")
+    unknown = [name for name in names if name not in tasks.TASKS]
+    if unknown:
+        raise ConfigError(f"{field} has unknown task(s) {', '.join(map(repr, unknown))}; "
+                          f"known tasks: {', '.join(sorted(tasks.TASKS))}")
+    return [tasks.TASKS[name] for name in names]
+
+
+def checkpoint_dir(path: str | Path) -> Path:
+    """The checkpoint folder of `path`: a workdir of `train.train` / `finetune` (its
+    `checkpoints/`), or that folder itself."""
+    path = Path(path)
+    if (path / "checkpoints" / checkpointing.CONFIG_FILE).exists():
+        return path / "checkpoints"
+    if (path / checkpointing.CONFIG_FILE).exists():
+        return path
+    raise ConfigError(f"{path} holds no t5x_lite checkpoints (no {checkpointing.CONFIG_FILE} "
+                      "in it or in its checkpoints/ folder)")
+
+
+def _require_same(directory: Path, config: ml_collections.ConfigDict, fields: Sequence[str],
+                  what: str) -> None:
+    """Raise `ConfigError` listing the `fields` in which the config saved in `directory`
+    differs from `config`."""
+    saved = json.loads((directory / checkpointing.CONFIG_FILE).read_text())
+    current = json.loads(config.to_json_best_effort(sort_keys=True))
+    differences = checkpointing.config_differences(saved, current, fields)
+    if differences:
+        raise ConfigError(f"the checkpoints in {directory} {what}:\n  " + "\n  ".join(differences))
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation
+
+
+class _TaskSplit:
+    """One task's split: the examples as text and encoded, truncated to the configured lengths."""
+
+    def __init__(self, task: tasks.Task, split: str, config: ml_collections.ConfigDict,
+                 vocab: Vocabulary, limit: int | None = None):
+        ft = config.finetune
+        self.task, self.split = task, split
+        self.examples = task.examples(split, config.data.data_dir or None,
+                                      config.data.data_root or None)[:limit]
+        if not self.examples:
+            raise ValueError(f"task {task.name!r} has no labeled {split} examples")
+        encoded = pipeline.encode_examples(vocab, ((ex.inputs, ex.targets)
+                                                   for ex in self.examples))
+        self.encoded, self.truncated = pipeline.truncate_examples(
+            encoded, ft.inputs_length, ft.targets_length)
+        if self.truncated:  # pipeline's batchers would warn per batch; say it once, counted
+            warnings.warn(
+                f"task {task.name!r} ({split}): truncated {self.truncated} of "
+                f"{len(encoded)} examples to finetune.inputs_length={ft.inputs_length}, "
+                f"finetune.targets_length={ft.targets_length} (EOS kept)", stacklevel=3)
+
+
+class Evaluator:
+    """Validation of a model of `config` on some tasks' split.
+
+    `evaluator(params)` -> `{task: {"loss", "token_accuracy", "metrics": {name: 0-100}}}`:
+    the mean teacher-forced loss and token accuracy over the targets, and the task's metrics on
+    greedy (or `finetune.decode`) predictions of at most `decode.max_length` tokens (default
+    `finetune.targets_length`). Batches have `finetune.batch_size` rows, one example each.
+    """
+
+    def __init__(self, config: ml_collections.ConfigDict, splits: Sequence[_TaskSplit],
+                 vocab: Vocabulary, mesh: Mesh):
+        ft = config.finetune
+        self.config, self.splits, self.vocab = config, list(splits), vocab
+        self.max_length = ft.decode.max_length or ft.targets_length
+        self.eval_step = train.make_eval_step(config, mesh)
+        self.graphdef = train.model_graphdef(config)
+        decoder_only = config.model.arch in DECODER_ONLY_ARCHS
+        lengths = (ft.batch_size, ft.inputs_length, ft.targets_length)
+        self.batches = [pipeline.pad_examples(s.encoded, *lengths, decoder_only=decoder_only)
+                        for s in self.splits]
+        # Decoding reads the inputs alone, in the encoder layout for every architecture.
+        self.inputs = [[b["encoder_input_tokens"] for b in pipeline.pad_examples(s.encoded,
+                                                                                 *lengths)]
+                       for s in self.splits]
+
+    def __call__(self, params: nnx.State) -> dict[str, dict[str, Any]]:
+        model = nnx.merge(self.graphdef, params)
+        results = {}
+        for split, batches, inputs in zip(self.splits, self.batches, self.inputs):
+            sums = {"cross_entropy": 0.0, "z_loss": 0.0, "correct": 0.0, "weight": 0.0}
+            for batch in batches:
+                for name, value in self.eval_step(params, batch).items():
+                    sums[name] += value
+            weight = max(sums["weight"], 1.0)
+            predictions = self.predict(model, inputs)[: len(split.examples)]
+            results[split.task.name] = {
+                "loss": (sums["cross_entropy"] + sums["z_loss"]) / weight,
+                "token_accuracy": 100.0 * sums["correct"] / weight,
+                "metrics": split.task.score(split.examples, predictions),
+            }
+        return results
+
+    def predict(self, model: nnx.Module, inputs: Sequence[np.ndarray]) -> list[str]:
+        """Decoded text of every row of every inputs batch (padding rows included)."""
+        settings = self.config.finetune.decode
+        texts = []
+        for batch in inputs:
+            result = decoding.decode(model, batch, max_length=self.max_length,
+                                     arch=self.config.model.arch, method=settings.method,
+                                     num_beams=settings.num_beams, alpha=settings.alpha)
+            texts.extend(self.vocab.decode(row) for row in np.asarray(result.tokens))
+        return texts
+
+
+def _params_of(config: ml_collections.ConfigDict, source: Any, mesh: Mesh) -> nnx.State:
+    """Parameters from a checkpoint folder (path), an `nnx.Module` (e.g. `convert.from_hf_t5`'s)
+    or an `nnx.State` of parameters."""
+    if isinstance(source, (str, Path)):
+        directory = checkpoint_dir(source)
+        _require_same(directory, config, _PARAMETER_FIELDS, "hold another model or vocabulary")
+        abstract = train.abstract_state(config, mesh).params
+        return checkpointing.restore_params_only(directory, abstract)
+    if isinstance(source, nnx.Module):
+        return nnx.state(source, nnx.Param)
+    if isinstance(source, nnx.State):
+        return source
+    raise TypeError(f"params_or_checkpoint must be a checkpoint path, an nnx.Module or an "
+                    f"nnx.State of parameters, got {type(source).__name__}")
+
+
+def evaluate(config: ml_collections.ConfigDict, params_or_checkpoint: Any,
+             task_names: Sequence[str], split: str = "validation") -> dict[str, dict[str, float]]:
+    """The task metrics (0-100) of a model of `config` on `split` of each task.
+
+    params_or_checkpoint: a checkpoint folder (a `train` / `finetune` workdir or its
+    `checkpoints/`; its model and vocabulary must be `config`'s), a model (`nnx.Module`, e.g.
+    the one `convert.from_hf_t5` returns with its config) or its `nnx.State` of parameters.
+    Decoding follows `config.finetune.decode`; lengths and batch size are `config.finetune`'s;
+    at most `finetune.eval_examples` examples per task.
+    """
+    validate_model_config(config.model)
+    task_list = check_task_names(task_names, "tasks")
+    finetune_section = copy.deepcopy(config.finetune)
+    finetune_section.tasks = tuple(task_names)  # checked above; the other fields matter here
+    validate_finetune_config(finetune_section)
+    mesh = partitioning.make_mesh(config.mesh)
+    params = _params_of(config, params_or_checkpoint, mesh)
+    vocab = pipeline.vocabulary_from_config(config)
+    splits = [_TaskSplit(task, split, config, vocab, config.finetune.eval_examples)
+              for task in task_list]
+    results = Evaluator(config, splits, vocab, mesh)(params)
+    return {name: result["metrics"] for name, result in results.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Fine-tuning
+
+
+def _selection_score(metrics: dict[str, float]) -> float:
+    """What 'best' means for a validation record: the mean of the task's metrics (NaN, e.g. a
+    correlation of constant predictions, counts as worst)."""
+    values = [v for v in metrics.values() if not math.isnan(v)]
+    return float(np.mean(values)) if len(values) == len(metrics) else -math.inf
+
+
+class EvalLog:
+    """`workdir/eval.jsonl`: one record per (validation step, task), and the best of them.
+
+    Record: {"step", "task", "loss", "token_accuracy", "metrics": {name: value}}. Opening the
+    log of a run resumed at `start_step` drops the records of later steps (they belong to a
+    trajectory the resumed run replaces), so the best scores are those of the run's history.
+    """
+
+    def __init__(self, workdir: Path, start_step: int):
+        self.path = workdir / EVAL_FILE
+        self.records: list[dict[str, Any]] = []
+        if self.path.exists():
+            train.keep_records_up_to(self.path, start_step)
+            self.records = [json.loads(line) for line in self.path.read_text().splitlines()]
+
+    def add(self, step: int, results: dict[str, dict[str, Any]]) -> None:
+        """Append the validation `results` of `step` (only process 0 writes the file)."""
+        new = [{"step": step, "task": task, **result} for task, result in results.items()]
+        self.records.extend(new)
+        if jax.process_index() == 0:
+            with self.path.open("a") as f:
+                f.writelines(json.dumps(record) + "\n" for record in new)
+
+    def best(self) -> dict[str, dict[str, Any]]:
+        """{task: the record with the best selection score (the earliest among equals)}."""
+        best: dict[str, dict[str, Any]] = {}
+        for record in self.records:
+            current = best.get(record["task"])
+            score = _selection_score(record["metrics"])
+            if current is None or score > _selection_score(current["metrics"]):
+                best[record["task"]] = record
+        return best
+
+
+def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *, init_from: str | None,
+             progress: bool = True, restart: bool = False) -> dict[str, Any]:
+    """Fine-tune on `config.finetune.tasks` in `workdir` and return the best validation scores.
+
+    init_from: a pre-training run (a `train.train` workdir or its `checkpoints/`) whose
+    parameters (only; the optimiser state starts fresh) start the run; its model and
+    vocabulary must be `config`'s. None starts from random parameters.
+    Resumes from `workdir/checkpoints` (`restart=True` deletes them). Validates every
+    `finetune.eval_every` steps and at the end, appending to `workdir/eval.jsonl`; train
+    metrics go to `workdir/metrics.jsonl`. Returns {"scores": {task: {metric: value}} (each
+    task's best validation record, the paper's convention), "best_step": {task: step},
+    "steps", "loss" (last train loss; None if no step ran), "wall_s", "compile_s",
+    "compiles" (of the train step), "truncated": {task: training examples cut}}.
+    """
+    started = time.perf_counter()
+    workdir, ft = Path(workdir), config.finetune
+    validate_model_config(config.model)
+    validate_finetune_config(ft)
+    task_list = check_task_names(ft.tasks)
+    ft_config = finetune_train_config(config)
+    mesh = partitioning.make_mesh(config.mesh)
+    train.validate_config(ft_config, mesh)
+    source = None if init_from is None else checkpoint_dir(init_from)
+    if source is not None:
+        _require_same(source, config, _PARAMETER_FIELDS, "hold another model or vocabulary")
+    own = workdir / "checkpoints"
+    if not restart and (own / checkpointing.CONFIG_FILE).exists():
+        _require_same(own, config, _FINETUNE_DATA_FIELDS, "were fine-tuned on other data; "
+                      "pass restart=True to start over")
+
+    vocab = pipeline.vocabulary_from_config(config)
+    train_splits = [_TaskSplit(task, "train", config, vocab) for task in task_list]
+    valid_splits = [_TaskSplit(task, "validation", config, vocab, ft.eval_examples)
+                    for task in task_list]
+    decoder_only = config.model.arch in DECODER_ONLY_ARCHS
+    data = pipeline.MixtureData([s.encoded for s in train_splits], ft.mixing_limit,
+                                ft.batch_size, ft.inputs_length, ft.targets_length,
+                                decoder_only=decoder_only, pack=ft.pack, seed=config.train.seed)
+    evaluator = Evaluator(config, valid_splits, vocab, mesh)
+    step = train.make_finetune_step(ft_config, mesh)
+    lengths = (ft.inputs_length, ft.targets_length)
+    speed = train.Throughput(
+        tokens_per_step=ft.batch_size * sum(lengths),
+        flops_per_step=ft.batch_size * accounting.train_flops_per_example(config.model, *lengths),
+        peak=train.peak_flops_per_second(mesh, config.model.dtype))
+
+    with Checkpointer(own, every=config.checkpoint.every, keep=config.checkpoint.keep,
+                      config=ft_config, restart=restart) as checkpointer:
+        if checkpointer.latest_step() is not None:
+            state = checkpointer.restore(train.abstract_state(ft_config, mesh))
+        elif source is not None:
+            abstract = train.abstract_state(ft_config, mesh).params
+            params = checkpointing.restore_params_only(source, abstract)
+            state = train.state_from_params(ft_config, mesh, params)
+        else:
+            state = train.init_state(ft_config, mesh)
+        start = int(state.step)
+        log = EvalLog(workdir, start)
+        writer = train.MetricsWriter(workdir, start)
+        bar = train.Progress(start, ft.steps, config.train.log_every, progress)
+
+        def validate(step_number: int, state: train.TrainState) -> None:
+            if step_number % ft.eval_every == 0 or step_number == ft.steps:
+                log.add(step_number, evaluator(state.params))
+
+        try:
+            records = train.run_loop(state, start, ft.steps, data, step,
+                                     (train.step_key(config.train.seed),), checkpointer, writer,
+                                     bar, speed, validate)
+        finally:
+            writer.close()
+            bar.close()
+    summary = train.summarize(records, workdir, start)
+    best = log.best()
+    return {
+        "scores": {task: record["metrics"] for task, record in best.items()},
+        "best_step": {task: record["step"] for task, record in best.items()},
+        "steps": summary["step"], "loss": summary["loss"],
+        "wall_s": time.perf_counter() - started,
+        "compile_s": summary["compile_s"], "compiles": summary["compiles"],
+        "truncated": {s.task.name: s.truncated for s in train_splits},
+    }
