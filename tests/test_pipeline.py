@@ -7,9 +7,8 @@ import pytest
 
 from t5x_lite import attention
 from t5x_lite.config import EOS_ID, UNK_ID, ConfigError, default_config
-from t5x_lite.data.pipeline import (PretrainData, encode_examples, pack_examples, pad_examples,
-                                    pretrain_data_from_config,
-                                    tokenize_stream)
+from t5x_lite.data.pipeline import (MixtureData, PretrainData, encode_examples, pack_examples,
+                                    pad_examples, pretrain_data_from_config, tokenize_stream)
 from t5x_lite.data.vocabulary import train_vocabulary
 
 VOCAB_SIZE, EXTRA = 300, 20
@@ -235,3 +234,44 @@ def test_decoder_only_prefix_covers_inputs_and_the_first_prediction():
 def test_bad_lengths_are_rejected():
     with pytest.raises(ValueError, match="targets_length=0 must be positive"):
         pack_examples(numbered_examples(LENGTHS), 2, inputs_length=4, targets_length=0)
+
+
+# --- fine-tuning mixtures --------------------------------------------------------------------
+
+
+def _task_examples(task, count):
+    """Distinguishable examples: inputs [task + 3, i + 3, EOS], targets [i + 3, EOS]."""
+    return [([task + 3, i + 3, 1], [i + 3, 1]) for i in range(count)]
+
+
+def _mixture(pack=False, seed=0):
+    return MixtureData([_task_examples(0, 100), _task_examples(1, 10)], mixing_limit=50,
+                                batch_size=6, inputs_length=8, targets_length=8,
+                                decoder_only=False, pack=pack, seed=seed)
+
+
+def test_a_mixture_is_examples_proportional_with_the_rate_limit():
+    data = _mixture()
+    # One mixture epoch: min(100, 50) + min(10, 50) = 60 slots = 10 steps of 6 examples.
+    epoch = [data.example(p) for p in range(60)]
+    by_task = [[ex for ex in epoch if ex[0][0] == task + 3] for task in (0, 1)]
+    assert [len(examples) for examples in by_task] == [50, 10]
+    assert sorted(ex[1] for ex in by_task[1]) == sorted(ex[1] for ex in _task_examples(1, 10))
+    assert len({tuple(ex[1]) for ex in by_task[0]}) == 50  # no repeats within a pass
+    # The large task continues its own pass in the next mixture epoch: its other 50 examples.
+    later = [data.example(p) for p in range(60, 120) if data.example(p)[0][0] == 3]
+    assert {tuple(ex[1]) for ex in by_task[0] + later} == {(i + 3, 1) for i in range(100)}
+
+
+def test_mixture_batches_are_a_pure_function_of_seed_and_step():
+    data = _mixture(pack=True)
+    for step in (7, 0, 3):
+        fresh = _mixture(pack=True).batch(step)
+        assert all(np.array_equal(fresh[k], v) for k, v in data.batch(step).items())
+    other_seed = _mixture(pack=True, seed=1).batch(7)
+    assert not np.array_equal(other_seed["encoder_input_tokens"],
+                              data.batch(7)["encoder_input_tokens"])
+    batch = data.batch(0)
+    assert batch["encoder_input_tokens"].shape == (6, 8)
+    # Packed: 3-token inputs fill two per 8-token row, so a step takes 12 examples.
+    assert data.examples_per_step == 12 and (batch["encoder_segment_ids"].max(axis=1) == 2).all()
