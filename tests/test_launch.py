@@ -122,7 +122,19 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def ray_address():
+def child_env(tmp_path_factory):
+    """For every child process of this module: two CPU devices, and a shared persistent
+    compilation cache (see the sweep tests below)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+        patch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path_factory.mktemp("jax_cache")))
+        patch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+        patch.setenv("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+        yield
+
+
+@pytest.fixture(scope="module")
+def ray_address(child_env):
     """A Ray head on loopback, started (and stopped, by its process id) by this test module."""
     pytest.importorskip("ray", reason="Ray is an optional extra: pip install '.[ray]'")
     port = _free_port()
@@ -167,6 +179,100 @@ def test_ray_address_that_does_not_answer_fails_fast():
     assert time.monotonic() - start < 10
     with pytest.raises(ValueError, match="must be 'host:port', 'ray://host:port' or 'auto'"):
         launchers.RayLauncher("headnode")
+
+
+# ---------------------------------------------------------------------------------------------
+# A real sweep through each launcher, and the Colab notebook
+#
+# Both run the encoder-decoder's two Table 2 points (denoising, LM) with TINY_OVERRIDES on two CPU
+# devices, in processes of their own, so that what the first compiles the others find in JAX's
+# persistent compilation cache (compiling dominates their time; Ray's test runs two sweeps).
+
+MESH = "mesh.shape=(2, 1)"  # the notebook's mesh on two devices: every local device
+TINY_OVERRIDES = [
+    "model.d_model=32", "model.d_ff=64", "model.num_heads=2",
+    "model.d_kv=16", "model.num_layers=2", "model.vocab_size=256", "model.num_sentinels=16",
+    "objective.inputs_length=16", "train.batch_size=4", "train.steps=4", "train.warmup_steps=1",
+    "train.log_every=2", "checkpoint.every=4", "finetune.steps=4", "finetune.batch_size=4",
+    "finetune.inputs_length=24", "finetune.targets_length=16", "finetune.eval_every=4",
+    "finetune.eval_examples=8", "sweep.tasks=('builtin_reverse',)", "sweep.progress=False",
+]
+TWO_POINT_EXPERIMENT = """
+from t5x_lite import sweep
+
+_table2 = sweep.load_experiment("table2")
+GRID = (_table2.GRID[0], _table2.GRID[5])
+get_config = _table2.get_config
+"""
+
+
+@pytest.fixture(scope="module")
+def two_point_experiment(tmp_path_factory):
+    path = tmp_path_factory.mktemp("experiments") / "two_points.py"
+    path.write_text(TWO_POINT_EXPERIMENT)
+    return str(path)
+
+
+def _comparable(records: list[dict]) -> list[dict]:
+    from t5x_lite import sweep
+
+    return sorted(({k: v for k, v in r.items() if k not in sweep.TIMING_FIELDS} for r in records),
+                  key=lambda r: r["point"])
+
+
+def _sweep(experiment: str, workdir: Path, launcher) -> list[dict]:
+    from t5x_lite import sweep
+
+    records = sweep.run_sweep(experiment, "demo", str(workdir), launcher=launcher,
+                              overrides=[MESH, *TINY_OVERRIDES])
+    assert records == [json.loads(line) for line in (workdir / "results.jsonl").open()]
+    return _comparable(records)
+
+
+@pytest.fixture(scope="module")
+def local_sweep(child_env, two_point_experiment, tmp_path_factory):
+    """The records of the sweep with the default launcher, run in a child process (this one's
+    JAX already has its devices and its cache settings)."""
+    workdir = tmp_path_factory.mktemp("local")
+    code = ("import sys; from t5x_lite import sweep; "
+            "sweep.run_sweep(sys.argv[1], 'demo', sys.argv[2], overrides=sys.argv[3:])")
+    subprocess.run(
+        [sys.executable, "-c", code, two_point_experiment, str(workdir), MESH, *TINY_OVERRIDES],
+        check=True, cwd=REPO,
+    )
+    records = [json.loads(line) for line in (workdir / "results.jsonl").open()]
+    assert [(r["point"], r["status"]) for r in records] == [
+        ("encoder_decoder/denoising", "ok"), ("encoder_decoder/lm", "ok")]
+    return _comparable(records)
+
+
+@pytest.mark.slow
+def test_ray_sweep_writes_the_records_of_a_local_sweep(ray_address, two_point_experiment,
+                                                       local_sweep, tmp_path):
+    # ray_address first: without Ray this skips before the local sweep runs.
+    launcher = launchers.RayLauncher(ray_address)
+    assert _sweep(two_point_experiment, tmp_path, launcher) == local_sweep
+
+
+@pytest.mark.slow
+def test_colab_notebook_runs_on_cpu_with_tiny_settings(child_env, tmp_path, monkeypatch):
+    nbclient = pytest.importorskip("nbclient", reason="needs the notebook extra: "
+                                   "pip install '.[notebook]'")
+    nbformat = pytest.importorskip("nbformat", reason="needs the notebook extra")
+    pytest.importorskip("ipykernel", reason="needs the notebook extra")
+    # The kernel inherits this environment (child_env); the notebook makes the mesh itself.
+    monkeypatch.setenv("T5X_LITE_NOTEBOOK_TINY", " ".join(TINY_OVERRIDES))
+    monkeypatch.setenv("T5X_LITE_NOTEBOOK_WORKDIR", str(tmp_path))
+    notebook = nbformat.read(REPO / "launch" / "colab_tpu_demo.ipynb", as_version=4)
+    nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3",
+                            resources={"metadata": {"path": str(REPO)}}).execute()
+    outputs = "".join(output.get("text", "") for cell in notebook.cells
+                      for output in cell.get("outputs", []))
+    assert "2 cpu device(s)" in outputs
+    records = [json.loads(line) for line in (tmp_path / "results.jsonl").open()]
+    assert [(r["point"], r["status"]) for r in records] == [
+        ("encoder_decoder/denoising", "ok"), ("encoder_decoder/lm", "ok")]
+    assert "Encoder-decoder" in outputs  # the table's row label
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,26 +325,3 @@ def test_slurm_bad_sizes():
     with pytest.raises(ValueError, match="gpus_per_node=0 must be an integer >= 1"):
         launchers.slurm_script(["table2"], num_points=2, partition="gpu", gpus_per_node=0)
 
-
-# ---------------------------------------------------------------------------------------------
-# The Colab notebook
-
-
-def test_colab_notebook_runs_on_cpu_with_tiny_settings(tmp_path, monkeypatch):
-    nbclient = pytest.importorskip("nbclient", reason="needs the notebook extra: pip install '.[notebook]'")
-    nbformat = pytest.importorskip("nbformat", reason="needs the notebook extra")
-    pytest.importorskip("ipykernel", reason="needs the notebook extra")
-    # The kernel inherits this environment: two CPU devices, so the mesh really splits the batch.
-    monkeypatch.setenv("T5X_LITE_NOTEBOOK_TINY", "1")
-    monkeypatch.setenv("T5X_LITE_NOTEBOOK_WORKDIR", str(tmp_path))
-    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
-    notebook = nbformat.read(REPO / "launch" / "colab_tpu_demo.ipynb", as_version=4)
-    nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3",
-                            resources={"metadata": {"path": str(REPO)}}).execute()
-    outputs = "".join(output.get("text", "") for cell in notebook.cells
-                      for output in cell.get("outputs", []))
-    assert "2 cpu device(s)" in outputs
-    records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
-    assert {(r["point"], r["status"]) for r in records} == {
-        ("encoder_decoder/denoising", "ok"), ("encoder_decoder/lm", "ok")}
-    assert "Encoder-decoder" in outputs  # the table's row
