@@ -1,5 +1,6 @@
-"""Benchmarks behind `t5x-lite bench`: train-step speed, MFU, on-device corruption cost, and
-the same step in PyTorch (Hugging Face transformers T5) measured in the same process.
+"""Benchmarks behind `t5x-lite bench`: train-step speed, MFU, on-device corruption cost, the
+same step in PyTorch (Hugging Face transformers T5) measured in the same process, and cached
+decoding against re-computation (`decode_benchmark`).
 
 Timings are taken here and nowhere else: tests never time anything. Every number is the
 median over `steps` timed calls after `warmup` untimed ones, with the device synchronised
@@ -18,8 +19,11 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from t5x_lite import objectives, partitioning, train
-from t5x_lite.config import NUM_RESERVED_IDS
+from flax import nnx
+
+from t5x_lite import decoding, objectives, partitioning, train
+from t5x_lite.config import ENCODER_DECODER_ARCHS, EOS_ID, NUM_RESERVED_IDS
+from t5x_lite.models import build_model, make_masks
 
 
 def _median_seconds(*fns: Callable[[], Any], steps: int, warmup: int) -> list[float]:
@@ -172,3 +176,83 @@ def run_benchmarks(config: ml_collections.ConfigDict, *, steps: int = 10, warmup
         result["pipeline_speedup_vs_step"] = step_s / batch_s
     result["config"] = config.to_dict()
     return result
+
+
+def greedy_by_recomputation(model: nnx.Module, inputs: jax.Array, new_tokens: int,
+                            arch: str) -> jax.Array:
+    """The baseline without a cache: each step runs the whole model (encoder included) on a
+    fixed-length buffer of the sequence so far and takes the argmax (never the pad id, as
+    `decoding.decode`) at the newest position. Runs all `new_tokens` steps, EOS or not.
+    Returns int32 `[B, new_tokens]`; call it under jit."""
+    batch_size = inputs.shape[0]
+    if arch in ENCODER_DECODER_ARCHS:
+        batch = {"encoder_input_tokens": inputs,
+                 "decoder_input_tokens": jnp.zeros((batch_size, new_tokens), jnp.int32)}
+        start = jnp.zeros(batch_size, jnp.int32)
+    else:  # [0, inputs..., generated...] with the prompt as inputs_mask, as in training
+        start = jnp.sum(inputs > 0, axis=1, dtype=jnp.int32)
+        tokens = jnp.pad(inputs, ((0, 0), (1, new_tokens)))
+        batch = {"decoder_input_tokens": tokens,
+                 "inputs_mask": jnp.arange(tokens.shape[1]) <= start[:, None]}
+    rows = jnp.arange(batch_size)
+
+    def step(t, state):
+        batch, generated = state
+        logits = model(batch, make_masks(batch, arch))[rows, start + t]
+        token = 1 + jnp.argmax(logits[:, 1:], axis=-1).astype(jnp.int32)
+        # Fed at the next position (dropped after the last step: the buffer ends there).
+        fed = batch["decoder_input_tokens"].at[rows, start + t + 1].set(token, mode="drop")
+        return {**batch, "decoder_input_tokens": fed}, generated.at[:, t].set(token)
+
+    generated = jnp.zeros((batch_size, new_tokens), jnp.int32)
+    return jax.lax.fori_loop(0, new_tokens, step, (batch, generated))[1]
+
+
+def decode_benchmark(config: ml_collections.ConfigDict, new_tokens: int = 64, *,
+                     steps: int = 3, warmup: int = 1) -> dict[str, Any]:
+    """Seconds to greedily decode `new_tokens` tokens for `train.batch_size` rows of
+    `objective.inputs_length` random input tokens on a randomly initialised
+    `config.model`, with the key/value cache (`decoding.decode`) and by re-computation
+    (`greedy_by_recomputation`), timed in turns.
+
+    The cached loop stops once every row has emitted EOS; `cached_steps` says how many steps
+    it ran (a random model rarely emits EOS), and `tokens_match` that both agree up to each
+    row's EOS.
+    """
+    arch = config.model.arch
+    model = build_model(config.model, nnx.Rngs(config.train.seed))
+    # No EOS in the inputs: a random decoder-only model tends to repeat the last input token.
+    inputs = jnp.asarray(random_raw_tokens(config, config.objective.inputs_length, seed=1))
+
+    def cached() -> jax.Array:
+        return decoding.decode(model, inputs, max_length=new_tokens, arch=arch).tokens
+
+    graphdef, state = nnx.split(model)
+    baseline = jax.jit(lambda state, inputs: greedy_by_recomputation(
+        nnx.merge(graphdef, state), inputs, new_tokens, arch))
+    start = time.perf_counter()
+    recomputed = np.asarray(baseline(state, inputs))
+    recompute_compile_s = time.perf_counter() - start
+    start = time.perf_counter()
+    tokens = np.asarray(cached())
+    cached_compile_s = time.perf_counter() - start
+
+    cached_s, recompute_s = _median_seconds(cached, lambda: baseline(state, inputs),
+                                            steps=steps, warmup=warmup)
+    ended = tokens == EOS_ID
+    lengths = np.where(ended.any(axis=1), ended.argmax(axis=1) + 1, new_tokens)
+    return {
+        "arch": arch,
+        "batch_size": int(inputs.shape[0]),
+        "inputs_length": int(inputs.shape[1]),
+        "new_tokens": new_tokens,
+        "cached_s": cached_s,
+        "recompute_s": recompute_s,
+        "speedup": recompute_s / cached_s,
+        "cached_steps": int(lengths.max()),
+        "tokens_match": all(np.array_equal(tokens[r, :n], recomputed[r, :n])
+                            for r, n in enumerate(lengths)),
+        "cached_first_call_s": cached_compile_s,
+        "recompute_first_call_s": recompute_compile_s,
+        "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
+    }
