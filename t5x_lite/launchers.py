@@ -248,12 +248,16 @@ def make_launcher(name: str = "local", *, workers: int = 1, address: str | None 
 # TPU pods and SLURM clusters: commands and scripts that start `t5x-lite sweep` there
 
 
+def _require_sweep_args(sweep_args: Sequence[str]) -> None:
+    if not sweep_args:
+        raise ValueError("sweep_args is empty; give the sweep's arguments after '--', e.g. "
+                         "-- table2 --preset tiny --workdir runs/table2")
+
+
 def sweep_command(sweep_args: Sequence[str]) -> list[str]:
     """`t5x-lite sweep ARGS` as a module call: a remote shell may lack pip's script directory on
     its PATH, but always has the interpreter."""
-    if not sweep_args:
-        raise ValueError("sweep_args is empty; give the sweep's arguments, e.g. "
-                         "['table2', '--preset', 'tiny', '--workdir', 'runs/table2']")
+    _require_sweep_args(sweep_args)
     return ["python3", "-m", "t5x_lite.cli", "sweep", *sweep_args]
 
 
@@ -285,6 +289,12 @@ def tpu_commands(
     ]
 
 
+def require_partition(partition: str | None) -> None:
+    if not partition:
+        raise ValueError("partition is required for a SLURM launch (--partition NAME); "
+                         "`sinfo -s` lists the cluster's partitions")
+
+
 def slurm_script(
     sweep_args: Sequence[str], *, num_points: int, partition: str | None, nodes: int = 1,
     gpus_per_node: int = 1, time: str = "24:00:00", job_name: str = "t5x-lite",
@@ -295,9 +305,7 @@ def slurm_script(
     `jax.distributed` from the SLURM environment (train.initialize_distributed) and runs the
     grid point `$SLURM_ARRAY_TASK_ID` (the sweep's `--point_index`). `setup`: shell lines run
     first (module loads, activating a virtualenv)."""
-    if not partition:
-        raise ValueError("partition is required for a SLURM launch (--partition NAME); "
-                         "`sinfo -s` lists the cluster's partitions")
+    require_partition(partition)
     for name, value in (("num_points", num_points), ("nodes", nodes),
                         ("gpus_per_node", gpus_per_node)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -353,6 +361,7 @@ def _count_points(sweep_args: Sequence[str]) -> int:
     rows x seeds), for the SLURM array."""
     from t5x_lite import sweep
 
+    _require_sweep_args(sweep_args)
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("experiment")
     parser.add_argument("--preset", default="tiny")
@@ -385,18 +394,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     for target in (tpu, slurm):
         target.add_argument("--submit", action="store_true", help="run/submit, not only print")
     args = parser.parse_args(argv)
-    if args.target == "tpu":
-        commands = tpu_commands(sweep_args, tpu=args.tpu, zone=args.zone, repo=args.repo,
-                                project=args.project)
-        run_commands(commands, dry_run=not args.submit)
-        return
-    if not args.partition:  # before counting the grid, which imports the whole framework
-        parser.error("slurm needs --partition NAME (`sinfo -s` lists them)")
-    script = slurm_script(
-        sweep_args, num_points=_count_points(sweep_args), partition=args.partition,
-        nodes=args.nodes, gpus_per_node=args.gpus_per_node, time=args.time,
-        account=args.account, setup=args.setup,
-    )
+    try:  # bad input (ValueError, ConfigError) is a usage error: message, no traceback
+        if args.target == "tpu":
+            commands = tpu_commands(sweep_args, tpu=args.tpu, zone=args.zone, repo=args.repo,
+                                    project=args.project)
+            run_commands(commands, dry_run=not args.submit)
+            return
+        require_partition(args.partition)  # before counting the grid, which builds configs
+        script = slurm_script(
+            sweep_args, num_points=_count_points(sweep_args), partition=args.partition,
+            nodes=args.nodes, gpus_per_node=args.gpus_per_node, time=args.time,
+            account=args.account, setup=args.setup,
+        )
+    except ValueError as error:
+        parser.error(str(error))
     if not args.submit:
         print(script, end="")
         return

@@ -317,8 +317,17 @@ def test_slurm_without_a_partition_fails_before_writing_anything(tmp_path, capsy
     script = tmp_path / "sweep.sbatch"
     with pytest.raises(SystemExit):
         launchers.main(["slurm", "--submit", "--script", str(script), "--", "table2"])
-    assert "slurm needs --partition NAME" in capsys.readouterr().err
+    assert "partition is required for a SLURM launch" in capsys.readouterr().err
     assert not script.exists()
+
+
+def test_launch_command_reports_bad_input_without_a_traceback(capsys):
+    with pytest.raises(SystemExit):
+        launchers.main(["tpu", "--zone", "us-central2-b", "--repo", "https://h/t", "--", "table2"])
+    assert "tpu is required for a TPU pod launch (--tpu)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        launchers.main(["slurm", "--partition", "gpu", "--", "table9"])
+    assert "experiment='table9' does not exist" in capsys.readouterr().err
 
 
 def test_slurm_bad_sizes():
