@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from t5x_lite.attention import (
+    cache_mask,
     causal_mask,
     combine_masks,
     cross_attention_mask,
@@ -126,6 +127,19 @@ def test_prefix_lm_mask():
     np.testing.assert_array_equal(mask[0, 0], expected)
     # No prefix at all is exactly the causal mask.
     np.testing.assert_array_equal(prefix_lm_mask(jnp.zeros((1, 4), bool)), causal_mask(4))
+
+
+def test_cache_mask_over_slots():
+    # Row 0: queries at positions 0-3 over 5 slots with a 2-token prefix (prefill); row 1: one
+    # query at position 3 (a decoding step), its prefix long past.
+    queries = jnp.array([[0, 1, 2, 3], [3, 3, 3, 3]])
+    mask = cache_mask(queries, 5, prefix_length=jnp.array([2, 2]))
+    assert mask.shape == (2, 1, 4, 5) and mask.dtype == bool
+    np.testing.assert_array_equal(mask[0, 0], [[1, 1, 0, 0, 0], [1, 1, 0, 0, 0],
+                                               [1, 1, 1, 0, 0], [1, 1, 1, 1, 0]])
+    np.testing.assert_array_equal(mask[1, 0], [[1, 1, 1, 1, 0]] * 4)
+    # Square and without a prefix: the causal mask.
+    np.testing.assert_array_equal(cache_mask(jnp.arange(4)[None], 4), causal_mask(4))
 
 
 def test_cross_attention_mask():

@@ -15,6 +15,7 @@ from flax import nnx
 
 from t5x_lite.config import ARCHS, ENCODER_DECODER_ARCHS, EOS_ID, model_config
 from t5x_lite.data.pipeline import pad_examples
+from t5x_lite import decoding
 from t5x_lite.decoding import decode, score
 from t5x_lite.models import build_model, make_masks
 
@@ -27,14 +28,14 @@ MODEL_INPUTS = ("encoder_input_tokens", "decoder_input_tokens", "inputs_mask")
 
 
 @functools.cache
-def tiny_model(arch):
-    """A random 2-layer model with T5 v1.1's untied head (seed 4); its greedy outputs are long
-    and varied, unlike a tied random model's, which mostly repeat one token."""
+def tiny_model(arch, seed=4):
+    """A random 2-layer model with T5 v1.1's untied head; its greedy outputs are long and
+    varied, unlike a tied random model's, which mostly repeat one token."""
     cfg = model_config()
     cfg.update(arch=arch, vocab_size=VOCAB, num_sentinels=4, d_model=32, d_ff=64, num_heads=4,
                d_kv=8, num_layers=2, relpos_buckets=8, relpos_max_distance=16, dropout_rate=0.0,
                tie_embeddings=False, mlp="gated-gelu")
-    return build_model(cfg, nnx.Rngs(4))
+    return build_model(cfg, nnx.Rngs(seed))
 
 
 @functools.cache
@@ -128,6 +129,14 @@ def test_greedy_outputs_are_varied_and_some_rows_stop_at_eos():
     assert len({row.index(EOS_ID) for row in stopped}) > 1
     assert sum(EOS_ID not in row for row in rows) >= len(rows) // 2
     assert len(np.unique(rows)) > 20
+
+
+def test_another_model_of_the_same_config_reuses_the_compiled_program():
+    decode_greedy("encoder_decoder")
+    compiled = decoding._decode_program._cache_size()
+    other = decode(tiny_model("encoder_decoder", seed=5), INPUTS, max_length=MAX_LENGTH)
+    assert decoding._decode_program._cache_size() == compiled
+    assert not np.array_equal(other.tokens, decode_greedy("encoder_decoder").tokens)
 
 
 def test_prefix_lm_and_language_model_decode_the_same_weights_differently():
