@@ -8,8 +8,8 @@ runtime (`jax.distributed` + XLA SPMD); a sweep's points are spread by something
 - `LocalParallelLauncher(workers=N)`: N worker processes on this machine, each with its own
   devices (a share of the GPUs through CUDA_VISIBLE_DEVICES, or its own CPU devices).
 - `RayLauncher(address=...)`: each point is a Ray task with a CPU/GPU/TPU request.
-- `tpu_commands(...)`: the `gcloud ... tpu-vm ssh --worker=all` commands that install the
-  package and start the same sweep on every host of a TPU pod slice.
+- `tpu_commands(...)`: the `gcloud ... tpu-vm ssh --worker=all` commands that install this
+  repository and start the same sweep on every host of a TPU pod slice.
 - `slurm_script(...)`: an sbatch job array, one array task per grid point, one process per GPU.
 
 A launcher only moves points and records: `sweep.run_sweep` calls `launcher.map(run_point,
