@@ -29,7 +29,7 @@ import numpy as np
 from flax import nnx
 
 from t5x_lite import attention
-from t5x_lite.config import ARCHS, DECODER_ONLY_ARCHS, ENCODER_DECODER_ARCHS, EOS_ID, PAD_ID
+from t5x_lite.config import DECODER_ONLY_ARCHS, ENCODER_DECODER_ARCHS, EOS_ID, PAD_ID
 from t5x_lite.layers import LayerCache
 from t5x_lite.models import EncoderDecoder, make_masks
 
@@ -108,7 +108,8 @@ def decode(
     return _decode_program(graphdef, state, inputs.astype(jnp.int32), rng, settings)
 
 
-def score(model: nnx.Module, batch: dict[str, np.ndarray], *, arch: str | None = None) -> np.ndarray:
+def score(model: nnx.Module, batch: dict[str, np.ndarray], *,
+          arch: str | None = None) -> np.ndarray:
     """float32 `[B]`: each row's sum of log p(target token) over the positions where
     `decoder_loss_weights` is non-zero (weighted by it), teacher-forced in one forward pass.
 
@@ -141,10 +142,10 @@ def _score_program(graphdef: nnx.GraphDef, state: nnx.State, batch: dict[str, ja
 
 
 def _check_arch(model: nnx.Module, arch: str | None) -> str:
-    """`arch` (default `model.arch`), checked against ARCHS and against the model's family."""
+    """`arch` (default `model.arch`), checked against the model's family of architectures."""
     arch = model.arch if arch is None else arch
     family = ENCODER_DECODER_ARCHS if isinstance(model, EncoderDecoder) else DECODER_ONLY_ARCHS
-    if arch not in ARCHS or arch not in family:
+    if arch not in family:
         raise ValueError(f"arch={arch!r} is not allowed for this {type(model).__name__}; "
                          f"choose one of {', '.join(family)}")
     return arch
@@ -323,8 +324,9 @@ def _beam_search(model: nnx.Module, prompt: _Prompt, settings: _Settings) -> Dec
     # Beams start as k copies of the prompt; only the first is live, so step 0's candidates
     # are distinct.
     live_log_probs = jnp.full((batch_size, k), -jnp.inf).at[:, 0].set(0.0)
-    carry = (jnp.int32(0), no_tokens, live_log_probs, no_tokens, jnp.full((batch_size, k), -jnp.inf),
-             beams.token, beams.cache)
+    no_scores = jnp.full((batch_size, k), -jnp.inf)
+    carry = (jnp.int32(0), no_tokens, live_log_probs, no_tokens, no_scores, beams.token,
+             beams.cache)
     _, _, _, finished_tokens, finished_scores, _, _ = jax.lax.while_loop(unfinished, step, carry)
     return DecodeResult(finished_tokens[:, 0], finished_scores[:, 0])
 
