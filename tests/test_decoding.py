@@ -202,33 +202,40 @@ def test_beam_search_with_a_beam_per_token_finds_the_best_two_token_target():
 # -------------------------------------------------------------------------------- sampling
 
 
-@pytest.mark.parametrize("settings", [dict(top_k=1), dict(top_p=1e-6, temperature=2.0)])
-def test_degenerate_sampling_is_greedy(settings):
+def test_sampling_with_top_k_1_is_greedy():
     model = tiny_model("prefix_lm")
-    sampled = decode(model, INPUTS, max_length=MAX_LENGTH, method="sample",
-                     rng=jax.random.key(3), **settings)
-    greedy = decode(model, INPUTS, max_length=MAX_LENGTH)
+    sampled = decode(model, INPUTS, max_length=MAX_LENGTH, method="sample", top_k=1,
+                     rng=jax.random.key(3))
+    greedy = decode_greedy("prefix_lm")
     np.testing.assert_array_equal(sampled.tokens, greedy.tokens)
     np.testing.assert_allclose(sampled.scores, greedy.scores, rtol=1e-5)
 
 
-def test_sampling_is_reproducible_per_key_and_stays_in_the_top_k():
-    model = tiny_model("encoder_decoder")
+def test_sampling_is_reproducible_per_key_and_stays_in_the_top_k_and_the_nucleus():
+    model, top_k, top_p, temperature = tiny_model("encoder_decoder"), 6, 0.6, 1.5
 
     def sample(seed):
-        return decode(model, INPUTS, max_length=MAX_LENGTH, method="sample", top_k=5,
-                      rng=jax.random.key(seed))
+        return decode(model, INPUTS, max_length=MAX_LENGTH, method="sample", top_k=top_k,
+                      top_p=top_p, temperature=temperature, rng=jax.random.key(seed))
 
     first, again, other = sample(0), sample(0), sample(1)
     np.testing.assert_array_equal(first.tokens, again.tokens)
     assert not np.array_equal(first.tokens, other.tokens)
-    assert not np.array_equal(first.tokens, decode(model, INPUTS, max_length=MAX_LENGTH).tokens)
-    # Every sampled token is among the 5 most likely (pad aside) given what came before it.
+    assert not np.array_equal(first.tokens, decode_greedy("encoder_decoder").tokens)
+    # Given what came before it, every sampled token is among the top_k most likely (pad
+    # aside), and the more likely ones among those hold less than top_p of the probability
+    # (at the temperature, renormalised over the top_k).
     batch, logits = teacher_forced("encoder_decoder", first.tokens)
-    fifth_best = np.sort(logits[..., 1:], axis=-1)[..., -5]
-    picked = np.take_along_axis(logits, batch["decoder_target_tokens"][..., None], -1)[..., 0]
     weighted = batch["decoder_loss_weights"] > 0
-    assert np.all(picked[weighted] >= fifth_best[weighted])
+    picked = batch["decoder_target_tokens"][weighted]
+    real_logits = logits[weighted][:, 1:] / temperature
+    order = np.argsort(-real_logits, axis=-1)[:, :top_k] + 1  # token ids, most likely first
+    rank = np.argmax(order == picked[:, None], axis=-1)
+    assert np.all(order[np.arange(len(picked)), rank] == picked)  # within the top_k
+    top_probs = np.asarray(jax.nn.softmax(np.sort(real_logits, axis=-1)[:, ::-1][:, :top_k]))
+    mass_before = np.cumsum(top_probs, axis=-1) - top_probs
+    assert np.all(mass_before[np.arange(len(picked)), rank] < top_p)
+    assert np.any(rank > 0)  # not greedy every time
     np.testing.assert_allclose(first.scores, log_likelihood(batch, logits), rtol=1e-5)
 
 
