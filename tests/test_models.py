@@ -173,6 +173,15 @@ def test_language_model_and_prefix_lm_differ_only_in_the_mask():
     assert np.abs(np.asarray(with_prefix_masks - forward(lm, batch))).max() > 1e-4
 
 
+def test_cross_attention_layers_need_encoder_keys_and_others_refuse_them():
+    model, x = tiny_model("encoder_decoder"), jnp.zeros((1, 2, 32))
+    message = r"encoded \(or a cache holding its keys / values\) must be given if and only if"
+    with pytest.raises(ValueError, match=message):
+        model.decoder.layers[0](x, None, None)
+    with pytest.raises(ValueError, match=message):
+        model.encoder.layers[0](x, None, None, encoded=x)
+
+
 def test_make_masks_rejects_an_unknown_arch():
     with pytest.raises(ConfigError, match="arch='rnn'.*encoder_decoder.*prefix_lm"):
         make_masks({"decoder_input_tokens": tokens(0, (1, 2))}, "rnn")
