@@ -152,11 +152,12 @@ def length_penalty(tokens, alpha=0.6):
     return ((5.0 + np.array(lengths)) / 6.0) ** alpha
 
 
-def test_one_beam_without_length_penalty_is_greedy():
+@pytest.mark.parametrize("arch", ["encoder_decoder", "prefix_lm"])
+def test_one_beam_without_length_penalty_is_greedy(arch):
     # With alpha > 0 one beam may rightly return a longer, better-scoring sequence than greedy.
-    model = tiny_model("encoder_decoder")
-    beam = decode(model, INPUTS, max_length=MAX_LENGTH, method="beam", num_beams=1, alpha=0.0)
-    greedy = decode(model, INPUTS, max_length=MAX_LENGTH)
+    beam = decode(tiny_model(arch), INPUTS, max_length=MAX_LENGTH, method="beam", num_beams=1,
+                  alpha=0.0)
+    greedy = decode_greedy(arch)
     np.testing.assert_array_equal(beam.tokens, greedy.tokens)
     np.testing.assert_allclose(beam.scores, greedy.scores, rtol=1e-5)
 
