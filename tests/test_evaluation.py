@@ -44,13 +44,13 @@ def reverse_task():
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    """(corpus glob, data dir): letter sequences and a few words, enough for 128 pieces."""
+    """(corpus glob, data dir): made-up words, and letter lines that make each letter a piece."""
     root = tmp_path_factory.mktemp("data")
     rng = np.random.default_rng(0)
     words = ["".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), rng.integers(2, 7)))
              for _ in range(300)]
-    lines = [" ".join(rng.choice(list(LETTERS), 8)) + " reverse: " + " ".join(rng.choice(words, 6))
-             for _ in range(600)]
+    lines = [" ".join(rng.choice(words, 8)) for _ in range(300)]
+    lines += ["reverse: " + " ".join(rng.choice(list(LETTERS), 8)) for _ in range(1000)]
     (root / "corpus.txt").write_text("\n".join(lines) + "\n")
     return root / "corpus.txt", root / "cache"
 
@@ -82,21 +82,23 @@ def read_jsonl(path):
 # --- end to end ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # five pre-training and fine-tuning programs to compile
 @pytest.mark.parametrize("arch", ARCHS)
 def test_pretrain_then_finetune_decodes_and_scores_every_architecture(arch, data, pretrained,
                                                                        tmp_path):
-    config = config_for(data, arch, targets_length=6)
+    config = config_for(data, arch, targets_length=3)
     vocab = pipeline.vocabulary_from_config(config)
     examples = tasks.TASKS["test_reverse"].examples("train")
-    expected_cut = sum(len(vocab.encode(ex.targets)) + 1 > 6 for ex in examples)
-    assert 0 < expected_cut < len(examples)  # the 5-letter targets do not fit in 6 tokens
+    expected_cut = sum(len(vocab.encode(ex.targets)) + 1 > 3 for ex in examples)
+    assert 0 < expected_cut < len(examples)  # 3 letters and EOS do not fit in 3 tokens
 
     with pytest.warns(UserWarning, match=f"truncated {expected_cut} of {len(examples)} examples"):
         result = evaluation.finetune(config, tmp_path, init_from=str(pretrained(arch)),
                                      progress=False)
 
     assert result["truncated"] == {"test_reverse": expected_cut}
-    assert result["steps"] == 2 and np.isfinite(result["loss"]) and result["compiles"] == 1
+    # <= 1: the decoder-only archs share one program, so the second of them compiles nothing.
+    assert result["steps"] == 2 and np.isfinite(result["loss"]) and result["compiles"] <= 1
     records = read_jsonl(tmp_path / "eval.jsonl")
     assert [(r["step"], r["task"]) for r in records] == [(2, "test_reverse")]  # the end
     assert np.isfinite(records[0]["loss"]) and 0 <= records[0]["token_accuracy"] <= 100
@@ -108,10 +110,13 @@ def test_pretrain_then_finetune_decodes_and_scores_every_architecture(arch, data
     assert scores == result["scores"]
 
 
+@pytest.mark.slow  # 300 steps each
 @pytest.mark.parametrize("arch", ["encoder_decoder", "prefix_lm"])
 def test_a_tiny_model_learns_to_reverse_letters_to_95_percent_exact_match(arch, data, tmp_path):
-    config = config_for(data, arch, steps=600, batch_size=32, learning_rate=3e-3,
-                        optimizer="adamw", eval_every=200, eval_examples=64)
+    # From scratch; a linear decay settles the last steps (a constant rate stalls near 90%).
+    config = config_for(data, arch, steps=300, batch_size=32, learning_rate=3e-3,
+                        optimizer="adamw", schedule="linear", warmup_steps=20, eval_every=150,
+                        eval_examples=64)
     config.model.update(d_model=64, d_ff=128, num_heads=4, d_kv=16)
     result = evaluation.finetune(config, tmp_path, init_from=None, progress=False)
     assert result["scores"]["test_reverse"]["accuracy"] >= 95.0, result
