@@ -226,3 +226,44 @@ def test_a_checkpoint_of_another_model_or_vocabulary_is_rejected_before_training
     assert not (tmp_path / "checkpoints").exists()
     with pytest.raises(ConfigError, match="holds no t5x_lite checkpoints"):
         evaluation.finetune(config_for(data), tmp_path, init_from=str(tmp_path))
+
+
+# --- public weights ------------------------------------------------------------------------------
+
+
+def test_evaluate_scores_a_model_converted_from_hugging_face_as_it_predicts(data):
+    """The targets of a made-up task are a random HF T5's own greedy outputs, so evaluate()
+    on the converted model scores 100% exactly when it predicts what transformers does."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from t5x_lite.convert import from_hf_t5
+
+    torch.manual_seed(0)
+    hf = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=160, d_model=32, d_ff=64, num_heads=4, d_kv=8, num_layers=2,
+        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)).eval()
+    with torch.no_grad():  # large random weights: clear argmax margins, no near-ties
+        for name, param in hf.named_parameters():
+            param.uniform_(0.5, 1.5) if "layer_norm" in name else param.normal_(0.0, 1.0)
+    hf_config, model = from_hf_t5(hf)
+    config = config_for(data, eval_examples=8, decode={"max_length": 4})
+    config.model = hf_config.model
+    config.model.num_sentinels = 32  # our vocabulary's; the weights do not depend on it
+    vocab = pipeline.vocabulary_from_config(config)
+    inputs = [ex.inputs for ex in tasks.TASKS["test_reverse"].examples("validation")[:8]]
+    encoded = pipeline.pad_examples([(vocab.encode(x) + [1], [1]) for x in inputs], 8, 16, 4)
+    tokens = torch.tensor(encoded[0]["encoder_input_tokens"])
+    with torch.no_grad():  # t5x_lite never predicts the pad id 0 (it marks "finished")
+        generated = hf.generate(tokens, attention_mask=tokens > 0, max_new_tokens=4,
+                                do_sample=False, num_beams=1, suppress_tokens=[0])
+    hf_texts = [vocab.decode(row[1:]) for row in generated.numpy()]  # row[0] is the start 0
+
+    echo = tasks.Task("test_hf_echo", lambda split, data_dir, data_root: [
+        {"inputs": x, "target": y} for x, y in zip(inputs, hf_texts)],
+        lambda r: tasks.Example(r["inputs"], r["target"], (r["target"],)), ("accuracy",),
+        {"validation": "validation"})
+    tasks.TASKS[echo.name] = echo
+    try:
+        assert evaluation.evaluate(config, model, [echo.name]) == {echo.name: {"accuracy": 100.0}}
+    finally:
+        del tasks.TASKS[echo.name]
