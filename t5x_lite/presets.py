@@ -104,7 +104,7 @@ _SWEEPS = {
         steps=500, batch_size=16, inputs_length=128, targets_length=32, eval_every=250,
         eval_examples=200, optimizer="adamw", learning_rate=1e-3)),
     "demo": (BUILTIN_TASKS, "", dict(
-        steps=300, batch_size=16, inputs_length=64, targets_length=32, eval_every=300,
+        steps=200, batch_size=16, inputs_length=64, targets_length=32, eval_every=200,
         eval_examples=100, optimizer="adamw", learning_rate=3e-3)),
 }
 

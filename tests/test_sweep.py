@@ -103,6 +103,19 @@ def test_grids_have_the_paper_rows_and_one_layout_per_family(experiment_name):
         assert paper["encoder_decoder_half/lm"]["cost_label"] == "M/2"
 
 
+def test_overrides_apply_to_every_point_and_the_rows_win():
+    points = sweep.expand("table6", "demo", ["--config.train.steps=70",
+                                             "objective.noise_density=0.9"])
+    assert {p.config.train.steps for p in points} == {70}
+    assert [p.config.objective.noise_density for p in points] == [0.10, 0.15, 0.25, 0.50]
+
+
+def test_point_index_runs_one_point(experiment, tmp_path):
+    records = sweep.run_sweep(experiment, "demo", str(tmp_path), point_index=1)
+    assert [(r["point"], r["status"]) for r in records] == [("broken", "failed")]
+    assert len((tmp_path / sweep.RESULTS_FILE).read_text().splitlines()) == 1
+
+
 def test_sweep_end_to_end(uninterrupted):
     workdir, records = uninterrupted
     assert [(r["point"], r["status"]) for r in records] == [
