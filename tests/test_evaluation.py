@@ -112,13 +112,14 @@ def test_pretrain_then_finetune_decodes_and_scores_every_architecture(arch, data
 
 @pytest.mark.slow  # 300 steps each
 @pytest.mark.parametrize("arch", ["encoder_decoder", "prefix_lm"])
-def test_a_tiny_model_learns_to_reverse_letters_to_95_percent_exact_match(arch, data, tmp_path):
-    # From scratch; a linear decay settles the last steps (a constant rate stalls near 90%).
+def test_a_tiny_model_learns_to_reverse_letters_to_95_percent_exact_match(arch, data, pretrained,
+                                                                          tmp_path):
+    # A linear decay settles the last steps (a constant rate stalls near 90%).
     config = config_for(data, arch, steps=300, batch_size=32, learning_rate=3e-3,
                         optimizer="adamw", schedule="linear", warmup_steps=20, eval_every=150,
                         eval_examples=64)
-    config.model.update(d_model=64, d_ff=128, num_heads=4, d_kv=16)
-    result = evaluation.finetune(config, tmp_path, init_from=None, progress=False)
+    result = evaluation.finetune(config, tmp_path, init_from=str(pretrained(arch)),
+                                 progress=False)
     assert result["scores"]["test_reverse"]["accuracy"] >= 95.0, result
 
 

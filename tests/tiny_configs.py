@@ -25,9 +25,11 @@ def tiny_train_config(arch="encoder_decoder", mesh=(-1, 1), **train_fields):
 
 
 def tiny_finetune_config(arch, corpus, data_dir, tasks=("test_reverse",)):
-    """`tiny_train_config` reading the text files `corpus` (a glob; vocabulary cached under
-    `data_dir`), pre-training on 32-token chunks, fine-tuning with batch 8 on 16 + 16 tokens."""
+    """`tiny_train_config` widened to d_model 64, on one device, reading the text files
+    `corpus` (a glob; vocabulary cached under `data_dir`): 2 pre-training steps on 32-token
+    chunks, 2 fine-tuning steps with batch 8 on 16 + 16 tokens."""
     config = tiny_train_config(arch, mesh=(1, 1), log_every=1)
+    config.model.update(d_model=64, d_ff=128, d_kv=16)
     config.train.update(learning_rate=0.01, steps=2)
     config.data.update(corpus=str(corpus), data_dir=str(data_dir))
     config.finetune.update(tasks=tasks, steps=2, batch_size=8, inputs_length=16,
