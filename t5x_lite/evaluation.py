@@ -105,8 +105,10 @@ def _require_same(directory: Path, config: ml_collections.ConfigDict, fields: Se
 # Evaluation
 
 
-class _TaskSplit:
-    """One task's split: the examples as text and encoded, truncated to the configured lengths."""
+class TaskSplit:
+    """One task's split as text (`examples`) and as ids (`encoded`, cut to
+    `finetune.inputs_length` / `targets_length`; `truncated` counts the cut ones, with one
+    warning). `limit` keeps the first `limit` examples (None: all)."""
 
     def __init__(self, task: tasks.Task, split: str, config: ml_collections.ConfigDict,
                  vocab: Vocabulary, limit: int | None = None):
@@ -136,7 +138,7 @@ class Evaluator:
     `finetune.targets_length`). Batches have `finetune.batch_size` rows, one example each.
     """
 
-    def __init__(self, config: ml_collections.ConfigDict, splits: Sequence[_TaskSplit],
+    def __init__(self, config: ml_collections.ConfigDict, splits: Sequence[TaskSplit],
                  vocab: Vocabulary, mesh: Mesh):
         ft = config.finetune
         self.config, self.splits, self.vocab = config, list(splits), vocab
@@ -215,7 +217,7 @@ def evaluate(config: ml_collections.ConfigDict, params_or_checkpoint: Any,
     mesh = partitioning.make_mesh(config.mesh)
     params = _params_of(config, params_or_checkpoint, mesh)
     vocab = pipeline.vocabulary_from_config(config)
-    splits = [_TaskSplit(task, split, config, vocab, config.finetune.eval_examples)
+    splits = [TaskSplit(task, split, config, vocab, config.finetune.eval_examples)
               for task in task_list]
     results = Evaluator(config, splits, vocab, mesh)(params)
     return {name: result["metrics"] for name, result in results.items()}
@@ -297,8 +299,8 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *, init_fro
                       "pass restart=True to start over")
 
     vocab = pipeline.vocabulary_from_config(config)
-    train_splits = [_TaskSplit(task, "train", config, vocab) for task in task_list]
-    valid_splits = [_TaskSplit(task, "validation", config, vocab, ft.eval_examples)
+    train_splits = [TaskSplit(task, "train", config, vocab) for task in task_list]
+    valid_splits = [TaskSplit(task, "validation", config, vocab, ft.eval_examples)
                     for task in task_list]
     decoder_only = config.model.arch in DECODER_ONLY_ARCHS
     data = pipeline.MixtureData([s.encoded for s in train_splits], ft.mixing_limit,
