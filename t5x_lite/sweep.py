@@ -164,7 +164,7 @@ def config_hash(config: ml_collections.ConfigDict) -> str:
 
 
 def _validate(config: ml_collections.ConfigDict, where: str) -> None:
-    """Every check that needs no arrays, with `where` (the grid point) in the message."""
+    """Every check that can run before training, with `where` (the grid point) in the message."""
     from t5x_lite.data import tasks
     from t5x_lite.train import validate_train_config
 
