@@ -47,7 +47,17 @@ import ml_collections
 from t5x_lite import accounting, launchers, objectives, presets
 from t5x_lite.config import ConfigError, validate_finetune_config, validate_model_config
 
-EXPERIMENTS_DIR = Path(__file__).resolve().parent.parent / "experiments"
+
+def _experiments_dir() -> Path:
+    """`experiments/` of a source checkout, else the copy installed as `t5x_lite.experiments`."""
+    checkout = Path(__file__).resolve().parent.parent / "experiments"
+    if checkout.is_dir():
+        return checkout
+    return Path(importlib.util.find_spec("t5x_lite.experiments").submodule_search_locations[0])
+
+
+EXPERIMENTS_DIR = _experiments_dir()
+
 RESULTS_FILE = "results.jsonl"
 SWEEP_FILE = "sweep.json"
 # Record fields that measure time or depend on how often a run was interrupted, not on what it
@@ -436,11 +446,13 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
     return [r for r in results.records() if (r["point"], r["seed"]) in wanted]
 
 
-def run_demo(workdir: str) -> str:
-    """`t5x-lite demo`: Table 2 under the `demo` preset, then the comparison table (returned)."""
+def run_demo(workdir: str, overrides: Sequence[str] = ()) -> str:
+    """`t5x-lite demo`: Table 2 under the `demo` preset (plus `overrides`, 'field=value'
+    strings), then the comparison table (returned)."""
     from t5x_lite import report
 
     config = presets.sweep_preset("demo")
+    apply_overrides(config, dict(parse_override(text) for text in overrides))
     model = config.model
     _log(f"t5x-lite demo: the T5 paper's Table 2 (5 architectures x 2 objectives) with a small "
          f"model (d_model {model.d_model}, {model.num_layers} layers per stack, vocabulary "
@@ -448,5 +460,5 @@ def run_demo(workdir: str) -> str:
          f"fine-tuning steps per task on the built-in tasks {', '.join(config.sweep.tasks)}. "
          "This is a smaller model and fewer steps than the `tiny` preset, so that it finishes "
          f"in minutes on a laptop CPU. Re-running resumes from {workdir}.")
-    run_sweep("table2", "demo", workdir)
+    run_sweep("table2", "demo", workdir, overrides=overrides)
     return report.report(workdir).text
