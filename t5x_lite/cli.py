@@ -1,16 +1,31 @@
 """`t5x-lite COMMAND [flags]`: the command line. Parses flags and calls the library; no logic.
 
 Commands:
-  train   pre-train one config:   t5x-lite train --preset tiny --workdir runs/tiny
-  bench   speed of the train step: t5x-lite bench --preset tiny --json [--compare_torch]
-  demo    a short pre-training of the `demo` preset on the built-in corpus
+  train     pre-train one config:      t5x-lite train --preset tiny --workdir runs/tiny
+  finetune  fine-tune a pre-trained run on downstream tasks:
+            t5x-lite finetune --preset tiny --init_from runs/tiny --workdir runs/tiny_ft \\
+                --config.finetune.tasks="('builtin_reverse',)"
+  eval      score a checkpoint on tasks: t5x-lite eval --preset tiny --checkpoint runs/tiny_ft \\
+                --tasks builtin_reverse,builtin_module
+  sweep     run a paper table's grid:   t5x-lite sweep table2 --preset tiny --workdir runs/table2
+                [--config.train.steps=100] [--launcher local|parallel|ray] [--workers N]
+                [--address HOST:PORT] [--accelerator cpu|gpu|tpu] [--point_index I]
+  report    a sweep's table and plots: t5x-lite report runs/table2 [--out DIR]
+  launch    commands for a TPU pod or a SLURM cluster (see launch/README.md):
+            t5x-lite launch tpu|slurm [flags] -- table2 --preset paper --workdir DIR
+  bench     speed of the train step:   t5x-lite bench --preset tiny --json [--compare_torch]
+                [--decode]
+  demo      Table 2 with a small model on the built-in corpus and tasks, then its report
 
-The config is an ml_collections file (`--config=configs/tiny.py`) or a preset
-(`--preset tiny`, short for the packaged preset file); any field can be overridden with
-`--config.train.steps=100`, `--config.model.arch=prefix_lm`, ...
+train / finetune / eval / bench read one config: an ml_collections file
+(`--config=configs/tiny.py`) or a preset (`--preset tiny`, short for the packaged preset file);
+any field can be overridden with `--config.train.steps=100`, `--config.model.arch=prefix_lm`, ...
+In `sweep`, `--preset` names the experiment's preset (tiny, small, paper, demo) and
+`--config.F=V` overrides apply to every grid point.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -36,9 +51,14 @@ flags.DEFINE_string("preset", None, f"Preset name ({', '.join(presets.PRESETS)})
 flags.DEFINE_string("workdir", None, "Directory for metrics.jsonl, checkpoints and TensorBoard events.")
 flags.DEFINE_integer("steps", None, "Train up to this many steps (default: config.train.steps).")
 flags.DEFINE_bool("restart", False, "Discard the checkpoints in --workdir and start from step 0.")
+flags.DEFINE_string("init_from", None, "finetune: the pre-training workdir whose parameters start the run.")
+flags.DEFINE_string("checkpoint", None, "eval: a train or finetune workdir (or its checkpoints/).")
+flags.DEFINE_list("tasks", None, "eval: task names (default: config.finetune.tasks).")
+flags.DEFINE_string("split", "validation", "eval: the split to score.")
 flags.DEFINE_bool("json", False, "bench: print one JSON object instead of a table.")
 flags.DEFINE_bool("compare_torch", False, "bench: also time the PyTorch (transformers) T5 step.")
 flags.DEFINE_bool("pipeline", False, "bench: also time the input pipeline on the configured corpus.")
+flags.DEFINE_bool("decode", False, "bench: time cached greedy decoding against re-computation.")
 flags.DEFINE_integer("bench_steps", 10, "bench: timed steps (the median is reported).")
 
 
@@ -66,55 +86,56 @@ def _config() -> ml_collections.ConfigDict:
     return presets.tiny() if FLAGS.config is None else FLAGS.config
 
 
+def _require_workdir(command: str, what: str) -> str:
+    if not FLAGS.workdir:
+        raise SystemExit(f"{command} needs --workdir ({what})")
+    return FLAGS.workdir
+
+
 def _train() -> None:
     from t5x_lite.train import initialize_distributed, train
 
     # Joins a multi-host run when the JAX_* / SLURM / TPU VM environment describes one.
     initialize_distributed()
-    if not FLAGS.workdir:
-        raise SystemExit("train needs --workdir (where metrics.jsonl and checkpoints go)")
-    summary = train(_config(), FLAGS.workdir, steps=FLAGS.steps, restart=FLAGS.restart)
+    workdir = _require_workdir("train", "where metrics.jsonl and checkpoints go")
+    summary = train(_config(), workdir, steps=FLAGS.steps, restart=FLAGS.restart)
     print(json.dumps(summary, indent=2))
 
 
-def _demo() -> None:
-    from t5x_lite.train import train
+def _finetune() -> None:
+    from t5x_lite.evaluation import finetune
+    from t5x_lite.train import initialize_distributed
 
-    config = presets.demo()
-    model, objective = config.model, config.objective
-    workdir = FLAGS.workdir or "t5x_lite_demo"
-    steps = FLAGS.steps or config.train.steps
-    print(
-        f"t5x-lite demo: pre-training a small {model.arch} (d_model {model.d_model}, "
-        f"{model.num_layers} layers per stack, vocabulary {model.vocab_size}) with "
-        f"{objective.name} ({objective.noise_density:.0%}, mean span "
-        f"{objective.mean_noise_span_length:g}) on the {config.data.corpus} corpus for {steps} steps.\n"
-        f"This is smaller than the `tiny` benchmark preset so that it finishes in minutes on a laptop CPU.\n"
-        f"Metrics: {workdir}/metrics.jsonl; re-running resumes from {workdir}/checkpoints "
-        f"(--restart starts over).",
-        flush=True,
-    )
-    summary = train(config, workdir, steps=steps, restart=FLAGS.restart)
-    if summary["step"] == summary["start_step"]:
-        print(f"\n{workdir} already holds a run at step {summary['step']}; "
-              "pass --restart to train again from step 0, or --steps N to go further.")
-        return
-    first = _first_loss(os.path.join(workdir, "metrics.jsonl"))
-    print(f"\nDone: step {summary['step']}, loss {first:.3f} -> {summary['loss']:.3f}, "
-          f"token accuracy {summary['accuracy']:.3f}, {summary['tokens_per_s']:.0f} tokens/s, "
-          f"compiled {summary['compiles']}x in {summary['compile_s']:.1f} s.")
+    initialize_distributed()
+    workdir = _require_workdir("finetune", "where eval.jsonl and checkpoints go")
+    if FLAGS.init_from is None:
+        print("finetune: no --init_from given, so fine-tuning starts from random parameters.",
+              file=sys.stderr)
+    summary = finetune(_config(), workdir, init_from=FLAGS.init_from, restart=FLAGS.restart)
+    print(json.dumps(summary, indent=2))
 
 
-def _first_loss(metrics_path: str) -> float:
-    with open(metrics_path) as f:
-        return json.loads(f.readline())["loss"]
+def _eval() -> None:
+    from t5x_lite.evaluation import evaluate
+
+    config = _config()
+    if not FLAGS.checkpoint:
+        raise SystemExit("eval needs --checkpoint (a train or finetune workdir)")
+    tasks = FLAGS.tasks or list(config.finetune.tasks)
+    if not tasks:
+        raise SystemExit("eval needs --tasks (or config.finetune.tasks)")
+    print(json.dumps(evaluate(config, FLAGS.checkpoint, tasks, FLAGS.split), indent=2))
 
 
 def _bench() -> None:
-    from t5x_lite.bench import run_benchmarks
+    from t5x_lite import bench
 
-    result = run_benchmarks(_config(), steps=FLAGS.bench_steps, compare_torch=FLAGS.compare_torch,
-                            pipeline=FLAGS.pipeline)
+    config = _config()
+    if FLAGS.decode:
+        result = bench.decode_benchmark(config)
+    else:
+        result = bench.run_benchmarks(config, steps=FLAGS.bench_steps,
+                                      compare_torch=FLAGS.compare_torch, pipeline=FLAGS.pipeline)
     if FLAGS.json:
         print(json.dumps(result))
         return
@@ -123,26 +144,104 @@ def _bench() -> None:
             print(f"{key:>28}: {value}")
 
 
-COMMANDS: dict[str, Callable[[], None]] = {"train": _train, "bench": _bench, "demo": _demo}
+# Commands whose flags are one config tree (absl + config_flags).
+CONFIG_COMMANDS: dict[str, Callable[[], None]] = {
+    "train": _train, "finetune": _finetune, "eval": _eval, "bench": _bench,
+}
+
+
+def _sweep(argv: list[str]) -> None:
+    from t5x_lite import launchers, sweep
+    from t5x_lite.train import initialize_distributed
+
+    parser = argparse.ArgumentParser(prog="t5x-lite sweep")
+    parser.add_argument("experiment", help=f"one of {', '.join(sweep.experiment_names())} "
+                        "or a path to an experiment file")
+    parser.add_argument("--preset", default="tiny", help=", ".join(presets.PRESETS))
+    parser.add_argument("--workdir", required=True, help="where results.jsonl and the runs go")
+    parser.add_argument("--launcher", default="local", choices=launchers.LAUNCHERS)
+    parser.add_argument("--workers", type=int, default=1, help="--launcher parallel: processes")
+    parser.add_argument("--address", help="--launcher ray: the cluster's HOST:PORT")
+    parser.add_argument("--accelerator", default="cpu", choices=("cpu", "gpu", "tpu"),
+                        help="--launcher ray: what each grid point asks for")
+    parser.add_argument("--point_index", type=int, help="run only this grid point (job arrays)")
+    args, rest = parser.parse_known_args(argv)
+    overrides = [arg for arg in rest if arg.startswith("--config.")]
+    unknown = [arg for arg in rest if arg not in overrides]
+    if unknown:
+        parser.error(f"unrecognised arguments: {' '.join(unknown)} (overrides look like "
+                     "--config.train.steps=100)")
+    initialize_distributed()  # a TPU pod's hosts / a SLURM task's processes join one run
+    launcher = launchers.make_launcher(args.launcher, workers=args.workers,
+                                       address=args.address, accelerator=args.accelerator)
+    sweep.run_sweep(args.experiment, args.preset, args.workdir, launcher=launcher,
+                    overrides=overrides, point_index=args.point_index)
+    if args.point_index is None:
+        _print_report(args.workdir, None)
+
+
+def _print_report(workdir: str, out_dir: str | None) -> None:
+    from t5x_lite import report
+
+    print(report.report(workdir, out_dir=out_dir).text)
+
+
+def _report(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="t5x-lite report")
+    parser.add_argument("workdir", help="a sweep's workdir (holding results.jsonl)")
+    parser.add_argument("--out", help="where the tables and plots go (default: WORKDIR/report)")
+    args = parser.parse_args(argv)
+    try:
+        _print_report(args.workdir, args.out)
+    except (FileNotFoundError, ValueError) as error:
+        raise SystemExit(f"t5x-lite report: {error}") from None
+
+
+def _demo(argv: list[str]) -> None:
+    from t5x_lite import sweep
+
+    parser = argparse.ArgumentParser(prog="t5x-lite demo", description="Table 2 of the T5 paper "
+                                     "with a small model on the built-in corpus and tasks.")
+    parser.add_argument("--workdir", default="t5x_lite_demo", help="re-running resumes it")
+    args, rest = parser.parse_known_args(argv)
+    overrides = [arg for arg in rest if arg.startswith("--config.")]
+    if len(overrides) != len(rest):
+        parser.error(f"unrecognised arguments: {' '.join(a for a in rest if a not in overrides)}")
+    print(sweep.run_demo(args.workdir, overrides=overrides))
+
+
+def _launch(argv: list[str]) -> None:
+    from t5x_lite import launchers
+
+    launchers.main(argv)
+
+
+# Commands with their own argument parsers (positional arguments, per-point overrides).
+PLAIN_COMMANDS: dict[str, Callable[[list[str]], None]] = {
+    "sweep": _sweep, "report": _report, "demo": _demo, "launch": _launch,
+}
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv if argv is None else argv)
-    if len(argv) < 2 or argv[1] not in COMMANDS:
+    if len(argv) < 2 or argv[1] not in {**CONFIG_COMMANDS, **PLAIN_COMMANDS}:
         print(__doc__)
         raise SystemExit(0 if len(argv) >= 2 and argv[1] in ("-h", "--help") else 2)
     command = argv.pop(1)
+    # orbax and TFDS log every save and build step (and TFDS each custom config) through absl;
+    # our own warnings go through `warnings` and still show.
+    logging.set_verbosity(logging.ERROR)
 
-    def run(_: list[str]) -> None:
-        # orbax and TFDS log every save and build step (and TFDS each custom config) through absl;
-        # our own warnings go through `warnings` and still show.
-        logging.set_verbosity(logging.ERROR)
+    def run(body: Callable[[], None]) -> None:
         try:
-            COMMANDS[command]()
+            body()
         except ConfigError as error:  # a bad setting: the message names it; no traceback needed
             raise SystemExit(f"t5x-lite {command}: invalid config: {error}") from None
 
-    app.run(run, argv=_expand_preset(argv))
+    if command in PLAIN_COMMANDS:
+        run(lambda: PLAIN_COMMANDS[command](argv[1:]))
+        return
+    app.run(lambda _: run(CONFIG_COMMANDS[command]), argv=_expand_preset(argv))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 `t5x-lite demo` runs end to end (a few steps) in a fresh process."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -30,28 +31,83 @@ def test_unknown_command_prints_usage_and_exits_2(capsys):
     assert "Commands:" in capsys.readouterr().out
 
 
-def test_demo_runs_and_resumes(tmp_path):
-    """The README's main command, shortened to 4 steps, then resumed to 6 from its checkpoint."""
-    env = {**os.environ, "XLA_FLAGS": ""}  # one CPU device, as on a user's laptop
-    cache = tmp_path / "cache"
-    workdir = tmp_path / "demo"
+# One grid row of tiny models: the CLI's sweep -> report path in a fresh process, in seconds.
+ONE_POINT_EXPERIMENT = """
+from t5x_lite import presets
 
-    def run(steps: int) -> str:
-        result = subprocess.run(
-            [sys.executable, "-m", "t5x_lite.cli", "demo", f"--workdir={workdir}", f"--steps={steps}"],
-            env={**env, "HOME": str(cache)}, capture_output=True, text=True, timeout=600,
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-        return result.stdout
+GRID = (dict(point="denoising", row="Encoder-decoder", objective="Denoising",
+             overrides={"objective.name": "span_corruption"}),)
 
-    out = run(4)
-    assert "Done: step 4" in out
-    out = run(6)
-    assert "Done: step 6" in out
-    out = run(6)  # nothing left to do: says so instead of training or crashing
-    assert "already holds a run at step 6" in out
-    steps = [json.loads(line)["step"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 2, 3, 4, 5, 6]
+
+def get_config(preset):
+    config = presets.sweep_preset(preset)
+    config.model.update(d_model=32, d_ff=64, num_heads=2, d_kv=16, num_layers=1,
+                        vocab_size=256, num_sentinels=16)
+    config.objective.update(inputs_length=16, mean_noise_span_length=3.0)
+    config.train.update(batch_size=4, steps=4, warmup_steps=1, log_every=2)
+    config.checkpoint.every = 2
+    config.finetune.update(steps=2, batch_size=4, inputs_length=24, targets_length=16,
+                           eval_every=2, eval_examples=8)
+    config.sweep.update(tasks=("builtin_module",), progress=False)
+    return config
+"""
+
+
+def _cli(*args: str, home) -> subprocess.CompletedProcess:
+    env = {**os.environ, "XLA_FLAGS": "", "HOME": str(home)}  # one CPU device, as on a laptop
+    return subprocess.run([sys.executable, "-m", "t5x_lite.cli", *args], env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_sweep_then_report_from_the_command_line(tmp_path):
+    """`t5x-lite sweep` runs the grid, prints the table, and a re-run skips the finished point;
+    `t5x-lite report` re-renders it and writes the files."""
+    experiment = tmp_path / "one_point.py"
+    experiment.write_text(ONE_POINT_EXPERIMENT)
+    workdir = tmp_path / "sweep"
+    args = ("sweep", str(experiment), "--preset", "demo", f"--workdir={workdir}",
+            "--config.train.seed=3")
+    result = _cli(*args, home=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"^Encoder-decoder +Denoising +2P +M ", result.stdout, re.M)  # the table
+    assert "Downloading" not in result.stdout + result.stderr  # nothing is, so nothing says so
+    records = [json.loads(line) for line in (workdir / "results.jsonl").read_text().splitlines()]
+    assert [(r["point"], r["task"], r["status"]) for r in records] == [
+        ("denoising", "builtin_module", "ok")]
+    assert records[0]["seed"] == 0  # the sweep's seeds, not train.seed, number the runs
+
+    again = _cli(*args, home=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "1 done, 0 to run" in again.stderr + again.stdout
+    assert (workdir / "results.jsonl").read_text().count("\n") == 1
+
+    out = tmp_path / "report"
+    shown = _cli("report", str(workdir), f"--out={out}", home=tmp_path)
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert "Encoder-decoder" in shown.stdout
+    assert {"table.md", "table.csv", "table.tex"} <= {p.name for p in out.iterdir()}
+
+
+def test_sweep_rejects_an_unknown_flag_and_a_missing_results_file(tmp_path):
+    bad = _cli("sweep", "table2", "--preset", "demo", f"--workdir={tmp_path}", "--vmapp=2",
+               home=tmp_path)
+    assert bad.returncode == 2 and "unrecognised arguments: --vmapp=2" in bad.stderr
+    missing = _cli("report", str(tmp_path / "nothing"), home=tmp_path)
+    assert missing.returncode == 1 and "t5x-lite report:" in missing.stderr
+    assert "Traceback" not in missing.stderr
+
+
+def test_demo_runs_table2_with_overrides(monkeypatch, capsys, tmp_path):
+    """`t5x-lite demo` hands its workdir and overrides to `sweep.run_demo` and prints the table
+    it returns (the real demo is the README's command; `test_sweep` runs sweeps end to end)."""
+    from t5x_lite import sweep
+
+    calls = []
+    monkeypatch.setattr(sweep, "run_demo",
+                        lambda workdir, overrides: calls.append((workdir, overrides)) or "TABLE")
+    cli.main(["t5x-lite", "demo", f"--workdir={tmp_path}", "--config.train.steps=3"])
+    assert calls == [(str(tmp_path), ["--config.train.steps=3"])]
+    assert capsys.readouterr().out.strip() == "TABLE"
 
 
 def test_bad_config_override_fails_fast_naming_the_field(tmp_path):

@@ -32,12 +32,14 @@ warning per split summarises the counts.
 from __future__ import annotations
 
 import collections
+import contextlib
 import csv
 import dataclasses
 import functools
 import glob
 import hashlib
 import importlib
+import io
 import json
 import logging
 import os
@@ -621,7 +623,14 @@ def as_source(source: str | _LocalSource) -> str | _LocalSource:
 def build(source: _LocalSource, data_dir: str) -> LocalFiles:
     """The prepared builder of a local source (built on first use, reused afterwards)."""
     builder = LocalFiles(source, data_dir=data_dir)
-    builder.download_and_prepare()
+    if not builder.is_prepared():
+        # TFDS prints "Downloading and preparing dataset..." to stdout, which would mix into a
+        # command's output (the report table) and is wrong here: nothing is downloaded. Its
+        # progress bars (stderr) stay.
+        print(f"Building the local dataset {source.kind!r} in {builder.data_dir} (once; "
+              "nothing is downloaded)", file=sys.stderr, flush=True)
+        with contextlib.redirect_stdout(io.StringIO()):
+            builder.download_and_prepare()
     return builder
 
 
