@@ -10,19 +10,26 @@ objective, corruption rate and span length arrive as a traced `ObjectiveSpec`, a
 `language_model` / `prefix_lm` run the same decoder-only program whose prefix attention is a
 traced flag, so a whole ablation grid for one architecture family shares one executable.
 `train(config, workdir)` wraps it in a resumable loop that writes `workdir/metrics.jsonl`.
+
+Vectorised sweeps: K points that differ only in that traced data (`vmap_group_key`) can train
+together, `train_vmapped(configs, workdirs, layout=...)`: the same step `jax.vmap`-ed over
+their stacked states, specs and step keys, one compilation for the K, each point still with
+its own workdir, checkpoints and metrics.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import sys
 import time
+import types
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import flax
 import jax
@@ -417,18 +424,20 @@ def _replicated(x: Any, mesh: Mesh) -> jax.Array:
 
 
 def _global_rows(local: Any, sharding: NamedSharding, global_shape: tuple[int, ...],
-                 name: str) -> jax.Array:
-    """This process's rows of a batch-sharded array (numpy, or an already global jax.Array of
-    `global_shape`) -> the global array; a wrong shape is an error naming `name`."""
+                 name: str, rows_axis: int = 0) -> jax.Array:
+    """This process's rows (split on `rows_axis`) of a batch-sharded array (numpy, or an
+    already global jax.Array of `global_shape`) -> the global array; a wrong shape is an error
+    naming `name`."""
     if isinstance(local, jax.Array) and local.shape == global_shape:
         return jax.device_put(local, sharding)  # a no-op if it is already placed so
     local = np.asarray(local)
     processes = jax.process_count()
-    if local.shape[1:] != global_shape[1:] or local.shape[0] * processes != global_shape[0]:
+    expected = list(global_shape)
+    expected[rows_axis] //= processes
+    if list(local.shape) != expected or expected[rows_axis] * processes != global_shape[rows_axis]:
         raise ValueError(
             f"{name} has shape {local.shape}; each of the {processes} processes must pass "
-            f"[batch_size / process_count, ...] = "
-            f"{[global_shape[0] // processes, *global_shape[1:]]}"
+            f"its share of the batch rows: {expected}"
         )
     return jax.make_array_from_process_local_data(sharding, local, global_shape)
 
@@ -441,11 +450,11 @@ class _StepCaller:
     program: _Program
     mesh: Mesh
     rows: NamedSharding
-    prefix_attention: bool
+    prefix_attention: bool | np.ndarray  # bool [K] for a vmapped step
 
     def _run(self, state: TrainState, data: Any, rng: jax.Array) -> tuple[TrainState, dict]:
         key_data = _replicated(jax.random.key_data(rng), self.mesh)
-        flag = _replicated(np.bool_(self.prefix_attention), self.mesh)
+        flag = _replicated(np.asarray(self.prefix_attention, np.bool_), self.mesh)
         return self.program(state, data, key_data, flag)
 
     @property
@@ -462,16 +471,22 @@ class TrainStep(_StepCaller):
     layout.raw_length] (a numpy array, or an already global jax.Array). spec: an
     `objectives.ObjectiveSpec` (traced: any objective / rate / span reuses the executable).
     rng: the run's seed key; the step folds in `state.step`. The state is donated.
+
+    A vmapped step (`make_vmapped_train_step`, K points) takes and returns everything with a
+    leading [K] axis: `stack_states` of the points' states, raw tokens [K, batch_size /
+    process_count, raw_length], `stack_specs` of their specs, a [K] array of seed keys; each
+    metric is [K].
     """
 
-    global_shape: tuple[int, int]
+    global_shape: tuple[int, ...]
 
     def __call__(
         self, state: TrainState, raw_tokens: Any, spec: Any, rng: jax.Array
     ) -> tuple[TrainState, dict]:
         if not isinstance(raw_tokens, jax.Array):
             raw_tokens = np.asarray(raw_tokens, np.int32)
-        raw_tokens = _global_rows(raw_tokens, self.rows, self.global_shape, "raw_tokens")
+        raw_tokens = _global_rows(raw_tokens, self.rows, self.global_shape, "raw_tokens",
+                                  rows_axis=len(self.global_shape) - 2)
         spec = jax.tree.map(lambda x: _replicated(x, self.mesh), spec)
         return self._run(state, (raw_tokens, spec), rng)
 
@@ -507,17 +522,29 @@ def validate_config(config: ml_collections.ConfigDict, mesh: Mesh) -> None:
     )
 
 
+def _stacked(sharding: NamedSharding) -> NamedSharding:
+    """The sharding of K stacked copies: a leading, unsharded [K] axis."""
+    return NamedSharding(sharding.mesh, PartitionSpec(None, *sharding.spec))
+
+
 def _compiled_step(config: ml_collections.ConfigDict, mesh: Mesh, data_kind: Any,
-                   make_batch: Callable, data_sharding: Any) -> _Program:
+                   make_batch: Callable, data_sharding: Any, vmapped: bool = False) -> _Program:
     """The shared program for (config, data_kind, mesh): jitted once with explicit shardings,
-    the state donated; `data_sharding` places the step's data argument."""
+    the state donated; `data_sharding` places the step's data argument.
+
+    vmapped: the step `jax.vmap`-ed over a leading [K] axis of every argument (K points
+    trained together); the state's shardings gain that axis unsharded, and `data_sharding`
+    must already have it. Each K compiles once."""
     validate_config(config, mesh)
-    key = _program_key(config, data_kind, mesh)
+    key = (_program_key(config, data_kind, mesh), vmapped)
     if key not in _PROGRAMS:
         state_shardings = jax.tree.map(lambda s: s.sharding, abstract_state(config, mesh))
         replicated = NamedSharding(mesh, PartitionSpec())
+        step = _step_fn(config, mesh, make_batch)
+        if vmapped:
+            step, state_shardings = jax.vmap(step), jax.tree.map(_stacked, state_shardings)
         _PROGRAMS[key] = _Program(jax.jit(
-            _step_fn(config, mesh, make_batch),
+            step,
             in_shardings=(state_shardings, data_sharding, replicated, replicated),
             out_shardings=(state_shardings, replicated),
             donate_argnums=0,
@@ -529,18 +556,86 @@ def _rows_sharding(config: ml_collections.ConfigDict, mesh: Mesh) -> NamedShardi
     return partitioning.batch_sharding(mesh, partitioning.normalize_rules(config.mesh.rules))
 
 
+def _pretrain_program(config: ml_collections.ConfigDict, layout: objectives.BatchLayout,
+                      mesh: Mesh, rows: NamedSharding, vmapped: bool) -> _Program:
+    """The shared pre-training program: corruption on the device, then the update core."""
+    corrupt = lambda data, rng: objectives.corrupt(data[0], data[1], rng, layout)  # noqa: E731
+    replicated = NamedSharding(mesh, PartitionSpec())
+    return _compiled_step(config, mesh, layout, corrupt, (rows, replicated), vmapped)
+
+
 def make_train_step(
     config: ml_collections.ConfigDict, layout: objectives.BatchLayout, mesh: Mesh
 ) -> TrainStep:
     """The pre-training step for `config` on `mesh`; executables are shared through a module
     cache, so every objective of one layout runs the same program."""
     rows = _rows_sharding(config, mesh)
-    corrupt = lambda data, rng: objectives.corrupt(data[0], data[1], rng, layout)  # noqa: E731
-    replicated = NamedSharding(mesh, PartitionSpec())
-    program = _compiled_step(config, mesh, layout, corrupt, (rows, replicated))
-    return TrainStep(program=program, mesh=mesh, rows=rows,
-                     prefix_attention=config.model.arch == "prefix_lm",
+    return TrainStep(program=_pretrain_program(config, layout, mesh, rows, vmapped=False),
+                     mesh=mesh, rows=rows, prefix_attention=config.model.arch == "prefix_lm",
                      global_shape=(config.train.batch_size, layout.raw_length))
+
+
+def vmap_group_key(config: ml_collections.ConfigDict) -> str:
+    """Configs with equal keys can pre-train together in one vmapped step: they may differ
+    only in what the step takes as traced data (the objective, the seed, and language_model
+    vs prefix_lm, whose prefix attention is a flag)."""
+    plain = json.loads(config.to_json_best_effort(sort_keys=True))
+    del plain["objective"], plain["train"]["seed"]
+    plain["model"] = _program_model_config(config.model).to_dict()
+    return json.dumps(plain, sort_keys=True)
+
+
+def _require_one_group(configs: Sequence[ml_collections.ConfigDict]) -> None:
+    """Raise `ConfigError` naming the fields in which a config differs from the first one
+    beyond what a vmapped step can take as data (see `vmap_group_key`)."""
+    if not configs:
+        raise ConfigError("configs is empty: give at least one config to train")
+    first = json.loads(vmap_group_key(configs[0]))
+    for index, config in enumerate(configs[1:], 1):
+        other = json.loads(vmap_group_key(config))
+        fields = [f"{section}.{name}" for section, values in first.items()
+                  for name in sorted(values.keys() | other[section].keys())
+                  if values.get(name) != other[section].get(name)]
+        if fields:
+            raise ConfigError(
+                f"configs[{index}] differs from configs[0] in {', '.join(fields)}; points "
+                "trained in one vmapped step may differ only in objective, train.seed and "
+                "model.arch (language_model vs prefix_lm)")
+
+
+def make_vmapped_train_step(
+    configs: Sequence[ml_collections.ConfigDict], layout: objectives.BatchLayout, mesh: Mesh
+) -> TrainStep:
+    """The pre-training step of K = len(configs) points in one `jax.vmap`-ed program (see
+    `TrainStep`); the configs must agree under `vmap_group_key`. The [K] axis is unsharded,
+    every other axis keeps its sharding rules."""
+    _require_one_group(configs)
+    config = configs[0]
+    rows = _stacked(_rows_sharding(config, mesh))
+    return TrainStep(
+        program=_pretrain_program(config, layout, mesh, rows, vmapped=True), mesh=mesh,
+        rows=rows, prefix_attention=np.array([c.model.arch == "prefix_lm" for c in configs]),
+        global_shape=(len(configs), config.train.batch_size, layout.raw_length))
+
+
+def stack_specs(specs: Sequence[objectives.ObjectiveSpec]) -> objectives.ObjectiveSpec:
+    """K scalar specs -> one spec with [K] fields, for a vmapped step."""
+    return jax.tree.map(lambda *fields: np.stack(fields), *specs)
+
+
+def stack_states(states: Sequence[TrainState], config: ml_collections.ConfigDict,
+                 mesh: Mesh) -> TrainState:
+    """K train states of `config`'s program -> one with a leading [K] axis, placed in the
+    vmapped step's shardings."""
+    shardings = jax.tree.map(lambda s: _stacked(s.sharding), abstract_state(config, mesh))
+    stack = jax.jit(lambda *trees: jax.tree.map(lambda *xs: jnp.stack(xs), *trees),
+                    out_shardings=shardings)
+    return stack(*states)
+
+
+def unstack_state(state: TrainState, index: int) -> TrainState:
+    """Point `index` of a stacked train state."""
+    return jax.tree.map(lambda x: x[index], state)
 
 
 _READY_BATCHES = "ready batches"  # the data kind of fine-tuning programs (no corruption)
@@ -709,19 +804,19 @@ class Progress:
         )
 
     def update(self, record: dict[str, Any]) -> None:
+        """Show a step's record; a vmapped run's per-point values show as their mean."""
         step = record["step"]
+        loss, accuracy, lr = (np.mean(record[name]) for name in ("loss", "accuracy",
+                                                                   "learning_rate"))
         if self.bar is not None:
             self.bar.update(1)
-            self.bar.set_postfix(
-                loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}"
-            )
+            self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
         elif self.enabled and (step % self.every == 0 or step == self.total):
             elapsed = time.perf_counter() - self.start_time
             eta = elapsed / (step - self.start_step) * (self.total - step)
             print(
-                f"step {step}/{self.total} loss {record['loss']:.4f} acc {record['accuracy']:.3f} "
-                f"lr {record['learning_rate']:.2e} {record['tokens_per_s']:.0f} tok/s "
-                f"eta {eta:.0f}s",
+                f"step {step}/{self.total} loss {loss:.4f} acc {accuracy:.3f} "
+                f"lr {lr:.2e} {record['tokens_per_s']:.0f} tok/s eta {eta:.0f}s",
                 file=sys.stderr,
                 flush=True,
             )
@@ -831,12 +926,141 @@ def train(
     return summarize(records, workdir, start)
 
 
+def point_record(record: dict[str, Any], index: int) -> dict[str, Any]:
+    """Point `index`'s record from a vmapped run's record (lists of K values; the rest, e.g.
+    the step and its speed, shared by the points)."""
+    return {name: value[index] if isinstance(value, list) else value
+            for name, value in record.items()}
+
+
+class _PointWriters:
+    """`MetricsWriter`'s interface over one writer per point of a vmapped run."""
+
+    def __init__(self, writers: Sequence[MetricsWriter]):
+        self.writers = list(writers)
+
+    def write(self, record: dict[str, Any]) -> None:
+        for index, writer in enumerate(self.writers):
+            writer.write(point_record(record, index))
+
+    def close(self) -> None:
+        for writer in self.writers:
+            writer.close()
+
+
+class _PointCheckpointers:
+    """What `run_loop` uses of a `Checkpointer`, over one per point of a vmapped run: each
+    point's slice of the stacked state is saved in its own folder, at the same steps."""
+
+    def __init__(self, checkpointers: Sequence[Checkpointer], every: int):
+        self.checkpointers, self.every = list(checkpointers), every
+
+    def latest_step(self) -> int | None:
+        return self.checkpointers[0].latest_step()
+
+    def reached_preemption(self, step: int) -> bool:
+        # A signal reaches only the handler installed last; ask every checkpointer.
+        return any([c.reached_preemption(step) for c in self.checkpointers])
+
+    def maybe_save(self, step: int, state: TrainState, force: bool = False) -> bool:
+        if not force and step % self.every:  # don't slice the state on steps that don't save
+            return False
+        return all([checkpointer.maybe_save(step, unstack_state(state, index), force)
+                    for index, checkpointer in enumerate(self.checkpointers)])
+
+
+def _newest_steps_agree(configs: Sequence[ml_collections.ConfigDict],
+                        workdirs: Sequence[Path]) -> bool:
+    """Whether the points' checkpoint folders hold the same newest step (or all none)."""
+    steps = set()
+    for config, workdir in zip(configs, workdirs):
+        with Checkpointer(workdir / "checkpoints", every=config.checkpoint.every,
+                          keep=config.checkpoint.keep, config=config) as checkpointer:
+            steps.add(checkpointer.latest_step())
+    return len(steps) == 1
+
+
+def train_vmapped(
+    configs: Sequence[ml_collections.ConfigDict],
+    workdirs: Sequence[str | os.PathLike],
+    *,
+    layout: objectives.BatchLayout,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Pre-train K points together: one `jax.vmap`-ed step (`make_vmapped_train_step`) per
+    update, over their stacked states, specs and step keys, to `train.steps`.
+
+    configs: K configs that agree under `vmap_group_key`; workdirs: one per point, each laid
+    out as `train`'s (checkpoints/, metrics.jsonl), so a point can be fine-tuned from
+    (`evaluation.finetune(init_from=...)`) or continued like a run of its own. Point k's
+    initial parameters, data and step keys are those of `train(configs[k], ...)`, so its
+    results equal that run's to float tolerance. The speed fields of the records (tokens/s,
+    MFU, step_s) are the whole step's, all K points together.
+
+    Resume: the points resume from their checkpoints when all hold the same newest step;
+    otherwise (a crash between the points' saves, or runs started apart) they all restart
+    from step 0 and their checkpoints are deleted. Returns one `train`-style summary per point.
+    """
+    configs, workdirs = list(configs), [Path(workdir) for workdir in workdirs]
+    if len(workdirs) != len(configs):
+        raise ConfigError(f"got {len(configs)} configs but {len(workdirs)} workdirs; give "
+                          "one workdir per config")
+    _require_one_group(configs)
+    config, count = configs[0], len(configs)
+    mesh = partitioning.make_mesh(config.mesh)
+    validate_config(config, mesh)
+    specs = stack_specs([objectives.spec_from_config(c.objective) for c in configs])
+    rngs = jnp.stack([step_key(c.train.seed) for c in configs])
+    from t5x_lite.data.pipeline import pretrain_data_from_config  # see `train`
+
+    sources = [pretrain_data_from_config(c, layout.raw_length, jax.process_index(),
+                                         jax.process_count())[1] for c in configs]
+    data = types.SimpleNamespace(batch=lambda step: np.stack([d.batch(step) for d in sources]))
+    restart = not _newest_steps_agree(configs, workdirs)
+    if restart:
+        warnings.warn(f"the checkpoints of {', '.join(map(str, workdirs))} are at different "
+                      "steps; pre-training all of them again from step 0")
+    with contextlib.ExitStack() as stack:
+        checkpointers = [
+            stack.enter_context(Checkpointer(
+                workdir / "checkpoints", every=c.checkpoint.every, keep=c.checkpoint.keep,
+                config=c, restart=restart))
+            for c, workdir in zip(configs, workdirs)]
+        train_step = make_vmapped_train_step(configs, layout, mesh)
+        one = Throughput.of(config, layout, mesh)
+        speed = dataclasses.replace(one, tokens_per_step=count * one.tokens_per_step,
+                                    flops_per_step=count * one.flops_per_step)
+        if checkpointers[0].latest_step() is None:
+            states = [init_state(c, mesh) for c in configs]
+        else:
+            states = [checkpointer.restore(abstract_state(c, mesh))
+                      for c, checkpointer in zip(configs, checkpointers)]
+        start = int(states[0].step)
+        if any(int(state.step) != start for state in states):  # a damaged newest checkpoint
+            raise RuntimeError(
+                f"the points restored different steps {[int(s.step) for s in states]}; run "
+                "again to pre-train them all from step 0")
+        state = stack_states(states, config, mesh)
+        writers = _PointWriters([MetricsWriter(workdir, start) for workdir in workdirs])
+        stack.callback(writers.close)
+        bar = Progress(start, config.train.steps, config.train.log_every, progress)
+        stack.callback(bar.close)
+        records = run_loop(state, start, config.train.steps, data, train_step, (specs, rngs),
+                           _PointCheckpointers(checkpointers, config.checkpoint.every),
+                           writers, bar, speed)
+    return [summarize([point_record(r, index) for r in records], workdir, start)
+            for index, workdir in enumerate(workdirs)]
+
+
 def run_loop(state: TrainState, step: int, total: int, data: Any,
              train_step: TrainStep | FinetuneStep, step_args: tuple, checkpointer: Checkpointer,
              writer: MetricsWriter, bar: Progress, speed: Throughput,
              on_step: Callable[[int, TrainState], None] | None = None) -> list[dict[str, Any]]:
     """Steps `step` -> `total`: `train_step(state, data.batch(step), *step_args)`, record,
-    `on_step(step, state)` (e.g. validation), checkpoint; stops early on preemption."""
+    `on_step(step, state)` (e.g. validation), checkpoint; stops early on preemption.
+
+    A record holds the step's metrics as floats, or as lists of K floats for a vmapped step
+    (`point_record` picks one point's); a non-finite loss of any point stops the loop."""
     records = []
     compiles_before = train_step.compiles
     batch = data.batch(step) if step < total else None
@@ -846,7 +1070,8 @@ def run_loop(state: TrainState, step: int, total: int, data: Any,
         state, metrics = train_step(state, batch, *step_args)
         step += 1
         batch = data.batch(step) if step < total else None  # overlaps with the device step
-        metrics = {name: float(value) for name, value in jax.device_get(metrics).items()}
+        metrics = {name: np.asarray(value).tolist()  # a float, or K of them
+                   for name, value in jax.device_get(metrics).items()}
         now = time.perf_counter()
         compile_s = train_step.program.compile_seconds - compile_before
         step_s, last = now - last - compile_s, now
@@ -855,7 +1080,7 @@ def run_loop(state: TrainState, step: int, total: int, data: Any,
         writer.write(record)
         bar.update(record)
         records.append(record)
-        if not math.isfinite(record["loss"]):
+        if not np.all(np.isfinite(record["loss"])):
             raise FloatingPointError(
                 f"loss is {record['loss']} at step {step}; stopping without saving this state "
                 f"(last checkpoint: step {checkpointer.latest_step()})"
