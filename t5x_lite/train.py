@@ -213,11 +213,13 @@ def step_key(seed: int) -> jax.Array:
     return jax.random.fold_in(jax.random.key(seed), _STEP_STREAM)
 
 
-def _init_fn(config: ml_collections.ConfigDict) -> Callable[[], TrainState]:
+def _init_fn(config: ml_collections.ConfigDict) -> Callable[[jax.Array], TrainState]:
+    """seed key -> a fresh train state. The key is an argument, not a constant, so one
+    compiled init serves every seed."""
     model_cfg, tx = _program_model_config(config.model), make_optimizer(config.train)
 
-    def init() -> TrainState:
-        rngs = nnx.Rngs(jax.random.fold_in(jax.random.key(config.train.seed), _INIT_STREAM))
+    def init(seed_key: jax.Array) -> TrainState:
+        rngs = nnx.Rngs(jax.random.fold_in(seed_key, _INIT_STREAM))
         params = nnx.state(build_model(model_cfg, rngs), nnx.Param)
         return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
@@ -235,7 +237,7 @@ def model_graphdef(config: ml_collections.ConfigDict) -> nnx.GraphDef:
 
 def abstract_state(config: ml_collections.ConfigDict, mesh: Mesh) -> TrainState:
     """The train state as `jax.ShapeDtypeStruct`s with their shardings (for init and restore)."""
-    shapes = jax.eval_shape(_init_fn(config))
+    shapes = jax.eval_shape(_init_fn(config), jax.random.key(0))
     shardings = partitioning.state_shardings(
         shapes, mesh, partitioning.normalize_rules(config.mesh.rules)
     )
@@ -249,7 +251,7 @@ _STEP_TRAIN_FIELDS = ("optimizer", "schedule", "learning_rate", "warmup_steps", 
                       "weight_decay", "z_loss", "label_smoothing", "microbatches",
                       "loss_normalizing_factor", "batch_size")
 _PROGRAMS: dict[Any, _Program] = {}  # program key -> the shared train step
-_INITS: dict[Any, Callable[[], TrainState]] = {}  # (program key, seed) -> jitted init
+_INITS: dict[Any, Callable] = {}  # program key (+ what it starts from) -> jitted init
 
 
 def _program_key(config: ml_collections.ConfigDict, data_kind: Any, mesh: Mesh) -> tuple:
@@ -268,11 +270,11 @@ def init_state(config: ml_collections.ConfigDict, mesh: Mesh) -> TrainState:
     """Fresh parameters and optimiser state, created directly in their shardings."""
     validate_model_config(config.model)
     validate_train_config(config.train)
-    key = (_program_key(config, None, mesh), config.train.seed)
+    key = (_program_key(config, None, mesh), "from seed")
     if key not in _INITS:  # a sweep initialises many runs of one program: compile once
         shardings = jax.tree.map(lambda s: s.sharding, abstract_state(config, mesh))
         _INITS[key] = jax.jit(_init_fn(config), out_shardings=shardings)
-    return _INITS[key]()
+    return _INITS[key](jax.random.key(config.train.seed))
 
 
 def state_from_params(
