@@ -15,10 +15,13 @@ A point's config is: get_config(preset), then the user's overrides, then the row
 Compile sharing: every point gets the one `BatchLayout` of all points with its batch family
 and vocabulary (`objectives.layout_for` over their objective configs), so points with the same
 parameter structure have equal train-step program keys and share one compiled pre-train step.
+With `run_sweep(..., vmap=K)` up to K such points (differing only in objective and seed)
+pre-train together in one `jax.vmap`-ed step (`vmap_chunks`, `run_chunk`).
 
 The workdir:
   sweep.json                                  experiment, preset and overrides it belongs to
   results.jsonl                               the records; the sweep process is the one writer
+                                              (process 0 of a multi-process run)
   points/<point>/seed<k>/pretrain/            train.train's workdir (checkpoints, metrics.jsonl)
   points/<point>/seed<k>/finetune/<task>/     evaluation.finetune's workdir
   points/<point>/seed<k>/records/<task>.json  a finished task's record, reused on resume
@@ -42,6 +45,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Mapping, Sequence
 
+import jax
 import ml_collections
 
 from t5x_lite import accounting, launchers, objectives, presets
@@ -281,12 +285,26 @@ def _failed(base: dict[str, Any], task: str, error: Exception) -> dict[str, Any]
             "metrics": {}, "status": "failed", "error": f"{type(error).__name__}: {error}"}
 
 
+def _is_writer() -> bool:
+    """Whether this process writes the sweep's files. Every process of a multi-process run
+    (TPU pod hosts, SLURM tasks) runs the sweep; only process 0 writes results.jsonl,
+    sweep.json and the saved records, as `train` writes its logs only there."""
+    return jax.process_index() == 0
+
+
 def _write_json(path: Path, data: Any) -> None:
-    """Write to a temporary file and rename, so a crash never leaves half a file."""
+    """Write to a temporary file and rename, so a crash never leaves half a file (process 0
+    only, see `_is_writer`)."""
+    if not _is_writer():
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.tmp")
     partial.write_text(json.dumps(data))
     os.replace(partial, path)
+
+
+def _pretraining_failed(point: GridPoint, error: Exception) -> list[dict]:
+    return [_failed(_base_record(point), task, error) for task in point.config.sweep.tasks]
 
 
 def run_point(point: GridPoint, workdir: str) -> list[dict]:
@@ -296,20 +314,56 @@ def run_point(point: GridPoint, workdir: str) -> list[dict]:
     error. Resumes from the checkpoints under `point.directory(workdir)`; a task whose record
     was already written there is not run again.
     """
-    from t5x_lite import evaluation, train
+    from t5x_lite import train
 
-    config, rundir = point.config, point.directory(workdir)
-    base = _base_record(point)
-    started = time.perf_counter()
+    config, started = point.config, time.perf_counter()
     _log(f"{point.experiment} {point.run_name}: pre-training {config.train.steps} steps "
          f"({config.model.arch}, {config.objective.name})")
     try:
-        train.train(config, rundir / "pretrain", progress=config.sweep.progress,
-                    layout=point.layout)
+        train.train(config, point.directory(workdir) / "pretrain",
+                    progress=config.sweep.progress, layout=point.layout)
+    except Exception as error:  # recorded as failed; the sweep goes on
+        return _pretraining_failed(point, error)
+    return _finetune_tasks(point, workdir, started)
+
+
+def run_chunk(points: Sequence[GridPoint], workdir: str) -> list[dict]:
+    """Pre-train `points` together in one vmapped step (`train.train_vmapped`; they come
+    from `vmap_chunks`), then fine-tune and evaluate each as `run_point` does.
+
+    Each point keeps its own pretrain/ folder, so its records, checkpoints and fine-tuning
+    are those of a run of its own. A failure in the shared pre-training (e.g. one point
+    diverging) fails every point of the chunk. A chunk of one point is `run_point`.
+    """
+    from t5x_lite import train
+
+    if len(points) == 1:
+        return run_point(points[0], workdir)
+    config, started = points[0].config, time.perf_counter()
+    _log(f"{points[0].experiment}: pre-training {len(points)} points together "
+         f"({config.train.steps} steps, one vmapped step): "
+         + "; ".join(f"{p.run_name} {p.config.objective.name}" for p in points))
+    try:
+        train.train_vmapped([p.config for p in points],
+                            [p.directory(workdir) / "pretrain" for p in points],
+                            layout=points[0].layout, progress=config.sweep.progress)
+    except Exception as error:  # recorded as failed for every point; the sweep goes on
+        return [record for p in points for record in _pretraining_failed(p, error)]
+    return [record for p in points for record in _finetune_tasks(p, workdir, started)]
+
+
+def _finetune_tasks(point: GridPoint, workdir: str, started: float) -> list[dict]:
+    """After the point's pre-training: fine-tune and evaluate on each task, one record per
+    task (a task's saved record is reused; a failing task is recorded as failed)."""
+    from t5x_lite import evaluation
+
+    config, rundir = point.config, point.directory(workdir)
+    base = _base_record(point)
+    try:
         history = _pretrain_history(rundir / "pretrain" / "metrics.jsonl",
                                     config.train.log_every)
     except Exception as error:  # recorded as failed; the sweep goes on
-        return [_failed(base, task, error) for task in config.sweep.tasks]
+        return _pretraining_failed(point, error)
     pretrain_wall_s = history.pop("pretrain_wall_s")
     records = []
     for task in config.sweep.tasks:
@@ -344,7 +398,8 @@ def run_point(point: GridPoint, workdir: str) -> list[dict]:
 
 
 class ResultsFile:
-    """`workdir/results.jsonl`: one JSON record per line, appended atomically by one writer."""
+    """`workdir/results.jsonl`: one JSON record per line, appended atomically by one writer
+    (process 0, see `_is_writer`; elsewhere the changing methods do nothing)."""
 
     def __init__(self, workdir: str | os.PathLike):
         self.path = Path(workdir) / RESULTS_FILE
@@ -364,7 +419,7 @@ class ResultsFile:
 
     def drop_partial_last_line(self) -> None:
         """Cut a last line left without its newline by a crash, so appends start clean."""
-        if not self.path.exists():
+        if not _is_writer() or not self.path.exists():
             return
         data = self.path.read_bytes()
         if data and not data.endswith(b"\n"):
@@ -377,6 +432,8 @@ class ResultsFile:
     def append(self, record: dict) -> None:
         """One write of one line, then fsync: a crash leaves the line whole or cut short,
         never interleaved with another."""
+        if not _is_writer():
+            return
         line = (json.dumps(record) + "\n").encode()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
@@ -402,9 +459,23 @@ def _claim_workdir(workdir: Path, identity: dict[str, Any]) -> None:
     _write_json(path, identity)
 
 
+def vmap_chunks(points: Sequence[GridPoint], size: int) -> list[tuple[GridPoint, ...]]:
+    """`points` in chunks of at most `size` that can pre-train in one vmapped step: points
+    with the same layout and `train.vmap_group_key` (they differ only in objective, seed and
+    language_model vs prefix_lm), in grid order within each group."""
+    from t5x_lite import train
+
+    groups: dict[tuple, list[GridPoint]] = {}
+    for point in points:
+        groups.setdefault((point.layout, train.vmap_group_key(point.config)), []).append(point)
+    return [tuple(group[start:start + size])
+            for group in groups.values() for start in range(0, len(group), size)]
+
+
 def run_sweep(experiment: str, preset: str, workdir: str, *,
               launcher: launchers.Launcher | None = None,
-              overrides: Sequence[str] = (), point_index: int | None = None) -> list[dict]:
+              overrides: Sequence[str] = (), point_index: int | None = None,
+              vmap: int = 1) -> list[dict]:
     """Run every unfinished point of the sweep and return all of its records.
 
     `launcher` (default: `launchers.LocalLauncher`, in this process) maps `run_point` over the
@@ -412,7 +483,20 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
     Overrides are 'field=value' strings (see `parse_override`). `point_index`
     runs only that point of `expand`'s list (one job of a job array); appends of concurrent
     jobs are single O_APPEND writes of whole lines.
+
+    vmap=K > 1: the unfinished points are grouped by `vmap_chunks` and the launcher maps
+    `run_chunk` over the chunks: up to K points pre-train together in one vmapped step, then
+    each is fine-tuned alone; records are as with vmap=1 (to float tolerance). Resuming a
+    chunk: its points continue from their checkpoints when all hold the same newest step,
+    else the chunk pre-trains again from step 0 (see `train.train_vmapped`). Ray sizes its
+    tasks per point, so vmap needs the local or parallel launcher.
     """
+    if isinstance(vmap, bool) or not isinstance(vmap, int) or vmap < 1:
+        raise ConfigError(f"vmap={vmap!r} must be an integer >= 1 (the most points pre-trained "
+                          "together in one vmapped step; 1 runs them one by one)")
+    if vmap > 1 and isinstance(launcher, launchers.RayLauncher):
+        raise ConfigError(f"vmap={vmap} needs the local or parallel launcher; the ray "
+                          "launcher sizes its tasks per point")
     points = expand(experiment, preset, overrides)
     if point_index is not None:
         if not 0 <= point_index < len(points):
@@ -433,15 +517,21 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
     _log(f"sweep {points[0].experiment} --preset {preset}: {len(points)} runs x "
          f"{len(points[0].config.sweep.tasks)} tasks; {len(points) - len(todo)} done, "
          f"{len(todo)} to run; records in {results.path}")
-    started = time.perf_counter()
+    started, finished = time.perf_counter(), 0
     launcher = launcher if launcher is not None else launchers.LocalLauncher()
-    for finished, records in enumerate(launcher.map(run_point, todo, str(workdir_path)), 1):
+    work = (launcher.map(run_chunk, vmap_chunks(todo, vmap), str(workdir_path)) if vmap > 1
+            else launcher.map(run_point, todo, str(workdir_path)))
+    for records in work:
+        runs: dict[tuple, list[str]] = {}
         for record in records:
             if (record["point"], record["seed"], record["task"]) not in done:
                 results.append(record)
-        statuses = ", ".join(f"{r['task']} {r['status']}" for r in records)
-        _log(f"done {records[0]['point']} (seed {records[0]['seed']}): {statuses}; {finished} of "
-             f"{len(todo)} runs finished, {time.perf_counter() - started:.0f} s elapsed")
+            runs.setdefault((record["point"], record["seed"]), []).append(
+                f"{record['task']} {record['status']}")
+        for (point, seed), statuses in runs.items():
+            finished += 1
+            _log(f"done {point} (seed {seed}): {', '.join(statuses)}; {finished} of "
+                 f"{len(todo)} runs finished, {time.perf_counter() - started:.0f} s elapsed")
     wanted = {(p.point, p.seed) for p in points}
     return [r for r in results.records() if (r["point"], r["seed"]) in wanted]
 

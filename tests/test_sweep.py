@@ -8,6 +8,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import jax
 import pytest
 
 from t5x_lite import sweep
@@ -181,6 +182,49 @@ def test_killed_sweep_resumes_to_the_same_records(experiment, uninterrupted, tmp
     assert len(results.read_text().splitlines()) == len(records) == 3
 
 
+def _assert_close(ours, theirs, path="record"):
+    """Equal JSON data, floats to float32 training tolerance."""
+    if isinstance(ours, float) and isinstance(theirs, float):
+        assert ours == pytest.approx(theirs, rel=1e-4, abs=1e-6), path
+    elif isinstance(ours, dict) and isinstance(theirs, dict):
+        assert ours.keys() == theirs.keys(), path
+        for key in ours:
+            _assert_close(ours[key], theirs[key], f"{path}.{key}")
+    elif isinstance(ours, list) and isinstance(theirs, list):
+        assert len(ours) == len(theirs), path
+        for index, (a, b) in enumerate(zip(ours, theirs)):
+            _assert_close(a, b, f"{path}[{index}]")
+    else:
+        assert ours == theirs, path
+
+
+def test_vmapped_sweep_gives_the_records_of_the_sequential_one(experiment, uninterrupted,
+                                                               tmp_path):
+    """vmap=2: the two encoder-decoder points pre-train in one vmapped step (compiled once
+    for the pair); the broken point (another corpus) cannot join them and runs alone."""
+    assert [[p.point for p in chunk] for chunk in
+            sweep.vmap_chunks(sweep.expand(experiment, "demo"), 2)] == [
+        ["denoising", "prefix_lm"], ["broken"]]
+    records = sweep.run_sweep(experiment, "demo", str(tmp_path), vmap=2)
+    _assert_close(_without_timing(records), _without_timing(uninterrupted[1]))
+    assert {r["compiles"] for r in records if r["status"] == "ok"} == {1}
+    assert len((tmp_path / sweep.RESULTS_FILE).read_text().splitlines()) == 3
+    # A re-run finds every point done.
+    assert sweep.run_sweep(experiment, "demo", str(tmp_path), vmap=2) == records
+
+
+def test_only_process_zero_writes_the_sweeps_files(experiment, tmp_path, monkeypatch):
+    """Every process of a multi-process run runs the sweep; the others write nothing."""
+    results = tmp_path / sweep.RESULTS_FILE
+    results.write_text('{"point": "cut sho')  # a partial line only process 0 may cut
+    monkeypatch.setattr(jax, "process_index", lambda: 1)
+    with pytest.warns(UserWarning, match="skipping line 1"):
+        records = sweep.run_sweep(experiment, "demo", str(tmp_path), point_index=1)
+    assert records == []  # read back from results.jsonl, which only process 0 writes
+    assert results.read_text() == '{"point": "cut sho'
+    assert not list(tmp_path.rglob("*.json"))  # neither sweep.json nor a saved record
+
+
 def test_results_file_skips_malformed_lines_and_cuts_a_partial_last_line(tmp_path):
     results = sweep.ResultsFile(tmp_path)
     results.append({"point": "a"})
@@ -215,6 +259,9 @@ def test_bad_inputs(tmp_path, experiment):
         sweep.expand("table4", "tiny", ["train.steps=many"])
     with pytest.raises(ConfigError, match="table4 point 'prefix_lm'.*unknown task 'glue_nope'"):
         sweep.expand("table4", "tiny", ["sweep.tasks=('glue_nope',)"])
+    for vmap in (0, 1.5, True):
+        with pytest.raises(ConfigError, match=f"vmap={vmap!r} must be an integer >= 1"):
+            sweep.run_sweep("table4", "demo", str(tmp_path / "a"), vmap=vmap)
     with pytest.raises(ConfigError, match=r"point_index=3 must be in \[0, 3\)"):
         sweep.run_sweep("table4", "demo", str(tmp_path / "a"), point_index=3)
     # A workdir of another sweep is refused before anything runs.
