@@ -477,7 +477,7 @@ class TrainStep(_StepCaller):
     A vmapped step (`make_vmapped_train_step`, K points) takes and returns everything with a
     leading [K] axis: `stack_states` of the points' states, raw tokens [K, batch_size /
     process_count, raw_length], `stack_specs` of their specs, a [K] array of seed keys; each
-    metric is [K].
+    metric is [K] (a spec field may stay a scalar that all points share).
     """
 
     global_shape: tuple[int, ...]
@@ -529,6 +529,18 @@ def _stacked(sharding: NamedSharding) -> NamedSharding:
     return NamedSharding(sharding.mesh, PartitionSpec(None, *sharding.spec))
 
 
+def _vmap_points(step: Callable) -> Callable:
+    """`step` over K points: state, key data and flag stacked on axis 0, and so is the data,
+    except its scalar leaves, which all points share (e.g. an objective every point uses,
+    which then stays a real `lax.switch` branch rather than a select over all objectives)."""
+
+    def vmapped(state: TrainState, data: Any, key_data: jax.Array, flag: jax.Array):
+        data_axes = jax.tree.map(lambda x: 0 if jnp.ndim(x) else None, data)
+        return jax.vmap(step, in_axes=(0, data_axes, 0, 0))(state, data, key_data, flag)
+
+    return vmapped
+
+
 def _compiled_step(config: ml_collections.ConfigDict, mesh: Mesh, data_kind: Any,
                    make_batch: Callable, data_sharding: Any, vmapped: bool = False) -> _Program:
     """The shared program for (config, data_kind, mesh): jitted once with explicit shardings,
@@ -544,7 +556,7 @@ def _compiled_step(config: ml_collections.ConfigDict, mesh: Mesh, data_kind: Any
         replicated = NamedSharding(mesh, PartitionSpec())
         step = _step_fn(config, mesh, make_batch)
         if vmapped:
-            step, state_shardings = jax.vmap(step), jax.tree.map(_stacked, state_shardings)
+            step, state_shardings = _vmap_points(step), jax.tree.map(_stacked, state_shardings)
         _PROGRAMS[key] = _Program(jax.jit(
             step,
             in_shardings=(state_shardings, data_sharding, replicated, replicated),
@@ -621,8 +633,14 @@ def make_vmapped_train_step(
 
 
 def stack_specs(specs: Sequence[objectives.ObjectiveSpec]) -> objectives.ObjectiveSpec:
-    """K scalar specs -> one spec with [K] fields, for a vmapped step."""
-    return jax.tree.map(lambda *fields: np.stack(fields), *specs)
+    """K scalar specs -> one spec for a vmapped step: [K] where the points differ, a scalar
+    where they agree (shared by all points, see `_vmap_points`)."""
+
+    def stack(*fields: Any) -> np.ndarray:
+        stacked = np.stack(fields)
+        return stacked[0] if (stacked == stacked[0]).all() else stacked
+
+    return jax.tree.map(stack, *specs)
 
 
 def stack_states(states: Sequence[TrainState], config: ml_collections.ConfigDict,

@@ -117,3 +117,11 @@ def test_configs_that_cannot_share_a_step_are_rejected(configs, layout, tmp_path
     with pytest.raises(ConfigError, match="got 2 configs but 1 workdirs"):
         train.train_vmapped(configs[:2], [tmp_path / "a"], layout=layout)
     assert not (tmp_path / "a").exists()  # refused before anything ran
+
+
+def test_stacked_specs_keep_the_fields_all_points_share_as_scalars(configs):
+    spec = train.stack_specs([objectives.spec_from_config(c.objective) for c in configs])
+    np.testing.assert_array_equal(spec.objective, [0, 0, objectives.OBJECTIVES.index("prefix_lm")])
+    np.testing.assert_allclose(spec.noise_density, [0.15, 0.5, 0.15])
+    assert np.ndim(spec.mean_noise_span_length) == 0  # shared: a real branch, not a select
+    assert np.ndim(spec.random_token_fraction) == 0
