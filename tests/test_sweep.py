@@ -1,10 +1,8 @@
 """Sweeps: the experiment grids, a tiny sweep end to end, kill-and-rerun, failures, bad input."""
 import json
-import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 

@@ -84,7 +84,8 @@ def test_vmapped_pretraining_equals_sequential_runs(configs, sequential, vmapped
 
 def test_the_chunk_compiles_one_step(vmapped):
     for workdir in vmapped[0]:
-        records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+        lines = (workdir / "metrics.jsonl").read_text().splitlines()
+        records = [json.loads(line) for line in lines]
         assert [r["compiles"] for r in records] == [1] * STEPS  # counted from the first step
         assert records[0]["compile_s"] > 0 and all(r["compile_s"] == 0 for r in records[1:])
 
