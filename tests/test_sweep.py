@@ -9,7 +9,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from t5x_lite import sweep
+from t5x_lite import launchers, sweep
 from t5x_lite.config import ConfigError
 from t5x_lite.data import tasks
 
@@ -260,6 +260,9 @@ def test_bad_inputs(tmp_path, experiment):
     for vmap in (0, 1.5, True):
         with pytest.raises(ConfigError, match=f"vmap={vmap!r} must be an integer >= 1"):
             sweep.run_sweep("table4", "demo", str(tmp_path / "a"), vmap=vmap)
+    ray = object.__new__(launchers.RayLauncher)  # unconnected: refused before it is used
+    with pytest.raises(ConfigError, match="vmap=2 needs the local or parallel launcher"):
+        sweep.run_sweep("table4", "demo", str(tmp_path / "a"), vmap=2, launcher=ray)
     with pytest.raises(ConfigError, match=r"point_index=3 must be in \[0, 3\)"):
         sweep.run_sweep("table4", "demo", str(tmp_path / "a"), point_index=3)
     # A workdir of another sweep is refused before anything runs.
