@@ -9,7 +9,7 @@ Commands:
                 --tasks builtin_reverse,builtin_module
   sweep     run a paper table's grid:   t5x-lite sweep table2 --preset tiny --workdir runs/table2
                 [--config.train.steps=100] [--launcher local|parallel|ray] [--workers N]
-                [--address HOST:PORT] [--accelerator cpu|gpu|tpu] [--point_index I]
+                [--address HOST:PORT] [--accelerator cpu|gpu|tpu] [--point_index I] [--vmap K]
   report    a sweep's table and plots: t5x-lite report runs/table2 [--out DIR]
   launch    commands for a TPU pod or a SLURM cluster (see launch/README.md):
             t5x-lite launch tpu|slurm [flags] -- table2 --preset paper --workdir DIR
@@ -165,6 +165,8 @@ def _sweep(argv: list[str]) -> None:
     parser.add_argument("--accelerator", default="cpu", choices=("cpu", "gpu", "tpu"),
                         help="--launcher ray: what each grid point asks for")
     parser.add_argument("--point_index", type=int, help="run only this grid point (job arrays)")
+    parser.add_argument("--vmap", type=int, default=1, help="pre-train up to K compatible grid "
+                        "points together in one vmapped step (fills an accelerator)")
     args, rest = parser.parse_known_args(argv)
     overrides = [arg for arg in rest if arg.startswith("--config.")]
     unknown = [arg for arg in rest if arg not in overrides]
@@ -175,7 +177,7 @@ def _sweep(argv: list[str]) -> None:
     launcher = launchers.make_launcher(args.launcher, workers=args.workers,
                                        address=args.address, accelerator=args.accelerator)
     sweep.run_sweep(args.experiment, args.preset, args.workdir, launcher=launcher,
-                    overrides=overrides, point_index=args.point_index)
+                    overrides=overrides, point_index=args.point_index, vmap=args.vmap)
     if args.point_index is None:
         _print_report(args.workdir, None)
 

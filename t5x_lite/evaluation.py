@@ -246,8 +246,10 @@ class EvalLog:
         self.path = workdir / EVAL_FILE
         self.records: list[dict[str, Any]] = []
         if self.path.exists():
-            train.keep_records_up_to(self.path, start_step)
-            self.records = [json.loads(line) for line in self.path.read_text().splitlines()]
+            if jax.process_index() == 0:  # one writer; the others read what it kept
+                train.keep_records_up_to(self.path, start_step)
+            self.records = [record for record in map(json.loads, self.path.read_text().splitlines())
+                            if record["step"] <= start_step]
 
     def add(self, step: int, results: dict[str, dict[str, Any]]) -> None:
         """Append the validation `results` of `step` (only process 0 writes the file)."""

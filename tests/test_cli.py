@@ -53,8 +53,8 @@ def get_config(preset):
 """
 
 
-def _cli(*args: str, home) -> subprocess.CompletedProcess:
-    env = {**os.environ, "XLA_FLAGS": "", "HOME": str(home)}  # one CPU device, as on a laptop
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "XLA_FLAGS": ""}  # one CPU device, as on a laptop
     return subprocess.run([sys.executable, "-m", "t5x_lite.cli", *args], env=env,
                           capture_output=True, text=True, timeout=600)
 
@@ -67,7 +67,7 @@ def test_sweep_then_report_from_the_command_line(tmp_path):
     workdir = tmp_path / "sweep"
     args = ("sweep", str(experiment), "--preset", "demo", f"--workdir={workdir}",
             "--config.train.seed=3")
-    result = _cli(*args, home=tmp_path)
+    result = _cli(*args)
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"^Encoder-decoder +Denoising +2P +M ", result.stdout, re.M)  # the table
     assert "Downloading" not in result.stdout + result.stderr  # nothing is, so nothing says so
@@ -76,23 +76,22 @@ def test_sweep_then_report_from_the_command_line(tmp_path):
         ("denoising", "builtin_module", "ok")]
     assert records[0]["seed"] == 0  # the sweep's seeds, not train.seed, number the runs
 
-    again = _cli(*args, home=tmp_path)
+    again = _cli(*args)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "1 done, 0 to run" in again.stderr + again.stdout
     assert (workdir / "results.jsonl").read_text().count("\n") == 1
 
     out = tmp_path / "report"
-    shown = _cli("report", str(workdir), f"--out={out}", home=tmp_path)
+    shown = _cli("report", str(workdir), f"--out={out}")
     assert shown.returncode == 0, shown.stderr[-3000:]
     assert "Encoder-decoder" in shown.stdout
     assert {"table.md", "table.csv", "table.tex"} <= {p.name for p in out.iterdir()}
 
 
 def test_sweep_rejects_an_unknown_flag_and_a_missing_results_file(tmp_path):
-    bad = _cli("sweep", "table2", "--preset", "demo", f"--workdir={tmp_path}", "--vmapp=2",
-               home=tmp_path)
+    bad = _cli("sweep", "table2", "--preset", "demo", f"--workdir={tmp_path}", "--vmapp=2")
     assert bad.returncode == 2 and "unrecognised arguments: --vmapp=2" in bad.stderr
-    missing = _cli("report", str(tmp_path / "nothing"), home=tmp_path)
+    missing = _cli("report", str(tmp_path / "nothing"))
     assert missing.returncode == 1 and "t5x-lite report:" in missing.stderr
     assert "Traceback" not in missing.stderr
 
