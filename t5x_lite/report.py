@@ -273,13 +273,26 @@ def _cell_text(cell: Cell, bold: Callable[[str], str]) -> str:
     return text if cell.paper is None else f"{text} ({cell.paper:.2f})"
 
 
+PAPER_AVERAGE = "Paper avg"
+
+
+def _score_columns(table: Table) -> list[str]:
+    """The numeric columns: ours, then the paper's row average when some of ours have no paper
+    column (e.g. the built-in tasks), so the published numbers still stand beside ours."""
+    unmatched = table.paper and any(c not in paper_results.COLUMNS for c in table.columns)
+    return [*table.columns, *([PAPER_AVERAGE] if unmatched else [])]
+
+
 def _grid(table: Table, bold: Callable[[str], str]) -> list[list[str]]:
     """Header and body of the table as text cells, the scores formatted by `_cell_text`."""
     with_objective = any(row.objective for row in table.rows)
+    with_average = PAPER_AVERAGE in _score_columns(table)
     header = [table.paper.row_header if table.paper else "Row",
-              *(["Objective"] if with_objective else []), "Params", "Cost", *table.columns]
+              *(["Objective"] if with_objective else []), "Params", "Cost",
+              *_score_columns(table)]
     body = [[row.label, *([row.objective or ""] if with_objective else []), row.params_label,
-             row.cost_label, *(_cell_text(cell, bold) for cell in row.cells.values())]
+             row.cost_label, *(_cell_text(cell, bold) for cell in row.cells.values()),
+             *([f"({_number(row.paper and row.paper.average)})"] if with_average else [])]
             for row in table.rows]
     return [header, *body]
 
@@ -298,6 +311,10 @@ def _notes(table: Table, bold_name: str = "Bold") -> list[str]:
         notes += [f"Kendall's tau of our row order vs. the paper's: {taus}.",
                   f"In parentheses: the paper's Table {table.paper.number} "
                   f"({paper_results.CITATION})."]
+        if PAPER_AVERAGE in _score_columns(table):
+            notes.append(f"{PAPER_AVERAGE}: the mean of the paper's {len(paper_results.COLUMNS)} "
+                         f"columns ({', '.join(paper_results.COLUMNS)}) for the row; the tasks "
+                         "without a paper column are compared with it.")
     spreads = ", ".join(f"{column} {pooled_std(row.cells[column] for row in table.rows):.2f}"
                         for column in table.columns)
     notes.append(f"{bold_name}: within two standard deviations of the column's best; the "
@@ -318,9 +335,9 @@ def _notes(table: Table, bold_name: str = "Bold") -> list[str]:
 
 def to_markdown(table: Table) -> str:
     header, *body = _grid(table, lambda s: f"**{s}**")
-    n_labels = len(header) - len(table.columns)
+    n_scores = len(_score_columns(table))
     lines = [f"## {_title(table)}", "", "| " + " | ".join(header) + " |",
-             "|" + "---|" * n_labels + "---:|" * len(table.columns)]
+             "|" + "---|" * (len(header) - n_scores) + "---:|" * n_scores]
     lines += ["| " + " | ".join(row) + " |" for row in body]
     return "\n".join([*lines, "", *_notes(table)]) + "\n"
 
@@ -349,7 +366,8 @@ def to_latex(table: Table) -> str:
         escaped = (_latex(c).replace("\x00", "\\textbf{").replace("\x01", "}") for c in cells)
         return " & ".join(escaped) + r" \\"
 
-    spec = "l" * (len(header) - len(table.columns)) + "r" * len(table.columns)
+    n_scores = len(_score_columns(table))
+    spec = "l" * (len(header) - n_scores) + "r" * n_scores
     lines = [r"\begin{table}[t]", r"\centering", rf"\begin{{tabular}}{{{spec}}}", r"\toprule",
              line(header), r"\midrule", *(line(row) for row in body), r"\bottomrule",
              r"\end{tabular}", rf"\caption{{{_latex(_title(table))}. "

@@ -155,6 +155,15 @@ def test_markdown_table_matches_the_hand_written_expectation(workdir):
     assert "61.00* ± 1.41 (83.28)" in result.text
 
 
+def test_paper_average_column_only_when_a_task_has_no_paper_column(workdir):
+    with pytest.warns(UserWarning):
+        records = report.read_results(str(workdir / "results.jsonl"))
+    mapped = report.build_table([r for r in records if r["task"] != "builtin_reverse"])
+    assert "Paper avg" not in report.to_markdown(mapped)
+    with_builtin = report.to_text(report.build_table(records))
+    assert with_builtin.splitlines()[2].rstrip().endswith("Paper avg")
+
+
 def test_csv_and_latex_hold_the_same_cells(workdir):
     _report(workdir)
     with open(workdir / "report" / "table.csv", encoding="utf-8") as f:
@@ -170,7 +179,9 @@ def test_csv_and_latex_hold_the_same_cells(workdir):
     with open(workdir / "report" / "table.tex", encoding="utf-8") as f:
         latex = f.read()
     assert r"\textbf{61.00} $\pm$ 1.41 (83.28)" in latex
-    assert r"Architecture & Objective & Params & Cost & GLUE & CNNDM & builtin\_reverse \\" in latex
+    assert (r"Architecture & Objective & Params & Cost & GLUE & CNNDM & builtin\_reverse & "
+            r"Paper avg \\") in latex
+    assert r"\begin{tabular}{llllrrrr}" in latex  # four label columns, four numeric ones
 
 
 def test_plots_are_written(workdir):
