@@ -4,7 +4,7 @@ Commands:
   train     pre-train one config:      t5x-lite train --preset tiny --workdir runs/tiny
   finetune  fine-tune a pre-trained run on downstream tasks:
             t5x-lite finetune --preset tiny --init_from runs/tiny --workdir runs/tiny_ft \\
-                --config.finetune.tasks="('builtin_reverse',)"
+                --tasks builtin_reverse
   eval      score a checkpoint on tasks: t5x-lite eval --preset tiny --checkpoint runs/tiny_ft \\
                 --tasks builtin_reverse,builtin_module
   sweep     run a paper table's grid:   t5x-lite sweep table2 --preset tiny --workdir runs/table2
@@ -53,7 +53,8 @@ flags.DEFINE_integer("steps", None, "Train up to this many steps (default: confi
 flags.DEFINE_bool("restart", False, "Discard the checkpoints in --workdir and start from step 0.")
 flags.DEFINE_string("init_from", None, "finetune: the pre-training workdir whose parameters start the run.")
 flags.DEFINE_string("checkpoint", None, "eval: a train or finetune workdir (or its checkpoints/).")
-flags.DEFINE_list("tasks", None, "eval: task names (default: config.finetune.tasks).")
+flags.DEFINE_list("tasks", None, "finetune / eval: task names, comma-separated (default: "
+                  "config.finetune.tasks).")
 flags.DEFINE_string("split", "validation", "eval: the split to score.")
 flags.DEFINE_bool("json", False, "bench: print one JSON object instead of a table.")
 flags.DEFINE_bool("compare_torch", False, "bench: also time the PyTorch (transformers) T5 step.")
@@ -111,7 +112,10 @@ def _finetune() -> None:
     if FLAGS.init_from is None:
         print("finetune: no --init_from given, so fine-tuning starts from random parameters.",
               file=sys.stderr)
-    summary = finetune(_config(), workdir, init_from=FLAGS.init_from, restart=FLAGS.restart)
+    config = _config()
+    if FLAGS.tasks:  # config_flags makes no override flag for a tuple that starts empty
+        config.finetune.tasks = tuple(FLAGS.tasks)
+    summary = finetune(config, workdir, init_from=FLAGS.init_from, restart=FLAGS.restart)
     print(json.dumps(summary, indent=2))
 
 

@@ -121,3 +121,22 @@ def test_bad_config_override_fails_fast_naming_the_field(tmp_path):
     assert "invalid config: objective.targets_length=8" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_finetune_and_eval_read_their_flags_and_check_the_checkpoint_first(tmp_path):
+    """`finetune` / `eval` take the preset, overrides, --tasks and the run to start from, and
+    stop with the path in the message, before any data is built, when it holds no checkpoint
+    (their training and scoring are test_evaluation's)."""
+    missing = tmp_path / "no_run"
+    finetune = _cli("finetune", "--preset", "demo", f"--workdir={tmp_path / 'ft'}",
+                    f"--init_from={missing}", "--tasks=builtin_module", "--config.finetune.steps=7")
+    assert finetune.returncode == 1, finetune.stderr[-2000:]
+    assert f"invalid config: {missing} holds no t5x_lite checkpoints" in finetune.stderr
+    unknown = _cli("finetune", "--preset", "demo", f"--workdir={tmp_path / 'ft'}",
+                   "--tasks=builtin_nonsense")
+    assert "builtin_nonsense" in unknown.stderr and "builtin_module" in unknown.stderr
+    evaluated = _cli("eval", "--preset", "demo", f"--checkpoint={missing}",
+                     "--tasks=builtin_module")
+    assert evaluated.returncode == 1 and f"{missing} holds no t5x_lite checkpoints" in evaluated.stderr
+    assert "Traceback" not in finetune.stderr + unknown.stderr + evaluated.stderr
+    assert not (tmp_path / "ft").exists()
