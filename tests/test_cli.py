@@ -33,28 +33,20 @@ def test_unknown_command_prints_usage_and_exits_2(capsys):
 
 # One grid row of tiny models: the CLI's sweep -> report path in a fresh process, in seconds.
 ONE_POINT_EXPERIMENT = """
-from t5x_lite import presets
+from tiny_configs import tiny_sweep_config
 
 GRID = (dict(point="denoising", row="Encoder-decoder", objective="Denoising",
              overrides={"objective.name": "span_corruption"}),)
 
 
 def get_config(preset):
-    config = presets.sweep_preset(preset)
-    config.model.update(d_model=32, d_ff=64, num_heads=2, d_kv=16, num_layers=1,
-                        vocab_size=256, num_sentinels=16)
-    config.objective.update(inputs_length=16, mean_noise_span_length=3.0)
-    config.train.update(batch_size=4, steps=4, warmup_steps=1, log_every=2)
-    config.checkpoint.every = 2
-    config.finetune.update(steps=2, batch_size=4, inputs_length=24, targets_length=16,
-                           eval_every=2, eval_examples=8)
-    config.sweep.update(tasks=("builtin_module",), progress=False)
-    return config
+    return tiny_sweep_config(preset, "builtin_module")
 """
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "XLA_FLAGS": ""}  # one CPU device, as on a laptop
+    # One CPU device, as on a laptop; tests/ on the path for the test experiment's configs.
+    env = {**os.environ, "XLA_FLAGS": "", "PYTHONPATH": os.path.dirname(__file__)}
     return subprocess.run([sys.executable, "-m", "t5x_lite.cli", *args], env=env,
                           capture_output=True, text=True, timeout=600)
 

@@ -1,5 +1,6 @@
 """Sweeps: the experiment grids, a tiny sweep end to end, kill-and-rerun, failures, bad input."""
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from t5x_lite.data import tasks
 # A three-point sweep of tiny models: two encoder-decoder points of one parameter structure
 # (so they must share one compiled pre-train step) around a point that fails when it runs.
 TINY_EXPERIMENT = '''
-from t5x_lite import presets
+from tiny_configs import tiny_sweep_config
 
 GRID = (
     dict(point="denoising", row="Encoder-decoder", objective="Denoising",
@@ -29,17 +30,7 @@ GRID = (
 
 
 def get_config(preset):
-    config = presets.sweep_preset(preset)
-    config.model.update(d_model=32, d_ff=64, num_heads=2, d_kv=16, num_layers=1,
-                        vocab_size=256, num_sentinels=16)
-    config.objective.update(inputs_length=16, mean_noise_span_length=3.0)
-    config.train.update(batch_size=4, steps=6, warmup_steps=1, log_every=2)
-    config.mesh.shape = (1, 1)
-    config.checkpoint.every = 2
-    config.finetune.update(steps=4, batch_size=4, inputs_length=24, targets_length=16,
-                           eval_every=4, eval_examples=8)
-    config.sweep.update(tasks=("builtin_reverse",), progress=False)
-    return config
+    return tiny_sweep_config(preset)
 '''
 # The contract's record fields (s2 contract, section 4).
 RECORD_FIELDS = {
@@ -162,7 +153,8 @@ def test_killed_sweep_resumes_to_the_same_records(experiment, uninterrupted, tmp
     script = (f"from t5x_lite import sweep; "
               f"sweep.run_sweep({experiment!r}, 'demo', {str(tmp_path)!r})")
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, cwd=Path(__file__).parent.parent)
+                             stderr=subprocess.DEVNULL, cwd=Path(__file__).parent.parent,
+                             env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)})
     metrics = tmp_path / "points" / "denoising" / "seed0" / "pretrain" / "metrics.jsonl"
     try:
         deadline = time.monotonic() + 120

@@ -1,8 +1,9 @@
-"""The tiny training config shared by the train-step tests and the multi-host worker script.
+"""Tiny configs shared by the tests, the multi-host worker script and the test experiment files.
 
 A plain module (not a fixture) so `tests/test_multihost.py` can import it when it runs as a
 worker process; the tests directory is on `sys.path` both under pytest and as a script.
 """
+from t5x_lite import presets
 from t5x_lite.config import default_config
 
 INPUTS_LENGTH = 32
@@ -35,4 +36,21 @@ def tiny_finetune_config(arch, corpus, data_dir, tasks=("test_reverse",)):
     config.finetune.update(tasks=tasks, steps=2, batch_size=8, inputs_length=16,
                            targets_length=16, eval_every=100, eval_examples=16)
     config.checkpoint.update(every=100, keep=1)
+    return config
+
+
+def tiny_sweep_config(preset, task="builtin_reverse"):
+    """The sweep preset `preset` shrunk for tests: a 1-layer, d_model 32 model with vocabulary
+    256, 6 pre-training steps on 16-token inputs, 4 fine-tuning steps on `task` with validation
+    on 8 examples. Experiment files written by the tests return it from `get_config`."""
+    config = presets.sweep_preset(preset)
+    config.model.update(d_model=32, d_ff=64, num_heads=2, d_kv=16, num_layers=1,
+                        vocab_size=256, num_sentinels=16)
+    config.objective.update(inputs_length=16, mean_noise_span_length=3.0)
+    config.train.update(batch_size=4, steps=6, warmup_steps=1, log_every=2)
+    config.mesh.shape = (1, 1)
+    config.checkpoint.every = 2
+    config.finetune.update(steps=4, batch_size=4, inputs_length=24, targets_length=16,
+                           eval_every=4, eval_examples=8)
+    config.sweep.update(tasks=(task,), progress=False)
     return config
