@@ -121,10 +121,13 @@ def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
         return lambda step: lr * jax.lax.rsqrt(jnp.maximum(step, warmup).astype(jnp.float32))
     if train.schedule == "constant":
         return optax.constant_schedule(lr)
+    # warmup == steps leaves no decay phase; optax wants at least one decay step, which the
+    # run never reaches.
+    decay = max(steps - warmup, 1)
     if train.schedule == "cosine":
-        return optax.warmup_cosine_decay_schedule(0.0, lr, warmup, steps, end_value=0.0)
+        return optax.warmup_cosine_decay_schedule(0.0, lr, warmup, warmup + decay, end_value=0.0)
     return optax.join_schedules(
-        [optax.linear_schedule(0.0, lr, warmup), optax.linear_schedule(lr, 0.0, steps - warmup)],
+        [optax.linear_schedule(0.0, lr, warmup), optax.linear_schedule(lr, 0.0, decay)],
         [warmup],
     )
 

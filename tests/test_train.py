@@ -138,6 +138,12 @@ def test_linear_cosine_and_constant_schedules():
     assert constant(0) == constant(10**6) == pytest.approx(3e-4)
 
 
+@pytest.mark.parametrize("kind", ["linear", "cosine"])
+def test_warmup_as_long_as_the_run_warms_up_and_never_decays(kind):
+    lr = schedule(kind, lr=1.0, warmup=10, steps=10)  # allowed: warmup_steps <= steps
+    assert [lr(s) for s in (0, 5, 10)] == pytest.approx([0.0, 0.5, 1.0], abs=1e-6)
+
+
 @pytest.mark.parametrize(
     "field, value, message",
     [
