@@ -58,6 +58,7 @@ def model_config() -> ml_collections.ConfigDict:
             dtype="float32",  # compute dtype; parameters are always float32
             attention_impl="auto",
             remat=False,  # recompute each layer's activations in the backward pass (saves memory)
+            scan_layers=False,  # run each stack's layers with jax.lax.scan (compile once per stack)
         )
     )
 
@@ -223,9 +224,14 @@ def validate_finetune_config(finetune: ml_collections.ConfigDict) -> None:
             require_integer(f"finetune.{field}", value, 1)
     if finetune.decode.alpha < 0:
         raise ConfigError(f"finetune.decode.alpha={finetune.decode.alpha} must be >= 0")
-    if not isinstance(finetune.pack, bool):
-        raise ConfigError(f"finetune.pack={finetune.pack!r} must be True or False")
+    require_bool("finetune.pack", finetune.pack)
     require_warmup("finetune", finetune.schedule, finetune.warmup_steps, finetune.steps)
+
+
+def require_bool(field: str, value: Any) -> None:
+    """Raise `ConfigError` unless `value` is True or False."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{field}={value!r} must be True or False")
 
 
 def validate_model_config(model: ml_collections.ConfigDict) -> None:
@@ -241,6 +247,8 @@ def validate_model_config(model: ml_collections.ConfigDict) -> None:
                   "relpos_buckets", "relpos_max_distance", "num_sentinels"):
         if not isinstance(model[field], int) or isinstance(model[field], bool):
             raise ConfigError(f"model.{field}={model[field]!r} must be an integer")
+    for field in ("tie_embeddings", "remat", "scan_layers"):
+        require_bool(f"model.{field}", model[field])
     if model.num_sentinels < 0:
         raise ConfigError(f"model.num_sentinels={model.num_sentinels} must be >= 0")
     if not 0.0 <= model.dropout_rate < 1.0:

@@ -30,7 +30,7 @@ from flax import nnx
 
 from t5x_lite import attention
 from t5x_lite.config import DECODER_ONLY_ARCHS, ENCODER_DECODER_ARCHS, EOS_ID, PAD_ID
-from t5x_lite.layers import LayerCache
+from t5x_lite.layers import Cache, cache_slots, select_cache_rows
 from t5x_lite.models import EncoderDecoder, make_masks
 
 METHODS = ("greedy", "sample", "beam")
@@ -62,7 +62,7 @@ class _Settings:
 class _Prompt:
     """The decoder state before the first step, one row per sequence being decoded."""
 
-    cache: list[LayerCache]  # slots [N, prompt length + max_length - 1, H, K] per layer
+    cache: Cache  # slots [N, prompt length + max_length - 1, H, K] per layer
     token: jax.Array  # int32 [N]: the prompt's last token, which the first step feeds
     end: jax.Array  # int32 [N]: its position
     cross_mask: jax.Array | None  # bool [N, 1, 1, Le]: real encoder tokens (encoder-decoders)
@@ -205,7 +205,7 @@ def _prefill(model: nnx.Module, inputs: jax.Array, settings: _Settings) -> _Prom
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
     # The prefix is the inputs plus the position predicting the first target (inputs_mask).
     prefix_length = end + 1 if settings.arch == "prefix_lm" else None
-    mask = attention.cache_mask(positions, cache[0].self_attention.key.shape[1], prefix_length)
+    mask = attention.cache_mask(positions, cache_slots(cache), prefix_length)
     # Slots past a row's prompt get padding's keys here; each is overwritten by the step that
     # first makes it visible. The first step recomputes slot `end` (the same keys / values:
     # that position sees the same slots either way) and gives the first target's logits.
@@ -213,11 +213,10 @@ def _prefill(model: nnx.Module, inputs: jax.Array, settings: _Settings) -> _Prom
     return _Prompt(cache, tokens[jnp.arange(batch_size), end], end, None)
 
 
-def _step(model: nnx.Module, prompt: _Prompt, cache: list[LayerCache], tokens: jax.Array,
-          positions: jax.Array) -> tuple[jax.Array, list[LayerCache]]:
+def _step(model: nnx.Module, prompt: _Prompt, cache: Cache, tokens: jax.Array,
+          positions: jax.Array) -> tuple[jax.Array, Cache]:
     """Feed `tokens [N]` at `positions [N]`: logits `[N, vocab]` for the next ones, new cache."""
-    cache_length = cache[0].self_attention.key.shape[1]
-    mask = attention.cache_mask(positions[:, None], cache_length)
+    mask = attention.cache_mask(positions[:, None], cache_slots(cache))
     logits, cache = model.extend(tokens[:, None], positions[:, None], mask, cache,
                                  prompt.cross_mask)
     return logits[:, 0], cache
@@ -286,7 +285,9 @@ def _beam_search(model: nnx.Module, prompt: _Prompt, settings: _Settings) -> Dec
     """
     k, max_length = settings.num_beams, settings.max_length
     batch_size = prompt.end.shape[0]
-    beams = jax.tree.map(lambda x: jnp.repeat(x, k, axis=0), prompt)  # row b * k + beam
+    copies = jnp.repeat(jnp.arange(batch_size), k)  # row b * k + beam
+    beams = jax.tree.map(lambda x: x[copies], prompt.replace(cache=None)).replace(
+        cache=select_cache_rows(prompt.cache, copies))
 
     def length_penalty(length):
         return ((5.0 + length) / 6.0) ** settings.alpha
@@ -315,8 +316,7 @@ def _beam_search(model: nnx.Module, prompt: _Prompt, settings: _Settings) -> Dec
         live_log_probs, (live_tokens, parent, token) = _keep_best(
             continuing, k, top_tokens, parent, token)
         rows = (jnp.arange(batch_size)[:, None] * k + parent).reshape(-1)
-        cache = [layer.replace(self_attention=jax.tree.map(lambda x: x[rows], layer.self_attention))
-                 for layer in cache]
+        cache = select_cache_rows(cache, rows, cross_attention=False)
         return (t + 1, live_tokens, live_log_probs, finished_tokens, finished_scores,
                 token.reshape(-1), cache)
 

@@ -120,6 +120,32 @@ class LayerCache:
     cross_attention: KeysValues | None
 
 
+# A stack's decoding cache: one `LayerCache` per layer, or, when the stack scans over stacked
+# layers (`model.scan_layers`), one `LayerCache` whose arrays carry a leading layer axis. Either
+# way every key / value array ends in `[B, L, H, K]`, so the helpers below index from the end.
+Cache = list[LayerCache] | LayerCache
+
+
+def cache_slots(cache: Cache) -> int:
+    """How many self-attention slots (positions) `cache` holds."""
+    first = cache if isinstance(cache, LayerCache) else cache[0]
+    return first.self_attention.key.shape[-3]
+
+
+def select_cache_rows(cache: Cache, rows: jax.Array, *, cross_attention: bool = True) -> Cache:
+    """`cache` with batch rows `rows` (int `[N]`) taken from every key / value array, e.g. to
+    copy a prompt's cache per beam or to reorder beams. `cross_attention=False` leaves the
+    encoder's keys / values as they are (beams of one example share them)."""
+    def take(kv: KeysValues | None) -> KeysValues | None:
+        return jax.tree.map(lambda x: jnp.take(x, rows, axis=-4), kv)
+
+    def select(layer: LayerCache) -> LayerCache:
+        return LayerCache(take(layer.self_attention),
+                          take(layer.cross_attention) if cross_attention else layer.cross_attention)
+
+    return select(cache) if isinstance(cache, LayerCache) else [select(layer) for layer in cache]
+
+
 class Attention(nnx.Module):
     """Multi-head attention with query / key / value / out projections and no biases.
 
@@ -292,13 +318,18 @@ class TransformerLayer(nnx.Module):
             self.mlp = MLP(cfg.d_model, cfg.d_ff, kind=cfg.mlp, dropout_rate=cfg.dropout_rate,
                            dtype=dtype, rngs=rngs)
         else:
-            self.self_attention_norm = share_with.self_attention_norm
-            self.self_attention = share_with.self_attention
-            self.mlp_norm = share_with.mlp_norm
-            self.mlp = share_with.mlp
+            self.share(share_with)
         self.cross_attention_norm = norm() if cross_attention else None
         self.cross_attention = attention() if cross_attention else None
         self.dropout_rate = cfg.dropout_rate
+
+    # The sub-modules `share_with` / `share` make one object for two layers.
+    SHARED = ("self_attention_norm", "self_attention", "mlp_norm", "mlp")
+
+    def share(self, other: TransformerLayer) -> None:
+        """Use `other`'s self-attention, MLP and their norms (the same objects) from now on."""
+        for name in self.SHARED:
+            setattr(self, name, getattr(other, name))
 
     def __call__(
         self,

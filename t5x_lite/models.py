@@ -34,12 +34,14 @@ from t5x_lite.config import (
     validate_model_config,
 )
 from t5x_lite.layers import (
+    Cache,
     Embed,
     LayerCache,
     LMHead,
     RMSNorm,
     RelativePositionBias,
     TransformerLayer,
+    cache_slots,
     dropout,
     fold_rng,
 )
@@ -108,12 +110,27 @@ def _run_layer(layer: TransformerLayer, x: jax.Array, mask: jax.Array | None,
 _run_layer_remat = nnx.remat(_run_layer)
 
 
+def _stacked(layers: list[TransformerLayer]) -> TransformerLayer:
+    """One layer whose parameters hold `layers`' parameters stacked on a new leading axis,
+    with the logical axis name `layers` in front of their others."""
+    states = [nnx.state(layer) for layer in layers]
+    stacked = nnx.merge(nnx.graphdef(layers[0]), jax.tree.map(lambda *xs: jnp.stack(xs), *states))
+    for _, variable in nnx.iter_graph(stacked):
+        if isinstance(variable, nnx.Param):
+            axes = variable.get_metadata()["logical_axes"]
+            variable.set_metadata(logical_axes=("layers", *axes))
+    return stacked
+
+
 class TransformerStack(nnx.Module):
     """Embedded tokens -> dropout -> layers -> final norm -> dropout.
 
     One relative position bias per stack, computed once per forward and shared by all its
     layers; `bidirectional` picks the bucket rule (not visibility: that is the mask).
     `share_with` makes layer i reuse `share_with.layers[i]`'s self-attention and MLP.
+
+    `scan()` turns the layer list into one layer of stacked parameters that the forward runs
+    with `jax.lax.scan`: the same computation, compiled once instead of once per layer.
     """
 
     def __init__(
@@ -139,6 +156,27 @@ class TransformerStack(nnx.Module):
         self.bidirectional = bidirectional
         self.dropout_rate = cfg.dropout_rate
         self.remat = cfg.remat
+        self.scanned = False
+
+    def scan(self, share_with: TransformerStack | None = None) -> None:
+        """Stack this stack's layers for `jax.lax.scan` (same values, same computation).
+
+        `share_with`: the already scanned stack whose self-attention and MLP these layers reuse
+        (`encoder_decoder_shared`); the sharing survives as one stacked parameter set.
+        """
+        if self.scanned:
+            raise ValueError("this stack's layers are already scanned")
+        layers = _stacked(list(self.layers))
+        if share_with is not None:
+            layers.share(share_with.layers)
+        self.layers = layers
+        self.scanned = True
+
+    @property
+    def num_layers(self) -> int:
+        if self.scanned:
+            return self.layers.self_attention.query.shape[0]
+        return len(self.layers)
 
     def __call__(
         self,
@@ -149,8 +187,8 @@ class TransformerStack(nnx.Module):
         encoded: jax.Array | None = None,
         cross_mask: jax.Array | None = None,
         dropout_rng: jax.Array | None = None,
-        cache: list[LayerCache] | None = None,
-    ) -> tuple[jax.Array, list[LayerCache] | None]:
+        cache: Cache | None = None,
+    ) -> tuple[jax.Array, Cache | None]:
         """`x [B, L, D]` embedded tokens, `positions [B, L]` or `[L]` -> (`[B, L, D]`, cache).
 
         With `cache` (from `init_cache`), `positions [B, L]` are also the cache slots the
@@ -159,32 +197,48 @@ class TransformerStack(nnx.Module):
         """
         if cache is None:
             bias = self.relpos(positions, positions, self.bidirectional)
-            layer_caches, cache_start = [None] * len(self.layers), None
+            cache_start = None
         else:
-            cache_length = cache[0].self_attention.key.shape[1]
-            bias = self.relpos(positions, jnp.arange(cache_length), self.bidirectional)
-            layer_caches, cache_start = list(cache), positions[:, 0]
+            bias = self.relpos(positions, jnp.arange(cache_slots(cache)), self.bidirectional)
+            cache_start = positions[:, 0]
         # Dropout sites: 0 the embedded input, 1 the final norm's output, 2 + i layer i.
         x = dropout(x, self.dropout_rate, fold_rng(dropout_rng, 0))
         run_layer = _run_layer_remat if self.remat else _run_layer
-        for i, layer in enumerate(self.layers):
-            x, layer_caches[i] = run_layer(layer, x, mask, bias, encoded, cross_mask,
-                                           fold_rng(dropout_rng, i + 2), layer_caches[i],
-                                           cache_start)
+        if self.scanned:
+            graphdef, params = nnx.split(self.layers)
+            layer_rngs = None if dropout_rng is None else jax.vmap(fold_rng, (None, 0))(
+                dropout_rng, jnp.arange(self.num_layers) + 2)
+
+            def body(x, per_layer):
+                layer_params, layer_rng, layer_cache = per_layer
+                return run_layer(nnx.merge(graphdef, layer_params), x, mask, bias, encoded,
+                                 cross_mask, layer_rng, layer_cache, cache_start)
+
+            x, cache = jax.lax.scan(body, x, (params, layer_rngs, cache))
+        else:
+            layer_caches = [None] * self.num_layers if cache is None else list(cache)
+            for i, layer in enumerate(self.layers):
+                x, layer_caches[i] = run_layer(layer, x, mask, bias, encoded, cross_mask,
+                                               fold_rng(dropout_rng, i + 2), layer_caches[i],
+                                               cache_start)
+            cache = None if cache is None else layer_caches
         x = dropout(self.final_norm(x), self.dropout_rate, fold_rng(dropout_rng, 1))
-        return x, None if cache is None else layer_caches
+        return x, cache
 
     def init_cache(self, batch_size: int, length: int,
-                   encoded: jax.Array | None = None) -> list[LayerCache]:
+                   encoded: jax.Array | None = None) -> Cache:
         """An empty cache of `length` slots per layer; with `encoded [B, Le, D]` (a decoder
         with cross-attention) each layer's encoder keys / values, computed once here."""
-        return [
-            LayerCache(
+        def layer_cache(layer: TransformerLayer) -> LayerCache:
+            return LayerCache(
                 layer.self_attention.empty_cache(batch_size, length),
                 None if encoded is None else layer.cross_attention.keys_values(encoded),
             )
-            for layer in self.layers
-        ]
+
+        if self.scanned:
+            graphdef, params = nnx.split(self.layers)
+            return jax.vmap(lambda p: layer_cache(nnx.merge(graphdef, p)))(params)
+        return [layer_cache(layer) for layer in self.layers]
 
 
 class _T5Model(nnx.Module):
@@ -206,7 +260,7 @@ class _T5Model(nnx.Module):
         return self.lm_head(x).astype(jnp.float32)
 
     def init_cache(self, batch_size: int, length: int,
-                   encoded: jax.Array | None = None) -> list[LayerCache]:
+                   encoded: jax.Array | None = None) -> Cache:
         """The decoder's empty decoding cache of `length` positions (see
         `TransformerStack.init_cache`); encoder-decoders pass the encoder output `encoded`."""
         return self.decoder.init_cache(batch_size, length, encoded)
@@ -216,9 +270,9 @@ class _T5Model(nnx.Module):
         tokens: jax.Array,
         positions: jax.Array,
         mask: jax.Array,
-        cache: list[LayerCache],
+        cache: Cache,
         cross_mask: jax.Array | None = None,
-    ) -> tuple[jax.Array, list[LayerCache]]:
+    ) -> tuple[jax.Array, Cache]:
         """Run the decoder on the next `tokens [B, L]` at `positions [B, L]` (also their cache
         slots), attending over the cache with `mask [B, 1, L, Lc]` (and over the cached encoder
         output with `cross_mask [B, 1, L, Le]`). Returns float32 logits `[B, L, vocab]` and
@@ -313,5 +367,24 @@ def build_model(model_cfg: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Mod
     """Validate `model_cfg` (raising `ConfigError` before any array exists) and build it."""
     validate_model_config(model_cfg)
     if model_cfg.arch in DECODER_ONLY_ARCHS:
-        return DecoderOnly(model_cfg, rngs)
-    return EncoderDecoder(model_cfg, rngs)
+        model = DecoderOnly(model_cfg, rngs)
+    else:
+        model = EncoderDecoder(model_cfg, rngs)
+    # Built layer by layer first, so a seed gives the same parameters scanned or not.
+    return scan_layers(model) if model_cfg.scan_layers else model
+
+
+def scan_layers(model: nnx.Module) -> nnx.Module:
+    """Stack `model`'s layers for `jax.lax.scan` in place (`model.scan_layers`) and return it.
+
+    Same parameter values and outputs; the compiled program holds one layer per stack instead
+    of `num_layers`, so compile time stops growing with depth. Also turns a model built
+    unscanned (e.g. by `convert.from_hf_t5`) into the layout a scanned config's checkpoints use.
+    """
+    if isinstance(model, EncoderDecoder):
+        model.encoder.scan()
+        model.decoder.scan(
+            share_with=model.encoder if model.arch == "encoder_decoder_shared" else None)
+    else:
+        model.decoder.scan()
+    return model

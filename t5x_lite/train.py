@@ -132,8 +132,13 @@ def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
     )
 
 
-def make_optimizer(train: ml_collections.ConfigDict) -> optax.GradientTransformation:
+def make_optimizer(
+    train: ml_collections.ConfigDict, *, scanned_layers: bool = False
+) -> optax.GradientTransformation:
     """The optimiser of `train.optimizer`, driven by `learning_rate_schedule(train)`.
+
+    scanned_layers: the model stacks its layers (`model.scan_layers`); each layer's slice of a
+    stacked parameter is then optimised on its own (see `_per_layer`), exactly as unscanned.
 
     adafactor: T5 / T5X's settings (which are optax's defaults, spelled out here): factored
     second moments for matrices whose two largest dims are >= 128, decay rate 0.8
@@ -145,15 +150,37 @@ def make_optimizer(train: ml_collections.ConfigDict) -> optax.GradientTransforma
     """
     schedule = learning_rate_schedule(train)
     if train.optimizer == "adafactor":
-        return optax.adafactor(
+        tx = optax.adafactor(
             learning_rate=schedule, min_dim_size_to_factor=128, decay_rate=0.8,
             multiply_by_parameter_scale=True, clipping_threshold=1.0, momentum=None, eps=1e-30,
             factored=True, weight_decay_rate=train.weight_decay or None,
         )
-    matrices = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
-    return optax.adamw(
-        schedule, b1=0.9, b2=0.999, eps=1e-8, weight_decay=train.weight_decay, mask=matrices
-    )
+    else:
+        matrices = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
+        tx = optax.adamw(
+            schedule, b1=0.9, b2=0.999, eps=1e-8, weight_decay=train.weight_decay, mask=matrices
+        )
+    return _per_layer(tx) if scanned_layers else tx
+
+
+def _per_layer(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    """`tx` with every stacked layer parameter (logical axes starting with `layers`) updated
+    slice by slice, as `jax.vmap` over its layer axis, and the other parameters as they are.
+
+    Adafactor's factored moments and its parameter-scale RMS, and AdamW's "matrices only"
+    decay mask, are per-parameter statistics and choices: on a stacked `[layers, ...]` array
+    they would mix the layers, so the scanned model would train differently.
+    """
+    one_layer_at_a_time = optax.GradientTransformation(
+        init=jax.vmap(tx.init), update=jax.vmap(tx.update))
+
+    def labels(params: nnx.State) -> Any:
+        def label(param: nnx.Variable) -> str:
+            return "layers" if param.get_metadata()["logical_axes"][0] == "layers" else "other"
+
+        return jax.tree.map(label, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+    return optax.multi_transform({"layers": one_layer_at_a_time, "other": tx}, labels)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,7 +246,8 @@ def step_key(seed: int) -> jax.Array:
 def _init_fn(config: ml_collections.ConfigDict) -> Callable[[jax.Array], TrainState]:
     """seed key -> a fresh train state. The key is an argument, not a constant, so one
     compiled init serves every seed."""
-    model_cfg, tx = _program_model_config(config.model), make_optimizer(config.train)
+    model_cfg = _program_model_config(config.model)
+    tx = make_optimizer(config.train, scanned_layers=model_cfg.scan_layers)
 
     def init(seed_key: jax.Array) -> TrainState:
         rngs = nnx.Rngs(jax.random.fold_in(seed_key, _INIT_STREAM))
@@ -288,7 +316,7 @@ def state_from_params(
     validate_train_config(config.train)
     key = (_program_key(config, None, mesh), "from params")
     if key not in _INITS:
-        tx = make_optimizer(config.train)
+        tx = make_optimizer(config.train, scanned_layers=config.model.scan_layers)
         shardings = jax.tree.map(lambda s: s.sharding, abstract_state(config, mesh))
         _INITS[key] = jax.jit(
             lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p)),
@@ -349,7 +377,8 @@ def _step_fn(
     `objectives.corrupt` of (raw tokens, spec) for pre-training, the batch itself for
     fine-tuning. Everything after it (loss, micro-batches, optimiser, metrics) is shared.
     """
-    tx, train = make_optimizer(config.train), config.train
+    tx = make_optimizer(config.train, scanned_layers=config.model.scan_layers)
+    train = config.train
     schedule, loss_sums = learning_rate_schedule(config.train), _loss_fn(config)
     dropout = config.model.dropout_rate > 0
     rows = partitioning.batch_sharding(mesh, partitioning.normalize_rules(config.mesh.rules))

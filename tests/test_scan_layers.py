@@ -1,0 +1,177 @@
+"""`model.scan_layers`: stacked layer parameters run by `jax.lax.scan` give the same model.
+
+For every architecture a scanned model built from a seed holds the unscanned model's
+parameters stacked on a leading `layers` axis, computes the same logits (dropout included),
+gradients and decoded tokens, trains to the same losses on a sharded mesh, and its traced
+program holds each stack's layer once instead of `num_layers` times.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from t5x_lite import decoding, objectives, partitioning, train
+from t5x_lite.config import ARCHS, ConfigError, ENCODER_DECODER_ARCHS, model_config
+from t5x_lite.models import build_model, make_masks, scan_layers
+from tiny_configs import tiny_train_config
+
+NUM_LAYERS = 4
+
+
+def tiny_model_config(arch, scanned, **fields):
+    cfg = model_config()
+    cfg.update(arch=arch, vocab_size=64, num_sentinels=4, d_model=16, d_ff=32, num_heads=2,
+               d_kv=8, num_layers=NUM_LAYERS, relpos_buckets=8, relpos_max_distance=16,
+               dropout_rate=0.1, scan_layers=scanned)
+    cfg.update(fields)
+    return cfg
+
+
+def batch(arch, rows=2, length=6):
+    tokens = np.random.default_rng(0).integers(3, 60, (rows, length)).astype(np.int32)
+    tokens[1, -2:] = 0  # a padded row
+    batch = {"decoder_input_tokens": tokens, "decoder_target_tokens": tokens,
+             "decoder_loss_weights": (tokens > 0).astype(np.float32)}
+    if arch in ENCODER_DECODER_ARCHS:
+        batch["encoder_input_tokens"] = tokens
+    else:
+        batch["inputs_mask"] = np.arange(length)[None] < 3
+    return batch
+
+
+def is_param(x):
+    return isinstance(x, nnx.Variable)
+
+
+def params_by_path(params):
+    """{path: value} of a model's parameters or of an `nnx.State` of them (or of gradients)."""
+    params = nnx.state(params, nnx.Param) if isinstance(params, nnx.Module) else params
+    flat = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_param)[0]
+    return {tuple(getattr(k, "key", getattr(k, "idx", k)) for k in path): np.asarray(v.get_value())
+            for path, v in flat}
+
+
+def restacked(unscanned_params):
+    """The unscanned model's parameters with each stack's per-layer entries stacked, keyed like
+    the scanned model's (`(stack, 'layers', i, *rest)` -> `(stack, 'layers', *rest)`)."""
+    grouped = {}
+    for path, value in unscanned_params.items():
+        if len(path) > 2 and path[1] == "layers":
+            grouped.setdefault((path[0], "layers", *path[3:]), {})[path[2]] = value
+        else:
+            grouped[path] = value
+    return {path: np.stack([v[i] for i in sorted(v)]) if isinstance(v, dict) else v
+            for path, v in grouped.items()}
+
+
+def loss(model, arch, rng):
+    b = batch(arch)
+    logits = model(b, make_masks(b, arch), dropout_rng=rng)
+    return -jnp.sum(jax.nn.log_softmax(logits)[..., 7] * b["decoder_loss_weights"])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_scanned_model_has_the_same_parameters_logits_and_gradients(arch):
+    plain = build_model(tiny_model_config(arch, False), nnx.Rngs(3))
+    scanned = build_model(tiny_model_config(arch, True), nnx.Rngs(3))
+    expected = restacked(params_by_path(plain))
+    actual = params_by_path(scanned)
+    assert actual.keys() == expected.keys()
+    for path, value in actual.items():
+        np.testing.assert_array_equal(value, expected[path], err_msg=str(path))
+
+    rng = jax.random.key(5)  # dropout on: every layer must get its unscanned dropout key
+    plain_loss, plain_grads = nnx.value_and_grad(loss)(plain, arch, rng)
+    scanned_loss, scanned_grads = nnx.value_and_grad(loss)(scanned, arch, rng)
+    np.testing.assert_allclose(scanned_loss, plain_loss, rtol=1e-5)
+    expected_grads = restacked(params_by_path(plain_grads))
+    for path, grad in params_by_path(scanned_grads).items():
+        np.testing.assert_allclose(grad, expected_grads[path], rtol=1e-4, atol=1e-6,
+                                   err_msg=str(path))
+
+
+def test_stacked_parameters_carry_the_layers_axis_and_shared_blocks_stay_shared():
+    model = build_model(tiny_model_config("encoder_decoder_shared", True), nnx.Rngs(0))
+    query = model.encoder.layers.self_attention.query
+    assert query.shape == (NUM_LAYERS, 16, 2, 8)
+    assert query.get_metadata()["logical_axes"] == ("layers", "embed", "heads", "kv")
+    assert model.decoder.layers.self_attention is model.encoder.layers.self_attention
+    assert model.decoder.layers.cross_attention.query.shape[0] == NUM_LAYERS
+    with pytest.raises(ValueError, match="already scanned"):
+        scan_layers(model)
+
+
+@pytest.mark.parametrize("arch", ["encoder_decoder", "language_model"])
+def test_the_traced_program_holds_each_layer_once(arch):
+    def dot_count(scanned):
+        model = build_model(tiny_model_config(arch, scanned), nnx.Rngs(0))
+        graphdef, state = nnx.split(model)
+        jaxpr = jax.make_jaxpr(
+            lambda s: loss(nnx.merge(graphdef, s), arch, jax.random.key(0)))(state)
+        return str(jaxpr).count("dot_general"), str(jaxpr).count(f"length={NUM_LAYERS}")
+
+    plain_dots, _ = dot_count(False)
+    scanned_dots, scans = dot_count(True)
+    stacks = 2 if arch in ENCODER_DECODER_ARCHS else 1
+    assert scans == stacks
+    # Unscanned, every layer's projections appear once per layer; scanned, once per stack.
+    assert scanned_dots < plain_dots
+    assert plain_dots - scanned_dots >= (NUM_LAYERS - 1) * 6 * stacks
+
+
+@pytest.mark.parametrize("arch,method", [("encoder_decoder", "beam"), ("prefix_lm", "greedy")])
+def test_scanned_models_decode_the_same_tokens(arch, method):
+    def decoded(scanned):
+        model = build_model(tiny_model_config(arch, scanned, dropout_rate=0.0,
+                                              tie_embeddings=False), nnx.Rngs(1))
+        inputs = np.array([[5, 9, 14, 1], [22, 1, 0, 0]], np.int32)
+        return decoding.decode(model, inputs, max_length=5, method=method, num_beams=2)
+
+    plain, scanned = decoded(False), decoded(True)
+    np.testing.assert_array_equal(scanned.tokens, plain.tokens)
+    np.testing.assert_allclose(scanned.scores, plain.scores, rtol=1e-5)
+
+
+def test_scanned_training_on_a_sharded_mesh_matches_unscanned_on_one_device():
+    grid = [tiny_train_config().objective]
+    layout = objectives.layout_for(grid, "encoder_decoder", 160, 32)
+    raw = np.random.default_rng(0).integers(3, 128, (8, layout.raw_length), dtype=np.int32)
+    spec = objectives.spec_from_config(grid[0])
+
+    def run(config, mesh):
+        state, step, losses = train.init_state(config, mesh), train.make_train_step(
+            config, layout, mesh), []
+        for _ in range(3):
+            state, metrics = step(state, raw, spec, jax.random.key(0))
+            losses.append(float(metrics["loss"]))
+        return losses, state
+
+    plain_config = tiny_train_config(mesh=(1, 1))
+    plain_config.model.num_layers = NUM_LAYERS
+    plain_losses, plain_state = run(plain_config,
+                                    partitioning.make_mesh(plain_config.mesh, jax.devices()[:1]))
+    config = tiny_train_config(mesh=(2, 4))
+    config.model.update(num_layers=NUM_LAYERS, scan_layers=True)
+    mesh = partitioning.make_mesh(config.mesh)
+    losses, state = run(config, mesh)
+    np.testing.assert_allclose(losses, plain_losses, rtol=1e-5)
+
+    expected = restacked(params_by_path(plain_state.params))
+    actual = params_by_path(state.params)
+    assert actual.keys() == expected.keys()
+    for path, value in actual.items():
+        np.testing.assert_allclose(value, expected[path], rtol=1e-4, atol=1e-6, err_msg=str(path))
+
+    model_axis = {"vocab": "model", "heads": "model", "mlp": "model"}  # the default rules
+    for path, param in jax.tree_util.tree_flatten_with_path(state.params, is_leaf=is_param)[0]:
+        axes = param.get_metadata()["logical_axes"]
+        sharding = NamedSharding(mesh, P(*(model_axis.get(a) for a in axes)))
+        assert param.get_value().sharding.is_equivalent_to(sharding, len(axes)), path
+
+
+def test_scan_layers_must_be_a_bool():
+    with pytest.raises(ConfigError, match=r"model.scan_layers=None must be True or False"):
+        build_model(tiny_model_config("encoder_decoder", None), nnx.Rngs(0))
