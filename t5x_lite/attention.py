@@ -71,12 +71,25 @@ def _einsum_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array 
     grouped-query reshapes add copies and a slow bias-gradient reduction."""
     logits = jnp.einsum("bqhd,bkhd->bhqk", q, k)
     if bias is not None:
-        logits = logits + bias
+        logits = logits + _broadcast_batch(bias, logits.shape[0])
     logits = logits.astype(jnp.float32)
     if mask is not None:
         logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
     return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+
+
+def _broadcast_batch(x: jax.Array, batch_size: int) -> jax.Array:
+    """`x [1 or batch_size, ...]` -> `[batch_size, ...]`.
+
+    A size-1 batch axis (the relative position bias shared by every example) is broadcast as a
+    product with ones so that its gradient, a sum over the batch, is a matrix product: XLA:CPU
+    reduces over a leading axis of `[B, H, Lq, Lk]` about 7x slower, and the tiny preset's
+    train step runs about 4% faster for it.
+    """
+    if x.shape[0] == batch_size:
+        return x
+    return jnp.einsum("b,o...->b...", jnp.ones(batch_size, x.dtype), x)
 
 
 def _expand_to_logits(x: jax.Array, q: jax.Array, k: jax.Array) -> jax.Array:

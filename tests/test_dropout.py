@@ -1,0 +1,56 @@
+"""layers.dropout and the random bits behind it: Threefry-2x32 against JAX's and a published
+known-answer vector, the drop rate and scaling, and masks that do not depend on sharding."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.extend.random import threefry_2x32 as jax_threefry_2x32
+from jax.sharding import NamedSharding, PartitionSpec
+
+from t5x_lite.layers import dropout, random_bits, threefry_2x32
+
+
+def test_threefry_matches_jax_and_the_random123_known_answer():
+    key = jax.random.bits(jax.random.key(0), (2,), jnp.uint32)
+    counter = jax.random.bits(jax.random.key(1), (2, 50), jnp.uint32)
+    ours = threefry_2x32((key[0], key[1]), (counter[0], counter[1]))
+    expected = jax_threefry_2x32(key, counter.reshape(-1))  # first halves, then second halves
+    np.testing.assert_array_equal(jnp.concatenate(ours), expected)
+    # Random123's kat_vectors: threefry2x32_20 with zero key and counter.
+    zero = jnp.uint32(0)
+    words = threefry_2x32((zero, zero), (zero, zero))
+    assert [int(word) for word in words] == [0x6B200159, 0x99BA4EFE]
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.5])
+def test_dropout_drops_the_rate_and_keeps_the_mean(rate):
+    x = jnp.ones((64, 1000))
+    out = np.asarray(dropout(x, rate, jax.random.key(0)))
+    dropped = out == 0
+    assert abs(dropped.mean() - rate) < 0.01  # binomial sd over 64000 draws is <= 0.002
+    np.testing.assert_allclose(out[~dropped], 1.0 / (1.0 - rate), rtol=1e-6)
+    # Rows and columns are not copies of each other (every element has its own counter).
+    assert not np.array_equal(dropped[0], dropped[1])
+    assert not np.array_equal(dropped[:, 0], dropped[:, 1])
+
+
+def test_dropout_is_identity_without_a_key_or_at_rate_zero():
+    x = jax.random.normal(jax.random.key(0), (4, 8))
+    np.testing.assert_array_equal(dropout(x, 0.3, None), x)
+    np.testing.assert_array_equal(dropout(x, 0.0, jax.random.key(1)), x)
+
+
+def test_random_bits_do_not_depend_on_sharding():
+    shape, key = (8, 4, 6), jax.random.key(3)
+    whole = jax.jit(random_bits, static_argnums=1)(key, shape)
+    mesh = jax.make_mesh((8,), ("data",))
+    sharded = jax.jit(random_bits, static_argnums=1,
+                      out_shardings=NamedSharding(mesh, PartitionSpec("data")))(key, shape)
+    assert len(sharded.sharding.device_set) == 8
+    np.testing.assert_array_equal(sharded, whole)
+    assert len(np.unique(np.asarray(whole))) == whole.size  # no repeated counters
+
+
+def test_random_bits_refuses_more_than_its_counter_can_index():
+    with pytest.raises(ValueError, match=r"fewer than 2\^32 values; shape \(65536, 65536\)"):
+        random_bits(jax.random.key(0), (2**16, 2**16))
