@@ -89,7 +89,8 @@ def test_scanned_model_has_the_same_parameters_logits_and_gradients(arch):
     np.testing.assert_allclose(scanned_loss, plain_loss, rtol=1e-5)
     expected_grads = restacked(params_by_path(plain_grads))
     for path, grad in params_by_path(scanned_grads).items():
-        np.testing.assert_allclose(grad, expected_grads[path], rtol=1e-4, atol=1e-6,
+        # Gradients are O(1): atol covers float32 cancellation in near-zero entries.
+        np.testing.assert_allclose(grad, expected_grads[path], rtol=1e-4, atol=1e-5,
                                    err_msg=str(path))
 
 
