@@ -85,7 +85,7 @@ def _broadcast_batch(x: jax.Array, batch_size: int) -> jax.Array:
     A size-1 batch axis (the relative position bias shared by every example) is broadcast as a
     product with ones so that its gradient, a sum over the batch, is a matrix product: XLA:CPU
     reduces over a leading axis of `[B, H, Lq, Lk]` about 7x slower, and the tiny preset's
-    train step runs about 4% faster for it.
+    train step runs about 3% faster for it (6% less CPU time).
     """
     if x.shape[0] == batch_size:
         return x
