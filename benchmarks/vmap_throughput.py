@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_lite import bench, objectives, partitioning, sweep, train
+from t5x_lite import bench, objectives, partitioning, sweep, train_step
 
 
 def _median_seconds(fn: Callable[[], Any], steps: int, warmup: int) -> float:
@@ -43,19 +43,19 @@ def vmap_benchmark(experiment: str = "table6", preset: str = "demo", steps: int 
     mesh = partitioning.make_mesh(configs[0].mesh)
     raw = bench.random_raw_tokens(configs[0], layout.raw_length)
     specs = [objectives.spec_from_config(c.objective) for c in configs]
-    keys = [train.step_key(c.train.seed) for c in configs]
+    keys = [train_step.step_key(c.train.seed) for c in configs]
 
-    step = train.make_train_step(configs[0], layout, mesh)
-    states = [train.init_state(c, mesh) for c in configs]
+    step = train_step.make_train_step(configs[0], layout, mesh)
+    states = [train_step.init_state(c, mesh) for c in configs]
 
     def sequential() -> Any:
         for k in range(len(configs)):
             states[k], metrics = step(states[k], raw, specs[k], keys[k])
         return metrics
 
-    vmapped_step = train.make_vmapped_train_step(configs, layout, mesh)
-    stacked = [train.stack_states([train.init_state(c, mesh) for c in configs], configs[0], mesh)]
-    stacked_raw, stacked_specs = np.stack([raw] * len(configs)), train.stack_specs(specs)
+    vmapped_step = train_step.make_vmapped_train_step(configs, layout, mesh)
+    stacked = [train_step.stack_states([train_step.init_state(c, mesh) for c in configs], configs[0], mesh)]
+    stacked_raw, stacked_specs = np.stack([raw] * len(configs)), train_step.stack_specs(specs)
     stacked_keys = jnp.stack(keys)
 
     def vmapped() -> Any:

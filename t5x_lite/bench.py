@@ -21,7 +21,7 @@ import numpy as np
 
 from flax import nnx
 
-from t5x_lite import decoding, objectives, partitioning, train
+from t5x_lite import decoding, objectives, partitioning, train, train_step
 from t5x_lite.config import ENCODER_DECODER_ARCHS, EOS_ID, NUM_RESERVED_IDS
 from t5x_lite.models import build_model, make_masks
 
@@ -53,11 +53,11 @@ def jax_train_step(config: ml_collections.ConfigDict) -> tuple[Callable[[], Any]
     already compiled, and what is needed to turn its time into tokens/s and MFU."""
     mesh = partitioning.make_mesh(config.mesh)
     layout = objectives.layout_from_config(config)
-    step = train.make_train_step(config, layout, mesh)
+    step = train_step.make_train_step(config, layout, mesh)
     spec = objectives.spec_from_config(config.objective)
     raw = random_raw_tokens(config, layout.raw_length)
-    rng = train.step_key(config.train.seed)
-    state = train.init_state(config, mesh)
+    rng = train_step.step_key(config.train.seed)
+    state = train_step.init_state(config, mesh)
     start = time.perf_counter()
     state, _ = step(state, raw, spec, rng)
     jax.block_until_ready(state)

@@ -2,7 +2,7 @@
 
     pre-training checkpoint --params only--> finetune(config, workdir, init_from=...)
         task examples -> the pre-training vocabulary -> MixtureData batches (f(seed, step))
-        -> train.make_finetune_step (the pre-training update on ready batches)
+        -> train_step.make_finetune_step (the pre-training update on ready batches)
         every finetune.eval_every steps and at the end: Evaluator on the validation split
         -> workdir/eval.jsonl; the best score per task is reported (the paper's convention)
     evaluate(config, params | checkpoint dir | converted HF module, tasks) -> {task: metrics}
@@ -30,7 +30,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from t5x_lite import accounting, checkpointing, decoding, partitioning, train
+from t5x_lite import accounting, checkpointing, decoding, partitioning, train, train_step
 from t5x_lite.checkpointing import Checkpointer
 from t5x_lite.config import (
     DECODER_ONLY_ARCHS,
@@ -143,8 +143,8 @@ class Evaluator:
         ft = config.finetune
         self.config, self.splits, self.vocab = config, list(splits), vocab
         self.max_length = ft.decode.max_length or ft.targets_length
-        self.eval_step = train.make_eval_step(config, mesh)
-        self.graphdef = train.model_graphdef(config)
+        self.eval_step = train_step.make_eval_step(config, mesh)
+        self.graphdef = train_step.model_graphdef(config)
         decoder_only = config.model.arch in DECODER_ONLY_ARCHS
         lengths = (ft.batch_size, ft.inputs_length, ft.targets_length)
         self.batches = [pipeline.pad_examples(s.encoded, *lengths, decoder_only=decoder_only)
@@ -189,7 +189,7 @@ def _params_of(config: ml_collections.ConfigDict, source: Any, mesh: Mesh) -> nn
     if isinstance(source, (str, Path)):
         directory = checkpoint_dir(source)
         _require_same(directory, config, _PARAMETER_FIELDS, "hold another model or vocabulary")
-        abstract = train.abstract_state(config, mesh).params
+        abstract = train_step.abstract_state(config, mesh).params
         return checkpointing.restore_params_only(directory, abstract)
     if isinstance(source, nnx.Module):
         return nnx.state(source, nnx.Param)
@@ -291,7 +291,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *, init_fro
     task_list = check_task_names(ft.tasks)
     ft_config = finetune_train_config(config)
     mesh = partitioning.make_mesh(config.mesh)
-    train.validate_config(ft_config, mesh)
+    train_step.validate_config(ft_config, mesh)
     source = None if init_from is None else checkpoint_dir(init_from)
     if source is not None:
         _require_same(source, config, _PARAMETER_FIELDS, "hold another model or vocabulary")
@@ -309,7 +309,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *, init_fro
                                 ft.batch_size, ft.inputs_length, ft.targets_length,
                                 decoder_only=decoder_only, pack=ft.pack, seed=config.train.seed)
     evaluator = Evaluator(config, valid_splits, vocab, mesh)
-    step = train.make_finetune_step(ft_config, mesh)
+    step = train_step.make_finetune_step(ft_config, mesh)
     lengths = (ft.inputs_length, ft.targets_length)
     speed = train.Throughput(
         tokens_per_step=ft.batch_size * sum(lengths),
@@ -319,25 +319,25 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *, init_fro
     with Checkpointer(own, every=config.checkpoint.every, keep=config.checkpoint.keep,
                       config=ft_config, restart=restart) as checkpointer:
         if checkpointer.latest_step() is not None:
-            state = checkpointer.restore(train.abstract_state(ft_config, mesh))
+            state = checkpointer.restore(train_step.abstract_state(ft_config, mesh))
         elif source is not None:
-            abstract = train.abstract_state(ft_config, mesh).params
+            abstract = train_step.abstract_state(ft_config, mesh).params
             params = checkpointing.restore_params_only(source, abstract)
-            state = train.state_from_params(ft_config, mesh, params)
+            state = train_step.state_from_params(ft_config, mesh, params)
         else:
-            state = train.init_state(ft_config, mesh)
+            state = train_step.init_state(ft_config, mesh)
         start = int(state.step)
         log = EvalLog(workdir, start)
         writer = train.MetricsWriter(workdir, start)
         bar = train.Progress(start, ft.steps, config.train.log_every, progress)
 
-        def validate(step_number: int, state: train.TrainState) -> None:
+        def validate(step_number: int, state: train_step.TrainState) -> None:
             if step_number % ft.eval_every == 0 or step_number == ft.steps:
                 log.add(step_number, evaluator(state.params))
 
         try:
             records = train.run_loop(state, start, ft.steps, data, step,
-                                     (train.step_key(config.train.seed),), checkpointer, writer,
+                                     (train_step.step_key(config.train.seed),), checkpointer, writer,
                                      bar, speed, validate)
         finally:
             writer.close()

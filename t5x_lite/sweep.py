@@ -180,7 +180,7 @@ def config_hash(config: ml_collections.ConfigDict) -> str:
 def _validate(config: ml_collections.ConfigDict, where: str) -> None:
     """Every check that can run before training, with `where` (the grid point) in the message."""
     from t5x_lite.data import tasks
-    from t5x_lite.train import validate_train_config
+    from t5x_lite.optim import validate_train_config
 
     try:
         validate_model_config(config.model)
@@ -461,13 +461,13 @@ def _claim_workdir(workdir: Path, identity: dict[str, Any]) -> None:
 
 def vmap_chunks(points: Sequence[GridPoint], size: int) -> list[tuple[GridPoint, ...]]:
     """`points` in chunks of at most `size` that can pre-train in one vmapped step: points
-    with the same layout and `train.vmap_group_key` (they differ only in objective, seed and
+    with the same layout and `train_step.vmap_group_key` (they differ only in objective, seed and
     language_model vs prefix_lm), in grid order within each group."""
-    from t5x_lite import train
+    from t5x_lite import train_step
 
     groups: dict[tuple, list[GridPoint]] = {}
     for point in points:
-        groups.setdefault((point.layout, train.vmap_group_key(point.config)), []).append(point)
+        groups.setdefault((point.layout, train_step.vmap_group_key(point.config)), []).append(point)
     return [tuple(group[start:start + size])
             for group in groups.values() for start in range(0, len(group), size)]
 

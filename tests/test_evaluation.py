@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from t5x_lite import checkpointing, evaluation, train
+from t5x_lite import checkpointing, evaluation, train, train_step
 from t5x_lite.config import ARCHS, ConfigError
 from t5x_lite.data import pipeline, tasks
 from tiny_configs import tiny_finetune_config
@@ -136,7 +136,7 @@ def test_finetuning_restores_only_the_parameters_and_starts_a_fresh_optimizer(da
 
     ft_config = evaluation.finetune_train_config(config)
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "model"))
-    abstract = train.abstract_state(ft_config, mesh)
+    abstract = train_step.abstract_state(ft_config, mesh)
     with checkpointing.Checkpointer(tmp_path / "checkpoints", every=1, keep=1,
                                     config=ft_config) as checkpointer:
         state = checkpointer.restore(abstract)

@@ -23,14 +23,14 @@ def losses(mesh, process_rows: slice) -> list[float]:
     """Train STEPS updates on the fixed global batch, passing only `process_rows` of it."""
     import jax
 
-    from t5x_lite import objectives, train
+    from t5x_lite import objectives, train_step
 
     config = tiny_config()
     layout = objectives.layout_for([config.objective], "encoder_decoder", 160, 32)
     global_batch = np.random.default_rng(0).integers(3, 128, (8, layout.raw_length), dtype=np.int32)
     spec = objectives.spec_from_config(config.objective)
-    state = train.init_state(config, mesh)
-    step = train.make_train_step(config, layout, mesh)
+    state = train_step.init_state(config, mesh)
+    step = train_step.make_train_step(config, layout, mesh)
     history = []
     for _ in range(STEPS):
         state, metrics = step(state, global_batch[process_rows], spec, jax.random.key(0))

@@ -66,13 +66,13 @@ def losses(workdir: pathlib.Path) -> list[tuple[int, float]]:
 
 
 def final_state(config: ml_collections.ConfigDict, workdir: pathlib.Path):
-    from t5x_lite import partitioning, train
+    from t5x_lite import partitioning, train_step
     from t5x_lite.checkpointing import Checkpointer
 
     mesh = partitioning.make_mesh(config.mesh, jax.devices()[:2])
     with Checkpointer(workdir / "checkpoints", every=EVERY, keep=STEPS, config=config) as ckpt:
         assert ckpt.latest_step() == STEPS
-        return jax.device_get(ckpt.restore(train.abstract_state(config, mesh)))
+        return jax.device_get(ckpt.restore(train_step.abstract_state(config, mesh)))
 
 
 @pytest.mark.slow  # three training processes; the first compiles the train step

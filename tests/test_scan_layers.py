@@ -13,7 +13,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from t5x_lite import decoding, objectives, partitioning, train
+from t5x_lite import decoding, objectives, partitioning, train_step
 from t5x_lite.config import ARCHS, ConfigError, ENCODER_DECODER_ARCHS, model_config
 from t5x_lite.models import build_model, make_masks, scan_layers
 from tiny_configs import tiny_train_config
@@ -143,7 +143,7 @@ def test_scanned_training_on_a_sharded_mesh_matches_unscanned_on_one_device():
     spec = objectives.spec_from_config(grid[0])
 
     def run(config, mesh):
-        state, step, losses = train.init_state(config, mesh), train.make_train_step(
+        state, step, losses = train_step.init_state(config, mesh), train_step.make_train_step(
             config, layout, mesh), []
         for _ in range(3):
             state, metrics = step(state, raw, spec, jax.random.key(0))

@@ -17,7 +17,7 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from t5x_lite import objectives, partitioning, train
+from t5x_lite import objectives, optim, partitioning, train, train_step
 from t5x_lite.config import ConfigError, default_config
 from tiny_configs import INPUTS_LENGTH
 from tiny_configs import tiny_train_config as tiny_config
@@ -50,8 +50,8 @@ def raw_batch(seed=0, rows=8):
 
 def run(config, mesh, steps, state=None, spec=None, fam="encoder_decoder"):
     """Metrics (lists per name) of `steps` updates on one repeated batch, and the final state."""
-    state = train.init_state(config, mesh) if state is None else state
-    step = train.make_train_step(config, layout(fam), mesh)
+    state = train_step.init_state(config, mesh) if state is None else state
+    step = train_step.make_train_step(config, layout(fam), mesh)
     spec = objectives.spec_from_config(objective("span_corruption")) if spec is None else spec
     history = {}
     for _ in range(steps):
@@ -69,7 +69,7 @@ def one_device():
 def baseline():
     """Five steps on one device from the 1-device init: (init on host, metrics, final state)."""
     config = tiny_config()
-    initial = jax.device_get(train.init_state(config, one_device()))
+    initial = jax.device_get(train_step.init_state(config, one_device()))
     metrics, state = run(config, one_device(), 5, state=jax.device_put(initial))
     return initial, metrics, jax.device_get(state)
 
@@ -95,7 +95,7 @@ def test_cross_entropy_with_z_loss_and_label_smoothing_matches_a_hand_computatio
         )
         expected_z += weight * z_coef * log_z**2
         expected_correct += weight * (int(np.argmax(logit)) == target)
-    sums = train.cross_entropy_sums(
+    sums = train_step.cross_entropy_sums(
         jnp.asarray(logits),
         jnp.asarray(targets),
         jnp.asarray(weights),
@@ -110,7 +110,7 @@ def test_cross_entropy_with_z_loss_and_label_smoothing_matches_a_hand_computatio
 
 def test_cross_entropy_without_smoothing_is_minus_log_softmax():
     logits = jnp.array([[[0.0, math.log(3.0)]]])  # p = (1/4, 3/4)
-    sums = train.cross_entropy_sums(
+    sums = train_step.cross_entropy_sums(
         logits, jnp.array([[1]]), jnp.ones((1, 1)), z_loss=0.0, label_smoothing=0.0
     )
     np.testing.assert_allclose(float(sums["cross_entropy"]), -math.log(0.75), rtol=1e-6)
@@ -122,7 +122,7 @@ def test_cross_entropy_without_smoothing_is_minus_log_softmax():
 def schedule(name, lr=1.0, warmup=10, steps=110):
     cfg = tiny_config().train
     cfg.update(schedule=name, learning_rate=lr, warmup_steps=warmup, steps=steps)
-    return lambda step: float(train.learning_rate_schedule(cfg)(jnp.asarray(step)))
+    return lambda step: float(optim.learning_rate_schedule(cfg)(jnp.asarray(step)))
 
 
 def test_rsqrt_schedule_is_t5s_inverse_square_root_with_constant_warmup():
@@ -169,20 +169,20 @@ def test_bad_train_config_is_rejected_naming_the_field(field, value, message):
     config = tiny_config()
     config.train[field] = value
     with pytest.raises(ConfigError, match=message):
-        train.make_optimizer(config.train)
+        optim.make_optimizer(config.train)
 
 
 def test_bad_batch_split_and_mesh_are_rejected_before_compiling():
     config = tiny_config(mesh=(4, 2), microbatches=4)  # 8 rows over 4 data shards x 4 micro-batches
     with pytest.raises(ConfigError, match=r"train.batch_size=8 must be divisible .* = 16"):
-        train.make_train_step(config, layout(), partitioning.make_mesh(config.mesh))
+        train_step.make_train_step(config, layout(), partitioning.make_mesh(config.mesh))
     with pytest.raises(ConfigError, match=r"mesh.shape=\(16, 1\) needs 16 devices but only 8"):
         partitioning.make_mesh(tiny_config(mesh=(16, 1)).mesh)
 
 
 def test_raw_tokens_of_the_wrong_shape_are_rejected():
     config = tiny_config()
-    step = train.make_train_step(config, layout(), one_device())
+    step = train_step.make_train_step(config, layout(), one_device())
     spec = objectives.spec_from_config(objective("span_corruption"))
     with pytest.raises(ValueError, match=r"raw_tokens has shape \(4, \d+\).*\[8, \d+\]"):
         step(None, raw_batch(rows=4), spec, jax.random.key(0))
@@ -236,8 +236,8 @@ def test_metrics_report_the_step_learning_rate_and_token_counts(baseline):
 
 def test_every_objective_rate_and_span_shares_one_compilation():
     config = tiny_config()
-    step = train.make_train_step(config, layout(), one_device())
-    state = train.init_state(config, one_device())
+    step = train_step.make_train_step(config, layout(), one_device())
+    state = train_step.init_state(config, one_device())
     specs = [objectives.spec_from_config(point) for point in GRID]
     backend_compiles = []
     listener = lambda event, seconds, **_: backend_compiles.append(event)  # noqa: E731
@@ -259,12 +259,12 @@ def test_language_model_and_prefix_lm_share_one_compilation_but_not_their_masks(
     lm, prefix = tiny_config("language_model"), tiny_config("prefix_lm")
     mesh = one_device()
     fam = "decoder_only"
-    initial = jax.device_get(train.init_state(lm, mesh))
+    initial = jax.device_get(train_step.init_state(lm, mesh))
     spec = objectives.spec_from_config(objective("prefix_lm"))
     lm_metrics, _ = run(lm, mesh, 1, state=jax.device_put(initial), spec=spec, fam=fam)
-    compiles = train.make_train_step(lm, layout(fam), mesh).compiles
+    compiles = train_step.make_train_step(lm, layout(fam), mesh).compiles
     prefix_metrics, _ = run(prefix, mesh, 1, state=jax.device_put(initial), spec=spec, fam=fam)
-    assert train.make_train_step(prefix, layout(fam), mesh).compiles == compiles == 1
+    assert train_step.make_train_step(prefix, layout(fam), mesh).compiles == compiles == 1
     # Same parameters, same batch: only the prefix's bidirectional attention differs.
     assert lm_metrics["loss"][0] != prefix_metrics["loss"][0]
 
@@ -291,11 +291,11 @@ def test_sharded_training_matches_one_device(baseline, shape):
     config = tiny_config(mesh=shape)
     mesh = partitioning.make_mesh(config.mesh)
     if shape == (2, 4):  # initialised directly sharded: same values as the 1-device init
-        state = train.init_state(config, mesh)
+        state = train_step.init_state(config, mesh)
         for a, b in zip(jax.tree.leaves(jax.device_get(state)), jax.tree.leaves(initial)):
             np.testing.assert_array_equal(a, b)
     else:
-        shardings = jax.tree.map(lambda s: s.sharding, train.abstract_state(config, mesh))
+        shardings = jax.tree.map(lambda s: s.sharding, train_step.abstract_state(config, mesh))
         state = jax.device_put(initial, shardings)
     sharded, state = run(config, mesh, 5, state=state)
     np.testing.assert_allclose(sharded["loss"], metrics["loss"], rtol=1e-5)

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from t5x_lite import checkpointing, objectives, partitioning, train
+from t5x_lite import checkpointing, objectives, partitioning, train, train_step
 from t5x_lite.config import ConfigError
 from tiny_configs import tiny_train_config
 
@@ -52,7 +52,7 @@ def _losses(workdir):
 
 def _final_params(config, workdir):
     mesh = partitioning.make_mesh(config.mesh)
-    abstract = train.abstract_state(config, mesh).params
+    abstract = train_step.abstract_state(config, mesh).params
     return jax.device_get(checkpointing.restore_params_only(workdir / "checkpoints", abstract))
 
 
@@ -121,7 +121,7 @@ def test_configs_that_cannot_share_a_step_are_rejected(configs, layout, tmp_path
 
 
 def test_stacked_specs_keep_the_fields_all_points_share_as_scalars(configs):
-    spec = train.stack_specs([objectives.spec_from_config(c.objective) for c in configs])
+    spec = train_step.stack_specs([objectives.spec_from_config(c.objective) for c in configs])
     np.testing.assert_array_equal(spec.objective, [0, 0, objectives.OBJECTIVES.index("prefix_lm")])
     np.testing.assert_allclose(spec.noise_density, [0.15, 0.5, 0.15])
     assert np.ndim(spec.mean_noise_span_length) == 0  # shared: a real branch, not a select

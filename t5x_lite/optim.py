@@ -1,0 +1,125 @@
+"""Optimisers and learning-rate schedules: `train.optimizer` / `train.schedule` as optax.
+
+Adafactor with T5's settings (the paper's default) and AdamW; T5's inverse square root with
+warm-up, linear, cosine and constant schedules. `make_optimizer(..., scanned_layers=True)` keeps
+a model with stacked layers (`model.scan_layers`) optimised exactly as an unscanned one.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from flax import nnx
+
+from t5x_lite.config import (
+    OPTIMIZERS,
+    SCHEDULES,
+    ConfigError,
+    require_choice,
+    require_positive,
+    require_warmup,
+)
+
+
+def validate_train_config(train: ml_collections.ConfigDict) -> None:
+    """Raise `ConfigError` naming the field if `config.train` cannot run."""
+    require_choice("train.optimizer", train.optimizer, OPTIMIZERS)
+    require_choice("train.schedule", train.schedule, SCHEDULES)
+    for field in ("learning_rate", "batch_size", "steps", "microbatches", "log_every"):
+        require_positive(f"train.{field}", train[field])
+    for field in ("batch_size", "steps", "microbatches", "log_every", "warmup_steps"):
+        if isinstance(train[field], bool) or not isinstance(train[field], int):
+            raise ConfigError(f"train.{field}={train[field]!r} must be an integer")
+    require_warmup("train", train.schedule, train.warmup_steps, train.steps)
+    if train.z_loss < 0 or train.weight_decay < 0:
+        raise ConfigError(
+            f"train.z_loss={train.z_loss} and train.weight_decay={train.weight_decay} must be >= 0"
+        )
+    if not 0.0 <= train.label_smoothing < 1.0:
+        raise ConfigError(f"train.label_smoothing={train.label_smoothing} must be in [0, 1)")
+    factor = train.loss_normalizing_factor
+    if factor is not None and (
+        isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 0
+    ):
+        raise ConfigError(
+            f"train.loss_normalizing_factor={factor!r} must be None (divide by the number of "
+            "target tokens) or a positive number"
+        )
+
+
+def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
+    """step -> learning rate for `train.schedule`.
+
+    rsqrt (T5): lr / sqrt(max(step, warmup)); the paper uses lr 1.0 and 10^4 warm-up steps, i.e.
+    a constant 0.01 for 10^4 steps, then inverse-square-root decay. linear / cosine: linear
+    warm-up from 0 to lr, then decay to 0 at `train.steps`. constant: lr (fine-tuning).
+    """
+    validate_train_config(train)
+    lr, warmup, steps = float(train.learning_rate), train.warmup_steps, train.steps
+    if train.schedule == "rsqrt":
+        return lambda step: lr * jax.lax.rsqrt(jnp.maximum(step, warmup).astype(jnp.float32))
+    if train.schedule == "constant":
+        return optax.constant_schedule(lr)
+    # warmup == steps leaves no decay phase; optax wants at least one decay step, which the
+    # run never reaches.
+    decay = max(steps - warmup, 1)
+    if train.schedule == "cosine":
+        return optax.warmup_cosine_decay_schedule(0.0, lr, warmup, warmup + decay, end_value=0.0)
+    return optax.join_schedules(
+        [optax.linear_schedule(0.0, lr, warmup), optax.linear_schedule(lr, 0.0, decay)],
+        [warmup],
+    )
+
+
+def make_optimizer(
+    train: ml_collections.ConfigDict, *, scanned_layers: bool = False
+) -> optax.GradientTransformation:
+    """The optimiser of `train.optimizer`, driven by `learning_rate_schedule(train)`.
+
+    scanned_layers: the model stacks its layers (`model.scan_layers`); each layer's slice of a
+    stacked parameter is then optimised on its own (see `_per_layer`), exactly as unscanned.
+
+    adafactor: T5 / T5X's settings (which are optax's defaults, spelled out here): factored
+    second moments for matrices whose two largest dims are >= 128, decay rate 0.8
+    (beta2_t = 1 - t^-0.8), no momentum, update clipping at RMS 1.0, updates scaled by the
+    parameter's RMS (floor 1e-3), epsilon 1e-30.
+    adamw: b1 0.9, b2 0.999, eps 1e-8 (PyTorch's defaults, so the tiny preset compares like
+    for like with a PyTorch T5 step); `train.weight_decay` applied to matrices only, not to
+    norm scales.
+    """
+    schedule = learning_rate_schedule(train)
+    if train.optimizer == "adafactor":
+        tx = optax.adafactor(
+            learning_rate=schedule, min_dim_size_to_factor=128, decay_rate=0.8,
+            multiply_by_parameter_scale=True, clipping_threshold=1.0, momentum=None, eps=1e-30,
+            factored=True, weight_decay_rate=train.weight_decay or None,
+        )
+    else:
+        matrices = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
+        tx = optax.adamw(
+            schedule, b1=0.9, b2=0.999, eps=1e-8, weight_decay=train.weight_decay, mask=matrices
+        )
+    return _per_layer(tx) if scanned_layers else tx
+
+
+def _per_layer(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    """`tx` with every stacked layer parameter (logical axes starting with `layers`) updated
+    slice by slice, as `jax.vmap` over its layer axis, and the other parameters as they are.
+
+    Adafactor's factored moments and its parameter-scale RMS, and AdamW's "matrices only"
+    decay mask, are per-parameter statistics and choices: on a stacked `[layers, ...]` array
+    they would mix the layers, so the scanned model would train differently.
+    """
+    one_layer_at_a_time = optax.GradientTransformation(
+        init=jax.vmap(tx.init), update=jax.vmap(tx.update))
+
+    def labels(params: nnx.State) -> Any:
+        def label(param: nnx.Variable) -> str:
+            return "layers" if param.get_metadata()["logical_axes"][0] == "layers" else "other"
+
+        return jax.tree.map(label, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+    return optax.multi_transform({"layers": one_layer_at_a_time, "other": tx}, labels)

@@ -1,0 +1,599 @@
+"""The one jitted train step: the train state, the loss, and the compiled update programs.
+
+    raw tokens [B, raw_len] --jit(train_step)--> corrupt -> masks -> model -> loss -> grads -> optax
+    ready batch (fine-tuning) --jit(finetune_step)------^
+
+Pre-training and fine-tuning run the same update (`_step_fn`); they differ only in how the
+step's data becomes a batch on the device (corruption, or none). A step is compiled once per
+*program*: the model, optimiser, data kind (batch layout) and mesh. The
+objective, corruption rate and span length arrive as a traced `ObjectiveSpec`, and
+`language_model` / `prefix_lm` run the same decoder-only program whose prefix attention is a
+traced flag, so a whole ablation grid for one architecture family shares one executable.
+
+Vectorised sweeps: K points that differ only in that traced data (`vmap_group_key`) can share
+one step `jax.vmap`-ed over their stacked states, specs and step keys
+(`make_vmapped_train_step`), one compilation for the K. The loops around these steps are in
+`t5x_lite.train`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from typing import Any, Callable, Sequence
+
+import flax
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from t5x_lite import objectives, partitioning
+from t5x_lite.config import DECODER_ONLY_ARCHS, ConfigError, validate_model_config
+from t5x_lite.models import build_model, make_masks
+from t5x_lite.optim import learning_rate_schedule, make_optimizer, validate_train_config
+
+# The decoder-only archs share one program; the model is built under this name and the
+# prefix attention is switched by a traced flag (see `TrainStep`).
+_DECODER_ONLY_PROGRAM_ARCH = "prefix_lm"
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything that changes during training; the model's graphdef stays outside (static).
+
+    step: int32 scalar, the number of updates applied. params: `nnx.State` of the model's
+    `nnx.Param`s (float32, with `logical_axes` metadata). opt_state: the optax state.
+    """
+
+    step: jax.Array
+    params: nnx.State
+    opt_state: optax.OptState
+
+
+# ---------------------------------------------------------------------------------------------
+# Loss
+
+
+def cross_entropy_sums(
+    logits: jax.Array, targets: jax.Array, weights: jax.Array, *, z_loss: float,
+    label_smoothing: float,
+) -> dict[str, jax.Array]:
+    """Weighted sums over tokens of T5X's loss terms, in float32 (not yet normalised).
+
+    logits [B, L, V]; targets int [B, L]; weights float [B, L]. Returns scalars:
+    `cross_entropy` (against targets smoothed to 1 - s on the label and s / (V - 1) elsewhere,
+    minus that distribution's entropy so a perfect model scores 0, as T5X does), `z_loss`
+    (z_loss * logsumexp(logits)^2, which keeps the softmax normaliser near 1), `correct`
+    (argmax hits) and `weight` (sum of weights). The smoothed cross entropy is computed from
+    logsumexp and two reductions, never a one-hot [B, L, V] array.
+    """
+    logits = logits.astype(jnp.float32)
+    vocab = logits.shape[-1]
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    label_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    on, off = 1.0 - label_smoothing, label_smoothing / (vocab - 1)
+    # -sum_v q_v log p_v with q = off everywhere plus (on - off) at the label.
+    cross_entropy = log_z - (on - off) * label_logit
+    if label_smoothing > 0:  # a static setting: without smoothing, skip a pass over [B, L, V]
+        cross_entropy -= off * jnp.sum(logits, axis=-1)
+        cross_entropy += on * math.log(on) + (vocab - 1) * off * math.log(off)
+    weights = weights.astype(jnp.float32)
+    return {
+        "cross_entropy": jnp.sum(cross_entropy * weights),
+        "z_loss": jnp.sum(z_loss * jnp.square(log_z) * weights),
+        # label logit == max logit: argmax without its slow (value, index) reduction on CPU;
+        # differs from argmax only on exact ties.
+        "correct": jnp.sum((label_logit >= jnp.max(logits, axis=-1)) * weights),
+        "weight": jnp.sum(weights),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# State: abstract shapes, shardings, initialisation
+
+
+def _program_model_config(model: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The model config the program is built from: both decoder-only archs build one model."""
+    model = ml_collections.ConfigDict(model.to_dict())
+    if model.arch in DECODER_ONLY_ARCHS:
+        model.arch = _DECODER_ONLY_PROGRAM_ARCH
+    return model
+
+
+# Parameter initialisation and the train steps draw from separate streams of the seed key, so
+# no step's corruption or dropout noise is derived from the key that drew a parameter.
+_INIT_STREAM, _STEP_STREAM = 0, 1
+
+
+def step_key(seed: int) -> jax.Array:
+    """The key a run passes to its train steps (each step folds in its own number)."""
+    return jax.random.fold_in(jax.random.key(seed), _STEP_STREAM)
+
+
+def _init_fn(config: ml_collections.ConfigDict) -> Callable[[jax.Array], TrainState]:
+    """seed key -> a fresh train state. The key is an argument, not a constant, so one
+    compiled init serves every seed."""
+    model_cfg = _program_model_config(config.model)
+    tx = make_optimizer(config.train, scanned_layers=model_cfg.scan_layers)
+
+    def init(seed_key: jax.Array) -> TrainState:
+        rngs = nnx.Rngs(jax.random.fold_in(seed_key, _INIT_STREAM))
+        params = nnx.state(build_model(model_cfg, rngs), nnx.Param)
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+    return init
+
+
+def model_graphdef(config: ml_collections.ConfigDict) -> nnx.GraphDef:
+    """The model's static structure (no arrays allocated)."""
+    graphdef, _ = nnx.split(
+        nnx.eval_shape(lambda: build_model(_program_model_config(config.model), nnx.Rngs(0))),
+        nnx.Param,
+    )
+    return graphdef
+
+
+def abstract_state(config: ml_collections.ConfigDict, mesh: Mesh) -> TrainState:
+    """The train state as `jax.ShapeDtypeStruct`s with their shardings (for init and restore)."""
+    shapes = jax.eval_shape(_init_fn(config), jax.random.key(0))
+    shardings = partitioning.state_shardings(
+        shapes, mesh, partitioning.normalize_rules(config.mesh.rules)
+    )
+    return jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
+    )
+
+
+# The train fields a program depends on, besides the model config, the layout and the mesh.
+_STEP_TRAIN_FIELDS = ("optimizer", "schedule", "learning_rate", "warmup_steps", "steps",
+                      "weight_decay", "z_loss", "label_smoothing", "microbatches",
+                      "loss_normalizing_factor", "batch_size")
+_PROGRAMS: dict[Any, _Program] = {}  # program key -> the shared train step
+_INITS: dict[Any, Callable] = {}  # program key (+ what it starts from) -> jitted init
+
+
+def _program_key(config: ml_collections.ConfigDict, data_kind: Any, mesh: Mesh) -> tuple:
+    """What a compiled program depends on, so equal keys can share one executable.
+
+    data_kind: what the program is fed, e.g. the pre-training `BatchLayout`."""
+    model = json.dumps(_program_model_config(config.model).to_dict(), sort_keys=True)
+    fields = {f: config.train[f] for f in _STEP_TRAIN_FIELDS}
+    if config.train.schedule not in ("linear", "cosine"):  # the only schedules ending at `steps`
+        del fields["steps"]
+    train = json.dumps(fields, sort_keys=True)
+    return model, train, data_kind, mesh, tuple(config.mesh.rules)
+
+
+def init_state(config: ml_collections.ConfigDict, mesh: Mesh) -> TrainState:
+    """Fresh parameters and optimiser state, created directly in their shardings."""
+    validate_model_config(config.model)
+    validate_train_config(config.train)
+    key = (_program_key(config, None, mesh), "from seed")
+    if key not in _INITS:  # a sweep initialises many runs of one program: compile once
+        shardings = jax.tree.map(lambda s: s.sharding, abstract_state(config, mesh))
+        _INITS[key] = jax.jit(_init_fn(config), out_shardings=shardings)
+    return _INITS[key](jax.random.key(config.train.seed))
+
+
+def state_from_params(
+    config: ml_collections.ConfigDict, mesh: Mesh, params: nnx.State
+) -> TrainState:
+    """A train state at step 0 holding `params` and a fresh optimiser state (fine-tuning from
+    a checkpoint's parameters only), created in the state's shardings."""
+    validate_train_config(config.train)
+    key = (_program_key(config, None, mesh), "from params")
+    if key not in _INITS:
+        tx = make_optimizer(config.train, scanned_layers=config.model.scan_layers)
+        shardings = jax.tree.map(lambda s: s.sharding, abstract_state(config, mesh))
+        _INITS[key] = jax.jit(
+            lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p)),
+            in_shardings=(shardings.params,), out_shardings=shardings,
+        )
+    return _INITS[key](params)
+
+
+# ---------------------------------------------------------------------------------------------
+# The train step: one update core, fed raw tokens (pre-training) or ready batches (fine-tuning)
+
+
+def _split_microbatches(
+    batch: dict[str, jax.Array], count: int, rows: NamedSharding
+) -> dict[str, jax.Array]:
+    """[B, ...] -> [count, B / count, ...]; micro-batch m takes rows m, m + count, ... so that
+    every device's rows hold an equal share of every micro-batch (no resharding)."""
+    stacked = NamedSharding(rows.mesh, PartitionSpec(None, *rows.spec))
+
+    def split(x: jax.Array) -> jax.Array:
+        x = jnp.swapaxes(x.reshape(x.shape[0] // count, count, *x.shape[1:]), 0, 1)
+        return jax.lax.with_sharding_constraint(x, stacked)
+
+    return jax.tree.map(split, batch)
+
+
+def _with_prefix_flag(batch: dict[str, jax.Array], prefix_flag: jax.Array) -> dict:
+    """Switch prefix attention off (language_model) or on (prefix_lm) in the shared program;
+    with the flag off, `make_masks`' prefix mask is the causal mask."""
+    if "inputs_mask" not in batch:
+        return batch
+    return {**batch, "inputs_mask": batch["inputs_mask"] & prefix_flag}
+
+
+def _loss_fn(config: ml_collections.ConfigDict) -> Callable:
+    """(params, batch, dropout_rng | None) -> T5X's loss sums (`cross_entropy_sums`) of the
+    program's model on `batch`; no dropout when the rng is None."""
+    graphdef, train = model_graphdef(config), config.train
+    arch = _program_model_config(config.model).arch
+
+    def loss_sums(params: nnx.State, batch: dict, rng: jax.Array | None) -> dict[str, jax.Array]:
+        model = nnx.merge(graphdef, params)
+        logits = model(batch, make_masks(batch, arch), dropout_rng=rng)
+        return cross_entropy_sums(
+            logits, batch["decoder_target_tokens"], batch["decoder_loss_weights"],
+            z_loss=train.z_loss, label_smoothing=train.label_smoothing,
+        )
+
+    return loss_sums
+
+
+def _step_fn(
+    config: ml_collections.ConfigDict, mesh: Mesh, make_batch: Callable[[Any, jax.Array], dict]
+) -> Callable:
+    """The pure train step: (state, data, key_data, prefix_flag) -> (state, metrics).
+
+    `make_batch(data, rng)` turns the step's data into the batch dict on the device:
+    `objectives.corrupt` of (raw tokens, spec) for pre-training, the batch itself for
+    fine-tuning. Everything after it (loss, micro-batches, optimiser, metrics) is shared.
+    """
+    tx = make_optimizer(config.train, scanned_layers=config.model.scan_layers)
+    train = config.train
+    schedule, loss_sums = learning_rate_schedule(config.train), _loss_fn(config)
+    dropout = config.model.dropout_rate > 0
+    rows = partitioning.batch_sharding(mesh, partitioning.normalize_rules(config.mesh.rules))
+
+    def loss_fn(params: nnx.State, batch: dict, rng: jax.Array, normalizer: jax.Array):
+        sums = loss_sums(params, batch, rng if dropout else None)
+        return (sums["cross_entropy"] + sums["z_loss"]) / normalizer, sums
+
+    def step(state: TrainState, data: Any, key_data: jax.Array, prefix_flag: jax.Array):
+        # fold_in(seed key, step): the randomness of step n does not depend on how we got there.
+        batch_rng, dropout_rng = jax.random.split(
+            jax.random.fold_in(jax.random.wrap_key_data(key_data), state.step)
+        )
+        batch = _with_prefix_flag(make_batch(data, batch_rng), prefix_flag)
+        batch = jax.lax.with_sharding_constraint(batch, rows)
+        # One normaliser for the whole batch, so summed micro-batch gradients equal the full one.
+        weight_sum = jnp.sum(batch["decoder_loss_weights"].astype(jnp.float32))
+        normalizer = (
+            jnp.maximum(weight_sum, 1.0)
+            if train.loss_normalizing_factor is None
+            else jnp.float32(train.loss_normalizing_factor)
+        )
+        micro = _split_microbatches(batch, train.microbatches, rows)
+        # make_batch above saw the whole batch; only dropout draws depend on the split.
+        rngs = jax.random.split(dropout_rng, train.microbatches)
+        grad_fn = jax.grad(loss_fn, has_aux=True)
+
+        def accumulate(carry, xs):
+            grads, sums = grad_fn(state.params, xs[0], xs[1], normalizer)
+            return jax.tree.map(jnp.add, carry, (grads, sums)), None
+
+        zeros = jax.tree.map(jnp.zeros_like, state.params)
+        zero_sums = {
+            k: jnp.zeros((), jnp.float32) for k in ("cross_entropy", "z_loss", "correct", "weight")
+        }
+        (grads, sums), _ = jax.lax.scan(accumulate, (zeros, zero_sums), (micro, rngs))
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = {
+            "loss": (sums["cross_entropy"] + sums["z_loss"]) / normalizer,
+            "z_loss": sums["z_loss"] / normalizer,
+            "accuracy": sums["correct"] / jnp.maximum(sums["weight"], 1.0),
+            "num_tokens": sums["weight"],
+            "grad_norm": optax.tree.norm(grads),
+            "learning_rate": schedule(state.step),
+        }
+        return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+    return step
+
+
+class _Program:
+    """One jitted function and its AOT-compiled executables, keyed by argument shapes."""
+
+    def __init__(self, jitted: Any):
+        self.jitted = jitted
+        self.executables: dict[Any, Any] = {}
+        self.compiles = 0
+        self.compile_seconds = 0.0
+
+    def __call__(self, *args: Any) -> Any:
+        leaves, treedef = jax.tree.flatten(args)
+        key = (treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves))
+        if key not in self.executables:
+            start = time.perf_counter()
+            self.executables[key] = self.jitted.lower(*args).compile()
+            self.compile_seconds += time.perf_counter() - start
+            self.compiles += 1
+        return self.executables[key](*args)
+
+
+def _replicated(x: Any, mesh: Mesh) -> jax.Array:
+    """A host value every process holds identically -> a global array replicated on `mesh`."""
+    return jax.make_array_from_process_local_data(
+        NamedSharding(mesh, PartitionSpec()), np.asarray(x)
+    )
+
+
+def _global_rows(local: Any, sharding: NamedSharding, global_shape: tuple[int, ...],
+                 name: str, rows_axis: int = 0) -> jax.Array:
+    """This process's rows (split on `rows_axis`) of a batch-sharded array (numpy, or an
+    already global jax.Array of `global_shape`) -> the global array; a wrong shape is an error
+    naming `name`."""
+    if isinstance(local, jax.Array) and local.shape == global_shape:
+        return jax.device_put(local, sharding)  # a no-op if it is already placed so
+    local = np.asarray(local)
+    processes = jax.process_count()
+    expected = list(global_shape)
+    expected[rows_axis] //= processes
+    if list(local.shape) != expected or expected[rows_axis] * processes != global_shape[rows_axis]:
+        raise ValueError(
+            f"{name} has shape {local.shape}; each of the {processes} processes must pass "
+            f"its share of the batch rows: {expected}"
+        )
+    return jax.make_array_from_process_local_data(sharding, local, global_shape)
+
+
+@dataclasses.dataclass
+class _StepCaller:
+    """What both step callers share: the compiled program, the mesh, the row sharding of the
+    batch, and the static prefix-attention setting fed to the program as a traced flag."""
+
+    program: _Program
+    mesh: Mesh
+    rows: NamedSharding
+    prefix_attention: bool | np.ndarray  # bool [K] for a vmapped step
+
+    def _run(self, state: TrainState, data: Any, rng: jax.Array) -> tuple[TrainState, dict]:
+        key_data = _replicated(jax.random.key_data(rng), self.mesh)
+        flag = _replicated(np.asarray(self.prefix_attention, np.bool_), self.mesh)
+        return self.program(state, data, key_data, flag)
+
+    @property
+    def compiles(self) -> int:
+        """Compilations of the shared program so far (by every caller using it)."""
+        return self.program.compiles
+
+
+@dataclasses.dataclass
+class TrainStep(_StepCaller):
+    """`train_step(state, raw_tokens, spec, rng) -> (state, metrics)` for one config.
+
+    raw_tokens: this process's rows of the global batch, int32 [batch_size / process_count,
+    layout.raw_length] (a numpy array, or an already global jax.Array). spec: an
+    `objectives.ObjectiveSpec` (traced: any objective / rate / span reuses the executable).
+    rng: the run's seed key; the step folds in `state.step`. The state is donated.
+
+    A vmapped step (`make_vmapped_train_step`, K points) takes and returns everything with a
+    leading [K] axis: `stack_states` of the points' states, raw tokens [K, batch_size /
+    process_count, raw_length], `stack_specs` of their specs, a [K] array of seed keys; each
+    metric is [K] (a spec field may stay a scalar that all points share).
+    """
+
+    global_shape: tuple[int, ...]
+
+    def __call__(
+        self, state: TrainState, raw_tokens: Any, spec: Any, rng: jax.Array
+    ) -> tuple[TrainState, dict]:
+        if not isinstance(raw_tokens, jax.Array):
+            raw_tokens = np.asarray(raw_tokens, np.int32)
+        raw_tokens = _global_rows(raw_tokens, self.rows, self.global_shape, "raw_tokens",
+                                  rows_axis=len(self.global_shape) - 2)
+        spec = jax.tree.map(lambda x: _replicated(x, self.mesh), spec)
+        return self._run(state, (raw_tokens, spec), rng)
+
+
+@dataclasses.dataclass
+class FinetuneStep(_StepCaller):
+    """`finetune_step(state, batch, rng) -> (state, metrics)`: the train step on a ready batch.
+
+    batch: this process's rows of a `data.pipeline.pack_examples` / `pad_examples` batch
+    (dict of [batch_size / process_count, length] arrays). Each new set of keys or lengths
+    compiles once. rng: the run's seed key, as for `TrainStep`. The state is donated.
+    """
+
+    batch_size: int
+
+    def __call__(
+        self, state: TrainState, batch: dict[str, Any], rng: jax.Array
+    ) -> tuple[TrainState, dict]:
+        batch = {
+            name: _global_rows(value, self.rows, (self.batch_size, *np.shape(value)[1:]), name)
+            for name, value in batch.items()
+        }
+        return self._run(state, batch, rng)
+
+
+def validate_config(config: ml_collections.ConfigDict, mesh: Mesh) -> None:
+    """Every check that needs no arrays: model, train settings, batch split over the mesh."""
+    validate_model_config(config.model)
+    validate_train_config(config.train)
+    rules = partitioning.normalize_rules(config.mesh.rules)
+    partitioning.validate_batch_split(
+        config.train.batch_size, config.train.microbatches, mesh, rules
+    )
+
+
+def _stacked(sharding: NamedSharding) -> NamedSharding:
+    """The sharding of K stacked copies: a leading, unsharded [K] axis."""
+    return NamedSharding(sharding.mesh, PartitionSpec(None, *sharding.spec))
+
+
+def _vmap_points(step: Callable) -> Callable:
+    """`step` over K points: state, key data and flag stacked on axis 0, and so is the data,
+    except its scalar leaves, which all points share (e.g. an objective every point uses,
+    which then stays a real `lax.switch` branch rather than a select over all objectives)."""
+
+    def vmapped(state: TrainState, data: Any, key_data: jax.Array, flag: jax.Array):
+        data_axes = jax.tree.map(lambda x: 0 if jnp.ndim(x) else None, data)
+        return jax.vmap(step, in_axes=(0, data_axes, 0, 0))(state, data, key_data, flag)
+
+    return vmapped
+
+
+def _compiled_step(config: ml_collections.ConfigDict, mesh: Mesh, data_kind: Any,
+                   make_batch: Callable, data_sharding: Any, vmapped: bool = False) -> _Program:
+    """The shared program for (config, data_kind, mesh): jitted once with explicit shardings,
+    the state donated; `data_sharding` places the step's data argument.
+
+    vmapped: the step `jax.vmap`-ed over a leading [K] axis of every argument (K points
+    trained together); the state's shardings gain that axis unsharded, and `data_sharding`
+    must already have it. Each K compiles once."""
+    validate_config(config, mesh)
+    key = (_program_key(config, data_kind, mesh), vmapped)
+    if key not in _PROGRAMS:
+        state_shardings = jax.tree.map(lambda s: s.sharding, abstract_state(config, mesh))
+        replicated = NamedSharding(mesh, PartitionSpec())
+        step = _step_fn(config, mesh, make_batch)
+        if vmapped:
+            step, state_shardings = _vmap_points(step), jax.tree.map(_stacked, state_shardings)
+        _PROGRAMS[key] = _Program(jax.jit(
+            step,
+            in_shardings=(state_shardings, data_sharding, replicated, replicated),
+            out_shardings=(state_shardings, replicated),
+            donate_argnums=0,
+        ))
+    return _PROGRAMS[key]
+
+
+def _rows_sharding(config: ml_collections.ConfigDict, mesh: Mesh) -> NamedSharding:
+    return partitioning.batch_sharding(mesh, partitioning.normalize_rules(config.mesh.rules))
+
+
+def _pretrain_program(config: ml_collections.ConfigDict, layout: objectives.BatchLayout,
+                      mesh: Mesh, rows: NamedSharding, vmapped: bool) -> _Program:
+    """The shared pre-training program: corruption on the device, then the update core."""
+    corrupt = lambda data, rng: objectives.corrupt(data[0], data[1], rng, layout)  # noqa: E731
+    replicated = NamedSharding(mesh, PartitionSpec())
+    return _compiled_step(config, mesh, layout, corrupt, (rows, replicated), vmapped)
+
+
+def make_train_step(
+    config: ml_collections.ConfigDict, layout: objectives.BatchLayout, mesh: Mesh
+) -> TrainStep:
+    """The pre-training step for `config` on `mesh`; executables are shared through a module
+    cache, so every objective of one layout runs the same program."""
+    rows = _rows_sharding(config, mesh)
+    return TrainStep(program=_pretrain_program(config, layout, mesh, rows, vmapped=False),
+                     mesh=mesh, rows=rows, prefix_attention=config.model.arch == "prefix_lm",
+                     global_shape=(config.train.batch_size, layout.raw_length))
+
+
+def vmap_group_key(config: ml_collections.ConfigDict) -> str:
+    """Configs with equal keys can pre-train together in one vmapped step: they may differ
+    only in what the step takes as traced data (the objective, the seed, and language_model
+    vs prefix_lm, whose prefix attention is a flag)."""
+    plain = json.loads(config.to_json_best_effort(sort_keys=True))
+    del plain["objective"], plain["train"]["seed"]
+    plain["model"] = _program_model_config(config.model).to_dict()
+    return json.dumps(plain, sort_keys=True)
+
+
+def require_one_group(configs: Sequence[ml_collections.ConfigDict]) -> None:
+    """Raise `ConfigError` naming the fields in which a config differs from the first one
+    beyond what a vmapped step can take as data (see `vmap_group_key`)."""
+    if not configs:
+        raise ConfigError("configs is empty: give at least one config to train")
+    first = json.loads(vmap_group_key(configs[0]))
+    for index, config in enumerate(configs[1:], 1):
+        other = json.loads(vmap_group_key(config))
+        fields = [f"{section}.{name}" for section, values in first.items()
+                  for name in sorted(values.keys() | other[section].keys())
+                  if values.get(name) != other[section].get(name)]
+        if fields:
+            raise ConfigError(
+                f"configs[{index}] differs from configs[0] in {', '.join(fields)}; points "
+                "trained in one vmapped step may differ only in objective, train.seed and "
+                "model.arch (language_model vs prefix_lm)")
+
+
+def make_vmapped_train_step(
+    configs: Sequence[ml_collections.ConfigDict], layout: objectives.BatchLayout, mesh: Mesh
+) -> TrainStep:
+    """The pre-training step of K = len(configs) points in one `jax.vmap`-ed program (see
+    `TrainStep`); the configs must agree under `vmap_group_key`. The [K] axis is unsharded,
+    every other axis keeps its sharding rules."""
+    require_one_group(configs)
+    config = configs[0]
+    rows = _stacked(_rows_sharding(config, mesh))
+    return TrainStep(
+        program=_pretrain_program(config, layout, mesh, rows, vmapped=True), mesh=mesh,
+        rows=rows, prefix_attention=np.array([c.model.arch == "prefix_lm" for c in configs]),
+        global_shape=(len(configs), config.train.batch_size, layout.raw_length))
+
+
+def stack_specs(specs: Sequence[objectives.ObjectiveSpec]) -> objectives.ObjectiveSpec:
+    """K scalar specs -> one spec for a vmapped step: [K] where the points differ, a scalar
+    where they agree (shared by all points, see `_vmap_points`)."""
+
+    def stack(*fields: Any) -> np.ndarray:
+        stacked = np.stack(fields)
+        return stacked[0] if (stacked == stacked[0]).all() else stacked
+
+    return jax.tree.map(stack, *specs)
+
+
+def stack_states(states: Sequence[TrainState], config: ml_collections.ConfigDict,
+                 mesh: Mesh) -> TrainState:
+    """K train states of `config`'s program -> one with a leading [K] axis, placed in the
+    vmapped step's shardings."""
+    shardings = jax.tree.map(lambda s: _stacked(s.sharding), abstract_state(config, mesh))
+    stack = jax.jit(lambda *trees: jax.tree.map(lambda *xs: jnp.stack(xs), *trees),
+                    out_shardings=shardings)
+    return stack(*states)
+
+
+def unstack_state(state: TrainState, index: int) -> TrainState:
+    """Point `index` of a stacked train state."""
+    return jax.tree.map(lambda x: x[index], state)
+
+
+_READY_BATCHES = "ready batches"  # the data kind of fine-tuning programs (no corruption)
+
+
+def make_finetune_step(config: ml_collections.ConfigDict, mesh: Mesh) -> FinetuneStep:
+    """The train step on ready batches (fine-tuning) for `config` on `mesh`; `config.train`
+    holds the fine-tuning optimiser and batch size (see `evaluation.finetune_train_config`)."""
+    rows = _rows_sharding(config, mesh)
+    program = _compiled_step(config, mesh, _READY_BATCHES, lambda batch, rng: batch, rows)
+    return FinetuneStep(program=program, mesh=mesh, rows=rows,
+                        prefix_attention=config.model.arch == "prefix_lm",
+                        batch_size=config.train.batch_size)
+
+
+def make_eval_step(
+    config: ml_collections.ConfigDict, mesh: Mesh
+) -> Callable[[nnx.State, dict[str, np.ndarray]], dict[str, float]]:
+    """`eval_step(params, batch) -> loss sums` without dropout: teacher-forced validation.
+
+    batch: a whole `pad_examples` / `pack_examples` batch (single process). Returns the float
+    sums of `cross_entropy_sums` (cross_entropy, z_loss, correct, weight); add them over
+    batches and divide by `weight` for the mean loss and token accuracy.
+    """
+    key = (_program_key(config, "eval", mesh), "eval")
+    if key not in _PROGRAMS:
+        loss_sums = _loss_fn(config)
+        _PROGRAMS[key] = _Program(jax.jit(
+            lambda params, batch, flag: loss_sums(params, _with_prefix_flag(batch, flag), None)))
+    program, flag = _PROGRAMS[key], np.bool_(config.model.arch == "prefix_lm")
+
+    def eval_step(params: nnx.State, batch: dict[str, np.ndarray]) -> dict[str, float]:
+        sums = jax.device_get(program(params, batch, flag))
+        return {name: float(value) for name, value in sums.items()}
+
+    return eval_step
