@@ -156,7 +156,6 @@ class TransformerStack(nnx.Module):
         self.bidirectional = bidirectional
         self.dropout_rate = cfg.dropout_rate
         self.remat = cfg.remat
-        self.scanned = False
 
     def scan(self, share_with: TransformerStack | None = None) -> None:
         """Stack this stack's layers for `jax.lax.scan` (same values, same computation).
@@ -170,7 +169,11 @@ class TransformerStack(nnx.Module):
         if share_with is not None:
             layers.share(share_with.layers)
         self.layers = layers
-        self.scanned = True
+
+    @property
+    def scanned(self) -> bool:
+        """Whether `layers` is one layer of stacked parameters (`scan`) rather than a list."""
+        return isinstance(self.layers, TransformerLayer)
 
     @property
     def num_layers(self) -> int:
