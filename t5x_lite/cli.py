@@ -154,6 +154,19 @@ CONFIG_COMMANDS: dict[str, Callable[[], None]] = {
 }
 
 
+def _parse_with_overrides(parser: argparse.ArgumentParser,
+                          argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """`parser`'s arguments, and the `--config.F=V` overrides (for every grid point) beside
+    them; any other argument is an error."""
+    args, rest = parser.parse_known_args(argv)
+    overrides = [arg for arg in rest if arg.startswith("--config.")]
+    unknown = [arg for arg in rest if arg not in overrides]
+    if unknown:
+        parser.error(f"unrecognised arguments: {' '.join(unknown)} (overrides look like "
+                     "--config.train.steps=100)")
+    return args, overrides
+
+
 def _sweep(argv: list[str]) -> None:
     from t5x_lite import launchers, sweep
     from t5x_lite.train import initialize_distributed
@@ -171,12 +184,7 @@ def _sweep(argv: list[str]) -> None:
     parser.add_argument("--point_index", type=int, help="run only this grid point (job arrays)")
     parser.add_argument("--vmap", type=int, default=1, help="pre-train up to K compatible grid "
                         "points together in one vmapped step (fills an accelerator)")
-    args, rest = parser.parse_known_args(argv)
-    overrides = [arg for arg in rest if arg.startswith("--config.")]
-    unknown = [arg for arg in rest if arg not in overrides]
-    if unknown:
-        parser.error(f"unrecognised arguments: {' '.join(unknown)} (overrides look like "
-                     "--config.train.steps=100)")
+    args, overrides = _parse_with_overrides(parser, argv)
     initialize_distributed()  # a TPU pod's hosts / a SLURM task's processes join one run
     launcher = launchers.make_launcher(args.launcher, workers=args.workers,
                                        address=args.address, accelerator=args.accelerator)
@@ -209,10 +217,7 @@ def _demo(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="t5x-lite demo", description="Table 2 of the T5 paper "
                                      "with a small model on the built-in corpus and tasks.")
     parser.add_argument("--workdir", default="t5x_lite_demo", help="re-running resumes it")
-    args, rest = parser.parse_known_args(argv)
-    overrides = [arg for arg in rest if arg.startswith("--config.")]
-    if len(overrides) != len(rest):
-        parser.error(f"unrecognised arguments: {' '.join(a for a in rest if a not in overrides)}")
+    args, overrides = _parse_with_overrides(parser, argv)
     print(sweep.run_demo(args.workdir, overrides=overrides))
 
 
