@@ -10,13 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from t5x_lite import decoding, objectives, partitioning, train_step
 from t5x_lite.config import ARCHS, ConfigError, ENCODER_DECODER_ARCHS, model_config
 from t5x_lite.models import build_model, make_masks, scan_layers
-from tiny_configs import tiny_train_config
+from tiny_configs import assert_params_follow_default_rules, tiny_train_config
 
 NUM_LAYERS = 4
 
@@ -166,11 +164,7 @@ def test_scanned_training_on_a_sharded_mesh_matches_unscanned_on_one_device():
     for path, value in actual.items():
         np.testing.assert_allclose(value, expected[path], rtol=1e-4, atol=1e-6, err_msg=str(path))
 
-    model_axis = {"vocab": "model", "heads": "model", "mlp": "model"}  # the default rules
-    for path, param in jax.tree_util.tree_flatten_with_path(state.params, is_leaf=is_param)[0]:
-        axes = param.get_metadata()["logical_axes"]
-        sharding = NamedSharding(mesh, P(*(model_axis.get(a) for a in axes)))
-        assert param.get_value().sharding.is_equivalent_to(sharding, len(axes)), path
+    assert_params_follow_default_rules(state.params, mesh)
 
 
 def test_scan_layers_must_be_a_bool():

@@ -14,12 +14,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
-from jax.sharding import PartitionSpec as P
 
 from t5x_lite import objectives, optim, partitioning, train, train_step
 from t5x_lite.config import ConfigError, default_config
-from tiny_configs import INPUTS_LENGTH
+from tiny_configs import INPUTS_LENGTH, assert_params_follow_default_rules
 from tiny_configs import tiny_train_config as tiny_config
 
 RATES = (0.10, 0.15, 0.25, 0.50)
@@ -281,10 +279,6 @@ def test_two_microbatches_equal_one(baseline):
 
 # --- sharding ---------------------------------------------------------------------------------
 
-# The default rule table, written out independently: (data, model) meshes have no fsdp axis.
-EXPECTED_MESH_AXIS = {"vocab": "model", "heads": "model", "mlp": "model"}
-
-
 @pytest.mark.parametrize("shape", [(8, 1), (4, 2), (2, 4)])
 def test_sharded_training_matches_one_device(baseline, shape):
     initial, metrics, _ = baseline
@@ -300,12 +294,7 @@ def test_sharded_training_matches_one_device(baseline, shape):
     sharded, state = run(config, mesh, 5, state=state)
     np.testing.assert_allclose(sharded["loss"], metrics["loss"], rtol=1e-5)
 
-    is_param = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
-    for path, param in jax.tree_util.tree_flatten_with_path(state.params, is_leaf=is_param)[0]:
-        axes = param.get_metadata()["logical_axes"]
-        expected = P(*(EXPECTED_MESH_AXIS.get(a) for a in axes))
-        actual = param.get_value().sharding
-        assert actual.is_equivalent_to(jax.sharding.NamedSharding(mesh, expected), len(axes)), path
+    assert_params_follow_default_rules(state.params, mesh)
     assert state.params["token_embedder"]["embedding"].get_value().sharding.shard_shape(
         (160, 32)
     ) == (160 // shape[1], 32)

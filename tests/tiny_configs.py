@@ -1,4 +1,5 @@
-"""Tiny configs shared by the tests, the multi-host worker script and the test experiment files.
+"""Tiny configs shared by the tests, the multi-host worker script and the test experiment files,
+and the sharding check the training tests share.
 
 A plain module (not a fixture) so `tests/test_multihost.py` can import it when it runs as a
 worker process; the tests directory is on `sys.path` both under pytest and as a script.
@@ -54,3 +55,22 @@ def tiny_sweep_config(preset, task="builtin_reverse"):
                            eval_every=4, eval_examples=8)
     config.sweep.update(tasks=(task,), progress=False)
     return config
+
+
+# The default rule table, written out independently: (data, model) meshes have no fsdp axis.
+EXPECTED_MESH_AXIS = {"vocab": "model", "heads": "model", "mlp": "model"}
+
+
+def assert_params_follow_default_rules(params, mesh):
+    """Every parameter of the `nnx.State` `params` is sharded on the ('data', 'model') `mesh`
+    as `EXPECTED_MESH_AXIS` maps its logical axes (jax is imported here, not at the top, so
+    the multi-host worker can set up jax before importing this module)."""
+    import jax
+    from flax import nnx
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    is_param = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
+    for path, param in jax.tree_util.tree_flatten_with_path(params, is_leaf=is_param)[0]:
+        axes = param.get_metadata()["logical_axes"]
+        expected = NamedSharding(mesh, PartitionSpec(*(EXPECTED_MESH_AXIS.get(a) for a in axes)))
+        assert param.get_value().sharding.is_equivalent_to(expected, len(axes)), path
