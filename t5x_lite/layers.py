@@ -96,6 +96,21 @@ def random_bits(rng: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     return threefry_2x32((key[0], key[1]), (jnp.zeros_like(index), index))[0]
 
 
+def dense(x: jax.Array, kernel: jax.Array, contract: int = 1) -> jax.Array:
+    """`x [..., *in] @ kernel [*in, *out] -> [..., *out]`, computed as one 2-D matmul.
+
+    `contract` is how many leading kernel dims (= trailing dims of `x`) are summed over.
+    Why 2-D: for an einsum with several batch-like dims (`bld,dhk->blhk`), JAX's gradient
+    rule and XLA:CPU's layouts add a transpose of the large activation gradient before the
+    weight-gradient matmul; flattened to `[B*L, in] @ [in, out]`, forward and backward are
+    plain matmuls (37 fewer copies in the tiny train step, which runs 1-4 % faster).
+    """
+    in_dims, out_dims = kernel.shape[:contract], kernel.shape[contract:]
+    lead = x.shape[: x.ndim - contract]
+    y = x.reshape(-1, math.prod(in_dims)) @ kernel.reshape(math.prod(in_dims), -1)
+    return y.reshape(*lead, *out_dims)
+
+
 class RMSNorm(nnx.Module):
     """T5's layer norm: scale only, no mean subtraction, no bias; computed in float32."""
 
@@ -123,7 +138,7 @@ class Embed(nnx.Module):
 
     def attend(self, x: jax.Array) -> jax.Array:
         """`[B, L, D]` -> unscaled logits `[B, L, vocab]` against the embedding table."""
-        return jnp.einsum("bld,vd->blv", x, self.embedding[...].astype(self.dtype))
+        return dense(x, self.embedding[...].astype(self.dtype).T)
 
 
 class LMHead(nnx.Module):
@@ -135,7 +150,7 @@ class LMHead(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """`[B, L, D]` -> logits `[B, L, vocab]`."""
-        return jnp.einsum("bld,dv->blv", x, self.kernel[...].astype(self.dtype))
+        return dense(x, self.kernel[...].astype(self.dtype))
 
 
 @flax.struct.dataclass
@@ -252,7 +267,7 @@ class Attention(nnx.Module):
         q = self._project(inputs_q, self.query)
         heads = dot_product_attention(q, kv.key, kv.value, mask, bias,
                                       implementation=self.implementation)
-        return jnp.einsum("blhk,hkd->bld", heads, self.out[...].astype(self.dtype))
+        return dense(heads, self.out[...].astype(self.dtype), contract=2)
 
     def empty_cache(self, batch_size: int, length: int) -> KeysValues:
         """Zero keys / values `[batch_size, length, H, K]` in the compute dtype."""
@@ -262,7 +277,7 @@ class Attention(nnx.Module):
 
     def _project(self, x: jax.Array, kernel: nnx.Param) -> jax.Array:
         """`[B, L, D]` -> `[B, L, H, K]` with a `[D, H, K]` kernel."""
-        return jnp.einsum("bld,dhk->blhk", x, kernel[...].astype(self.dtype))
+        return dense(x, kernel[...].astype(self.dtype))
 
 
 class MLP(nnx.Module):
@@ -287,14 +302,14 @@ class MLP(nnx.Module):
     def __call__(self, x: jax.Array, *, dropout_rng: jax.Array | None = None) -> jax.Array:
         """`[B, L, D]` -> `[B, L, D]`."""
         def up(kernel: nnx.Param) -> jax.Array:
-            return x @ kernel[...].astype(self.dtype)
+            return dense(x, kernel[...].astype(self.dtype))
 
         if self.kind == "gated-gelu":
             hidden = jax.nn.gelu(up(self.wi_0), approximate=True) * up(self.wi_1)
         else:
             hidden = jax.nn.relu(up(self.wi))
         hidden = dropout(hidden, self.dropout_rate, dropout_rng)
-        return hidden @ self.wo[...].astype(self.dtype)
+        return dense(hidden, self.wo[...].astype(self.dtype))
 
 
 class RelativePositionBias(nnx.Module):

@@ -371,3 +371,27 @@ def test_build_model_rejects_bad_configs(overrides, field):
 def test_decoder_only_archs_have_no_encoder():
     for arch in DECODER_ONLY_ARCHS:
         assert not hasattr(tiny_model(arch), "encoder")
+
+
+@pytest.mark.parametrize("x_shape, kernel_shape, contract, spec", [
+    ((2, 5, 8), (8, 3, 4), 1, "bld,dhk->blhk"),   # query / key / value projections
+    ((2, 5, 3, 4), (3, 4, 8), 2, "blhk,hkd->bld"),  # attention output projection
+    ((2, 5, 8), (8, 16), 1, "bld,df->blf"),        # MLP and untied logits
+])
+def test_dense_is_the_einsum_it_flattens(x_shape, kernel_shape, contract, spec):
+    """`layers.dense` runs each projection as one 2-D matmul; values and both gradients must
+    be those of the einsum it replaces."""
+    from t5x_lite.layers import dense
+
+    kx, kk, kg = jax.random.split(jax.random.key(0), 3)
+    x, kernel = jax.random.normal(kx, x_shape), jax.random.normal(kk, kernel_shape)
+    cotangent = jax.random.normal(kg, jnp.einsum(spec, x, kernel).shape)
+
+    def loss(f):
+        return lambda x, kernel: jnp.sum(f(x, kernel) * cotangent)
+
+    flat = jax.value_and_grad(loss(lambda x, k: dense(x, k, contract)), argnums=(0, 1))(x, kernel)
+    ref = jax.value_and_grad(loss(lambda x, k: jnp.einsum(spec, x, k)), argnums=(0, 1))(x, kernel)
+    for got, want in zip(jax.tree.leaves(flat), jax.tree.leaves(ref)):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
