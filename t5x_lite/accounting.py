@@ -30,7 +30,7 @@ import math
 import re
 import time
 import warnings
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -236,28 +236,34 @@ def mfu(flops_per_second: float, peak_flops_per_second: float | None) -> float |
     return flops_per_second / peak_flops_per_second
 
 
-def measure_cpu_matmul_peak(dtype: Any = jnp.float32, seconds: float = 1.0,
-                            size: int = 1024) -> float:
-    """FLOP/s of the best of repeated jitted [size, size] @ [size, size] matmuls on the CPU.
+def cpu_matmul(dtype: Any = jnp.float32, size: int = 1024) -> tuple[Callable[[], jax.Array], float]:
+    """The yardstick of MFU on a CPU: a closure running one compiled, warmed-up
+    `[size, size] @ [size, size]` matmul on the first CPU device, and its FLOPs.
 
     CPUs have no spec-sheet entry in `PEAKS`, and their throughput depends on the cores and
-    vector units actually available, so the peak MFU is measured against is measured on the
-    same machine, in the same run. Repeats for about `seconds` (at least 3 timed runs after a
-    warm-up) and keeps the fastest, the one least disturbed by other processes. The default
-    size makes 4 MiB operands, larger than the caches like a model's weight matrices, and
-    short runs (tens of ms on two cores), so there are many to pick the best from.
+    vector units actually available, so their peak is measured on the same machine, in the
+    same run. The default size makes 4 MiB operands, larger than the caches like a model's
+    weight matrices, and short runs (tens of ms on two cores).
     """
-    if seconds <= 0:
-        raise ValueError(f"seconds={seconds} must be positive")
     if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
         raise ValueError(f"size={size!r} must be a positive integer")
     x = jax.device_put(jnp.ones((size, size), dtype), jax.devices("cpu")[0])
     matmul = jax.jit(jnp.matmul)
-    matmul(x, x).block_until_ready()  # compile and warm up outside the timed runs
+    matmul(x, x).block_until_ready()  # compile and warm up outside any timed run
+    return lambda: matmul(x, x), 2.0 * size**3
+
+
+def measure_cpu_matmul_peak(dtype: Any = jnp.float32, seconds: float = 1.0,
+                            size: int = 1024) -> float:
+    """FLOP/s of the best of repeated `cpu_matmul`s: repeats for about `seconds` (at least 3
+    timed runs) and keeps the fastest, the one least disturbed by other processes."""
+    if seconds <= 0:
+        raise ValueError(f"seconds={seconds} must be positive")
+    matmul, flops = cpu_matmul(dtype, size)
     times: list[float] = []
     deadline = time.perf_counter() + seconds
     while len(times) < 3 or time.perf_counter() < deadline:
         start = time.perf_counter()
-        matmul(x, x).block_until_ready()
+        matmul().block_until_ready()
         times.append(time.perf_counter() - start)
-    return 2 * size**3 / min(times)
+    return flops / min(times)
