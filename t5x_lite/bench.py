@@ -6,8 +6,9 @@ Timings are taken here and nowhere else: tests never time anything. Every number
 median over `steps` timed calls after `warmup` untimed ones, with the device synchronised
 around each call. On a CPU, MFU is measured against the fastest `accounting.cpu_matmul` of
 those timed in turns with the step (`_PeakMatmul`), so the step and its yardstick see the same
-stretch of the machine's drifting speed. Raw tokens are random real-token ids: the step's cost does not depend on
-their values, and the pipeline's own speed is measured separately (`pipeline_seconds`).
+stretch of the machine's drifting speed. Raw tokens are random real-token ids: the step's
+cost does not depend on their values, and the pipeline's own speed is measured separately
+(`pipeline_seconds`).
 """
 from __future__ import annotations
 
