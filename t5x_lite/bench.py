@@ -12,7 +12,6 @@ cost does not depend on their values, and the pipeline's own speed is measured s
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import statistics
 import time
@@ -74,7 +73,7 @@ def random_raw_tokens(config: ml_collections.ConfigDict, raw_length: int, seed: 
 
 def jax_train_step(config: ml_collections.ConfigDict) -> tuple[Callable[[], Any], dict[str, Any]]:
     """A closure running one jitted train step (corruption included) on all local devices,
-    already compiled, and what is needed to turn its time into tokens/s and MFU."""
+    already compiled, and facts about it: its mesh, compile times, devices and layout."""
     mesh = partitioning.make_mesh(config.mesh)
     layout = objectives.layout_from_config(config)
     step = train_step.make_train_step(config, layout, mesh)
@@ -93,11 +92,10 @@ def jax_train_step(config: ml_collections.ConfigDict) -> tuple[Callable[[], Any]
         return metrics
 
     info = {
-        "throughput": train.Throughput.of(config, layout, mesh),
+        "mesh": mesh,
         "compile_s": step.program.compile_seconds,
         "first_call_s": first_call_s,
         "devices": f"{mesh.devices.size} x {mesh.devices.flat[0].device_kind}",
-        "platform": mesh.devices.flat[0].platform,
         "layout": {"raw_length": layout.raw_length, "inputs_length": layout.inputs_length,
                    "targets_length": layout.targets_length},
     }
@@ -169,16 +167,16 @@ def run_benchmarks(config: ml_collections.ConfigDict, *, steps: int = 10, warmup
     when the machine's speed drifts.
     """
     jax_run, info = jax_train_step(config)
+    mesh = info["mesh"]
     runs = {"step": jax_run, "corruption": corruption_only(config)}
-    if info["platform"] == "cpu":
+    if mesh.devices.flat[0].platform == "cpu":
         runs["peak_matmul"] = _PeakMatmul(jnp.dtype(config.model.dtype))
     if compare_torch:
         runs["torch"] = torch_t5_train_step(config)
     seconds = dict(zip(runs, _median_seconds(*runs.values(), steps=steps, warmup=warmup)))
     step_s, corrupt_s = seconds["step"], seconds["corruption"]
-    throughput = info["throughput"]
-    if "peak_matmul" in runs:
-        throughput = dataclasses.replace(throughput, peak=runs["peak_matmul"].peak)
+    peak = runs["peak_matmul"].peak if "peak_matmul" in runs else None
+    throughput = train.Throughput.of(config, objectives.layout_from_config(config), mesh, peak)
     speed = throughput(step_s)
     result = {
         "tokens_per_second": speed["tokens_per_s"],

@@ -232,13 +232,16 @@ class Throughput:
     peak: float | None
 
     @classmethod
-    def of(cls, config: ml_collections.ConfigDict, layout: objectives.BatchLayout, mesh: Mesh):
+    def of(cls, config: ml_collections.ConfigDict, layout: objectives.BatchLayout, mesh: Mesh,
+           peak: float | None = None):
+        """`peak`: the FLOP/s MFU is measured against, if already known (`bench` times its own);
+        by default `peak_flops_per_second` of the mesh."""
         lengths = (layout.inputs_length, layout.targets_length)
         return cls(
             tokens_per_step=config.train.batch_size * sum(lengths),
             flops_per_step=config.train.batch_size
             * accounting.train_flops_per_example(config.model, *lengths),
-            peak=peak_flops_per_second(mesh, config.model.dtype),
+            peak=peak_flops_per_second(mesh, config.model.dtype) if peak is None else peak,
         )
 
     def __call__(self, step_s: float) -> dict[str, float | None]:
