@@ -54,7 +54,8 @@ def vmap_benchmark(experiment: str = "table6", preset: str = "demo", steps: int 
         return metrics
 
     vmapped_step = train_step.make_vmapped_train_step(configs, layout, mesh)
-    stacked = [train_step.stack_states([train_step.init_state(c, mesh) for c in configs], configs[0], mesh)]
+    stacked = [train_step.stack_states([train_step.init_state(c, mesh) for c in configs],
+                                       configs[0], mesh)]
     stacked_raw, stacked_specs = np.stack([raw] * len(configs)), train_step.stack_specs(specs)
     stacked_keys = jnp.stack(keys)
 

@@ -337,8 +337,8 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *, init_fro
 
         try:
             records = train.run_loop(state, start, ft.steps, data, step,
-                                     (train_step.step_key(config.train.seed),), checkpointer, writer,
-                                     bar, speed, validate)
+                                     (train_step.step_key(config.train.seed),), checkpointer,
+                                     writer, bar, speed, validate)
         finally:
             writer.close()
             bar.close()

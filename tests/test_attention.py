@@ -54,7 +54,6 @@ def test_attention_matches_reference_with_key_padding(with_bias, impl):
     np.testing.assert_allclose(out, _reference(q, k, v, KEY_PADDING, bias), atol=1e-5)
 
 
-
 def test_einsum_gradient_of_a_batch_shared_bias_matches_the_xla_kernel():
     """The einsum path broadcasts a `[1, H, Lq, Lk]` bias over the batch its own way; its
     gradient must still be the batch sum that jax.nn.dot_product_attention's gives."""
@@ -71,6 +70,7 @@ def test_einsum_gradient_of_a_batch_shared_bias_matches_the_xla_kernel():
     for einsum, xla in zip(grads("einsum"), grads("xla")):
         np.testing.assert_allclose(einsum, xla, rtol=1e-5, atol=1e-6)
     assert np.abs(np.asarray(grads("einsum")[3])).max() > 1e-3
+
 
 @CPU_IMPLEMENTATIONS
 def test_attention_without_mask_and_with_2d_mask(impl):

@@ -38,7 +38,8 @@ def test_bench_command_prints_one_consistent_json_object():
     assert result["tflops_per_second"] == pytest.approx(flops / step_s / 1e12)
     # On a CPU the yardstick is the matmul timed in the same loop as the step.
     assert result["peak_source"].startswith("fastest of the 1024x1024 matmuls")
-    assert result["mfu"] == pytest.approx(result["tflops_per_second"] / result["peak_tflops_per_second"])
+    assert result["mfu"] == pytest.approx(
+        result["tflops_per_second"] / result["peak_tflops_per_second"])
     assert 0 < result["mfu"] < 1
     assert result["compile_s"] > 0 and result["corruption_ms"] > 0
     assert result["devices"] == "1 x cpu"
