@@ -35,7 +35,7 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from t5x_lite import presets
+from t5x_lite import host_memory, presets
 from t5x_lite.config import ConfigError
 
 _PRESETS_FILE = os.path.abspath(presets.__file__)
@@ -239,6 +239,7 @@ def main(argv: list[str] | None = None) -> None:
         print(__doc__)
         raise SystemExit(0 if len(argv) >= 2 and argv[1] in ("-h", "--help") else 2)
     command = argv.pop(1)
+    host_memory.retain_freed_memory()  # before JAX starts its threads (see the module)
     # orbax and TFDS log every save and build step (and TFDS each custom config) through absl;
     # our own warnings go through `warnings` and still show.
     logging.set_verbosity(logging.ERROR)

@@ -33,6 +33,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence
 
+from t5x_lite import host_memory
+
 if TYPE_CHECKING:  # sweep imports this module; the type is only needed for annotations
     from t5x_lite.sweep import GridPoint
 
@@ -109,6 +111,7 @@ def _claim_environment(slots: Any, environments: list[dict[str, str]]) -> None:
     """Worker initializer: take a free slot's environment before anything starts JAX's backend
     (JAX reads these variables when it first creates its devices, not at import)."""
     os.environ.update(environments[slots.get()])
+    host_memory.retain_freed_memory()
 
 
 class LocalParallelLauncher:

@@ -1,0 +1,62 @@
+"""`host_memory.retain_freed_memory`: XLA:CPU's freed temporaries are reused, not faulted in again."""
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from t5x_lite import host_memory
+
+# A fresh process (malloc settings are process-wide and must precede JAX's threads) runs a
+# program with a 133 MB temporary 30 times and prints the page faults of each call.
+_FAULTS_PER_CALL = """
+import json, resource, sys
+from t5x_lite import host_memory
+applied = host_memory.retain_freed_memory() if sys.argv[1] == "retain" else False
+import jax, jax.numpy as jnp
+x = jnp.ones((1 << 18,))  # 1 MB, broadcast to 64 rows whose cumsum is reversed: a temporary
+f = jax.jit(lambda x: jnp.sum(jnp.cumsum(jnp.broadcast_to(x, (64, x.size)), axis=0)[::-1] * x))
+temp = f.lower(x).compile().memory_analysis().temp_size_in_bytes
+faults = []
+for _ in range(30):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    f(x).block_until_ready()
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps({"applied": applied, "temp_pages": temp // 4096, "faults": faults}))
+"""
+
+glibc_only = pytest.mark.skipif(
+    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+    reason="the malloc settings exist only in glibc",
+)
+
+
+def _faults_per_call(mode: str) -> dict:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+    out = subprocess.run([sys.executable, "-c", _FAULTS_PER_CALL, mode], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@glibc_only
+def test_retained_memory_is_not_faulted_in_again():
+    system = _faults_per_call("system")
+    retained = _faults_per_call("retain")
+    pages = system["temp_pages"]
+    assert retained["applied"] and pages > 30_000
+    # glibc's default: a fresh mmap per call, every page of the temporary faulted in again.
+    assert all(f >= pages // 2 for f in system["faults"][1:]), system
+    # Retained: while the heap settles (small allocations split freed blocks, so it grows by a
+    # temporary now and then, mostly in the first ~15 calls here) calls still fault; after it,
+    # the same pages serve nearly every call (allow 2 late splits of the last 10 calls).
+    assert sum(retained["faults"][-10:]) <= 2 * pages + 1000, retained
+
+
+def test_only_for_the_cpu_backend(monkeypatch):
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda,cpu")
+    assert not host_memory._runs_on_cpu()
+    assert not host_memory.retain_freed_memory()
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    assert host_memory._runs_on_cpu()
