@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
         print(__doc__)
         raise SystemExit(0 if len(argv) >= 2 and argv[1] in ("-h", "--help") else 2)
     command = argv.pop(1)
-    host_memory.retain_freed_memory()  # before JAX starts its threads (see the module)
+    host_memory.retain_if_requested()  # before JAX starts its threads (see the module)
     # orbax and TFDS log every save and build step (and TFDS each custom config) through absl;
     # our own warnings go through `warnings` and still show.
     logging.set_verbosity(logging.ERROR)

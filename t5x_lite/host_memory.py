@@ -11,13 +11,20 @@ cores. Three `mallopt` settings make the next step reuse the same pages:
 - `M_MMAP_MAX=0`: large blocks come from the heap, never from `mmap`;
 - `M_TRIM_THRESHOLD` high: freed memory stays in the heap instead of going back to the system.
 
-Measured on two cores: the tiny step 1.2x faster in one process alternating steps with and
-without these settings; a 120-step `t5x-lite train --preset tiny` at 4,100 tokens/s instead of
-3,270, with 0.4 M page faults instead of 10.6 M and the same peak memory. The cost: the process
-keeps the heap it once needed (as an accelerator runtime keeps its memory pool), and while the
-heap settles, small allocations that split a freed block can make it grow by one more
-temporary. Only for runs on the CPU backend with glibc: on a GPU or TPU the temporaries live in
-device memory, and one arena would make many host threads share a lock for nothing.
+Opt-in, with `T5X_LITE_RETAIN_HOST_MEMORY=1` in the environment of `t5x-lite` (the CLI and
+the parallel launcher's workers apply it at start): it pays in long runs of one big step and
+costs in runs that mostly compile. Measured on two cores: the tiny step 1.2x faster in one
+process alternating steps with and without the settings; a 120-step `t5x-lite train --preset
+tiny` at 4,100 tokens/s instead of 3,270, with 0.4 M page faults instead of 10.6 M and the same
+peak memory. But `t5x-lite demo` (30 short runs of a small model, mostly compiling and
+decoding) took 468 s instead of 429 s, and the test suite's multi-device tests 1.4x longer
+(also with `M_ARENA_MAX=1` alone): with one arena, every thread that allocates (compiler,
+runtime, devices) waits on one lock. In memory, the process keeps the heap it once needed (as
+an accelerator runtime keeps its pool), and while the heap settles, small allocations that
+split a freed block can make it grow by one more temporary.
+
+Never on an accelerator (the temporaries live in device memory there) nor with the CPU split
+into several simulated devices (many threads, one lock), and only with glibc.
 """
 from __future__ import annotations
 
@@ -25,11 +32,13 @@ import ctypes
 import importlib.util
 import os
 import platform
+import re
 
 # mallopt parameter numbers from glibc's <malloc.h>.
 _M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
 _TRIM_THRESHOLD = 1 << 30  # larger than any heap top a CPU run frees in one go
 
+ENV_VAR = "T5X_LITE_RETAIN_HOST_MEMORY"
 retained = False  # whether this process runs with the settings (benchmarks report it)
 
 
@@ -42,17 +51,30 @@ def _runs_on_cpu() -> bool:
     return all(importlib.util.find_spec(name) is None for name in ("jax_plugins", "libtpu"))
 
 
+def _simulated_cpu_devices() -> int:
+    """The CPU device count XLA_FLAGS forces (`--xla_force_host_platform_device_count`), or 1."""
+    counts = re.findall(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
+    return int(counts[-1]) if counts else 1
+
+
 def retain_freed_memory() -> bool:
     """Apply the settings above to this process; True if applied.
 
-    A no-op (False) off glibc or when JAX will run on an accelerator. Call it before JAX runs
+    A no-op (False) off glibc, when JAX will run on an accelerator, or when XLA_FLAGS splits the
+    CPU into several devices (see the module docstring). Call it before JAX runs
     anything: a thread picks its malloc arena at its first allocation, so XLA's worker threads,
     once started, keep arenas that cannot hold the step's temporaries.
     """
     global retained
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc" or not _runs_on_cpu():
+    if (platform.system() != "Linux" or platform.libc_ver()[0] != "glibc" or not _runs_on_cpu()
+            or _simulated_cpu_devices() > 1):
         return False
     libc = ctypes.CDLL(None)  # the C library this interpreter is linked against
     settings = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
     retained = all(libc.mallopt(param, value) == 1 for param, value in settings)
     return retained
+
+
+def retain_if_requested() -> bool:
+    """`retain_freed_memory()` when the environment sets T5X_LITE_RETAIN_HOST_MEMORY=1."""
+    return os.environ.get(ENV_VAR, "0") == "1" and retain_freed_memory()

@@ -111,7 +111,7 @@ def _claim_environment(slots: Any, environments: list[dict[str, str]]) -> None:
     """Worker initializer: take a free slot's environment before anything starts JAX's backend
     (JAX reads these variables when it first creates its devices, not at import)."""
     os.environ.update(environments[slots.get()])
-    host_memory.retain_freed_memory()
+    host_memory.retain_if_requested()
 
 
 class LocalParallelLauncher:

@@ -54,9 +54,22 @@ def test_retained_memory_is_not_faulted_in_again():
     assert sum(retained["faults"][-10:]) <= 2 * pages + 1000, retained
 
 
-def test_only_for_the_cpu_backend(monkeypatch):
+def test_off_unless_asked_for(monkeypatch):
+    monkeypatch.delenv(host_memory.ENV_VAR, raising=False)
+    monkeypatch.setenv("XLA_FLAGS", "")  # one CPU device: only the missing request says no
+    assert not host_memory.retain_if_requested() and not host_memory.retained
+
+
+def test_only_for_one_cpu_device(monkeypatch):
     monkeypatch.setenv("JAX_PLATFORMS", "cuda,cpu")
     assert not host_memory._runs_on_cpu()
     assert not host_memory.retain_freed_memory()
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     assert host_memory._runs_on_cpu()
+    # The tests' 8 simulated devices (conftest): one arena's lock would cost more than it saves.
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false "
+                       "--xla_force_host_platform_device_count=8")
+    assert host_memory._simulated_cpu_devices() == 8
+    assert not host_memory.retain_freed_memory() and not host_memory.retained
+    monkeypatch.setenv("XLA_FLAGS", "")
+    assert host_memory._simulated_cpu_devices() == 1
