@@ -113,8 +113,9 @@ def corruption_only(config: ml_collections.ConfigDict) -> Callable[[], Any]:
     return lambda: corrupt(raw, spec, key)
 
 
-def torch_t5_train_step(config: ml_collections.ConfigDict) -> Callable[[], None]:
-    """One AdamW step of the Hugging Face PyTorch T5 of the same size and batch.
+def torch_t5(config: ml_collections.ConfigDict) -> tuple[Any, Any, Any, Any]:
+    """The Hugging Face PyTorch T5 of the same size as `config.model` in train mode, its AdamW,
+    and one batch of random input ids and labels: (model, optimizer, inputs, labels).
 
     Only encoder-decoder models with AdamW compare like for like (HF T5 has no decoder-only
     variant and PyTorch has no Adafactor with T5's settings in core). Uses every CPU core.
@@ -142,6 +143,12 @@ def torch_t5_train_step(config: ml_collections.ConfigDict) -> Callable[[], None]
     batch = config.train.batch_size
     inputs = torch.from_numpy(rng.integers(NUM_RESERVED_IDS, high, (batch, layout.inputs_length)))
     labels = torch.from_numpy(rng.integers(NUM_RESERVED_IDS, high, (batch, layout.targets_length)))
+    return model, optimizer, inputs, labels
+
+
+def torch_t5_train_step(config: ml_collections.ConfigDict) -> Callable[[], None]:
+    """One AdamW step of `torch_t5(config)`'s model on its batch."""
+    model, optimizer, inputs, labels = torch_t5(config)
 
     def run() -> None:
         optimizer.zero_grad(set_to_none=True)
@@ -190,7 +197,7 @@ def run_benchmarks(config: ml_collections.ConfigDict, *, steps: int = 10, warmup
         "compile_s": info["compile_s"],
         "first_call_s": info["first_call_s"],
         "devices": info["devices"],
-        "host_memory_retained": host_memory.retained,  # see `host_memory`: ~1.2x on a CPU
+        "host_memory_retained": host_memory.retained,  # see `host_memory`
         "layout": info["layout"],
         "corruption_ms": corrupt_s * 1e3,
         "corruption_share_of_step": corrupt_s / step_s,

@@ -224,7 +224,7 @@ def _with_prefix_flag(batch: dict[str, jax.Array], prefix_flag: jax.Array) -> di
     return {**batch, "inputs_mask": batch["inputs_mask"] & prefix_flag}
 
 
-def _loss_fn(config: ml_collections.ConfigDict) -> Callable:
+def loss_sums_fn(config: ml_collections.ConfigDict) -> Callable:
     """(params, batch, dropout_rng | None) -> T5X's loss sums (`cross_entropy_sums`) of the
     program's model on `batch`; no dropout when the rng is None."""
     graphdef, train = model_graphdef(config), config.train
@@ -252,7 +252,7 @@ def _step_fn(
     """
     tx = make_optimizer(config.train, scanned_layers=config.model.scan_layers)
     train = config.train
-    schedule, loss_sums = learning_rate_schedule(config.train), _loss_fn(config)
+    schedule, loss_sums = learning_rate_schedule(config.train), loss_sums_fn(config)
     dropout = config.model.dropout_rate > 0
     rows = partitioning.batch_sharding(mesh, partitioning.normalize_rules(config.mesh.rules))
 
@@ -587,7 +587,7 @@ def make_eval_step(
     """
     key = (_program_key(config, "eval", mesh), "eval")
     if key not in _PROGRAMS:
-        loss_sums = _loss_fn(config)
+        loss_sums = loss_sums_fn(config)
         _PROGRAMS[key] = _Program(jax.jit(
             lambda params, batch, flag: loss_sums(params, _with_prefix_flag(batch, flag), None)))
     program, flag = _PROGRAMS[key], np.bool_(config.model.arch == "prefix_lm")
