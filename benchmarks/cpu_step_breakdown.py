@@ -27,9 +27,9 @@ from t5x_lite import bench, host_memory, objectives, partitioning, presets, trai
 
 
 def _median_ms(fns: dict[str, Callable[[], Any]], steps: int, warmup: int = 2) -> dict[str, float]:
-    """Median milliseconds of each of `fns`, timed in turns (see `bench._median_seconds`)."""
+    """Median milliseconds of each of `fns`, timed in turns (`bench.median_seconds`)."""
     return {name: s * 1e3 for name, s in
-            zip(fns, bench._median_seconds(*fns.values(), steps=steps, warmup=warmup))}
+            zip(fns, bench.median_seconds(*fns.values(), steps=steps, warmup=warmup))}
 
 
 def phases(config: ml_collections.ConfigDict, steps: int) -> dict[str, dict[str, float]]:
@@ -101,9 +101,9 @@ def matmuls(config: ml_collections.ConfigDict, steps: int) -> dict[str, dict[str
     for name, (equation, lhs_shape, rhs_shape) in matmul_shapes(config).items():
         rng = np.random.default_rng(0)
         lhs, rhs = (rng.standard_normal(s, dtype=np.float32) for s in (lhs_shape, rhs_shape))
-        contracted = [c for c in equation.split(",")[0] if c not in equation.split("->")[1]]
-        flops = 2 * np.prod(np.einsum(equation, lhs, rhs).shape) * np.prod(
-            [lhs_shape[equation.index(c)] for c in contracted])
+        lhs_indices, rhs_indices = equation.split("->")[0].split(",")
+        sizes = {**dict(zip(lhs_indices, lhs_shape)), **dict(zip(rhs_indices, rhs_shape))}
+        flops = 2 * np.prod(list(sizes.values()))  # a multiply-add per combination of indices
         jax_lhs, jax_rhs = jnp.asarray(lhs), jnp.asarray(rhs)
         jitted = jax.jit(lambda a, b, equation=equation: jnp.einsum(equation, a, b))
         torch_lhs, torch_rhs = torch.from_numpy(lhs), torch.from_numpy(rhs)
@@ -112,7 +112,8 @@ def matmuls(config: ml_collections.ConfigDict, steps: int) -> dict[str, dict[str
                               steps)["torch"]
         out[name] = {"lhs": list(lhs_shape), "rhs": list(rhs_shape), "t5x_lite_ms": jax_ms,
                      "torch_ms": torch_ms, "t5x_lite_gflops": flops / jax_ms / 1e6,
-                     "torch_gflops": flops / torch_ms / 1e6, "torch_over_t5x_lite": torch_ms / jax_ms}
+                     "torch_gflops": flops / torch_ms / 1e6,
+                     "torch_over_t5x_lite": torch_ms / jax_ms}
     return out
 
 

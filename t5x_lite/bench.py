@@ -30,7 +30,7 @@ from t5x_lite.config import ENCODER_DECODER_ARCHS, EOS_ID, NUM_RESERVED_IDS
 from t5x_lite.models import build_model, make_masks
 
 
-def _median_seconds(*fns: Callable[[], Any], steps: int, warmup: int) -> list[float]:
+def median_seconds(*fns: Callable[[], Any], steps: int, warmup: int) -> list[float]:
     """Median wall time of each of `fns`, timed in turns (f1, f2, f1, f2, ...) so that drift in
     the machine's speed during the run affects every one of them alike."""
     for fn in fns:
@@ -46,7 +46,7 @@ def _median_seconds(*fns: Callable[[], Any], steps: int, warmup: int) -> list[fl
 
 
 class _PeakMatmul:
-    """A closure for `_median_seconds` that times `repeats` CPU peak matmuls per call and
+    """A closure for `median_seconds` that times `repeats` CPU peak matmuls per call and
     keeps every time: `peak` is the FLOP/s of the fastest, the one least disturbed."""
 
     def __init__(self, dtype: Any, repeats: int = 5):
@@ -181,7 +181,7 @@ def run_benchmarks(config: ml_collections.ConfigDict, *, steps: int = 10, warmup
         runs["peak_matmul"] = _PeakMatmul(jnp.dtype(config.model.dtype))
     if compare_torch:
         runs["torch"] = torch_t5_train_step(config)
-    seconds = dict(zip(runs, _median_seconds(*runs.values(), steps=steps, warmup=warmup)))
+    seconds = dict(zip(runs, median_seconds(*runs.values(), steps=steps, warmup=warmup)))
     step_s, corrupt_s = seconds["step"], seconds["corruption"]
     peak = runs["peak_matmul"].peak if "peak_matmul" in runs else None
     throughput = train.Throughput.of(config, objectives.layout_from_config(config), mesh, peak)
@@ -276,7 +276,7 @@ def decode_benchmark(config: ml_collections.ConfigDict, new_tokens: int = 64, *,
     tokens = np.asarray(cached())
     cached_compile_s = time.perf_counter() - start
 
-    cached_s, recompute_s = _median_seconds(cached, lambda: baseline(state, inputs),
+    cached_s, recompute_s = median_seconds(cached, lambda: baseline(state, inputs),
                                             steps=steps, warmup=warmup)
     ended = tokens == EOS_ID
     lengths = np.where(ended.any(axis=1), ended.argmax(axis=1) + 1, new_tokens)

@@ -39,6 +39,8 @@ _M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
 _TRIM_THRESHOLD = 1 << 30  # larger than any heap top a CPU run frees in one go
 
 ENV_VAR = "T5X_LITE_RETAIN_HOST_MEMORY"
+# The XLA flag that splits the CPU into simulated devices (the launchers set it for workers).
+DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 retained = False  # whether this process runs with the settings (benchmarks report it)
 
 
@@ -52,8 +54,8 @@ def _runs_on_cpu() -> bool:
 
 
 def _simulated_cpu_devices() -> int:
-    """The CPU device count XLA_FLAGS forces (`--xla_force_host_platform_device_count`), or 1."""
-    counts = re.findall(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
+    """The CPU device count XLA_FLAGS forces (`DEVICE_COUNT_FLAG`), or 1."""
+    counts = re.findall(rf"{DEVICE_COUNT_FLAG}=(\d+)", os.environ.get("XLA_FLAGS", ""))
     return int(counts[-1]) if counts else 1
 
 

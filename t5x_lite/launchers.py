@@ -43,7 +43,6 @@ LAUNCHERS = ("local", "parallel", "ray")
 ACCELERATORS = ("cpu", "gpu", "tpu")
 # The flag that makes `t5x-lite sweep` run only the grid point with this index (SLURM arrays).
 POINT_INDEX_FLAG = "--point_index"
-_DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 
 
 class Launcher(Protocol):
@@ -102,8 +101,9 @@ def worker_environments(
             {"CUDA_VISIBLE_DEVICES": ",".join(gpus[bounds[i]:bounds[i + 1]])}
             for i in range(workers)
         ]
-    kept = [flag for flag in xla_flags.split() if not flag.startswith(_DEVICE_COUNT_FLAG)]
-    flags = " ".join(kept + [f"{_DEVICE_COUNT_FLAG}={cpu_devices_per_worker}"])
+    count_flag = host_memory.DEVICE_COUNT_FLAG
+    kept = [flag for flag in xla_flags.split() if not flag.startswith(count_flag)]
+    flags = " ".join(kept + [f"{count_flag}={cpu_devices_per_worker}"])
     return [{"XLA_FLAGS": flags} for _ in range(workers)]
 
 

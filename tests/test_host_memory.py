@@ -1,4 +1,5 @@
-"""`host_memory.retain_freed_memory`: XLA:CPU's freed temporaries are reused, not faulted in again."""
+"""`host_memory.retain_freed_memory`: XLA:CPU's freed temporaries are reused, not faulted in
+again; only when asked for, and only for one CPU device."""
 import json
 import os
 import platform
