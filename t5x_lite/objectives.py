@@ -381,8 +381,9 @@ def random_prefix_split(valid_length: Any, rng: jax.Array) -> jax.Array:
 
 # ---------------------------------------------------------------------------------------------
 # Encoders (device; one example). Each takes tokens int32[R], the valid length n, the spec and
-# uniform draws float32[3, R]; it returns (inputs, targets): int32[R + 1], the tokens packed
-# at the front, EOS after them, then zero padding.
+# uniform draws float32[3, R]; it returns (inputs, targets, noise): inputs and targets int32[R + 1],
+# the tokens packed at the front, EOS after them, then zero padding; noise bool[R], the tokens it
+# corrupted (all False for an objective without a noise mask: deshuffling, prefix_lm, lm).
 # ---------------------------------------------------------------------------------------------
 
 
@@ -403,19 +404,23 @@ def _spans_to_sentinels(tokens: jax.Array, spans: jax.Array, valid: jax.Array, v
     return jnp.where(starts_span, sentinel, tokens), valid & ~(spans & follows_span)
 
 
+def _no_noise(tokens: jax.Array) -> jax.Array:
+    return jnp.zeros(tokens.shape, bool)
+
+
 def _span_corruption(tokens, n, spec, uniform, layout):
     valid = jnp.arange(tokens.shape[0]) < n
     noise = _spans_mask(uniform[:2], spec.noise_density, spec.mean_noise_span_length, n)
     inputs = _pack_with_eos(*_spans_to_sentinels(tokens, noise, valid, layout.vocab_size))
     targets = _pack_with_eos(*_spans_to_sentinels(tokens, valid & ~noise, valid, layout.vocab_size))
-    return inputs, targets
+    return inputs, targets, noise
 
 
 def _drop_corrupted_tokens(tokens, n, spec, uniform, layout):
     valid = jnp.arange(tokens.shape[0]) < n
     # The same draws as span_corruption: with one rng both objectives corrupt the same tokens.
     noise = _spans_mask(uniform[:2], spec.noise_density, spec.mean_noise_span_length, n)
-    return _pack_with_eos(tokens, valid & ~noise), _pack_with_eos(tokens, noise)
+    return _pack_with_eos(tokens, valid & ~noise), _pack_with_eos(tokens, noise), noise
 
 
 def _mask_or_random_tokens(tokens, n, noise_density, random_token_fraction, uniform, layout):
@@ -427,7 +432,7 @@ def _mask_or_random_tokens(tokens, n, noise_density, random_token_fraction, unif
     random_tokens = _uniform_int(uniform[2], NUM_RESERVED_IDS, first_sentinel)
     mask_token = layout.vocab_size - 1  # <extra_id_0>
     corrupted = jnp.where(noise, jnp.where(use_random, random_tokens, mask_token), tokens)
-    return _pack_with_eos(corrupted, valid), _pack_with_eos(tokens, valid)
+    return _pack_with_eos(corrupted, valid), _pack_with_eos(tokens, valid), noise
 
 
 def _bert_style(tokens, n, spec, uniform, layout):
@@ -442,24 +447,27 @@ def _mass_style(tokens, n, spec, uniform, layout):
 def _deshuffling(tokens, n, spec, uniform, layout):
     valid = jnp.arange(tokens.shape[0]) < n
     order = jnp.argsort(jnp.where(valid, uniform[0], 2.0))  # a random order of the valid tokens
-    return _pack_with_eos(tokens[order], valid), _pack_with_eos(tokens, valid)
+    return _pack_with_eos(tokens[order], valid), _pack_with_eos(tokens, valid), _no_noise(tokens)
 
 
 def _prefix_lm(tokens, n, spec, uniform, layout):
     position = jnp.arange(tokens.shape[0])
     split = _prefix_split(uniform[0, 0], n)
     return (_pack_with_eos(tokens, position < split),
-            _pack_with_eos(tokens, (position >= split) & (position < n)))
+            _pack_with_eos(tokens, (position >= split) & (position < n)), _no_noise(tokens))
 
 
 def _lm(tokens, n, spec, uniform, layout):
     valid = jnp.arange(tokens.shape[0]) < n
-    return jnp.zeros(tokens.shape[0] + 1, jnp.int32), _pack_with_eos(tokens, valid)
+    empty = jnp.zeros(tokens.shape[0] + 1, jnp.int32)
+    return empty, _pack_with_eos(tokens, valid), _no_noise(tokens)
 
 
 # In the order of OBJECTIVES: the objective id indexes this tuple.
 _ENCODERS = (_span_corruption, _drop_corrupted_tokens, _bert_style, _mass_style, _deshuffling,
              _prefix_lm, _lm)
+# Whether an objective corrupts chosen tokens (its `noise_mask` means something).
+HAS_NOISE_MASK = dict(zip(OBJECTIVES, (True, True, True, True, False, False, False)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -504,17 +512,21 @@ def _decoder_only_example(inputs, targets, layout):
     }
 
 
-def corrupt(raw_tokens: jax.Array, spec: ObjectiveSpec, rng: jax.Array,
-            layout: BatchLayout) -> dict[str, jax.Array]:
-    """Turn raw tokens int32[B, layout.raw_length] into a training batch of fixed shapes.
+def _fits(inputs: jax.Array, targets: jax.Array, layout: BatchLayout) -> jax.Array:
+    """bool: whether an example's inputs and targets (incl. EOS) fit the layout's lengths."""
+    return ((jnp.sum(inputs != PAD_ID) <= layout.inputs_length)
+            & (jnp.sum(targets != PAD_ID) <= layout.targets_length))
 
-    Jittable with `layout` static; `spec` fields are scalars or [B] arrays. Each example uses
-    its first min(spec.raw_length, non-pad tokens) tokens (raw padding must be at the end) and
-    its own rng. Keys: encoder_decoder: encoder_input_tokens [B, inputs_length] and
-    decoder_input_tokens / decoder_target_tokens / decoder_loss_weights [B, targets_length];
-    decoder_only: those three decoder keys [B, inputs_length + targets_length] (inputs incl. EOS,
-    then targets incl. EOS, then padding) plus the bool inputs_mask. Outputs longer than the
-    layout are cut, which cannot happen for specs among the points the layout was made for.
+
+def corrupt_with_details(raw_tokens: jax.Array, spec: ObjectiveSpec, rng: jax.Array,
+                         layout: BatchLayout) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
+    """`corrupt`, and what it did: (batch, details).
+
+    details: `noise_mask` bool [B, layout.raw_length], the raw tokens the objective corrupted
+    (all False for objectives without a noise mask, see `HAS_NOISE_MASK`); `overflow` bool [B],
+    the examples whose inputs or targets did not fit the layout. An overflowing example is cut
+    to the layout and gets zero loss weights, so it never trains on a cut sequence; the train
+    step reports how many there were (`objective_overflow`).
     """
     if raw_tokens.shape[-1] != layout.raw_length:
         raise ValueError(f"raw_tokens has length {raw_tokens.shape[-1]}; the layout needs "
@@ -527,12 +539,30 @@ def corrupt(raw_tokens: jax.Array, spec: ObjectiveSpec, rng: jax.Array,
         n = jnp.sum(in_range & (tokens != PAD_ID)).astype(jnp.int32)
         uniform = jax.random.uniform(example_rng, (3, tokens.shape[0]))
         branches = [functools.partial(encode, layout=layout) for encode in _ENCODERS]
-        inputs, targets = jax.lax.switch(example_spec.objective, branches, tokens, n, example_spec,
-                                         uniform)
-        return format_example(inputs, targets, layout)
+        inputs, targets, noise = jax.lax.switch(example_spec.objective, branches, tokens, n,
+                                                example_spec, uniform)
+        fits = _fits(inputs, targets, layout)
+        example = format_example(inputs, targets, layout)
+        example["decoder_loss_weights"] = example["decoder_loss_weights"] * fits
+        return example, {"noise_mask": noise, "overflow": ~fits}
 
     rngs = jax.random.split(rng, raw_tokens.shape[0])
     # Scalar spec fields stay unbatched so the objective switch is a real branch, not a select.
     spec_axes = jax.tree.map(lambda field: 0 if jnp.ndim(field) else None, spec)
     batch_fn = jax.vmap(one_example, in_axes=(0, spec_axes, 0))
     return batch_fn(raw_tokens.astype(jnp.int32), spec, rngs)
+
+
+def corrupt(raw_tokens: jax.Array, spec: ObjectiveSpec, rng: jax.Array,
+            layout: BatchLayout) -> dict[str, jax.Array]:
+    """Turn raw tokens int32[B, layout.raw_length] into a training batch of fixed shapes.
+
+    Jittable with `layout` static; `spec` fields are scalars or [B] arrays. Each example uses
+    its first min(spec.raw_length, non-pad tokens) tokens (raw padding must be at the end) and
+    its own rng. Keys: encoder_decoder: encoder_input_tokens [B, inputs_length] and
+    decoder_input_tokens / decoder_target_tokens / decoder_loss_weights [B, targets_length];
+    decoder_only: those three decoder keys [B, inputs_length + targets_length] (inputs incl. EOS,
+    then targets incl. EOS, then padding) plus the bool inputs_mask. An example longer than the
+    layout is cut and gets zero loss weights (see `corrupt_with_details`, which also counts them).
+    """
+    return corrupt_with_details(raw_tokens, spec, rng, layout)[0]

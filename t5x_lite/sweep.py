@@ -246,8 +246,9 @@ def _log(message: str) -> None:
 
 
 def _pretrain_history(metrics_path: Path, log_every: int) -> dict[str, Any]:
-    """Loss curve, final loss, step time and compiles from train.train's metrics.jsonl, which
-    holds exactly one record per step of the trajectory (resumed segments included)."""
+    """Loss curve, final loss, step time, compiles and the examples that overflowed the layout
+    (`objectives.corrupt_with_details`) from train.train's metrics.jsonl, which holds exactly
+    one record per step of the trajectory (resumed segments included)."""
     steps = [json.loads(line) for line in metrics_path.read_text().splitlines() if line]
     return {
         "pretrain_loss": steps[-1]["loss"],
@@ -257,6 +258,7 @@ def _pretrain_history(metrics_path: Path, log_every: int) -> dict[str, Any]:
         "pretrain_wall_s": sum(r["step_s"] + r["compile_s"] for r in steps),
         "compile_s": sum(r["compile_s"] for r in steps),
         "compiles": sum(r["compile_s"] > 0 for r in steps),
+        "pretrain_overflow": sum(r.get("objective_overflow", 0) for r in steps),
     }
 
 

@@ -479,7 +479,8 @@ def run_loop(state: TrainState, step: int, total: int, data: Any,
 
 
 def summarize(records: list[dict[str, Any]], workdir: Path, start: int) -> dict[str, Any]:
-    """Final step and loss, plus medians of the speed metrics over steps that did not compile."""
+    """Final step and loss, medians of the speed metrics over steps that did not compile, and
+    the pre-training examples left out of the loss because they did not fit the layout."""
     steady = [r for r in records if r["compile_s"] == 0.0] or records
 
     def median(name: str) -> float | None:
@@ -492,4 +493,5 @@ def summarize(records: list[dict[str, Any]], workdir: Path, start: int) -> dict[
         "loss": last.get("loss"), "accuracy": last.get("accuracy"),
         "tokens_per_s": median("tokens_per_s"), "step_s": median("step_s"), "mfu": median("mfu"),
         "compiles": last.get("compiles", 0), "compile_s": sum(r["compile_s"] for r in records),
+        "objective_overflow": sum(r.get("objective_overflow", 0) for r in records),
     }

@@ -246,9 +246,10 @@ def _step_fn(
 ) -> Callable:
     """The pure train step: (state, data, key_data, prefix_flag) -> (state, metrics).
 
-    `make_batch(data, rng)` turns the step's data into the batch dict on the device:
-    `objectives.corrupt` of (raw tokens, spec) for pre-training, the batch itself for
-    fine-tuning. Everything after it (loss, micro-batches, optimiser, metrics) is shared.
+    `make_batch(data, rng)` turns the step's data into (the batch dict, metrics of its making)
+    on the device: `objectives.corrupt` of (raw tokens, spec) and its overflow count for
+    pre-training, the batch itself and no metrics for fine-tuning. Everything after it (loss,
+    micro-batches, optimiser, metrics) is shared.
     """
     tx = make_optimizer(config.train, scanned_layers=config.model.scan_layers)
     train = config.train
@@ -265,7 +266,8 @@ def _step_fn(
         batch_rng, dropout_rng = jax.random.split(
             jax.random.fold_in(jax.random.wrap_key_data(key_data), state.step)
         )
-        batch = _with_prefix_flag(make_batch(data, batch_rng), prefix_flag)
+        batch, data_metrics = make_batch(data, batch_rng)
+        batch = _with_prefix_flag(batch, prefix_flag)
         batch = jax.lax.with_sharding_constraint(batch, rows)
         # One normaliser for the whole batch, so summed micro-batch gradients equal the full one.
         weight_sum = jnp.sum(batch["decoder_loss_weights"].astype(jnp.float32))
@@ -297,6 +299,7 @@ def _step_fn(
             "num_tokens": sums["weight"],
             "grad_norm": optax.tree.norm(grads),
             "learning_rate": schedule(state.step),
+            **data_metrics,
         }
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
@@ -477,8 +480,15 @@ def _rows_sharding(config: ml_collections.ConfigDict, mesh: Mesh) -> NamedShardi
 
 def _pretrain_program(config: ml_collections.ConfigDict, layout: objectives.BatchLayout,
                       mesh: Mesh, rows: NamedSharding, vmapped: bool) -> _Program:
-    """The shared pre-training program: corruption on the device, then the update core."""
-    corrupt = lambda data, rng: objectives.corrupt(data[0], data[1], rng, layout)  # noqa: E731
+    """The shared pre-training program: corruption on the device, then the update core.
+
+    Its metrics add `objective_overflow`, the examples of the batch that did not fit the layout
+    (left out of the loss; see `objectives.corrupt_with_details`)."""
+
+    def corrupt(data: Any, rng: jax.Array) -> tuple[dict, dict]:
+        batch, details = objectives.corrupt_with_details(data[0], data[1], rng, layout)
+        return batch, {"objective_overflow": jnp.sum(details["overflow"].astype(jnp.int32))}
+
     replicated = NamedSharding(mesh, PartitionSpec())
     return _compiled_step(config, mesh, layout, corrupt, (rows, replicated), vmapped)
 
@@ -570,7 +580,7 @@ def make_finetune_step(config: ml_collections.ConfigDict, mesh: Mesh) -> Finetun
     """The train step on ready batches (fine-tuning) for `config` on `mesh`; `config.train`
     holds the fine-tuning optimiser and batch size (see `evaluation.finetune_train_config`)."""
     rows = _rows_sharding(config, mesh)
-    program = _compiled_step(config, mesh, _READY_BATCHES, lambda batch, rng: batch, rows)
+    program = _compiled_step(config, mesh, _READY_BATCHES, lambda batch, rng: (batch, {}), rows)
     return FinetuneStep(program=program, mesh=mesh, rows=rows,
                         prefix_attention=config.model.arch == "prefix_lm",
                         batch_size=config.train.batch_size)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, assume, strategies as st
 
+from t5x_lite import objectives
 from t5x_lite.config import ConfigError, default_config
 from t5x_lite.objectives import (
     OBJECTIVES, BatchLayout, ObjectiveSpec, corrupt, iid_noise_mask, layout_for, lengths_for,
@@ -427,3 +428,47 @@ def test_bad_vocabulary_family_and_points_are_rejected():
     with pytest.raises(ValueError, match=f"layout.raw_length={RAW}"):
         corrupt(np.ones((2, RAW - 1), np.int32), make_spec("lm"), jax.random.key(0),
                 WIDE["encoder_decoder"])
+
+
+# ------------------------------------------------------------------------------------------
+# Details: the noise mask the objective drew, and examples that overflow the layout
+# ------------------------------------------------------------------------------------------
+
+corrupt_with_details_jit = jax.jit(objectives.corrupt_with_details, static_argnums=3)
+
+
+@pytest.mark.parametrize("name", OBJECTIVES)
+def test_details_noise_mask_is_what_the_objective_corrupted(name):
+    tokens = raw_tokens(3)
+    batch, details = corrupt_with_details_jit(tokens, make_spec(name, density=0.3),
+                                              jax.random.key(5), WIDE["encoder_decoder"])
+    noise = np.asarray(details["noise_mask"])
+    assert noise.shape == tokens.shape and not np.asarray(details["overflow"]).any()
+    if not objectives.HAS_NOISE_MASK[name]:
+        assert not noise.any()
+        return
+    assert noise.any(axis=1).all()
+    inputs = np.asarray(batch["encoder_input_tokens"])
+    for row, mask, out in zip(tokens, noise, inputs):
+        # Every clean token reaches the inputs unchanged and in order; no noise token survives
+        # where the objective replaces or drops it.
+        clean = row[~mask].tolist()
+        if name in ("bert_style", "mass_style"):
+            assert out[:RAW][~mask].tolist() == clean
+        else:
+            assert [t for t in unpad(out) if REAL_LOW <= t < REAL_HIGH] == clean
+
+
+def test_overflowing_examples_are_counted_and_left_out_of_the_loss():
+    # The lm objective's targets are the whole valid span + EOS; a layout with room for 40
+    # target tokens fits rows of <= 39 tokens and must flag (not silently cut) the others.
+    lengths = [10, 39, 40, 64, 5, 64, 20, 41]
+    layout = BatchLayout("encoder_decoder", RAW, 1, 40, VOCAB, SENTINELS)
+    batch, details = corrupt_with_details_jit(raw_tokens(4, lengths), make_spec("lm"),
+                                              jax.random.key(0), layout)
+    overflow = np.asarray(details["overflow"])
+    np.testing.assert_array_equal(overflow, np.asarray(lengths) + 1 > 40)
+    weights = np.asarray(batch["decoder_loss_weights"])
+    assert not weights[overflow].any()
+    np.testing.assert_array_equal(weights[~overflow].sum(axis=1),
+                                  np.asarray(lengths)[~overflow] + 1)
