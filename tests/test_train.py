@@ -306,6 +306,7 @@ RECORD_FIELDS = {
     "step",
     "loss",
     "z_loss",
+    "objective_overflow",
     "accuracy",
     "num_tokens",
     "learning_rate",
