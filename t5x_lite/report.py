@@ -7,7 +7,9 @@ installed. `Report.text` is the terminal rendering.
 
 The table follows the paper's conventions:
 - rows in the paper's order (rows the paper does not have come last, in the order first seen),
-  with the Params and Cost labels the sweep recorded (`accounting.table2_columns`);
+  with the Params and Cost labels the sweep recorded: the paper's label for the architecture
+  and our measured ratio beside it, "M (0.65x)" (`accounting.table2_columns`; records written
+  before the ratios were recorded show the label alone);
 - one column per paper column a task stands in for (GLUE averages the GLUE tasks, see
   `paper_results.group_columns`), then one column per task without a paper column;
 - each cell is our score averaged over the seeds that ran, with the spread when there are
@@ -223,6 +225,12 @@ def _latest(records: Sequence[dict]) -> list[dict]:
     return list({(r["point"], r["seed"], r["task"]): r for r in records}.values())
 
 
+def _label(record: dict, label_field: str, ratio_field: str) -> str:
+    """A Params or Cost cell: the recorded label, with the measured ratio when recorded."""
+    label, ratio = str(record.get(label_field, "")), record.get(ratio_field)
+    return f"{label} ({ratio:.2f}x)" if _is_number(ratio) else label
+
+
 def build_table(records: Sequence[dict]) -> Table:
     """The comparison table of one sweep's records (as `read_results` returns them).
 
@@ -246,8 +254,8 @@ def build_table(records: Sequence[dict]) -> Table:
         flags = bold_flags([cell.mean for cell in column_cells], pooled_std(column_cells))
         for key, cell, flag in zip(keys, column_cells, flags):
             cells[key][column] = dataclasses.replace(cell, bold=flag)
-    rows = [Row(key[0], key[1], str(by_row[key][0].get("params_label", "")),
-                str(by_row[key][0].get("cost_label", "")), cells[key], published[key])
+    rows = [Row(key[0], key[1], _label(by_row[key][0], "params_label", "params_ratio"),
+                _label(by_row[key][0], "cost_label", "flops_ratio"), cells[key], published[key])
             for key in keys]
     failures = tuple(f"{r['point']} seed {r['seed']} {r['task']}: "
                      f"{str(r.get('error') or 'no error message').splitlines()[0]}"

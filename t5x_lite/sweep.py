@@ -271,7 +271,8 @@ def _base_record(point: GridPoint) -> dict[str, Any]:
         "experiment": point.experiment, "preset": point.preset, "point": point.point,
         "row": point.row, "objective": point.objective, "config_hash": config_hash(config),
         "seed": point.seed, "params": columns.params, "params_label": columns.params_label,
-        "cost_label": columns.cost_label, "pretrain_steps": config.train.steps,
+        "cost_label": columns.cost_label, "params_ratio": columns.params_ratio,
+        "flops_ratio": columns.flops_ratio, "pretrain_steps": config.train.steps,
         # Raw corpus tokens read, as the paper counts them (2^19 steps x 128 x 512 = 2^35).
         "pretrain_tokens": config.train.steps * config.train.batch_size * raw,
         "finetune_steps": config.finetune.steps, "pretrain_loss": None, "pretrain_curve": [],

@@ -10,7 +10,7 @@ import sys
 import pytest
 import scipy.stats
 
-from t5x_lite import paper_results, report
+from t5x_lite import paper_results, report, sweep
 from t5x_lite.report import Cell
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
@@ -249,3 +249,22 @@ def test_other_experiments_have_no_paper_column_or_tau(tmp_path):
     assert text[2].split() == ["Row", "Params", "Cost", "builtin_reverse", "builtin_sort"]
     assert not any("Kendall" in line for line in text)
     assert "Failed: a seed 0 builtin_sort: boom\n" in text
+
+
+def test_params_and_cost_are_the_papers_labels_with_our_measured_ratios():
+    records = [{**sweep._base_record(point), "task": "builtin_reverse", "status": "ok",
+                "metrics": {"accuracy": 50.0}} for point in sweep.expand("table2", "demo")]
+    labels = {(row.label, row.objective): (row.params_label, row.cost_label)
+              for row in report.build_table(records).rows}
+    # The paper's Table 2: 2P / M, P / M, P / M/2, P / M, P / M, whatever the objective.
+    papers = {"Encoder-decoder": ("2P", "M"), "Enc-dec, shared": ("P", "M"),
+              "Enc-dec, 6 layers": ("P", "M/2"), "Language model": ("P", "M"),
+              "Prefix LM": ("P", "M")}
+    for (row, _), (params, cost) in labels.items():
+        assert (params.split(" (")[0], cost.split(" (")[0]) == papers[row]
+    # The reference of both ratios is the decoder-only language model itself.
+    assert labels[("Language model", "LM")] == ("P (1.00x)", "M (1.00x)")
+    # At the demo size the logits dominate the cost: the full encoder-decoder measures well
+    # under M (rounding that ratio would label it M/2), and its label stays the paper's M.
+    cost = labels[("Encoder-decoder", "Denoising")][1]
+    assert cost.startswith("M (") and float(cost.removeprefix("M (").removesuffix("x)")) < 0.71
