@@ -207,8 +207,12 @@ def _layout_group(config: ml_collections.ConfigDict) -> tuple[str, int, int]:
 
 def expand(experiment: str, preset: str, overrides: Sequence[str] = ()) -> list[GridPoint]:
     """The grid points of `experiment` under `preset`, in the paper's row order, each seed of
-    a row after the other; every config is validated (before anything runs)."""
+    a row after the other; every config is validated (before anything runs), and every row
+    of an experiment named after a paper table must be one of that table's rows."""
+    from t5x_lite import paper_results
+
     module = load_experiment(experiment)
+    paper_results.check_grid(Path(experiment).stem, module.GRID)
     if preset not in presets.PRESETS:
         raise ConfigError(
             f"preset={preset!r} does not exist; choose one of {', '.join(presets.PRESETS)}")

@@ -11,6 +11,7 @@ import pytest
 import scipy.stats
 
 from t5x_lite import paper_results, report, sweep
+from t5x_lite.config import ConfigError
 from t5x_lite.report import Cell
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
@@ -85,6 +86,49 @@ def test_group_columns_and_column_score():
     with pytest.raises(ValueError, match="'wmt_ende' and 'local_multi30k_ende' both stand in "
                                          "for the paper column 'EnDe'"):
         paper_results.group_columns(["wmt_ende", "local_multi30k_ende"])
+
+
+_EXPERIMENT = """
+from t5x_lite import presets
+
+GRID = ({rows})
+
+
+def get_config(preset):
+    return presets.sweep_preset(preset)
+"""
+
+
+def _experiment_file(directory, name, *rows):
+    path = directory / f"{name}.py"
+    path.write_text(_EXPERIMENT.format(rows="".join(
+        f"dict(point={point!r}, row={row!r}, objective={objective!r}, overrides={{}}), "
+        for point, row, objective in rows)))
+    return str(path)
+
+
+def test_sweep_rejects_a_grid_row_the_paper_table_does_not_have(tmp_path):
+    # A file named after a paper table is compared with it, so its rows must be the table's.
+    bad = _experiment_file(tmp_path, "table6", ("rate_15", "15%", None),
+                           ("rate_30", "30%", None))
+    with pytest.raises(ConfigError, match=r"table6 point 'rate_30': row '30%' is not a row of "
+                                          r"the paper's Table 6.*'10%', '15%', '25%', '50%'"):
+        sweep.expand(bad, "demo")
+    # Table 2's rows are told apart by their objective too.
+    (tmp_path / "t2").mkdir()
+    bad = _experiment_file(tmp_path / "t2", "table2", ("ed", "Encoder-decoder", "Deshuffling"))
+    with pytest.raises(ConfigError, match=r"table2 point 'ed': row 'Encoder-decoder' with "
+                                          r"objective 'Deshuffling' is not a row of the paper's "
+                                          r"Table 2.*'Encoder-decoder' \(Denoising\)"):
+        sweep.expand(bad, "demo")
+    good = _experiment_file(tmp_path / "t2", "table2", ("ed", "Encoder-decoder", "LM"))
+    assert [p.row for p in sweep.expand(good, "demo")] == ["Encoder-decoder"]
+
+
+def test_an_experiment_of_ones_own_has_no_paper_rows_to_match(tmp_path):
+    mine = _experiment_file(tmp_path, "my_ablation", ("a", "My row", None),
+                            ("b", "30%", "Whatever"))
+    assert [p.row for p in sweep.expand(mine, "demo")] == ["My row", "30%"]
 
 
 # ----------------------------------------------------------------------------- rules
