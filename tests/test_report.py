@@ -10,8 +10,8 @@ import sys
 import pytest
 import scipy.stats
 
-from t5x_lite import paper_results, report, sweep
-from t5x_lite.config import ConfigError
+from t5x_lite import accounting, paper_results, report, sweep
+from t5x_lite.config import ARCHS, ConfigError, model_config
 from t5x_lite.report import Cell
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
@@ -370,3 +370,14 @@ def test_params_and_cost_are_the_papers_labels_with_our_measured_ratios():
     cost = labels[("Encoder-decoder", "Denoising")][1]
     assert cost.startswith("M (") and float(cost.removeprefix("M (").removesuffix("x)")) < 0.71
 
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_at_t5_base_size_the_measured_ratios_sit_near_the_papers_labels(arch):
+    # Within a factor sqrt(2) of the label's nominal multiple: at the paper's size (T5 base,
+    # 512 + 512 tokens) the counts bear the structural labels out.
+    cfg = model_config()
+    cfg.arch = arch
+    columns = accounting.table2_columns(cfg, 512, 512)
+    nominal = {"P": 1.0, "2P": 2.0, "M": 1.0, "M/2": 0.5}
+    assert abs(math.log2(columns.params_ratio / nominal[columns.params_label])) < 0.5
+    assert abs(math.log2(columns.flops_ratio / nominal[columns.cost_label])) < 0.5
