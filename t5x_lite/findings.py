@@ -99,7 +99,7 @@ class Scores:
 class Check:
     """One predicate of a finding judged in one column.
 
-    compared: the rows and our scores, e.g. "Encoder-decoder (Denoising) 61.00 vs ..."; for
+    compared: the rows and our scores, "Encoder-decoder (Denoising) at 61.00 vs ..."; for
     a check that did not run, why, when it is not `missing`.
     margin: the number judged, a difference (Better, Best, Worst) or a range (Similar).
     threshold: 2 sigma of the column. tolerance: Similar's allowed range, else None.
@@ -151,7 +151,7 @@ class Better:
                                            if s is None])
         threshold = scores.threshold(column)
         return Check(self, column, _separated(a - b, threshold),
-                     f"{name(self.better)} {a:.2f} vs {name(self.worse)} {b:.2f}", a - b,
+                     f"{name(self.better)} at {a:.2f} vs {name(self.worse)} at {b:.2f}", a - b,
                      threshold)
 
 
@@ -181,8 +181,8 @@ class Best:
         margin = self.direction * (own - ran[rival])
         threshold = scores.threshold(column)
         verdict = SUPPORTS if margin > 0 else _separated(margin, threshold)
-        compared = (f"{name(self.row)} {own:.2f}, the {self.word} of the others "
-                    f"{name(rival)} {ran[rival]:.2f}")
+        compared = (f"{name(self.row)} at {own:.2f}, the {self.word} of the others "
+                    f"{name(rival)} at {ran[rival]:.2f}")
         return Check(self, column, verdict, compared, margin, threshold,
                      missing=tuple(row for row in self.among if row not in ran))
 

@@ -212,4 +212,4 @@ def test_describe_shows_our_numbers_and_the_papers():
     paper = _verdict(Better(A, B), {A: {"x": 11.0}, B: {"x": 10.5}}, 0.1)
     headline, lines = findings.describe(ours, paper)
     assert headline == "a claim (nowhere)."
-    assert lines == ["x: A 12.00 vs B 10.00: +2.00 (paper +0.50), 2σ 1.00: supports."]
+    assert lines == ["x: A at 12.00 vs B at 10.00: +2.00 (paper +0.50), 2σ 1.00: supports."]

@@ -225,8 +225,8 @@ def test_findings_of_the_fixture(workdir):
     text = result.text[result.text.index("\nFindings\n"):]
     assert "- CONTRADICTS: The encoder-decoder with the denoising objective performs best on " \
            "every task (section 3.2.4)." in text
-    assert ("GLUE: Encoder-decoder (Denoising) 61.00, the best of the others Prefix LM "
-            "(Denoising) 59.00 (without Enc-dec, shared (Denoising)): +2.00 (paper +0.47), "
+    assert ("GLUE: Encoder-decoder (Denoising) at 61.00, the best of the others Prefix LM "
+            "(Denoising) at 59.00 (without Enc-dec, shared (Denoising)): +2.00 (paper +0.47), "
             "2σ 2.83: supports.") in text  # the paper: 83.28 vs Enc-dec, shared's 82.81
     assert "- NOT RUN: A denoising objective always gives" in text
     with open(workdir / "report" / "table.md", encoding="utf-8") as f:
