@@ -19,8 +19,9 @@ paper column; `group_columns` gives each of them a column of its own, named afte
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
+from t5x_lite.config import ConfigError
 from t5x_lite.data import tasks
 
 CITATION = ("Raffel et al., Exploring the Limits of Transfer Learning with a Unified "
@@ -119,6 +120,26 @@ i.i.d.; {_BASELINE}
 10; 82.85 19.33 81.84 70.44 26.79 39.49 27.69
 """)),
 }
+
+def check_grid(experiment: str, grid: Iterable[Mapping[str, Any]]) -> None:
+    """Raise `ConfigError` unless every row of an experiment's grid is a row of the paper table
+    the report compares it with (`PAPER_TABLES[experiment]`; Table 2's rows by label and
+    objective), naming the experiment, the point and the paper's rows. An experiment that is
+    not one of the paper's tables has nothing to be checked against."""
+    paper = PAPER_TABLES.get(experiment)
+    if paper is None:
+        return
+    for row in grid:
+        if paper.find(row["row"], row.get("objective")) is None:
+            known = ", ".join(repr(r.row) + (f" ({r.objective})" if r.objective else "")
+                              for r in paper.rows)
+            objective = (f" with objective {row.get('objective')!r}"
+                         if any(r.objective for r in paper.rows) else "")
+            raise ConfigError(
+                f"{experiment} point {row['point']!r}: row {row['row']!r}{objective} is not a "
+                f"row of the paper's Table {paper.number}, which {experiment} is compared with; "
+                f"its rows are {known}")
+
 
 # Paper column -> the tasks that stand in for it (paper task first, then our local stand-in).
 PAPER_COLUMN_TASKS = {

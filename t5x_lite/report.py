@@ -7,7 +7,9 @@ installed. `Report.text` is the terminal rendering.
 
 The table follows the paper's conventions:
 - rows in the paper's order (rows the paper does not have come last, in the order first seen),
-  with the Params and Cost labels the sweep recorded (`accounting.table2_columns`);
+  with the Params and Cost labels the sweep recorded: the paper's label for the architecture
+  and our measured ratio beside it, "M (0.65x)" (`accounting.table2_columns`; records written
+  before the ratios were recorded show the label alone);
 - one column per paper column a task stands in for (GLUE averages the GLUE tasks, see
   `paper_results.group_columns`), then one column per task without a paper column;
 - each cell is our score averaged over the seeds that ran, with the spread when there are
@@ -19,6 +21,11 @@ The table follows the paper's conventions:
 - Kendall's tau (tau-b) between our row order and the paper's, per paper column and for the
   row average (the mean of a row's columns; the paper's side averages the same paper columns,
   or all seven when some of our columns have no paper column, e.g. the built-in tasks).
+
+Under the table, the Findings section judges each of the paper's conclusions about the table
+(`t5x_lite.findings`) on our numbers: supports, contradicts, cannot separate (within the spread
+over seeds) or not run, with the numbers behind the verdict and the paper's beside them; they
+are also written to findings.csv.
 """
 from __future__ import annotations
 
@@ -35,7 +42,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import scipy.stats
 
-from t5x_lite import paper_results
+from t5x_lite import findings, paper_results
 from t5x_lite.data.tasks import GLUE_AVERAGE_GROUPS
 from t5x_lite.paper_results import PaperRow, PaperTable
 
@@ -223,6 +230,12 @@ def _latest(records: Sequence[dict]) -> list[dict]:
     return list({(r["point"], r["seed"], r["task"]): r for r in records}.values())
 
 
+def _label(record: dict, label_field: str, ratio_field: str) -> str:
+    """A Params or Cost cell: the recorded label, with the measured ratio when recorded."""
+    label, ratio = str(record.get(label_field, "")), record.get(ratio_field)
+    return f"{label} ({ratio:.2f}x)" if _is_number(ratio) else label
+
+
 def build_table(records: Sequence[dict]) -> Table:
     """The comparison table of one sweep's records (as `read_results` returns them).
 
@@ -246,13 +259,50 @@ def build_table(records: Sequence[dict]) -> Table:
         flags = bold_flags([cell.mean for cell in column_cells], pooled_std(column_cells))
         for key, cell, flag in zip(keys, column_cells, flags):
             cells[key][column] = dataclasses.replace(cell, bold=flag)
-    rows = [Row(key[0], key[1], str(by_row[key][0].get("params_label", "")),
-                str(by_row[key][0].get("cost_label", "")), cells[key], published[key])
+    rows = [Row(key[0], key[1], _label(by_row[key][0], "params_label", "params_ratio"),
+                _label(by_row[key][0], "cost_label", "flops_ratio"), cells[key], published[key])
             for key in keys]
     failures = tuple(f"{r['point']} seed {r['seed']} {r['task']}: "
                      f"{str(r.get('error') or 'no error message').splitlines()[0]}"
                      for r in records if r["status"] == "failed")
     return Table(experiment, preset, paper, columns, tuple(rows), _taus(rows, columns), failures)
+
+
+# ----------------------------------------------------------------------------- findings
+
+
+def _scores(table: Table) -> findings.Scores:
+    """Our table as the numbers the paper's findings are judged on."""
+    return findings.Scores(
+        columns=tuple(table.columns),
+        means={(row.label, row.objective): {column: cell.mean for column, cell in row.cells.items()
+                                            if cell.status == "ok"} for row in table.rows},
+        spread={column: pooled_std(row.cells[column] for row in table.rows)
+                for column in table.columns},
+        several_seeds=frozenset(column for column in table.columns if any(
+            row.cells[column].status == "ok" and row.cells[column].seeds > 1
+            for row in table.rows)))
+
+
+def findings_of(table: Table) -> list[tuple[findings.Verdict, findings.Verdict]]:
+    """Each of the paper's findings about the table's experiment judged on our numbers, paired
+    with the same finding judged on the paper's (its row averages over the paper columns ours
+    stand for, as for tau). Empty for an experiment that is not one of the paper's tables."""
+    ours = findings.evaluate(table.experiment, _scores(table))
+    if not ours:
+        return []
+    paper = findings.paper_scores(table.experiment, _paper_average_columns(table.columns))
+    return list(zip(ours, findings.evaluate(table.experiment, paper), strict=True))
+
+
+def _findings_lines(table: Table, verdict: Callable[[str], str], indent: str) -> list[str]:
+    """The Findings section's items: '<verdict>: claim (source).' then the checks, indented."""
+    lines = []
+    for ours, paper in findings_of(table):
+        headline, details = findings.describe(ours, paper)
+        lines.append(f"- {verdict(ours.verdict)}: {headline}")
+        lines += [f"{indent}- {detail}" for detail in details]
+    return lines
 
 
 # ----------------------------------------------------------------------------- rendering
@@ -339,7 +389,9 @@ def to_markdown(table: Table) -> str:
     lines = [f"## {_title(table)}", "", "| " + " | ".join(header) + " |",
              "|" + "---|" * (len(header) - n_scores) + "---:|" * n_scores]
     lines += ["| " + " | ".join(row) + " |" for row in body]
-    return "\n".join([*lines, "", *_notes(table)]) + "\n"
+    items = _findings_lines(table, lambda verdict: f"**{verdict}**", "  ")
+    section = ["", "### Findings", "", findings.EXPLANATION, "", *items] if items else []
+    return "\n".join([*lines, "", *_notes(table), *section]) + "\n"
 
 
 def to_text(table: Table) -> str:
@@ -348,14 +400,18 @@ def to_text(table: Table) -> str:
     widths = [max(len(row[i]) for row in grid) for i in range(len(grid[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in grid]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join([_title(table), "", *lines, "", *_notes(table, bold_name="*")]) + "\n"
+    items = _findings_lines(table, lambda verdict: verdict.upper(), "    ")
+    section = ["", "Findings", "", findings.EXPLANATION, "", *items] if items else []
+    return "\n".join([_title(table), "", *lines, "", *_notes(table, bold_name="*"),
+                      *section]) + "\n"
 
 
 _LATEX_SPECIAL = re.compile(r"([&%$#_{}])")
 
 
 def _latex(text: str) -> str:
-    return _LATEX_SPECIAL.sub(r"\\\1", text).replace("±", "$\\pm$").replace("–", "--")
+    return (_LATEX_SPECIAL.sub(r"\\\1", text).replace("±", "$\\pm$").replace("–", "--")
+            .replace("σ", "$\\sigma$").replace(">", "$>$"))
 
 
 def to_latex(table: Table) -> str:
@@ -372,6 +428,14 @@ def to_latex(table: Table) -> str:
              line(header), r"\midrule", *(line(row) for row in body), r"\bottomrule",
              r"\end{tabular}", rf"\caption{{{_latex(_title(table))}. "
              + " ".join(_latex(note) for note in _notes(table)) + "}", r"\end{table}"]
+    items = findings_of(table)
+    if items:
+        lines += ["", r"\paragraph{Findings}", _latex(findings.EXPLANATION), r"\begin{itemize}"]
+        for ours, paper in items:
+            headline, details = findings.describe(ours, paper)
+            lines += [rf"\item \textbf{{{ours.verdict}}}: {_latex(headline)}", r"\begin{itemize}",
+                      *(rf"\item {_latex(detail)}" for detail in details), r"\end{itemize}"]
+        lines.append(r"\end{itemize}")
     return "\n".join(lines) + "\n"
 
 
@@ -389,6 +453,30 @@ def to_csv(table: Table) -> str:
                              "" if cell.mean is None else f"{cell.mean:.4f}",
                              f"{cell.std:.4f}", cell.seeds, int(cell.bold),
                              "" if cell.paper is None else f"{cell.paper:.2f}"])
+    return out.getvalue()
+
+
+def findings_csv(table: Table) -> str:
+    """One line per check of each finding: the finding's verdict, then the check's column,
+    predicate, verdict and numbers, and the paper's margin for the same check."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["experiment", "claim", "source", "verdict", "column", "predicate",
+                     "compared", "check_verdict", "margin", "two_sigma", "tolerance",
+                     "paper_margin"])
+
+    def number(value: float | None) -> str:
+        return "" if value is None else f"{value:.4f}"
+
+    for ours, paper in findings_of(table):
+        published = {(check.predicate, check.column): check.margin for check in paper.checks}
+        for check in ours.checks:
+            writer.writerow([table.experiment, ours.finding.claim, ours.finding.source,
+                             ours.verdict, check.column, check.predicate.describe(),
+                             check.compared, check.verdict, number(check.margin),
+                             number(check.threshold if check.margin is not None else None),
+                             number(check.tolerance),
+                             number(published.get((check.predicate, check.column)))])
     return out.getvalue()
 
 
@@ -459,16 +547,16 @@ class Report:
 
 
 def report(workdir: str, *, out_dir: str | None = None) -> Report:
-    """Reads `workdir/results.jsonl` and writes table.md, table.csv, table.tex and the PNG
-    plots to `out_dir` (default `workdir/report`). Plots are skipped with a notice in the text
-    when matplotlib is not installed."""
+    """Reads `workdir/results.jsonl` and writes table.md, table.csv, table.tex, findings.csv
+    and the PNG plots to `out_dir` (default `workdir/report`). Plots are skipped with a notice
+    in the text when matplotlib is not installed."""
     records = read_results(os.path.join(workdir, RESULTS_FILE))
     table = build_table(records)
     out_dir = out_dir or os.path.join(workdir, "report")
     os.makedirs(out_dir, exist_ok=True)
     files = []
     for name, render in (("table.md", to_markdown), ("table.csv", to_csv),
-                         ("table.tex", to_latex)):
+                         ("table.tex", to_latex), ("findings.csv", findings_csv)):
         files.append(os.path.join(out_dir, name))
         with open(files[-1], "w", encoding="utf-8") as f:
             f.write(render(table))

@@ -207,8 +207,12 @@ def _layout_group(config: ml_collections.ConfigDict) -> tuple[str, int, int]:
 
 def expand(experiment: str, preset: str, overrides: Sequence[str] = ()) -> list[GridPoint]:
     """The grid points of `experiment` under `preset`, in the paper's row order, each seed of
-    a row after the other; every config is validated (before anything runs)."""
+    a row after the other; every config is validated (before anything runs), and every row
+    of an experiment named after a paper table must be one of that table's rows."""
+    from t5x_lite import paper_results
+
     module = load_experiment(experiment)
+    paper_results.check_grid(Path(experiment).stem, module.GRID)
     if preset not in presets.PRESETS:
         raise ConfigError(
             f"preset={preset!r} does not exist; choose one of {', '.join(presets.PRESETS)}")
@@ -273,7 +277,8 @@ def _base_record(point: GridPoint) -> dict[str, Any]:
         "experiment": point.experiment, "preset": point.preset, "point": point.point,
         "row": point.row, "objective": point.objective, "config_hash": config_hash(config),
         "seed": point.seed, "params": columns.params, "params_label": columns.params_label,
-        "cost_label": columns.cost_label, "pretrain_steps": config.train.steps,
+        "cost_label": columns.cost_label, "params_ratio": columns.params_ratio,
+        "flops_ratio": columns.flops_ratio, "pretrain_steps": config.train.steps,
         # Raw corpus tokens read, as the paper counts them (2^19 steps x 128 x 512 = 2^35).
         "pretrain_tokens": config.train.steps * config.train.batch_size * raw,
         "finetune_steps": config.finetune.steps, "pretrain_loss": None, "pretrain_curve": [],
