@@ -16,6 +16,10 @@ Commands:
   bench     speed of the train step:   t5x-lite bench --preset tiny --json [--compare_torch]
                 [--decode]
   demo      Table 2 with a small model on the built-in corpus and tasks, then its report
+  preview   what an objective makes of real text, as the train step corrupts it:
+            t5x-lite preview table6 --point rate_50 [--preset demo] [--seed S] [--examples N]
+                [--json]
+            t5x-lite preview --preset tiny --config.objective.name=bert_style  (a plain config)
 
 train / finetune / eval / bench read one config: an ml_collections file
 (`--config=configs/tiny.py`) or a preset (`--preset tiny`, short for the packaged preset file);
@@ -221,6 +225,31 @@ def _demo(argv: list[str]) -> None:
     print(sweep.run_demo(args.workdir, overrides=overrides))
 
 
+def _preview(argv: list[str]) -> None:
+    from t5x_lite import preview, sweep
+
+    parser = argparse.ArgumentParser(
+        prog="t5x-lite preview", description="What a pre-training objective makes of the "
+        "corpus: the first examples a run corrupts, exactly as its train steps do from step 0.")
+    parser.add_argument("experiment", nargs="?", help="one of "
+                        f"{', '.join(sweep.experiment_names())} or a path to an experiment file; "
+                        "omit it for a plain config")
+    parser.add_argument("--point", help="the grid point's id, as in results.jsonl (e.g. rate_50)")
+    parser.add_argument("--preset", default="tiny", help=", ".join(presets.PRESETS))
+    parser.add_argument("--seed", type=int, default=0, help="the run's train.seed")
+    parser.add_argument("--examples", type=int, default=3, help="how many (past the batch "
+                        "size they come from the following steps' batches)")
+    parser.add_argument("--json", action="store_true", help="one JSON object per example")
+    args, overrides = _parse_with_overrides(parser, argv)
+    run = preview.previewed_run(args.experiment, args.point, args.preset, args.seed, overrides)
+    examples = preview.corrupted_examples(run, args.examples)
+    if args.json:
+        for example in examples:
+            print(json.dumps(example))
+    else:
+        print(preview.format_text(run, examples))
+
+
 def _launch(argv: list[str]) -> None:
     from t5x_lite import launchers
 
@@ -229,7 +258,7 @@ def _launch(argv: list[str]) -> None:
 
 # Commands with their own argument parsers (positional arguments, per-point overrides).
 PLAIN_COMMANDS: dict[str, Callable[[list[str]], None]] = {
-    "sweep": _sweep, "report": _report, "demo": _demo, "launch": _launch,
+    "sweep": _sweep, "report": _report, "demo": _demo, "launch": _launch, "preview": _preview,
 }
 
 

@@ -116,6 +116,17 @@ def step_key(seed: int) -> jax.Array:
     return jax.random.fold_in(jax.random.key(seed), _STEP_STREAM)
 
 
+def batch_and_dropout_keys(key: jax.Array, step: jax.Array | int) -> tuple[jax.Array, jax.Array]:
+    """The keys train step `step` of a run with key `key` (`step_key`) draws from: one for
+    making its batch (the objective's corruption), one for dropout.
+
+    Folding in the step number makes the randomness of step n independent of how the run got
+    there (resumed or not). `t5x_lite.preview` uses it to show the corruption a step makes.
+    """
+    batch_key, dropout_key = jax.random.split(jax.random.fold_in(key, step))
+    return batch_key, dropout_key
+
+
 def _init_fn(config: ml_collections.ConfigDict) -> Callable[[jax.Array], TrainState]:
     """seed key -> a fresh train state. The key is an argument, not a constant, so one
     compiled init serves every seed."""
@@ -262,10 +273,8 @@ def _step_fn(
         return (sums["cross_entropy"] + sums["z_loss"]) / normalizer, sums
 
     def step(state: TrainState, data: Any, key_data: jax.Array, prefix_flag: jax.Array):
-        # fold_in(seed key, step): the randomness of step n does not depend on how we got there.
-        batch_rng, dropout_rng = jax.random.split(
-            jax.random.fold_in(jax.random.wrap_key_data(key_data), state.step)
-        )
+        batch_rng, dropout_rng = batch_and_dropout_keys(jax.random.wrap_key_data(key_data),
+                                                        state.step)
         batch, data_metrics = make_batch(data, batch_rng)
         batch = _with_prefix_flag(batch, prefix_flag)
         batch = jax.lax.with_sharding_constraint(batch, rows)

@@ -1,0 +1,211 @@
+"""`t5x-lite preview`: what a pre-training objective makes of real text, exactly as training does.
+
+    run = previewed_run("table6", "rate_50", "demo", seed=0)   # validated, nothing built yet
+    examples = corrupted_examples(run, count=3)                # the corpus, then the corruption
+    print(format_text(run, examples))
+
+The examples are the first `count` rows of the batches a run of `run.config` corrupts at steps
+0, 1, ...: the chunks of `PretrainData.batch(step)` (single-process), the layout the run trains
+with (an experiment point: its grid's shared layout, as `sweep.expand` gives it; a plain config:
+`objectives.layout_from_config`), and the batch key of `train_step.batch_and_dropout_keys`. The
+whole batch is corrupted, because each example's key is split from the batch key over the batch
+rows; a count beyond the batch size continues with the batches of steps 1, 2, ...
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+
+from t5x_lite import objectives, presets, sweep
+from t5x_lite.config import EOS_ID, PAD_ID, ConfigError, validate_model_config
+from t5x_lite.data.vocabulary import Vocabulary
+from t5x_lite.optim import validate_train_config
+from t5x_lite.train_step import batch_and_dropout_keys, step_key
+
+# How an EOS id shows in text: T5's piece for it. Raw chunks hold one at every document end.
+EOS_TEXT = "</s>"
+
+# The layout is static (shapes); one compilation per layout.
+_corrupt = jax.jit(objectives.corrupt_with_details, static_argnums=3)
+
+
+@dataclasses.dataclass(frozen=True)
+class PreviewedRun:
+    """The run whose corruption is shown: its config (`train.seed` set), the layout it trains
+    with, and where it comes from (experiment, point id and the paper's row label; all None
+    for a plain config)."""
+
+    config: ml_collections.ConfigDict
+    layout: objectives.BatchLayout
+    preset: str
+    experiment: str | None = None
+    point: str | None = None
+    row: str | None = None
+
+    @property
+    def seed(self) -> int:
+        return self.config.train.seed
+
+
+def previewed_run(experiment: str | None, point: str | None, preset: str = "tiny",
+                  seed: int = 0, overrides: Sequence[str] = ()) -> PreviewedRun:
+    """Validate the request and resolve its config and layout; builds no data.
+
+    experiment given: grid point `point` (its id as in results.jsonl) of `sweep.expand(
+    experiment, preset, overrides)`, with the grid's shared layout. experiment None: the preset
+    with the 'field=value' overrides, with its own layout. Either way `train.seed` = seed.
+    Raises `ConfigError` naming the field for an unknown experiment, point (listing the grid's
+    points), preset or override field, and for a config that cannot train.
+    """
+    if experiment is None:
+        if point is not None:
+            raise ConfigError(f"point={point!r} needs an experiment (e.g. table2) to be a point of")
+        config = presets.get_preset(preset)
+        sweep.apply_overrides(config, dict(sweep.parse_override(text) for text in overrides))
+        config.train.seed = seed
+        validate_model_config(config.model)
+        validate_train_config(config.train)
+        return PreviewedRun(config, objectives.layout_from_config(config), preset)
+    points = sweep.expand(experiment, preset, overrides)
+    ids = list(dict.fromkeys(p.point for p in points))  # a point once, whatever its seeds
+    if point not in ids:
+        raise ConfigError(f"point={point!r} is not a point of {points[0].experiment}; choose "
+                          f"one of {', '.join(ids)}")
+    grid_point = next(p for p in points if p.point == point)
+    config = copy.deepcopy(grid_point.config)
+    config.train.seed = seed  # as `sweep.expand` seeds a run (the seed changes no layout)
+    return PreviewedRun(config, grid_point.layout, preset, grid_point.experiment, point,
+                        grid_point.row)
+
+
+def token_text(vocab: Vocabulary, ids: Sequence[int]) -> str:
+    """`ids` as text: sentinels as `<extra_id_k>`, every EOS as `</s>`. `Vocabulary.decode`
+    stops at the first EOS, but a chunk holds one at each document end."""
+    pieces, current = [], []
+    for token in map(int, ids):
+        if token == EOS_ID:
+            pieces.append(vocab.decode(current) + EOS_TEXT)
+            current = []
+        elif token != PAD_ID:
+            current.append(token)
+    return "".join(pieces) + (vocab.decode(current) if current else "")
+
+
+def _decoder_only_inputs_end(loss_weights: np.ndarray, inputs_mask: np.ndarray) -> int:
+    """Where the inputs end in a decoder-only row (inputs, then targets): at the first position
+    with a loss weight. A row that overflowed has none; there the prefix mask covers the inputs
+    and the position predicting the first target, unless the inputs fill the row."""
+    weighted = np.flatnonzero(loss_weights)
+    if weighted.size:
+        return int(weighted[0])
+    prefix = int(inputs_mask.sum())
+    return prefix - 1 if 0 < prefix < inputs_mask.shape[0] else prefix
+
+
+def _inputs_and_targets(batch: dict[str, np.ndarray], row: int,
+                        family: str) -> tuple[list[int], list[int]]:
+    """Row `row` of a corrupted batch as (inputs, targets) id lists without padding."""
+    if family == "encoder_decoder":
+        inputs, targets = batch["encoder_input_tokens"][row], batch["decoder_target_tokens"][row]
+    else:
+        sequence = batch["decoder_target_tokens"][row]
+        end = _decoder_only_inputs_end(batch["decoder_loss_weights"][row],
+                                       batch["inputs_mask"][row])
+        inputs, targets = sequence[:end], sequence[end:]
+    return ([int(t) for t in inputs if t != PAD_ID], [int(t) for t in targets if t != PAD_ID])
+
+
+def corrupted_examples(run: PreviewedRun, count: int = 3) -> list[dict[str, Any]]:
+    """The first `count` examples the run's train steps corrupt (see the module docstring).
+
+    Each is a dict: `raw` (the chunk's tokens the objective reads, ids), `noise_mask` (0/1 per
+    raw token, the ones it corrupted; None for an objective without a noise mask, see
+    `objectives.HAS_NOISE_MASK`), `inputs` and `targets` (ids as the model gets them, without
+    padding, ending in EOS unless cut by an overflow; a decoder-only row split where its
+    targets start), their texts `raw_text`, `inputs_text`, `targets_text` (`token_text`),
+    `overflow` (did not fit the layout: cut to it and left out of the loss), and where it
+    comes from: `experiment`, `point`, `preset`, `objective`, `seed`, `step`, `batch_row`.
+    """
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ConfigError(f"examples={count!r} must be an integer >= 1")
+    # Imported here: the pipeline pulls in TFDS, which validating a request does not need.
+    from t5x_lite.data.pipeline import pretrain_data_from_config
+
+    config, layout = run.config, run.layout
+    spec = objectives.spec_from_config(config.objective)
+    vocab, data = pretrain_data_from_config(config, layout.raw_length)
+    name = config.objective.name
+    key, examples, step = step_key(config.train.seed), [], 0
+    while len(examples) < count:
+        raw_tokens = data.batch(step)
+        batch, details = jax.device_get(_corrupt(
+            raw_tokens, spec, batch_and_dropout_keys(key, step)[0], layout))
+        for row in range(min(len(raw_tokens), count - len(examples))):
+            tokens = raw_tokens[row]
+            # The tokens `corrupt` reads: the first spec.raw_length, up to any padding.
+            used = int(np.sum((np.arange(tokens.shape[0]) < int(spec.raw_length))
+                              & (tokens != PAD_ID)))
+            raw = [int(t) for t in tokens[:used]]
+            inputs, targets = _inputs_and_targets(batch, row, layout.family)
+            examples.append({
+                "experiment": run.experiment, "point": run.point, "preset": run.preset,
+                "objective": name, "seed": run.seed, "step": step, "batch_row": row,
+                "raw": raw,
+                "noise_mask": ([int(m) for m in details["noise_mask"][row][:used]]
+                               if objectives.HAS_NOISE_MASK[name] else None),
+                "inputs": inputs, "targets": targets,
+                "raw_text": token_text(vocab, raw), "inputs_text": token_text(vocab, inputs),
+                "targets_text": token_text(vocab, targets),
+                "overflow": bool(details["overflow"][row]),
+            })
+        step += 1
+    return examples
+
+
+def _header(run: PreviewedRun) -> list[str]:
+    config, layout = run.config, run.layout
+    objective = config.objective
+    if run.experiment is None:
+        where = f"preset {run.preset} (a plain config)"
+        layout_source = "its own layout"
+    else:
+        where = f"{run.experiment} point {run.point} ({run.row!r}), preset {run.preset}"
+        layout_source = "the grid's shared layout"
+    settings = ""
+    if objectives.HAS_NOISE_MASK[objective.name]:
+        settings = (f": noise_density {objective.noise_density}, mean_noise_span_length "
+                    f"{objective.mean_noise_span_length}")
+    return [
+        f"{where}, seed {run.seed}",
+        f"objective {objective.name}{settings}; model.arch {config.model.arch}",
+        f"corpus {config.data.corpus}; {layout_source}: {layout.family}, raw {layout.raw_length}"
+        f", inputs {layout.inputs_length}, targets {layout.targets_length} tokens",
+    ]
+
+
+def format_text(run: PreviewedRun, examples: Sequence[dict[str, Any]]) -> str:
+    """A header naming the run, then per example its counts (lengths incl. EOS), the raw text,
+    the inputs and the targets."""
+    lines = _header(run)
+    for number, example in enumerate(examples, 1):
+        mask = example["noise_mask"]
+        counts = [f"raw {len(example['raw'])} tokens"]
+        if mask is not None:
+            counts.append(f"noise {sum(mask)}")
+        counts += [f"inputs {len(example['inputs'])}", f"targets {len(example['targets'])}"]
+        if example["overflow"]:
+            counts.append("OVERFLOW: does not fit the layout, cut to it and left out of the loss")
+        lines += [
+            "",
+            f"[{number}] step {example['step']}, batch row {example['batch_row']}: "
+            + ", ".join(counts),
+            f"  raw:     {example['raw_text']}",
+            f"  inputs:  {example['inputs_text']}",
+            f"  targets: {example['targets_text']}",
+        ]
+    return "\n".join(lines)

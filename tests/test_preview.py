@@ -1,0 +1,159 @@
+"""`t5x-lite preview`: the examples are the train step's own corruption of the run's first
+batch, span corruption keeps the clean tokens in the inputs and moves the noise to the targets,
+and bad requests fail in one line. Every in-process preview uses Table 6's grid under the demo
+preset, whose points share one layout, so the corruption compiles once."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import t5x_lite
+from t5x_lite import cli, objectives, partitioning, preview, train_step
+from t5x_lite.config import EOS_ID
+
+REPO_ROOT = Path(t5x_lite.__file__).resolve().parents[1]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    # One CPU device; this checkout's package, whatever is installed.
+    env = {**os.environ, "XLA_FLAGS": "", "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.run([sys.executable, "-m", "t5x_lite.cli", "preview", *args], env=env,
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def rate_15():
+    run = preview.previewed_run("table6", "rate_15", "demo", seed=0)
+    return run, preview.corrupted_examples(run, count=run.config.train.batch_size + 2)
+
+
+def test_json_lines_from_the_command_line_hold_consistent_examples():
+    result = _cli("table6", "--point", "rate_25", "--preset", "demo", "--examples", "2", "--json",
+                  "--seed", "4")
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2
+    for line in lines:
+        example = json.loads(line)
+        assert {"raw", "noise_mask", "inputs", "targets", "inputs_text", "targets_text", "point",
+                "objective", "seed", "overflow"} <= example.keys()
+        assert (example["point"], example["objective"], example["seed"]) == (
+            "rate_25", "span_corruption", 4)
+        assert len(example["noise_mask"]) == len(example["raw"]) > 0
+        assert set(example["noise_mask"]) == {0, 1}
+        assert 0 not in example["inputs"] + example["targets"]  # no padding
+        assert example["inputs"][-1] == example["targets"][-1] == EOS_ID
+        assert example["targets_text"].startswith("<extra_id_0>")
+
+
+def test_examples_are_what_the_train_step_corrupts(rate_15):
+    """The key the train step hands its batch maker at step n, and the step's corruption with
+    it of the run's batch n under the grid's layout, give exactly the examples shown."""
+    run, examples = rate_15
+    config, layout = run.config, run.layout
+    seen = []
+
+    class KeySeen(Exception):
+        pass
+
+    def make_batch(data, rng):  # the step's first use of its key: keep it and stop the step
+        seen.append(rng)
+        raise KeySeen
+
+    step_fn = train_step._step_fn(config, partitioning.make_mesh(config.mesh), make_batch)
+    key_data = jax.random.key_data(train_step.step_key(config.train.seed))
+    from t5x_lite.data.pipeline import pretrain_data_from_config
+
+    _, data = pretrain_data_from_config(config, layout.raw_length)
+    spec = objectives.spec_from_config(config.objective)
+    batch_size = config.train.batch_size
+    corrupt = jax.jit(objectives.corrupt_with_details, static_argnums=3)
+    for step in (0, 1):
+        state = train_step.TrainState(step=jnp.int32(step), params=None, opt_state=None)
+        with pytest.raises(KeySeen):
+            step_fn(state, None, key_data, jnp.bool_(False))
+        batch, details = corrupt(data.batch(step), spec, seen[-1], layout)
+        for row, example in enumerate(examples[step * batch_size:(step + 1) * batch_size]):
+            assert (example["step"], example["batch_row"]) == (step, row)
+            raw_length = len(example["raw"])
+            np.testing.assert_array_equal(example["raw"], data.batch(step)[row, :raw_length])
+            np.testing.assert_array_equal(example["noise_mask"],
+                                          details["noise_mask"][row, :raw_length])
+            inputs = batch["encoder_input_tokens"][row]
+            targets = batch["decoder_target_tokens"][row]
+            np.testing.assert_array_equal(example["inputs"], inputs[inputs != 0])
+            np.testing.assert_array_equal(example["targets"], targets[targets != 0])
+    assert len(examples) == batch_size + 2  # past the batch size: step 1's first rows
+
+
+def test_span_corruption_keeps_clean_tokens_in_the_inputs_and_noise_in_the_targets(rate_15):
+    run, examples = rate_15
+    first_sentinel = run.layout.vocab_size - run.layout.num_sentinels
+    assert run.layout == preview.sweep.expand("table6", "demo")[0].layout  # the grid's layout
+    for example in examples:
+        raw, noise = np.array(example["raw"]), np.array(example["noise_mask"], bool)
+        inputs, targets = np.array(example["inputs"][:-1]), np.array(example["targets"][:-1])
+        # T5's count: round(length x rate) in float32.
+        assert noise.sum() == np.round(np.float32(len(raw)) * np.float32(0.15)) > 0
+        assert not example["overflow"]
+        np.testing.assert_array_equal(inputs[inputs < first_sentinel], raw[~noise])
+        np.testing.assert_array_equal(targets[targets < first_sentinel], raw[noise])
+        spans = np.sum(noise & ~np.concatenate([[False], noise[:-1]]))
+        assert np.sum(inputs >= first_sentinel) == np.sum(targets >= first_sentinel) == spans
+        assert example["inputs_text"].count("<extra_id_") == spans
+
+
+def test_seeds_draw_different_noise_and_the_text_shows_the_run(rate_15):
+    run, examples = rate_15
+    other = preview.corrupted_examples(preview.previewed_run("table6", "rate_15", "demo", seed=1),
+                                       count=3)
+    assert [e["noise_mask"] for e in other] != [e["noise_mask"] for e in examples[:3]]
+    text = preview.format_text(run, examples[:1])
+    assert "table6 point rate_15 ('15%'), preset demo, seed 0" in text
+    assert "span_corruption: noise_density 0.15, mean_noise_span_length 1.0" in text
+    assert f"raw {len(examples[0]['raw'])} tokens, noise {sum(examples[0]['noise_mask'])}" in text
+    assert f"  targets: {examples[0]['targets_text']}" in text
+
+
+def test_a_plain_config_uses_its_own_layout_and_seed():
+    run = preview.previewed_run(None, None, "demo", seed=5,
+                                overrides=["--config.objective.name=prefix_lm"])
+    assert (run.config.objective.name, run.seed, run.point) == ("prefix_lm", 5, None)
+    assert run.layout == objectives.layout_from_config(run.config)
+
+
+def test_a_decoder_only_row_splits_where_its_targets_start():
+    weights = np.array([0, 0, 0, 1, 1, 0], np.float32)
+    prefix = np.array([1, 1, 1, 1, 0, 0], bool)
+    assert preview._decoder_only_inputs_end(weights, prefix) == 3
+    # An overflowing row has no loss weights; its prefix mask still tells.
+    assert preview._decoder_only_inputs_end(np.zeros(6), prefix) == 3
+    assert preview._decoder_only_inputs_end(np.zeros(6), np.ones(6, bool)) == 6
+    assert preview._decoder_only_inputs_end(np.zeros(6), np.zeros(6, bool)) == 0  # lm: no inputs
+
+
+@pytest.mark.parametrize("args, message", [
+    (["table99", "--point", "x"], "experiment='table99' does not exist; choose one of"),
+    (["table6", "--point", "rate_50", "--preset", "huge"], "preset='huge' does not exist"),
+    (["--preset", "demo", "--config.objective.nam=lm"], "no field 'objective.nam'"),
+    (["--preset", "demo", "--examples", "0"], "examples=0 must be an integer >= 1"),
+    (["table6"], "point=None is not a point of table6; choose one of rate_10, rate_15"),
+    (["--point", "rate_50"], "point='rate_50' needs an experiment"),
+])
+def test_bad_requests_stop_with_one_line_naming_the_field(args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["t5x-lite", "preview", *args])
+    assert message in str(exit_info.value.code) and "\n" not in str(exit_info.value.code)
+
+
+def test_an_unknown_point_lists_the_grid_without_a_traceback():
+    result = _cli("table2", "--point", "encoder_decoder/iid", "--preset", "demo")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert ("point='encoder_decoder/iid' is not a point of table2; choose one of "
+            "encoder_decoder/denoising, encoder_decoder_shared/denoising") in result.stderr
