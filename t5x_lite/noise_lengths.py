@@ -1,4 +1,4 @@
-"""Exact length distributions of the i.i.d. noise objectives, and the fixed lengths chosen from them.
+"""Exact length distributions of the i.i.d. objectives, and the fixed lengths chosen from them.
 
 With i.i.d. noise (each raw token corrupted independently with probability p) the number of
 corrupted tokens and of their runs is random, so the corrupted inputs and targets have random

@@ -256,7 +256,8 @@ def test_length_distributions_equal_enumerating_every_mask(objective, p):
             inputs, targets = PAPER_OBJECTIVES[objective](tokens[:n], list(mask))
             expected["inputs"][len(inputs)] += probability
             expected["targets"][len(targets)] += probability
-            expected["sentinels"][len({t for t in inputs + targets if t >= REAL_HIGH})] += probability
+            sentinels = {t for t in inputs + targets if t >= REAL_HIGH}
+            expected["sentinels"][len(sentinels)] += probability
         actual = noise_lengths.length_distributions(objective, n, p)
         for name, pmf in expected.items():
             assert len(actual[name]) <= len(pmf), name
@@ -394,8 +395,9 @@ def test_span_corruption_round_trips(density, span, raw_length, seed):
 def test_iid_objectives_follow_the_papers_definition_on_their_noise_mask(name, density,
                                                                          raw_length, lengths, seed):
     tokens = raw_tokens(seed, lengths)
-    batch, details = corrupt_with_details_jit(tokens, make_spec(name, density, raw_length=raw_length),
-                                              jax.random.key(seed), WIDE["encoder_decoder"])
+    spec = make_spec(name, density, raw_length=raw_length)
+    batch, details = corrupt_with_details_jit(tokens, spec, jax.random.key(seed),
+                                              WIDE["encoder_decoder"])
     noise = np.asarray(details["noise_mask"])
     assert not np.asarray(details["overflow"]).any()
     for i, length in enumerate(lengths):
