@@ -1,8 +1,8 @@
 """Table 2 of the T5 paper (arXiv 1910.10683): five architectures x {denoising, LM} objectives.
 
-Denoising is the paper's baseline objective (section 3.1.4): 15% of tokens corrupted i.i.d.,
-each run of corrupted tokens replaced by one sentinel (`span_corruption` with mean span
-length 1). LM (section 3.2.3) depends on the architecture:
+Denoising is the paper's baseline objective (section 3.1.4): each token corrupted i.i.d. with
+probability 15%, each run of corrupted tokens replaced by one sentinel, the targets the runs
+led by their sentinels (`iid_denoising`). LM (section 3.2.3) depends on the architecture:
 - the encoder-decoders get the prefix LM objective: a random split point, the prefix to the
   encoder, the rest as targets (`prefix_lm`);
 - "Language model" gets the plain language-modelling objective over the whole span (`lm`);
@@ -14,11 +14,7 @@ architectures together) share one compiled pre-training step.
 """
 from t5x_lite import presets
 
-DENOISING = {
-    "objective.name": "span_corruption",
-    "objective.noise_density": 0.15,
-    "objective.mean_noise_span_length": 1.0,
-}
+DENOISING = {"objective.name": "iid_denoising", "objective.noise_density": 0.15}
 # (model.arch, the paper's row label, the arch's LM objective)
 ARCHITECTURES = (
     ("encoder_decoder", "Encoder-decoder", "prefix_lm"),

@@ -8,12 +8,23 @@ changes data, not the compiled program; only the `BatchLayout` (static shapes) i
     spec = spec_from_config(config.objective)                                 # host, per point
     batch = corrupt(raw_tokens, spec, rng, layout)                            # device, jitted
 
-Objectives (Raffel et al. 2020, Tables 4 and 5), for raw tokens x_1..x_n:
-- span_corruption: noise spans (`random_spans_noise_mask`) become one unique sentinel each in
-  the inputs; targets are the dropped spans, each led by its sentinel. Mean span length 1 is
-  the paper's "i.i.d. replace corrupted spans" row, with exact noise/span counts.
-- drop_corrupted_tokens: noise tokens are removed from the inputs; targets are the noise tokens.
-- bert_style: i.i.d. noise (`iid_noise_mask`); each noise token becomes the mask token, or with
+Objectives (Raffel et al. 2020, Tables 4 to 7), for raw tokens x_1..x_n:
+- iid_denoising, the paper's baseline (section 3.1.4, Figure 2): each token is noise
+  independently with probability noise_density (`iid_noise_mask`); the i-th maximal run of noise
+  becomes the sentinel <extra_id_i> in the inputs; targets are, for each run in order, its
+  sentinel and its tokens, then the final sentinel <extra_id_k> (k runs). Inputs
+  "Thank you <X> me to your party <Y> week." give targets "<X> for inviting <Y> last <Z>".
+  T5's code numbers the target sentinels by the clean runs instead, which misaligns inputs and
+  targets whenever a sequence starts with noise; we follow the paper. mean_noise_span_length
+  is ignored.
+- span_corruption: noise spans (`random_spans_noise_mask`: exactly round(n * noise_density)
+  noise tokens in spans of the given mean length) become one unique sentinel each in the
+  inputs; targets are the dropped spans, each led by its sentinel (T5's code, no final
+  sentinel). Mean span length 1 is NOT the i.i.d. objective: it makes every noise token its
+  own span, never two adjacent.
+- drop_corrupted_tokens: i.i.d. noise as in iid_denoising; noise tokens are removed from the
+  inputs; targets are the noise tokens in order.
+- bert_style: i.i.d. noise; each noise token becomes the mask token, or with
   probability `random_token_fraction` (paper: 0.1) a random real token; targets = original.
 - mass_style: bert_style without random tokens (every noise token becomes the mask token).
 - deshuffling: inputs are the tokens in random order; targets = original.
@@ -21,6 +32,7 @@ Objectives (Raffel et al. 2020, Tables 4 and 5), for raw tokens x_1..x_n:
 - lm: no inputs; targets = the whole span.
 Inputs and targets always end with EOS. The mask token is `<extra_id_0>` = vocab_size - 1,
 sentinel i is vocab_size - 1 - i, real tokens lie in [3, vocab_size - num_sentinels).
+The i.i.d. objectives' lengths are random: `t5x_lite.noise_lengths` bounds them.
 """
 from __future__ import annotations
 
@@ -33,6 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from t5x_lite import noise_lengths
 from t5x_lite.config import (
     ENCODER_DECODER_ARCHS, EOS_ID, NUM_RESERVED_IDS, PAD_ID, ConfigError, require_choice,
     require_vocab_room,
@@ -46,6 +59,7 @@ OBJECTIVES = (
     "deshuffling",
     "prefix_lm",
     "lm",
+    "iid_denoising",  # appended, so that the others keep their ids
 )
 FAMILIES = ("encoder_decoder", "decoder_only")
 # Inputs must hold at least one non-noise token, one sentinel and EOS.
@@ -67,7 +81,7 @@ class ObjectiveSpec:
 
     objective: jax.Array  # int32, index into OBJECTIVES
     noise_density: jax.Array  # float32, share of corrupted tokens
-    mean_noise_span_length: jax.Array  # float32
+    mean_noise_span_length: jax.Array  # float32, span_corruption only
     random_token_fraction: jax.Array  # float32, bert_style: share of noise made random tokens
     raw_length: jax.Array  # int32, leading raw tokens used (<= BatchLayout.raw_length)
 
@@ -123,12 +137,6 @@ def _span_corruption_lengths(raw_length: int, noise_density: float, mean_span: f
     return raw_length - num_noise + num_spans + 1, num_noise + num_spans + 1
 
 
-def _drop_tokens_lengths(raw_length: int, noise_density: float, mean_span: float):
-    """(inputs, targets) incl. EOS: non-noise + 1 and noise + 1."""
-    num_noise = int(_noise_counts(raw_length, noise_density, mean_span, np)[0])
-    return raw_length - num_noise + 1, num_noise + 1
-
-
 def _largest_raw_length(inputs_length: int, lengths_of_raw) -> int:
     """The largest raw length whose inputs (`lengths_of_raw(raw)[0]`) fit in inputs_length.
     Inputs grow with the raw length and raw = inputs_length - 1 always fits (spans <= noise)."""
@@ -170,8 +178,10 @@ def lengths_for(objective: str, inputs_length: int, noise_density: float,
 
     - span_corruption: `raw_length_for`; inputs = non-noise + spans + 1,
       targets = noise + spans + 1.
-    - drop_corrupted_tokens: the largest raw whose non-noise tokens + EOS fit;
-      targets = noise + EOS.
+    - iid_denoising, drop_corrupted_tokens: their lengths are random;
+      `noise_lengths.iid_lengths` chooses the largest raw and the smallest targets that an
+      example exceeds with probability <= noise_lengths.OVERFLOW_PROBABILITY; inputs =
+      inputs_length (mean_noise_span_length is ignored).
     - bert_style, mass_style, deshuffling, prefix_lm: raw = inputs_length - 1, and inputs and
       targets are at most raw + EOS (for prefix_lm each part is shorter, raw + EOS bounds both).
     - lm: raw = inputs_length - 1, no inputs, targets = raw + EOS.
@@ -179,11 +189,9 @@ def lengths_for(objective: str, inputs_length: int, noise_density: float,
     if objective == "span_corruption":
         raw, _ = raw_length_for(inputs_length, noise_density, mean_noise_span_length)
         return (raw, *_span_corruption_lengths(raw, noise_density, mean_noise_span_length))
-    if objective == "drop_corrupted_tokens":
-        lengths_of_raw = functools.partial(_drop_tokens_lengths, noise_density=noise_density,
-                                           mean_span=mean_noise_span_length)
-        raw = _largest_raw_length(inputs_length, lengths_of_raw)
-        return (raw, *lengths_of_raw(raw))
+    if objective in noise_lengths.COUNTS:
+        lengths = noise_lengths.iid_lengths(objective, inputs_length, noise_density)
+        return lengths.raw_length, lengths.inputs_length, lengths.targets_length
     raw = inputs_length - 1
     return raw, (0 if objective == "lm" else raw + 1), raw + 1
 
@@ -196,6 +204,15 @@ def lengths_for(objective: str, inputs_length: int, noise_density: float,
 def _require(field: str, value: Any, ok: Callable[[Any], bool], allowed: str) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
         raise ConfigError(f"{field}={value!r} is not allowed; it must be {allowed}")
+
+
+def _describe(point: Mapping[str, Any]) -> str:
+    """The settings that decide a point's lengths, for error messages."""
+    text = (f"objective.name={point['name']!r} with inputs_length={point['inputs_length']}, "
+            f"noise_density={point['noise_density']}")
+    if point["name"] == "span_corruption":
+        text += f", mean_noise_span_length={point['mean_noise_span_length']}"
+    return text
 
 
 def _validated_lengths(point: Mapping[str, Any]) -> tuple[int, int, int]:
@@ -217,11 +234,24 @@ def _validated_lengths(point: Mapping[str, Any]) -> tuple[int, int, int]:
     if targets_length is not None:
         _require("objective.targets_length", targets_length,
                  lambda v: isinstance(v, int) and v >= lengths[2],
-                 f"None or an integer >= {lengths[2]}, the targets length of objective.name="
-                 f"{name!r} with inputs_length={point['inputs_length']}, noise_density="
-                 f"{point['noise_density']}, mean_noise_span_length="
-                 f"{point['mean_noise_span_length']}")
+                 f"None or an integer >= {lengths[2]}, the targets length of {_describe(point)}")
     return lengths
+
+
+def _sentinels_needed(point: Mapping[str, Any], raw_length: int) -> tuple[int, str]:
+    """(sentinels, why): how many sentinels a validated point needs, and why, for the error
+    message; 0 where the mask token alone (which `validate_vocab` guarantees) suffices."""
+    name = point["name"]
+    if name == "span_corruption":  # one sentinel per noise span
+        num_spans = int(_noise_counts(raw_length, point["noise_density"],
+                                      point["mean_noise_span_length"], np)[1])
+        return num_spans, f"it makes up to {num_spans} spans"
+    if name == "iid_denoising":  # one per run of noise, and the final one
+        needed = noise_lengths.iid_lengths(name, point["inputs_length"],
+                                           point["noise_density"]).num_sentinels
+        return needed, (f"it uses one per run of noise and a final one, and {needed} cover all "
+                        f"but a share <= {noise_lengths.OVERFLOW_PROBABILITY} of its examples")
+    return 0, ""
 
 
 def validate_vocab(vocab_size: int, num_sentinels: int) -> None:
@@ -257,7 +287,9 @@ def layout_for(points: Iterable[Mapping[str, Any]], family: str, vocab_size: int
     targets lengths over them (a point's targets_length, when set, pads its targets to it).
 
     Validates every point, the family and the vocabulary, including that the vocabulary has a
-    sentinel for every span a span-corruption point can make.
+    sentinel for every span a span_corruption point makes, and for the runs of noise and the
+    final sentinel of an iid_denoising point (but for a share of examples of at most
+    `noise_lengths.OVERFLOW_PROBABILITY`, which `corrupt_with_details` counts as overflow).
     """
     require_choice("family", family, FAMILIES)
     validate_vocab(vocab_size, num_sentinels)
@@ -269,16 +301,11 @@ def layout_for(points: Iterable[Mapping[str, Any]], family: str, vocab_size: int
         point_raw, point_inputs, point_targets = _validated_lengths(point)
         raw, inputs = max(raw, point_raw), max(inputs, point_inputs)
         targets = max(targets, point_targets, point.get("targets_length") or 0)
-        if point["name"] == "span_corruption":  # one sentinel per noise span
-            num_spans = int(_noise_counts(point_raw, point["noise_density"],
-                                          point["mean_noise_span_length"], np)[1])
-            if num_spans > num_sentinels:
-                raise ConfigError(
-                    f"model.num_sentinels={num_sentinels} is too small for objective.name="
-                    f"{point['name']!r} with inputs_length={point['inputs_length']}, noise_density="
-                    f"{point['noise_density']}, mean_noise_span_length="
-                    f"{point['mean_noise_span_length']}: it makes up to {num_spans} spans, so it "
-                    f"needs at least {num_spans} sentinels")
+        needed, why = _sentinels_needed(point, point_raw)
+        if needed > num_sentinels:
+            raise ConfigError(f"model.num_sentinels={num_sentinels} is too small for "
+                              f"{_describe(point)}: {why}, so it needs at least {needed} "
+                              "sentinels")
     if family == "encoder_decoder":
         inputs = max(inputs, 1)  # the lm objective still feeds the encoder one EOS
     return BatchLayout(family, raw, inputs, targets, vocab_size, num_sentinels)
@@ -380,28 +407,50 @@ def random_prefix_split(valid_length: Any, rng: jax.Array) -> jax.Array:
 
 
 # ---------------------------------------------------------------------------------------------
-# Encoders (device; one example). Each takes tokens int32[R], the valid length n, the spec and
-# uniform draws float32[3, R]; it returns (inputs, targets, noise): inputs and targets int32[R + 1],
-# the tokens packed at the front, EOS after them, then zero padding; noise bool[R], the tokens it
-# corrupted (all False for an objective without a noise mask: deshuffling, prefix_lm, lm).
+# Encoders (device; one example). Each takes tokens int32[R], the valid length n, the spec,
+# uniform draws float32[3, R] and the layout; it returns (inputs, targets, noise, sentinels):
+# inputs and targets int32[_packed_width(R)], the tokens packed at the front, EOS after them,
+# then zero padding; noise bool[R], the tokens it corrupted (all False for an objective without
+# a noise mask: deshuffling, prefix_lm, lm); sentinels int32, how many sentinel ids
+# (<extra_id_0> up) it needs, which the layout must hold.
 # ---------------------------------------------------------------------------------------------
 
 
-def _pack_with_eos(values: jax.Array, keep: jax.Array) -> jax.Array:
-    """The kept values moved to the front, in order, followed by EOS and zeros: int32[n + 1]."""
+def _packed_width(tokens: jax.Array) -> int:
+    """R + 3 for R raw tokens: the longest output of any objective, iid_denoising's targets
+    (noise + runs <= R + 1, as every run but the last is followed by a clean token, plus the
+    final sentinel and EOS). One width for all, as `lax.switch` needs equal shapes."""
+    return tokens.shape[0] + 3
+
+
+def _pack_with_eos(values: jax.Array, keep: jax.Array, width: int) -> jax.Array:
+    """The kept values moved to the front, in order, followed by EOS and zeros: int32[width]
+    (kept values past the width are dropped)."""
     values = jnp.append(values, EOS_ID)
     keep = jnp.append(keep, True)
-    destination = jnp.where(keep, jnp.cumsum(keep) - 1, keep.shape[0])  # dropped: out of range
-    return jnp.zeros(keep.shape[0], jnp.int32).at[destination].set(values, mode="drop")
+    destination = jnp.where(keep, jnp.cumsum(keep) - 1, width)  # dropped: out of range
+    return jnp.zeros(width, jnp.int32).at[destination].set(values, mode="drop")
 
 
-def _spans_to_sentinels(tokens: jax.Array, spans: jax.Array, valid: jax.Array, vocab_size: int):
+def _run_starts(mask: jax.Array) -> jax.Array:
+    """bool: the positions where a maximal run of True in `mask` starts."""
+    return mask & ~jnp.concatenate([jnp.zeros(1, bool), mask[:-1]])
+
+
+def _sentinel(index: jax.Array, layout: BatchLayout) -> jax.Array:
+    """The id of <extra_id_index>, vocab_size - 1 - index. An index past the vocabulary's
+    sentinels gets the last sentinel instead of a real token's id; its example needs more
+    sentinels than the layout holds and is left out of the loss (`_fits`)."""
+    return layout.vocab_size - 1 - jnp.minimum(index, layout.num_sentinels - 1)
+
+
+def _spans_to_sentinels(tokens: jax.Array, spans: jax.Array, valid: jax.Array,
+                        layout: BatchLayout):
     """(values, keep) for `_pack_with_eos`: the valid tokens with each run of `spans` replaced
-    by one sentinel, the i-th run by vocab_size - 1 - i (T5's `noise_span_to_unique_sentinel`)."""
-    follows_span = jnp.concatenate([jnp.zeros(1, bool), spans[:-1]])
-    starts_span = spans & ~follows_span
-    sentinel = vocab_size - jnp.cumsum(starts_span)
-    return jnp.where(starts_span, sentinel, tokens), valid & ~(spans & follows_span)
+    by one sentinel, the i-th run by <extra_id_i> (T5's `noise_span_to_unique_sentinel`)."""
+    starts = _run_starts(spans)
+    values = jnp.where(starts, _sentinel(jnp.cumsum(starts) - 1, layout), tokens)
+    return values, valid & ~(spans & ~starts)
 
 
 def _no_noise(tokens: jax.Array) -> jax.Array:
@@ -409,30 +458,47 @@ def _no_noise(tokens: jax.Array) -> jax.Array:
 
 
 def _span_corruption(tokens, n, spec, uniform, layout):
-    valid = jnp.arange(tokens.shape[0]) < n
+    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(tokens)
     noise = _spans_mask(uniform[:2], spec.noise_density, spec.mean_noise_span_length, n)
-    inputs = _pack_with_eos(*_spans_to_sentinels(tokens, noise, valid, layout.vocab_size))
-    targets = _pack_with_eos(*_spans_to_sentinels(tokens, valid & ~noise, valid, layout.vocab_size))
-    return inputs, targets, noise
+    inputs = _pack_with_eos(*_spans_to_sentinels(tokens, noise, valid, layout), width)
+    targets = _pack_with_eos(*_spans_to_sentinels(tokens, valid & ~noise, valid, layout), width)
+    return inputs, targets, noise, jnp.sum(_run_starts(noise))
+
+
+def _iid_denoising(tokens, n, spec, uniform, layout):
+    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(tokens)
+    noise = _iid_mask(uniform[0], spec.noise_density, n)
+    inputs = _pack_with_eos(*_spans_to_sentinels(tokens, noise, valid, layout), width)
+    # Targets: each noise token, led by its run's sentinel where a run starts (a pair of slots
+    # per position keeps this one O(R) pack), then the final sentinel <extra_id_k>.
+    starts = _run_starts(noise)
+    num_runs = jnp.sum(starts)
+    pairs = jnp.stack([_sentinel(jnp.cumsum(starts) - 1, layout), tokens], axis=1).ravel()
+    keep_pairs = jnp.stack([starts, noise], axis=1).ravel()
+    targets = _pack_with_eos(jnp.append(pairs, _sentinel(num_runs, layout)),
+                             jnp.append(keep_pairs, True), width)
+    return inputs, targets, noise, num_runs + 1
 
 
 def _drop_corrupted_tokens(tokens, n, spec, uniform, layout):
-    valid = jnp.arange(tokens.shape[0]) < n
-    # The same draws as span_corruption: with one rng both objectives corrupt the same tokens.
-    noise = _spans_mask(uniform[:2], spec.noise_density, spec.mean_noise_span_length, n)
-    return _pack_with_eos(tokens, valid & ~noise), _pack_with_eos(tokens, noise), noise
+    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(tokens)
+    # The same draw as iid_denoising: with one rng both objectives corrupt the same tokens.
+    noise = _iid_mask(uniform[0], spec.noise_density, n)
+    return (_pack_with_eos(tokens, valid & ~noise, width), _pack_with_eos(tokens, noise, width),
+            noise, jnp.int32(0))
 
 
 def _mask_or_random_tokens(tokens, n, noise_density, random_token_fraction, uniform, layout):
     """Shared by bert_style and mass_style: i.i.d. noise tokens -> mask token or random token."""
-    valid = jnp.arange(tokens.shape[0]) < n
+    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(tokens)
     noise = _iid_mask(uniform[0], noise_density, n)
     use_random = uniform[1] < random_token_fraction
     first_sentinel = layout.vocab_size - layout.num_sentinels
     random_tokens = _uniform_int(uniform[2], NUM_RESERVED_IDS, first_sentinel)
     mask_token = layout.vocab_size - 1  # <extra_id_0>
     corrupted = jnp.where(noise, jnp.where(use_random, random_tokens, mask_token), tokens)
-    return _pack_with_eos(corrupted, valid), _pack_with_eos(tokens, valid), noise
+    return (_pack_with_eos(corrupted, valid, width), _pack_with_eos(tokens, valid, width), noise,
+            jnp.int32(1))
 
 
 def _bert_style(tokens, n, spec, uniform, layout):
@@ -445,29 +511,31 @@ def _mass_style(tokens, n, spec, uniform, layout):
 
 
 def _deshuffling(tokens, n, spec, uniform, layout):
-    valid = jnp.arange(tokens.shape[0]) < n
+    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(tokens)
     order = jnp.argsort(jnp.where(valid, uniform[0], 2.0))  # a random order of the valid tokens
-    return _pack_with_eos(tokens[order], valid), _pack_with_eos(tokens, valid), _no_noise(tokens)
+    return (_pack_with_eos(tokens[order], valid, width), _pack_with_eos(tokens, valid, width),
+            _no_noise(tokens), jnp.int32(0))
 
 
 def _prefix_lm(tokens, n, spec, uniform, layout):
-    position = jnp.arange(tokens.shape[0])
+    position, width = jnp.arange(tokens.shape[0]), _packed_width(tokens)
     split = _prefix_split(uniform[0, 0], n)
-    return (_pack_with_eos(tokens, position < split),
-            _pack_with_eos(tokens, (position >= split) & (position < n)), _no_noise(tokens))
+    return (_pack_with_eos(tokens, position < split, width),
+            _pack_with_eos(tokens, (position >= split) & (position < n), width), _no_noise(tokens),
+            jnp.int32(0))
 
 
 def _lm(tokens, n, spec, uniform, layout):
-    valid = jnp.arange(tokens.shape[0]) < n
-    empty = jnp.zeros(tokens.shape[0] + 1, jnp.int32)
-    return empty, _pack_with_eos(tokens, valid), _no_noise(tokens)
+    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(tokens)
+    empty = jnp.zeros(width, jnp.int32)
+    return empty, _pack_with_eos(tokens, valid, width), _no_noise(tokens), jnp.int32(0)
 
 
 # In the order of OBJECTIVES: the objective id indexes this tuple.
 _ENCODERS = (_span_corruption, _drop_corrupted_tokens, _bert_style, _mass_style, _deshuffling,
-             _prefix_lm, _lm)
+             _prefix_lm, _lm, _iid_denoising)
 # Whether an objective corrupts chosen tokens (its `noise_mask` means something).
-HAS_NOISE_MASK = dict(zip(OBJECTIVES, (True, True, True, True, False, False, False)))
+HAS_NOISE_MASK = dict(zip(OBJECTIVES, (True, True, True, True, False, False, False, True)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -512,10 +580,13 @@ def _decoder_only_example(inputs, targets, layout):
     }
 
 
-def _fits(inputs: jax.Array, targets: jax.Array, layout: BatchLayout) -> jax.Array:
-    """bool: whether an example's inputs and targets (incl. EOS) fit the layout's lengths."""
+def _fits(inputs: jax.Array, targets: jax.Array, sentinels: jax.Array,
+          layout: BatchLayout) -> jax.Array:
+    """bool: whether an example's inputs and targets (incl. EOS) fit the layout's lengths, and
+    the sentinels it needs the layout's vocabulary."""
     return ((jnp.sum(inputs != PAD_ID) <= layout.inputs_length)
-            & (jnp.sum(targets != PAD_ID) <= layout.targets_length))
+            & (jnp.sum(targets != PAD_ID) <= layout.targets_length)
+            & (sentinels <= layout.num_sentinels))
 
 
 def corrupt_with_details(raw_tokens: jax.Array, spec: ObjectiveSpec, rng: jax.Array,
@@ -524,9 +595,12 @@ def corrupt_with_details(raw_tokens: jax.Array, spec: ObjectiveSpec, rng: jax.Ar
 
     details: `noise_mask` bool [B, layout.raw_length], the raw tokens the objective corrupted
     (all False for objectives without a noise mask, see `HAS_NOISE_MASK`); `overflow` bool [B],
-    the examples whose inputs or targets did not fit the layout. An overflowing example is cut
-    to the layout and gets zero loss weights, so it never trains on a cut sequence; the train
-    step reports how many there were (`objective_overflow`).
+    the examples whose inputs or targets did not fit the layout or that needed more sentinels
+    than layout.num_sentinels (possible for the i.i.d. objectives, whose lengths and runs of
+    noise are random; `noise_lengths` makes it rare). An overflowing example is cut to the
+    layout (sentinels past the last become the last) and gets zero loss weights, so it never
+    trains on a cut sequence; the train step reports how many there were
+    (`objective_overflow`).
     """
     if raw_tokens.shape[-1] != layout.raw_length:
         raise ValueError(f"raw_tokens has length {raw_tokens.shape[-1]}; the layout needs "
@@ -539,9 +613,9 @@ def corrupt_with_details(raw_tokens: jax.Array, spec: ObjectiveSpec, rng: jax.Ar
         n = jnp.sum(in_range & (tokens != PAD_ID)).astype(jnp.int32)
         uniform = jax.random.uniform(example_rng, (3, tokens.shape[0]))
         branches = [functools.partial(encode, layout=layout) for encode in _ENCODERS]
-        inputs, targets, noise = jax.lax.switch(example_spec.objective, branches, tokens, n,
-                                                example_spec, uniform)
-        fits = _fits(inputs, targets, layout)
+        inputs, targets, noise, sentinels = jax.lax.switch(
+            example_spec.objective, branches, tokens, n, example_spec, uniform)
+        fits = _fits(inputs, targets, sentinels, layout)
         example = format_example(inputs, targets, layout)
         example["decoder_loss_weights"] = example["decoder_loss_weights"] * fits
         return example, {"noise_mask": noise, "overflow": ~fits}

@@ -1,17 +1,22 @@
 """Objectives: exact T5 counts and lengths, round trips, layouts, compile-once, bad input.
 
 Property tests run one jitted program per layout over many hypothesis-drawn specs; expected
-counts come from a plain-Python transcription of T5's arithmetic, not from the module.
+counts come from a plain-Python transcription of T5's arithmetic, expected i.i.d. outputs from
+a plain-Python transcription of the paper's definition, and expected length distributions
+from a closed form and from enumerating every mask, not from the module.
 """
 import dataclasses
+import itertools
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings, assume, strategies as st
+from scipy.special import gammaln
 
-from t5x_lite import objectives
+from t5x_lite import noise_lengths, objectives
 from t5x_lite.config import ConfigError, default_config
 from t5x_lite.objectives import (
     OBJECTIVES, BatchLayout, ObjectiveSpec, corrupt, iid_noise_mask, layout_for, lengths_for,
@@ -21,8 +26,11 @@ from t5x_lite.presets import get_preset
 
 VOCAB, SENTINELS, RAW, BATCH = 128, 40, 64, 8
 REAL_LOW, REAL_HIGH = 3, VOCAB - SENTINELS  # real token ids are [3, 88)
-# Room for whatever any objective makes from RAW tokens, so one program serves every spec.
-WIDE = {family: BatchLayout(family, RAW, RAW + 1, RAW + 1, VOCAB, SENTINELS)
+EOS = 1
+# Room for whatever any objective makes from RAW tokens, so one program serves every spec:
+# iid_denoising's targets hold up to RAW + 1 noise tokens and sentinels, the final sentinel and
+# EOS; it uses up to RAW / 2 + 1 = 33 sentinels.
+WIDE = {family: BatchLayout(family, RAW, RAW + 1, RAW + 3, VOCAB, SENTINELS)
         for family in ("encoder_decoder", "decoder_only")}
 corrupt_jit = jax.jit(corrupt, static_argnums=3)
 
@@ -109,7 +117,77 @@ def merge_span_corruption(inputs, targets):
     return merged
 
 
+def paper_iid_denoising(tokens, noise):
+    """The paper's baseline objective (section 3.1.4, Figure 2), transcribed: (inputs, targets)
+    incl. EOS from lists of tokens and noise flags. Each maximal run of noise becomes one
+    sentinel in the inputs, the i-th <extra_id_i> = VOCAB - 1 - i; the targets are the runs, each
+    led by its sentinel, then a final sentinel."""
+    inputs, targets, num_runs = [], [], 0
+    for position, (token, is_noise) in enumerate(zip(tokens, noise)):
+        if is_noise and (position == 0 or not noise[position - 1]):
+            sentinel = VOCAB - 1 - num_runs
+            num_runs += 1
+            inputs.append(sentinel)
+            targets.append(sentinel)
+        (targets if is_noise else inputs).append(token)
+    return inputs + [EOS], targets + [VOCAB - 1 - num_runs, EOS]
+
+
+def paper_drop_corrupted_tokens(tokens, noise):
+    """Table 5's "Drop corrupted tokens": (the clean tokens, the corrupted tokens), each + EOS."""
+    return ([t for t, is_noise in zip(tokens, noise) if not is_noise] + [EOS],
+            [t for t, is_noise in zip(tokens, noise) if is_noise] + [EOS])
+
+
+PAPER_OBJECTIVES = {"iid_denoising": paper_iid_denoising,
+                    "drop_corrupted_tokens": paper_drop_corrupted_tokens}
+
+
+def test_paper_iid_denoising_transcription_gives_figure_2():
+    words = "Thank you for inviting me to your party last week .".split()
+    noise = [word in ("for", "inviting", "last") for word in words]
+    inputs, targets = paper_iid_denoising(words, noise)
+    x, y, z = VOCAB - 1, VOCAB - 2, VOCAB - 3
+    assert inputs == ["Thank", "you", x, "me", "to", "your", "party", y, "week", ".", EOS]
+    assert targets == [x, "for", "inviting", y, "last", z, EOS]
+
+
+# The lengths of the i.i.d. objectives for n tokens of which k are noise, in r runs.
+LENGTH_OF = {
+    "iid_denoising": dict(inputs=lambda n, k, r: n - k + r + 1, targets=lambda n, k, r: k + r + 2,
+                          sentinels=lambda n, k, r: r + 1),
+    "drop_corrupted_tokens": dict(inputs=lambda n, k, r: n - k + 1, targets=lambda n, k, r: k + 1,
+                                  sentinels=lambda n, k, r: 0 * k),
+}
+
+
+def log_comb(a, b):
+    """log C(a, b) elementwise, -inf where b < 0 or b > a."""
+    inside = (b >= 0) & (b <= a)
+    a, b = np.maximum(a, 0), np.clip(b, 0, np.maximum(a, 0))
+    return np.where(inside, gammaln(a + 1) - gammaln(b + 1) - gammaln(a - b + 1), -np.inf)
+
+
+def reference_pmf(objective, length, n, p):
+    """P(length == v), float64[...], for n i.i.d. Bernoulli(p) tokens, in closed form: the masks
+    with k noise tokens in r runs number C(k - 1, r - 1) C(n - k + 1, r) (k split into r runs,
+    put into r of the n - k + 1 gaps around the clean tokens); the all-clean mask is 1."""
+    k, r = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
+    log_count = log_comb(k - 1, r - 1) + log_comb(n - k + 1, r)
+    log_count[0, 0] = 0.0
+    joint = np.exp(log_count + k * np.log(p) + (n - k) * np.log1p(-p))
+    values = LENGTH_OF[objective][length](n, k, r)
+    return np.bincount(values.ravel(), weights=joint.ravel())
+
+
+def reference_tail(objective, length, n, p, bound):
+    """P(length > bound), from `reference_pmf`."""
+    return reference_pmf(objective, length, n, p)[bound + 1:].sum()
+
+
 densities = st.floats(0.02, 0.98)
+# The rates of the paper's grids, and any others.
+grid_or_any_density = st.one_of(st.sampled_from([0.10, 0.15, 0.25, 0.50]), densities)
 span_lengths = st.floats(1.0, 12.0)
 seeds = st.integers(0, 2**31 - 1)
 
@@ -159,13 +237,66 @@ def test_lengths_for_follows_each_objectives_rule(name):
     raw, inputs, targets = lengths_for(name, 128, 0.15, 3)
     if name == "span_corruption":
         assert (raw, inputs, targets) == (141, 128, 29)
-    elif name == "drop_corrupted_tokens":
-        num_noise, _ = expected_counts(raw, 0.15, 3)
-        one_more_inputs = raw + 1 - expected_counts(raw + 1, 0.15, 3)[0] + 1
-        assert raw - num_noise + 1 == inputs <= 128 < one_more_inputs
-        assert targets == num_noise + 1
+    elif name in PAPER_OBJECTIVES:  # the bounds of noise_lengths, checked below
+        bounds = noise_lengths.iid_lengths(name, 128, 0.15)
+        assert (raw, inputs, targets) == (bounds.raw_length, 128, bounds.targets_length)
+        assert raw >= 127  # inputs are at most raw + EOS
     else:
         assert (raw, inputs, targets) == (127, 0 if name == "lm" else 128, 128)
+
+
+@pytest.mark.parametrize("objective", sorted(PAPER_OBJECTIVES))
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.85])
+def test_length_distributions_equal_enumerating_every_mask(objective, p):
+    tokens = list(range(10, 22))
+    for n in range(13):
+        expected = {name: np.zeros(2 * n + 3) for name in ("inputs", "targets", "sentinels")}
+        for mask in itertools.product([False, True], repeat=n):
+            probability = p ** sum(mask) * (1 - p) ** (n - sum(mask))
+            inputs, targets = PAPER_OBJECTIVES[objective](tokens[:n], list(mask))
+            expected["inputs"][len(inputs)] += probability
+            expected["targets"][len(targets)] += probability
+            sentinels = {t for t in inputs + targets if t >= REAL_HIGH}
+            expected["sentinels"][len(sentinels)] += probability
+        actual = noise_lengths.length_distributions(objective, n, p)
+        for name, pmf in expected.items():
+            assert len(actual[name]) <= len(pmf), name
+            np.testing.assert_allclose(np.pad(actual[name], (0, len(pmf) - len(actual[name]))),
+                                       pmf, rtol=1e-12, atol=1e-300, err_msg=f"n={n} {name}")
+            # The closed form the bounds test relies on agrees with the enumeration too.
+            closed = reference_pmf(objective, name, n, p)
+            np.testing.assert_allclose(np.pad(closed, (0, len(pmf) - len(closed))), pmf,
+                                       rtol=1e-9, atol=1e-300, err_msg=f"n={n} {name}")
+
+
+@pytest.mark.parametrize("objective", sorted(PAPER_OBJECTIVES))
+@pytest.mark.parametrize("inputs_length", [32, 128, 512])
+@pytest.mark.parametrize("p", [0.10, 0.15, 0.25, 0.50])
+def test_chosen_lengths_are_the_tightest_within_the_overflow_probability(objective, inputs_length,
+                                                                        p):
+    limit = noise_lengths.OVERFLOW_PROBABILITY
+    bounds = noise_lengths.iid_lengths(objective, inputs_length, p)
+    raw = bounds.raw_length
+    # The inputs grow with the raw tokens, so raw + 1 failing means every longer raw fails too.
+    assert reference_tail(objective, "inputs", raw, p, inputs_length) <= limit
+    assert reference_tail(objective, "inputs", raw + 1, p, inputs_length) > limit
+    for length, bound in (("targets", bounds.targets_length), ("sentinels", bounds.num_sentinels)):
+        assert reference_tail(objective, length, raw, p, bound) <= limit, length
+        if bound > 0:
+            assert reference_tail(objective, length, raw, p, bound - 1) > limit, length
+    assert bounds.inputs_length == inputs_length
+    assert lengths_for(objective, inputs_length, p, 3.0) == (raw, inputs_length,
+                                                             bounds.targets_length)
+
+
+def test_the_papers_lengths_under_the_overflow_probability():
+    # 512 inputs: at 15% the inputs average 0.9775 tokens per raw token, but a raw length
+    # of 512 overflows whenever no two noise tokens are adjacent (probability ~1e-5).
+    assert noise_lengths.OVERFLOW_PROBABILITY == 1e-6
+    assert dataclasses.astuple(noise_lengths.iid_lengths("iid_denoising", 512, 0.15)) == (
+        511, 512, 212, 97)
+    assert dataclasses.astuple(noise_lengths.iid_lengths("iid_denoising", 512, 0.5)) == (
+        601, 512, 514, 181)
 
 
 # ------------------------------------------------------------------------------------------
@@ -205,6 +336,27 @@ def test_iid_noise_mask_rate_and_valid_length():
     assert abs(masks[:, :40].mean() - 0.25) < 0.01
 
 
+corrupt_with_details_jit = jax.jit(objectives.corrupt_with_details, static_argnums=3)
+
+
+@pytest.mark.parametrize("p", [0.10, 0.15, 0.25, 0.50])
+def test_iid_denoising_noise_is_independent_per_token(p):
+    spec, layout = make_spec("iid_denoising", p), WIDE["encoder_decoder"]
+    masks = np.concatenate([
+        np.asarray(corrupt_with_details_jit(raw_tokens(seed), spec, jax.random.key(seed),
+                                            layout)[1]["noise_mask"])
+        for seed in range(64)])  # 512 examples of RAW tokens
+    noise_fraction = masks.mean(axis=1)
+    num_runs = np.array([len(runs(mask)) for mask in masks])
+    # E[runs] = p (the first token) + (RAW - 1) p (1 - p) (a noise token after a clean one).
+    for observed, expected in ((noise_fraction, p), (num_runs, RAW * p * (1 - p) + p)):
+        assert abs(observed.mean() - expected) < 5 * observed.std() / np.sqrt(len(observed))
+    assert len(set(masks.sum(axis=1))) > 5, "the number of noise tokens must vary"
+    assert max(max(runs(mask), default=0) for mask in masks) > 1, "noise tokens can be adjacent"
+    if p == 0.5:  # every mask has probability 2^-64: all 512 must differ
+        assert len({mask.tobytes() for mask in masks}) == len(masks)
+
+
 def test_random_prefix_split_is_uniform_over_1_to_n_minus_1():
     splits = np.asarray(jax.vmap(lambda r: random_prefix_split(6, r))(
         jax.random.split(jax.random.key(3), 2000)))
@@ -219,13 +371,10 @@ def test_random_prefix_split_is_uniform_over_1_to_n_minus_1():
 
 
 @given(density=densities, span=span_lengths, raw_length=st.integers(2, RAW), seed=seeds)
-def test_span_corruption_and_drop_tokens_round_trip(density, span, raw_length, seed):
+def test_span_corruption_round_trips(density, span, raw_length, seed):
     tokens = raw_tokens(seed)
-    rng = jax.random.key(seed)
-    spans = corrupt_jit(tokens, make_spec("span_corruption", density, span, raw_length), rng,
-                        WIDE["encoder_decoder"])
-    drop = corrupt_jit(tokens, make_spec("drop_corrupted_tokens", density, span, raw_length), rng,
-                       WIDE["encoder_decoder"])
+    spans = corrupt_jit(tokens, make_spec("span_corruption", density, span, raw_length),
+                        jax.random.key(seed), WIDE["encoder_decoder"])
     num_noise, num_spans = expected_counts(raw_length, density, span)
     sentinels = list(range(VOCAB - 1, VOCAB - 1 - num_spans, -1))
     for i in range(BATCH):
@@ -238,9 +387,42 @@ def test_span_corruption_and_drop_tokens_round_trip(density, span, raw_length, s
         assert [t for t in targets if t >= REAL_HIGH] == sentinels
         assert targets[0] == VOCAB - 1, "targets start with <extra_id_0>"
         assert merge_span_corruption(inputs[:-1], targets[:-1]) == tokens[i, :raw_length].tolist()
-        # Drop tokens draws the same mask: its inputs/targets are these without the sentinels.
-        assert unpad(drop["encoder_input_tokens"][i]) == [t for t in inputs if t < REAL_HIGH]
-        assert unpad(drop["decoder_target_tokens"][i]) == [t for t in targets if t < REAL_HIGH]
+
+
+@given(name=st.sampled_from(sorted(PAPER_OBJECTIVES)), density=grid_or_any_density,
+       raw_length=st.integers(1, RAW),
+       lengths=st.lists(st.integers(0, RAW), min_size=BATCH, max_size=BATCH), seed=seeds)
+def test_iid_objectives_follow_the_papers_definition_on_their_noise_mask(name, density,
+                                                                         raw_length, lengths, seed):
+    tokens = raw_tokens(seed, lengths)
+    spec = make_spec(name, density, raw_length=raw_length)
+    batch, details = corrupt_with_details_jit(tokens, spec, jax.random.key(seed),
+                                              WIDE["encoder_decoder"])
+    noise = np.asarray(details["noise_mask"])
+    assert not np.asarray(details["overflow"]).any()
+    for i, length in enumerate(lengths):
+        n = min(length, raw_length)
+        assert not noise[i, n:].any(), "only the example's own tokens can be noise"
+        inputs, targets = PAPER_OBJECTIVES[name](tokens[i, :n].tolist(), noise[i, :n].tolist())
+        assert unpad(batch["encoder_input_tokens"][i]) == inputs
+        assert unpad(batch["decoder_target_tokens"][i]) == targets
+        np.testing.assert_array_equal(batch["decoder_loss_weights"][i],
+                                      np.asarray(batch["decoder_target_tokens"][i]) != 0)
+    # Both draw the same mask: with one rng they corrupt the same tokens.
+    other = "drop_corrupted_tokens" if name == "iid_denoising" else "iid_denoising"
+    _, other_details = corrupt_with_details_jit(tokens, make_spec(other, density,
+                                                                  raw_length=raw_length),
+                                                jax.random.key(seed), WIDE["encoder_decoder"])
+    np.testing.assert_array_equal(other_details["noise_mask"], noise)
+
+
+def test_iid_denoising_without_noise_keeps_the_text_and_targets_the_final_sentinel():
+    tokens = raw_tokens(8)
+    batch = corrupt_jit(tokens, make_spec("iid_denoising", density=0.0), jax.random.key(8),
+                        WIDE["encoder_decoder"])
+    for i in range(BATCH):
+        assert unpad(batch["encoder_input_tokens"][i]) == tokens[i].tolist() + [EOS]
+        assert unpad(batch["decoder_target_tokens"][i]) == [VOCAB - 1, EOS]
 
 
 @given(name=st.sampled_from(OBJECTIVES), density=densities, span=span_lengths,
@@ -261,7 +443,7 @@ def test_outputs_use_only_real_tokens_eos_and_their_own_special_ids(name, densit
                                       np.asarray(batch["decoder_target_tokens"][i]) != 0)
         np.testing.assert_array_equal(batch["decoder_input_tokens"][i][1:],
                                       batch["decoder_target_tokens"][i][:-1])
-        if name in ("span_corruption", "drop_corrupted_tokens"):
+        if name in ("span_corruption", "drop_corrupted_tokens", "iid_denoising"):
             assert sorted(t for t in inputs + targets if t < REAL_HIGH) == sorted(original)
         elif name in ("bert_style", "mass_style"):
             assert targets == original and len(inputs) == n
@@ -306,9 +488,11 @@ def test_outputs_fit_the_lengths_the_arithmetic_promises(name, inputs_length, de
                         WIDE["encoder_decoder"])
     input_lengths = np.count_nonzero(batch["encoder_input_tokens"], axis=1)
     target_lengths = np.count_nonzero(batch["decoder_target_tokens"], axis=1)
+    # The i.i.d. objectives' bounds hold but for a share <= 1e-6 of examples: with hypothesis
+    # derandomized, these 25 x 8 examples are within them.
     assert input_lengths.max() <= max(inputs_bound, 1) <= inputs_length
     assert target_lengths.max() <= targets_bound
-    if name in ("span_corruption", "drop_corrupted_tokens", "lm"):
+    if name in ("span_corruption", "lm"):
         assert target_lengths.min() == targets_bound, "these objectives' lengths are exact"
 
 
@@ -319,7 +503,7 @@ def test_decoder_only_row_is_inputs_then_targets(name, density, span, raw_length
     spec = make_spec(name, density, span, raw_length)
     pair = corrupt_jit(tokens, spec, rng, WIDE["encoder_decoder"])
     row = corrupt_jit(tokens, spec, rng, WIDE["decoder_only"])
-    assert row["decoder_target_tokens"].shape == (BATCH, 2 * RAW + 2)
+    assert row["decoder_target_tokens"].shape == (BATCH, 2 * RAW + 4)
     for i in range(BATCH):
         inputs = [] if name == "lm" else unpad(pair["encoder_input_tokens"][i])
         targets = unpad(pair["decoder_target_tokens"][i])
@@ -403,6 +587,10 @@ def objective(**changes):
     (dict(targets_length=12), r"objective.targets_length=12 .* None or an integer >= "
                               rf"{t5_random_spans_helper(64, 0.15, 3)[1]}, .*'span_corruption'"),
     (dict(name="lm", targets_length=32), r"objective.targets_length=32 .* >= 64, .*'lm'"),
+    (dict(name="iid_denoising", targets_length=40),
+     r"objective.targets_length=40 is not allowed; it must be None or an integer >= "
+     rf"{noise_lengths.iid_lengths('iid_denoising', 64, 0.15).targets_length}, the targets "
+     r"length of objective.name='iid_denoising' with inputs_length=64, noise_density=0.15$"),
 ])
 def test_bad_objective_config_is_rejected_with_the_field_named(changes, message):
     with pytest.raises(ConfigError, match=message):
@@ -420,6 +608,16 @@ def test_bad_vocabulary_family_and_points_are_rejected():
     with pytest.raises(ConfigError, match=r"model.num_sentinels=30 .* up to 31 spans"):
         layout_for([objective(noise_density=0.5, mean_noise_span_length=1.0)], "encoder_decoder",
                    VOCAB, 30)
+    # Runs of noise and the final sentinel: 26 cover all but 1e-6 of 0.5-density examples.
+    assert noise_lengths.iid_lengths("iid_denoising", 64, 0.5).num_sentinels == 26
+    with pytest.raises(ConfigError) as error:
+        layout_for([objective(name="iid_denoising", noise_density=0.5)], "encoder_decoder",
+                   VOCAB, 25)
+    assert re.fullmatch(r"model.num_sentinels=25 is too small for objective.name='iid_denoising' "
+                        r"with inputs_length=64, noise_density=0.5: .* so it needs at least 26 "
+                        r"sentinels", str(error.value)), str(error.value)
+    assert layout_for([objective(name="iid_denoising", noise_density=0.5)], "encoder_decoder",
+                      VOCAB, 26).num_sentinels == 26
     with pytest.raises(ConfigError, match=r"family='causal' is not allowed; choose one of "
                                           r"encoder_decoder, decoder_only"):
         layout_for([objective()], "causal", VOCAB, SENTINELS)
@@ -433,8 +631,6 @@ def test_bad_vocabulary_family_and_points_are_rejected():
 # ------------------------------------------------------------------------------------------
 # Details: the noise mask the objective drew, and examples that overflow the layout
 # ------------------------------------------------------------------------------------------
-
-corrupt_with_details_jit = jax.jit(objectives.corrupt_with_details, static_argnums=3)
 
 
 @pytest.mark.parametrize("name", OBJECTIVES)
@@ -472,3 +668,30 @@ def test_overflowing_examples_are_counted_and_left_out_of_the_loss():
     assert not weights[overflow].any()
     np.testing.assert_array_equal(weights[~overflow].sum(axis=1),
                                   np.asarray(lengths)[~overflow] + 1)
+
+
+def test_sentinel_overflow_is_counted_and_never_emits_a_real_token_id():
+    # Three sentinels: an i.i.d. example with three or more runs of noise needs a fourth (its
+    # final sentinel). Ids 88..124 are real tokens of this vocabulary that raw_tokens never uses.
+    layout = BatchLayout("encoder_decoder", RAW, RAW + 1, RAW + 3, VOCAB, 3)
+    tokens = raw_tokens(9, [0, 1, 2, 3, 5, 8, 20, RAW])
+    overflowed = []
+    for seed in range(8):
+        batch, details = corrupt_with_details_jit(tokens, make_spec("iid_denoising", 0.5),
+                                                  jax.random.key(seed), layout)
+        noise, overflow = np.asarray(details["noise_mask"]), np.asarray(details["overflow"])
+        num_runs = np.array([len(runs(mask)) for mask in noise])
+        np.testing.assert_array_equal(overflow, num_runs + 1 > 3)
+        weights = np.asarray(batch["decoder_loss_weights"])
+        assert not weights[overflow].any() and weights[~overflow].any(axis=1).all()
+        for i in range(BATCH):
+            inputs = unpad(batch["encoder_input_tokens"][i])
+            targets = unpad(batch["decoder_target_tokens"][i])
+            made = [t for t in inputs + targets if t >= REAL_HIGH]
+            assert all(t >= VOCAB - 3 for t in made), f"a real token's id among {made}"
+            if not overflow[i]:
+                n = int(np.count_nonzero(tokens[i]))
+                assert (inputs, targets) == paper_iid_denoising(tokens[i, :n].tolist(),
+                                                                noise[i, :n].tolist())
+        overflowed.extend(overflow)
+    assert 0 < sum(overflowed) < len(overflowed)

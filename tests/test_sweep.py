@@ -10,7 +10,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from t5x_lite import launchers, sweep
+from t5x_lite import launchers, noise_lengths, sweep
 from t5x_lite.config import ConfigError
 from t5x_lite.data import tasks
 
@@ -47,6 +47,15 @@ PAPER_ROWS = {
     "table6": ["10%", "15%", "25%", "50%"],
     "table7": ["i.i.d.", "2", "3", "5", "10"],
 }
+# The objective of each row (Table 2: of its Denoising rows); i.i.d. corruption is the
+# paper's baseline, span_corruption draws T5's random spans.
+ROW_OBJECTIVES = {
+    "table2": ["iid_denoising"] * 5,
+    "table4": ["prefix_lm", "bert_style", "deshuffling"],
+    "table5": ["bert_style", "mass_style", "iid_denoising", "drop_corrupted_tokens"],
+    "table6": ["iid_denoising"] * 4,
+    "table7": ["iid_denoising"] + ["span_corruption"] * 4,
+}
 
 
 def _without_timing(records):
@@ -75,6 +84,8 @@ def test_grids_have_the_paper_rows_and_one_layout_per_family(experiment_name):
     for preset in ("demo", "paper"):
         points = sweep.expand(experiment_name, preset)
         assert [p.row for p in points] == PAPER_ROWS[experiment_name]
+        assert [p.config.objective.name for p in points if p.objective in (None, "Denoising")] \
+            == ROW_OBJECTIVES[experiment_name]
         assert len({p.point for p in points}) == len(points)
         layouts = {}
         for point in points:
@@ -87,10 +98,19 @@ def test_grids_have_the_paper_rows_and_one_layout_per_family(experiment_name):
         assert objective_names[("encoder_decoder", "LM")] == "prefix_lm"
         assert objective_names[("language_model", "LM")] == "lm"
         assert objective_names[("prefix_lm", "LM")] == "prefix_lm"
-        assert objective_names[("language_model", "Denoising")] == "span_corruption"
+        assert objective_names[("language_model", "Denoising")] == "iid_denoising"
         paper = {p.point: sweep._base_record(p) for p in points}
         assert paper["encoder_decoder/denoising"]["params_label"] == "2P"
         assert paper["encoder_decoder_half/lm"]["cost_label"] == "M/2"
+
+
+@pytest.mark.parametrize("preset, sentinels", [("demo", 100), ("tiny", 100), ("paper", 181)])
+def test_table6_rows_share_the_sentinels_the_50_percent_row_needs(preset, sentinels):
+    points = sweep.expand("table6", preset)
+    needed = noise_lengths.iid_lengths("iid_denoising", points[-1].config.objective.inputs_length,
+                                       0.5).num_sentinels
+    assert {p.config.model.num_sentinels for p in points} == {max(100, needed)} == {sentinels}
+    assert {p.layout.num_sentinels for p in points} == {sentinels}
 
 
 def test_overrides_apply_to_every_point_and_the_rows_win():

@@ -250,7 +250,7 @@ def test_every_objective_rate_and_span_shares_one_compilation():
         jax.monitoring.unregister_event_duration_listener(listener)
     assert step.compiles == before == 1
     assert "/jax/core/compile/backend_compile_duration" not in backend_compiles
-    assert len(specs) == 7 * 4 * 5
+    assert len(specs) == len(objectives.OBJECTIVES) * len(RATES) * len(SPANS)
 
 
 def test_language_model_and_prefix_lm_share_one_compilation_but_not_their_masks():
