@@ -210,7 +210,7 @@ def _describe(point: Mapping[str, Any]) -> str:
     """The settings that decide a point's lengths, for error messages."""
     text = (f"objective.name={point['name']!r} with inputs_length={point['inputs_length']}, "
             f"noise_density={point['noise_density']}")
-    if point["name"] == "span_corruption":
+    if point["name"] in READS_MEAN_SPAN_LENGTH:
         text += f", mean_noise_span_length={point['mean_noise_span_length']}"
     return text
 
@@ -534,6 +534,8 @@ def _lm(tokens, n, spec, uniform, layout):
 # In the order of OBJECTIVES: the objective id indexes this tuple.
 _ENCODERS = (_span_corruption, _drop_corrupted_tokens, _bert_style, _mass_style, _deshuffling,
              _prefix_lm, _lm, _iid_denoising)
+# The objectives whose noise mask depends on objective.mean_noise_span_length (random spans).
+READS_MEAN_SPAN_LENGTH = ("span_corruption",)
 # Whether an objective corrupts chosen tokens (its `noise_mask` means something).
 HAS_NOISE_MASK = dict(zip(OBJECTIVES, (True, True, True, True, False, False, False, True)))
 

@@ -178,8 +178,9 @@ def _header(run: PreviewedRun) -> list[str]:
         layout_source = "the grid's shared layout"
     settings = ""
     if objectives.HAS_NOISE_MASK[objective.name]:
-        settings = (f": noise_density {objective.noise_density}, mean_noise_span_length "
-                    f"{objective.mean_noise_span_length}")
+        settings = f": noise_density {objective.noise_density}"
+        if objective.name in objectives.READS_MEAN_SPAN_LENGTH:
+            settings += f", mean_noise_span_length {objective.mean_noise_span_length}"
     return [
         f"{where}, seed {run.seed}",
         f"objective {objective.name}{settings}; model.arch {config.model.arch}",

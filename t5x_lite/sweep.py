@@ -168,9 +168,12 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Mapping[str, A
 
 
 def config_hash(config: ml_collections.ConfigDict) -> str:
-    """A short stable hash of the config (equal configs, equal hashes)."""
-    text = config.to_json_best_effort(sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    """A short stable hash of what a run computes: the config less its `sweep` section (the
+    seeds, tasks and progress setting of the whole sweep, which a user may extend and resume),
+    so equal runs have equal hashes."""
+    plain = json.loads(config.to_json_best_effort(sort_keys=True))
+    plain.pop("sweep", None)
+    return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()[:16]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -466,6 +469,21 @@ def _claim_workdir(workdir: Path, identity: dict[str, Any]) -> None:
     _write_json(path, identity)
 
 
+def _require_current(records: Sequence[dict], points: Sequence[GridPoint], path: Path) -> None:
+    """Refuse records of a point whose config has changed since they were written (e.g. a grid
+    row moved to another objective): skipping that point as finished would mix two experiments
+    in one table."""
+    hashes = {(p.point, p.seed): config_hash(p.config) for p in points}
+    for record in records:
+        expected = hashes.get((record["point"], record["seed"]))
+        if expected is not None and record.get("config_hash", expected) != expected:
+            raise ConfigError(
+                f"{path} holds a record of point {record['point']!r} (seed {record['seed']}) made "
+                f"with another config (config_hash {record['config_hash']}, now {expected}): the "
+                "grid or its defaults changed since; use a new --workdir, or delete that "
+                "point's lines to run it again")
+
+
 def vmap_chunks(points: Sequence[GridPoint], size: int) -> list[tuple[GridPoint, ...]]:
     """`points` in chunks of at most `size` that can pre-train in one vmapped step: points
     with the same layout and `train_step.vmap_group_key` (they differ only in objective, seed and
@@ -518,7 +536,9 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
     _claim_workdir(workdir_path, identity)
     results = ResultsFile(workdir_path)
     results.drop_partial_last_line()
-    done = {(r["point"], r["seed"], r["task"]) for r in results.records()}
+    finished_records = results.records()
+    _require_current(finished_records, points, results.path)
+    done = {(r["point"], r["seed"], r["task"]) for r in finished_records}
     todo = [p for p in points
             if any((p.point, p.seed, task) not in done for task in p.config.sweep.tasks)]
     _log(f"sweep {points[0].experiment} --preset {preset}: {len(points)} runs x "

@@ -44,7 +44,7 @@ def test_json_lines_from_the_command_line_hold_consistent_examples():
         assert {"raw", "noise_mask", "inputs", "targets", "inputs_text", "targets_text", "point",
                 "objective", "seed", "overflow"} <= example.keys()
         assert (example["point"], example["objective"], example["seed"]) == (
-            "rate_25", "span_corruption", 4)
+            "rate_25", "iid_denoising", 4)
         assert len(example["noise_mask"]) == len(example["raw"]) > 0
         assert set(example["noise_mask"]) == {0, 1}
         assert 0 not in example["inputs"] + example["targets"]  # no padding
@@ -92,21 +92,21 @@ def test_examples_are_what_the_train_step_corrupts(rate_15):
     assert len(examples) == batch_size + 2  # past the batch size: step 1's first rows
 
 
-def test_span_corruption_keeps_clean_tokens_in_the_inputs_and_noise_in_the_targets(rate_15):
+def test_iid_denoising_keeps_clean_tokens_in_the_inputs_and_noise_runs_in_the_targets(rate_15):
     run, examples = rate_15
     first_sentinel = run.layout.vocab_size - run.layout.num_sentinels
     assert run.layout == preview.sweep.expand("table6", "demo")[0].layout  # the grid's layout
     for example in examples:
         raw, noise = np.array(example["raw"]), np.array(example["noise_mask"], bool)
         inputs, targets = np.array(example["inputs"][:-1]), np.array(example["targets"][:-1])
-        # T5's count: round(length x rate) in float32.
-        assert noise.sum() == np.round(np.float32(len(raw)) * np.float32(0.15)) > 0
         assert not example["overflow"]
         np.testing.assert_array_equal(inputs[inputs < first_sentinel], raw[~noise])
         np.testing.assert_array_equal(targets[targets < first_sentinel], raw[noise])
-        spans = np.sum(noise & ~np.concatenate([[False], noise[:-1]]))
-        assert np.sum(inputs >= first_sentinel) == np.sum(targets >= first_sentinel) == spans
-        assert example["inputs_text"].count("<extra_id_") == spans
+        runs = np.sum(noise & ~np.concatenate([[False], noise[:-1]]))
+        # One sentinel per run in the inputs; in the targets one per run plus the final one.
+        assert np.sum(inputs >= first_sentinel) == runs
+        assert np.sum(targets >= first_sentinel) == runs + 1
+        assert example["inputs_text"].count("<extra_id_") == runs
 
 
 def test_seeds_draw_different_noise_and_the_text_shows_the_run(rate_15):
@@ -116,9 +116,20 @@ def test_seeds_draw_different_noise_and_the_text_shows_the_run(rate_15):
     assert [e["noise_mask"] for e in other] != [e["noise_mask"] for e in examples[:3]]
     text = preview.format_text(run, examples[:1])
     assert "table6 point rate_15 ('15%'), preset demo, seed 0" in text
-    assert "span_corruption: noise_density 0.15, mean_noise_span_length 1.0" in text
+    assert "iid_denoising: noise_density 0.15;" in text  # its span length is not shown: unused
     assert f"raw {len(examples[0]['raw'])} tokens, noise {sum(examples[0]['noise_mask'])}" in text
     assert f"  targets: {examples[0]['targets_text']}" in text
+
+
+def test_the_50_percent_row_draws_iid_runs_that_differ_by_seed():
+    # Random spans of mean length 1 at 50% gave every seed the same alternating mask; the
+    # i.i.d. baseline varies the count, merges neighbours into runs, and differs by seed.
+    masks = {seed: [e["noise_mask"] for e in preview.corrupted_examples(
+        preview.previewed_run("table6", "rate_50", "demo", seed=seed), count=8)]
+        for seed in (0, 1)}
+    assert masks[0] != masks[1]
+    assert len({sum(mask) for mask in masks[0]}) > 1
+    assert any(a and b for mask in masks[0] for a, b in zip(mask, mask[1:]))
 
 
 def test_a_plain_config_uses_its_own_layout_and_seed():

@@ -2,6 +2,7 @@
 import json
 import os
 import signal
+import shutil
 import subprocess
 import sys
 import time
@@ -165,6 +166,21 @@ def test_rerun_skips_finished_points(experiment, uninterrupted):
     before = (workdir / "results.jsonl").read_text()
     assert sweep.run_sweep(experiment, "demo", str(workdir)) == records
     assert (workdir / "results.jsonl").read_text() == before
+
+
+def test_records_of_a_changed_config_are_refused_not_skipped(experiment, uninterrupted,
+                                                            tmp_path):
+    # A record written before a grid row changed (e.g. its objective) must not pass for a
+    # finished run of the new row: the sweep stops, naming the point, before running anything.
+    workdir, records = uninterrupted
+    copy = tmp_path / "sweep"
+    shutil.copytree(workdir, copy)
+    lines = (copy / "results.jsonl").read_text().splitlines()
+    stale = json.loads(lines[0])
+    stale["config_hash"] = "0" * 16
+    (copy / "results.jsonl").write_text("\n".join([json.dumps(stale), *lines[1:]]) + "\n")
+    with pytest.raises(ConfigError, match=f"record of point '{stale['point']}' .* another config"):
+        sweep.run_sweep(experiment, "demo", str(copy))
 
 
 def test_killed_sweep_resumes_to_the_same_records(experiment, uninterrupted, tmp_path):
