@@ -121,6 +121,14 @@ def test_from_config_trains_the_vocabulary_and_reads_the_corpus(tmp_path):
         pretrain_data_from_config(config, raw_length=32)
 
 
+def test_a_glob_that_matches_nothing_is_a_config_error_naming_it(tmp_path):
+    config = default_config()
+    config.data.update(corpus=str(tmp_path / "*.txt"), data_dir=str(tmp_path / "dd"))
+    with pytest.raises(ConfigError, match=r"data.corpus='.*/\*\.txt' matches no file$"):
+        pretrain_data_from_config(config, raw_length=32)
+    assert not (tmp_path / "dd").exists()  # stopped before any vocabulary was trained
+
+
 def test_a_mistyped_corpus_is_a_config_error_naming_the_field(tmp_path):
     config = default_config()
     config.data.update(corpus="pyhton_docs", data_dir=str(tmp_path))

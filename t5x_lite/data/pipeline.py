@@ -21,7 +21,8 @@ import ml_collections
 import numpy as np
 
 from t5x_lite.config import EOS_ID, PAD_ID, UNK_ID, ConfigError
-from t5x_lite.data.builders import as_source, default_data_dir, is_catalog_name, load_split
+from t5x_lite.data.builders import (
+    PythonDocs, TextFiles, as_source, default_data_dir, is_catalog_name, load_split)
 from t5x_lite.data.vocabulary import Vocabulary, load_vocabulary, train_vocabulary
 
 log = logging.getLogger(__name__)
@@ -176,12 +177,36 @@ def vocabulary_from_config(config: ml_collections.ConfigDict) -> Vocabulary:
 
 
 def _corpus_source(config: ml_collections.ConfigDict) -> Any:
-    source = as_source(config.data.corpus)
-    if isinstance(source, str) and not is_catalog_name(source):
+    """The source spec of `config.data.corpus`; a `ConfigError` naming the field (and the
+    data root it was derived from) if there is no such corpus, checked before any work."""
+    corpus, root = config.data.corpus, config.data.data_root
+    source = as_source(corpus)
+    if isinstance(source, TextFiles):
+        try:
+            source.split_files()
+        except FileNotFoundError:
+            under = (f": the pre-training text under data.data_root={root!r} is missing"
+                     if root and corpus.startswith(root) else "")
+            raise ConfigError(f"data.corpus={corpus!r} matches no file{under}") from None
+    elif isinstance(source, str) and not is_catalog_name(source):
         raise ConfigError(
-            f"data.corpus={config.data.corpus!r} is not 'python_docs', an existing file or glob "
+            f"data.corpus={corpus!r} is not 'python_docs', an existing file or glob "
             "of .txt/.jsonl files, or a TFDS catalog name prepared in data.data_dir")
     return source
+
+
+def describe_corpus(config: ml_collections.ConfigDict) -> str:
+    """What a run pre-trains on, for its first log line: the corpus with its file count and
+    size, the built-in python_docs, or a catalog name. Raises `ConfigError` like the
+    pipeline would if the corpus is missing, so a run calling it first stops before any work."""
+    source = _corpus_source(config)
+    if isinstance(source, PythonDocs):
+        return "python_docs (the built-in corpus of Python documentation)"
+    if isinstance(source, TextFiles):
+        paths = source.split_files()["train"]
+        size = sum(os.path.getsize(p) for p in paths)
+        return f"{config.data.corpus} ({len(paths)} files, {size / 1e6:.1f} MB)"
+    return f"{source} (TFDS catalog, from data.data_dir)"
 
 
 def pretrain_data_from_config(
