@@ -7,6 +7,7 @@ import pytest
 
 from t5x_lite import attention
 from t5x_lite.config import EOS_ID, UNK_ID, ConfigError, default_config
+from t5x_lite.data import pipeline
 from t5x_lite.data.pipeline import (MixtureData, PretrainData, encode_examples, pack_examples,
                                     pad_examples, pretrain_data_from_config, tokenize_stream)
 from t5x_lite.data.vocabulary import train_vocabulary
@@ -119,6 +120,13 @@ def test_from_config_trains_the_vocabulary_and_reads_the_corpus(tmp_path):
     config.data.vocab = path
     with pytest.raises(ConfigError, match="model.vocab_size=5000 but the vocabulary"):
         pretrain_data_from_config(config, raw_length=32)
+
+
+def test_the_vocabulary_trains_on_evenly_spaced_documents_of_a_large_corpus(monkeypatch):
+    records = [{"text": d} for d in DOCS[:25]]
+    assert pipeline.vocabulary_sample(records) is records  # small corpora are used whole
+    monkeypatch.setattr(pipeline, "VOCAB_MAX_DOCUMENTS", 10)
+    assert pipeline.vocabulary_sample(records) == records[::3]  # 9 documents, first to last
 
 
 def test_a_glob_that_matches_nothing_is_a_config_error_naming_it(tmp_path):
