@@ -22,7 +22,7 @@ import numpy as np
 
 from t5x_lite.config import EOS_ID, PAD_ID, UNK_ID, ConfigError
 from t5x_lite.data.builders import (
-    PythonDocs, TextFiles, as_source, default_data_dir, is_catalog_name, load_split)
+    PythonDocs, TextFiles, as_source, content_key, default_data_dir, is_catalog_name, load_split)
 from t5x_lite.data.vocabulary import Vocabulary, load_vocabulary, train_vocabulary
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,9 @@ class PretrainData:
     documents (every `process_count`-th record). Its chunks are visited in a seeded random
     order that changes every epoch; `batch(step)` depends only on (seed, step, process index),
     never on earlier calls. With `cache_dir`, the token stream is stored as `.npy` under a hash
-    of the shard's text and the vocabulary and memory-mapped, so a restart skips tokenising.
+    of the vocabulary and the shard's content and memory-mapped, so a restart skips tokenising.
+    The content is the shard's text, or for a local source (a glob of text files) its
+    `builders.content_key` and the shard, so a restart reads no document either.
     """
 
     def __init__(
@@ -103,15 +105,18 @@ class PretrainData:
         if global_batch_size <= 0 or global_batch_size % process_count:
             raise ValueError(f"global_batch_size={global_batch_size} must be a positive multiple "
                              f"of process_count={process_count}")
-        records = records_or_source
+        records, key = records_or_source, None
         if isinstance(records, str) or not isinstance(records, Sequence):
+            key = content_key(records)
             records = load_split(records, "train", data_dir)
         shard = range(process_index, len(records), process_count)
+        if key is not None:
+            key = f"{key}:{shard.start}:{shard.step}:{len(records)}"
         self.raw_length = raw_length
         self.batch_size = global_batch_size // process_count
         self.seed = seed
         self.process_index = process_index
-        self.tokens = self._load_tokens(vocab, [records[i] for i in shard], cache_dir)
+        self.tokens = self._load_tokens(vocab, records, shard, key, cache_dir)
         self.num_chunks = len(self.tokens) // raw_length
         if self.num_chunks == 0:
             raise ValueError(f"host {process_index} has {len(self.tokens)} tokens, fewer than "
@@ -119,18 +124,27 @@ class PretrainData:
         self._permutations: dict[int, np.ndarray] = {}
 
     @staticmethod
-    def _load_tokens(vocab: Vocabulary, shard: list, cache_dir: str | None) -> np.ndarray:
+    def _load_tokens(vocab: Vocabulary, records: Sequence[Any], shard: range, key: str | None,
+                     cache_dir: str | None) -> np.ndarray:
+        """The shard's token stream; `key` (if not None) stands for its text in the cache name."""
+
+        def texts() -> Iterable[str]:
+            return _texts(records[i] for i in shard)
+
         if not cache_dir:
-            return tokenize_stream(vocab, _texts(shard))
+            return tokenize_stream(vocab, texts())
         digest = hashlib.sha256(vocab.model_proto)
         digest.update(str(vocab.num_extra_ids).encode())
-        for text in _texts(shard):
-            digest.update(text.encode("utf-8") + b"\0")
+        if key is not None:
+            digest.update(b"key:" + key.encode())
+        else:
+            for text in texts():
+                digest.update(text.encode("utf-8") + b"\0")
         path = os.path.join(cache_dir, f"tokens-{digest.hexdigest()[:20]}.npy")
         if not os.path.isfile(path):
             os.makedirs(cache_dir, exist_ok=True)
             tmp = f"{path}.tmp{os.getpid()}.npy"
-            np.save(tmp, tokenize_stream(vocab, _texts(shard)))
+            np.save(tmp, tokenize_stream(vocab, texts()))
             os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
         return np.load(path, mmap_mode="r")
 
