@@ -1,5 +1,5 @@
 """Presets that read real data: the corpus follows data.data_root, missing text stops a run
-before any work, and the corpus is in every sweep record."""
+before any work, the corpus is in every sweep record, and the `cpu` preset's sweep."""
 import glob
 import os
 import subprocess
@@ -13,7 +13,7 @@ from t5x_lite.config import ConfigError
 from t5x_lite.data import pipeline, tasks
 
 REPO = Path(__file__).resolve().parent.parent
-DATA_ROOT_PRESETS = ("small",)
+DATA_ROOT_PRESETS = ("small", "cpu")
 
 
 def write_pretrain_text(root: Path) -> None:
@@ -86,7 +86,20 @@ def test_the_preset_corpus_is_the_shared_english_text(monkeypatch):
 
 
 def test_every_sweep_record_names_its_corpus():
-    points = sweep.expand("table2", "small", ["data.data_root=/data"])
+    points = sweep.expand("table2", "cpu", ["data.data_root=/data"])
     assert {sweep._base_record(p)["corpus"] for p in points} == {"/data/pretrain/*/part-*.txt"}
     tiny = sweep.expand("table2", "tiny")[0]
     assert sweep._base_record(tiny)["corpus"] == "python_docs"
+
+
+def test_the_cpu_sweep_covers_table2_three_seeds_and_three_kinds_of_task():
+    points = sweep.expand("table2", "cpu")
+    assert len(points) == 30
+    assert sorted({p.seed for p in points}) == [0, 1, 2]
+    config = points[0].config
+    # Single-sentence classification, a sentence pair, and generation.
+    kinds = {task: tasks.get_task(task).metric_names for task in config.sweep.tasks}
+    assert kinds == {"local_glue_sst2": ("accuracy",),
+                     "local_glue_stsb": ("pearson_corrcoef", "spearman_corrcoef"),
+                     "local_multi30k_ende": ("bleu",)}
+    assert config.data.corpus == f"{presets.SHARED_DATA_ROOT}/{presets.PRETRAIN_TEXT}"
