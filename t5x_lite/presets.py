@@ -5,12 +5,19 @@
 - `small`: T5-small-sized (6+6 layers, d_model 512), for single-accelerator runs.
 - `paper`: the paper's baseline (12+12 layers, d_model 768, batch 128 x 512, Adafactor, rsqrt).
 - `demo`: smaller than `tiny`, sized for `t5x-lite demo` on a 2-core CPU.
+- `cpu`: Table 2 with 3 seeds on the real data (wiki text, three `local_*` tasks) in at most
+  3 hours on a 2-core CPU.
+
+`small` and `cpu` read `data.data_root` (default `SHARED_DATA_ROOT`, ../shared/data): they
+pre-train on its English text (`PRETRAIN_TEXT`, linked to the root by `pretrain_on_data_root`)
+and fine-tune on its `local_*` tasks.
 
 `sweep_preset(name)` adds what a sweep (`t5x_lite.sweep`, `experiments/`) needs on top: the
 fine-tuning settings and the downstream tasks each grid point is fine-tuned on, one at a time.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import ml_collections
@@ -23,11 +30,34 @@ def paper() -> ml_collections.ConfigDict:
     return default_config()
 
 
+# The directory laid out like shared/data that the presets reading real data use, relative to
+# the working directory (a checkout beside shared/, as /work/main and CI are).
+SHARED_DATA_ROOT = "../shared/data"
+# Where the English pre-training text lies under a data root: the blank-line separated
+# documents of enwiki_sample and enwikinews_sample (shared/data/SOURCES.md, section 1).
+PRETRAIN_TEXT = "pretrain/*/part-*.txt"
+
+
+def pretrain_on_data_root(config: ml_collections.ConfigDict,
+                          data_root: str = SHARED_DATA_ROOT) -> None:
+    """Set `data.data_root` and make `data.corpus` the `PRETRAIN_TEXT` under it.
+
+    The corpus is a reference to the data root (an ml_collections `FieldReference`), so an
+    override such as `--config.data.data_root=/elsewhere` moves the corpus along with the
+    `local_*` tasks; an override of `data.corpus` itself replaces the link. Missing text is a
+    `ConfigError` naming the path when a run starts (`pipeline.describe_corpus`).
+    """
+    config.data.data_root = data_root
+    config.data.corpus = config.data.get_ref("data_root") + "/" + PRETRAIN_TEXT
+
+
 def small() -> ml_collections.ConfigDict:
+    """T5-small-sized, pre-trained on the English wiki text under `data.data_root`."""
     config = default_config()
     config.model.update(d_model=512, d_ff=2048, num_heads=8, d_kv=64, num_layers=6)
     config.train.update(batch_size=128, steps=2**16)
     config.objective.update(inputs_length=512)
+    pretrain_on_data_root(config)
     return config
 
 
@@ -57,8 +87,29 @@ def demo() -> ml_collections.ConfigDict:
     return config
 
 
+def cpu() -> ml_collections.ConfigDict:
+    """Table 2 on a 2-core, 24 GB CPU machine in at most 3 hours (10 points x 3 seeds).
+
+    2+2 layers, d_model 128, d_ff 512, 4 heads, vocabulary 4096 (1.4 M parameters for the
+    encoder-decoder, 0.9 M for the decoder-only models), batch 16 x 64 inputs, 700 AdamW steps
+    (lr 2e-3, cosine) on the English wiki text under `data.data_root`: 0.7 M raw tokens per
+    point. A pre-training step costs 0.20-0.38 CPU-seconds (0.30 averaged over the grid) and
+    XLA keeps ~1.8 cores busy, so 700 steps take ~2 min; with the three 200-step fine-tunings
+    and their evaluations a (point, seed) costs ~630 CPU-seconds, ~5.8 min, and all 30 ~2.9 h.
+    Measured on a shared machine; the arithmetic and caveats are in experiments/README.md.
+    """
+    config = tiny()
+    config.model.update(d_model=128, d_ff=512, num_heads=4, d_kv=32, num_layers=2,
+                        vocab_size=4096)
+    config.objective.update(inputs_length=64, targets_length=None)
+    config.train.update(batch_size=16, steps=700, warmup_steps=50, learning_rate=2e-3)
+    config.checkpoint.update(every=350)
+    pretrain_on_data_root(config)
+    return config
+
+
 PRESETS: dict[str, Callable[[], ml_collections.ConfigDict]] = {
-    "tiny": tiny, "small": small, "paper": paper, "demo": demo,
+    "tiny": tiny, "small": small, "paper": paper, "demo": demo, "cpu": cpu,
 }
 
 
@@ -91,31 +142,51 @@ PAPER_TASKS = (
     "glue_mnli_mismatched", "glue_qnli", "glue_rte", "cnn_dailymail", "squad", "wmt_ende",
     "wmt_enfr", "wmt_enro",
 )
-# Per preset: (tasks, data.data_root, config.finetune fields). The paper fine-tunes for 2^18
-# steps with batch 128 and a constant learning rate of 1e-3 (Adafactor); the smaller presets
-# scale steps and lengths down with their pre-training, and `tiny` / `demo` fine-tune with AdamW
-# like their pre-training (in a few hundred steps it learns where Adafactor at 1e-3 barely moves).
+# The local tasks the `cpu` preset fine-tunes on: single-sentence classification, a sentence
+# pair (similarity as 26-way generation) and translation (generation).
+CPU_TASKS = ("local_glue_sst2", "local_glue_stsb", "local_multi30k_ende")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sweep:
+    """What `sweep_preset` adds to a preset: the tasks, the seeds and `config.finetune` fields."""
+
+    tasks: tuple[str, ...]
+    finetune: dict
+    seeds: tuple[int, ...] = (0,)
+
+
+# The paper fine-tunes for 2^18 steps with batch 128 and a constant learning rate of 1e-3
+# (Adafactor); the smaller presets scale steps and lengths down with their pre-training, and
+# `tiny` / `demo` / `cpu` fine-tune with AdamW like their pre-training (in a few hundred steps
+# it learns where Adafactor at 1e-3 barely moves).
 _SWEEPS = {
-    "paper": (PAPER_TASKS, "", dict(
+    "paper": _Sweep(PAPER_TASKS, dict(
         steps=2**18, batch_size=128, inputs_length=512, targets_length=128, eval_every=5000)),
-    "small": (LOCAL_TASKS, "../shared/data", dict(
+    "small": _Sweep(LOCAL_TASKS, dict(
         steps=2**13, batch_size=64, inputs_length=512, targets_length=128, eval_every=1000)),
-    "tiny": (BUILTIN_TASKS, "", dict(
+    "tiny": _Sweep(BUILTIN_TASKS, dict(
         steps=500, batch_size=16, inputs_length=128, targets_length=32, eval_every=250,
         eval_examples=200, optimizer="adamw", learning_rate=1e-3)),
-    "demo": (BUILTIN_TASKS, "", dict(
+    "demo": _Sweep(BUILTIN_TASKS, dict(
         steps=200, batch_size=16, inputs_length=64, targets_length=32, eval_every=200,
         eval_examples=100, optimizer="adamw", learning_rate=3e-3)),
+    "cpu": _Sweep(CPU_TASKS, dict(
+        steps=200, batch_size=16, inputs_length=96, targets_length=64, eval_every=200,
+        eval_examples=500, optimizer="adamw", learning_rate=1e-3), seeds=(0, 1, 2)),
 }
 
 
 def sweep_preset(name: str) -> ml_collections.ConfigDict:
     """The preset `name` plus the sweep section: `sweep.tasks` (fine-tuned one at a time),
-    `sweep.seeds` (each grid point runs once per seed) and `sweep.progress` (train progress)."""
+    `sweep.seeds` (each grid point runs once per seed) and `sweep.progress` (train progress).
+
+    The data root (and the corpus derived from it) is the preset's own, so `t5x-lite train
+    --preset NAME` and a sweep of NAME read the same data."""
     config = get_preset(name)
-    tasks, data_root, finetune = _SWEEPS[name]
-    config.finetune.update(finetune)
-    config.data.data_root = data_root
+    settings = _SWEEPS[name]
+    config.finetune.update(settings.finetune)
     config.objective.targets_length = None  # each objective's own; the sweep's layout pads
-    config.sweep = ml_collections.ConfigDict(dict(tasks=tasks, seeds=(0,), progress=True))
+    config.sweep = ml_collections.ConfigDict(
+        dict(tasks=settings.tasks, seeds=settings.seeds, progress=True))
     return config

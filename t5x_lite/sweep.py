@@ -281,7 +281,8 @@ def _base_record(point: GridPoint) -> dict[str, Any]:
         "row": point.row, "objective": point.objective, "config_hash": config_hash(config),
         "seed": point.seed, "params": columns.params, "params_label": columns.params_label,
         "cost_label": columns.cost_label, "params_ratio": columns.params_ratio,
-        "flops_ratio": columns.flops_ratio, "pretrain_steps": config.train.steps,
+        "flops_ratio": columns.flops_ratio, "corpus": config.data.corpus,
+        "pretrain_steps": config.train.steps,
         # Raw corpus tokens read, as the paper counts them (2^19 steps x 128 x 512 = 2^35).
         "pretrain_tokens": config.train.steps * config.train.batch_size * raw,
         "finetune_steps": config.finetune.steps, "pretrain_loss": None, "pretrain_curve": [],
@@ -328,7 +329,7 @@ def run_point(point: GridPoint, workdir: str) -> list[dict]:
 
     config, started = point.config, time.perf_counter()
     _log(f"{point.experiment} {point.run_name}: pre-training {config.train.steps} steps "
-         f"({config.model.arch}, {config.objective.name})")
+         f"({config.model.arch}, {config.objective.name}) on {config.data.corpus}")
     try:
         train.train(config, point.directory(workdir) / "pretrain",
                     progress=config.sweep.progress, layout=point.layout)

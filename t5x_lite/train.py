@@ -282,8 +282,9 @@ def train(
     spec = objectives.spec_from_config(config.objective)
     layout = objectives.layout_from_config(config) if layout is None else layout
     # Imported here: the pipeline pulls in TFDS, which the train step alone does not need.
-    from t5x_lite.data.pipeline import pretrain_data_from_config
+    from t5x_lite.data.pipeline import describe_corpus, pretrain_data_from_config
 
+    print(f"pre-training corpus: {describe_corpus(config)}", file=sys.stderr, flush=True)
     with Checkpointer(workdir / "checkpoints", every=config.checkpoint.every,
                       keep=config.checkpoint.keep, config=config, restart=restart,
                       require_existing=resume) as checkpointer:

@@ -7,6 +7,7 @@ import pytest
 
 from t5x_lite import attention
 from t5x_lite.config import EOS_ID, UNK_ID, ConfigError, default_config
+from t5x_lite.data import builders, pipeline
 from t5x_lite.data.pipeline import (MixtureData, PretrainData, encode_examples, pack_examples,
                                     pad_examples, pretrain_data_from_config, tokenize_stream)
 from t5x_lite.data.vocabulary import train_vocabulary
@@ -119,6 +120,41 @@ def test_from_config_trains_the_vocabulary_and_reads_the_corpus(tmp_path):
     config.data.vocab = path
     with pytest.raises(ConfigError, match="model.vocab_size=5000 but the vocabulary"):
         pretrain_data_from_config(config, raw_length=32)
+
+
+def test_a_text_file_corpus_is_cached_by_its_files_and_reread_when_one_changes(
+        vocab, tmp_path, monkeypatch):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("\n\n".join(DOCS))
+    args = dict(vocab=vocab, raw_length=16, global_batch_size=8, seed=3,
+                cache_dir=str(tmp_path / "tokens"), data_dir=str(tmp_path / "dd"))
+    first = PretrainData(str(corpus / "*.txt"), **args)
+    np.testing.assert_array_equal(first.tokens, tokenize_stream(vocab, DOCS))
+    # A restart finds the stream by the files' key and reads no document.
+    monkeypatch.setattr(builders.Records, "__getitem__", lambda self, i: pytest.fail("read"))
+    again = PretrainData(str(corpus / "*.txt"), **args)
+    np.testing.assert_array_equal(again.batch(7), first.batch(7))
+    monkeypatch.undo()
+    (corpus / "a.txt").write_text("\n\n".join(DOCS[:50]))  # edited: a new build, new stream
+    edited = PretrainData(str(corpus / "*.txt"), **args)
+    np.testing.assert_array_equal(edited.tokens, tokenize_stream(vocab, DOCS[:50]))
+    assert len(os.listdir(tmp_path / "tokens")) == 2
+
+
+def test_the_vocabulary_trains_on_evenly_spaced_documents_of_a_large_corpus(monkeypatch):
+    records = [{"text": d} for d in DOCS[:25]]
+    assert pipeline.vocabulary_sample(records) is records  # small corpora are used whole
+    monkeypatch.setattr(pipeline, "VOCAB_MAX_DOCUMENTS", 10)
+    assert pipeline.vocabulary_sample(records) == records[::3]  # 9 documents, first to last
+
+
+def test_a_glob_that_matches_nothing_is_a_config_error_naming_it(tmp_path):
+    config = default_config()
+    config.data.update(corpus=str(tmp_path / "*.txt"), data_dir=str(tmp_path / "dd"))
+    with pytest.raises(ConfigError, match=r"data.corpus='.*/\*\.txt' matches no file$"):
+        pretrain_data_from_config(config, raw_length=32)
+    assert not (tmp_path / "dd").exists()  # stopped before any vocabulary was trained
 
 
 def test_a_mistyped_corpus_is_a_config_error_naming_the_field(tmp_path):

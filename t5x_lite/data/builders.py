@@ -620,6 +620,14 @@ def as_source(source: str | _LocalSource) -> str | _LocalSource:
     return source
 
 
+def content_key(source: str | _LocalSource) -> str | None:
+    """A name that changes whenever the source's records can change, without reading them:
+    a local source's build name (it hashes the options and every input file's path, size and
+    modification time). None for a catalog name, whose content the name does not fix."""
+    source = as_source(source)
+    return source.build_name() if isinstance(source, _LocalSource) else None
+
+
 def build(source: _LocalSource, data_dir: str) -> LocalFiles:
     """The prepared builder of a local source (built on first use, reused afterwards)."""
     builder = LocalFiles(source, data_dir=data_dir)

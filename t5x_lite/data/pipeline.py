@@ -21,12 +21,19 @@ import ml_collections
 import numpy as np
 
 from t5x_lite.config import EOS_ID, PAD_ID, UNK_ID, ConfigError
-from t5x_lite.data.builders import as_source, default_data_dir, is_catalog_name, load_split
+from t5x_lite.data.builders import (
+    PythonDocs, TextFiles, as_source, content_key, default_data_dir, is_catalog_name, load_split)
 from t5x_lite.data.vocabulary import Vocabulary, load_vocabulary, train_vocabulary
 
 log = logging.getLogger(__name__)
 
 _ENCODE_BLOCK = 1024  # documents per SentencePiece call: bounds memory, keeps threads busy
+# A vocabulary is trained on at most this many documents, evenly spaced through the corpus.
+# SentencePiece's time grows with the text: for 8192 ids on a shared 2-core machine it took
+# 334 s on all 46k documents of shared/data/pretrain (74 M characters) and 141 s on every 4th
+# one (11.6k documents, 19 M characters). Smaller corpora (python_docs, the tests') are used
+# whole.
+VOCAB_MAX_DOCUMENTS = 10_000
 
 Example = tuple[Sequence[int], Sequence[int]]  # (input ids, target ids)
 
@@ -74,7 +81,9 @@ class PretrainData:
     documents (every `process_count`-th record). Its chunks are visited in a seeded random
     order that changes every epoch; `batch(step)` depends only on (seed, step, process index),
     never on earlier calls. With `cache_dir`, the token stream is stored as `.npy` under a hash
-    of the shard's text and the vocabulary and memory-mapped, so a restart skips tokenising.
+    of the vocabulary and the shard's content and memory-mapped, so a restart skips tokenising.
+    The content is the shard's text, or for a local source (a glob of text files) its
+    `builders.content_key` and the shard, so a restart reads no document either.
     """
 
     def __init__(
@@ -96,15 +105,18 @@ class PretrainData:
         if global_batch_size <= 0 or global_batch_size % process_count:
             raise ValueError(f"global_batch_size={global_batch_size} must be a positive multiple "
                              f"of process_count={process_count}")
-        records = records_or_source
+        records, key = records_or_source, None
         if isinstance(records, str) or not isinstance(records, Sequence):
+            key = content_key(records)
             records = load_split(records, "train", data_dir)
         shard = range(process_index, len(records), process_count)
+        if key is not None:
+            key = f"{key}:{shard.start}:{shard.step}:{len(records)}"
         self.raw_length = raw_length
         self.batch_size = global_batch_size // process_count
         self.seed = seed
         self.process_index = process_index
-        self.tokens = self._load_tokens(vocab, [records[i] for i in shard], cache_dir)
+        self.tokens = self._load_tokens(vocab, records, shard, key, cache_dir)
         self.num_chunks = len(self.tokens) // raw_length
         if self.num_chunks == 0:
             raise ValueError(f"host {process_index} has {len(self.tokens)} tokens, fewer than "
@@ -112,18 +124,27 @@ class PretrainData:
         self._permutations: dict[int, np.ndarray] = {}
 
     @staticmethod
-    def _load_tokens(vocab: Vocabulary, shard: list, cache_dir: str | None) -> np.ndarray:
+    def _load_tokens(vocab: Vocabulary, records: Sequence[Any], shard: range, key: str | None,
+                     cache_dir: str | None) -> np.ndarray:
+        """The shard's token stream; `key` (if not None) stands for its text in the cache name."""
+
+        def texts() -> Iterable[str]:
+            return _texts(records[i] for i in shard)
+
         if not cache_dir:
-            return tokenize_stream(vocab, _texts(shard))
+            return tokenize_stream(vocab, texts())
         digest = hashlib.sha256(vocab.model_proto)
         digest.update(str(vocab.num_extra_ids).encode())
-        for text in _texts(shard):
-            digest.update(text.encode("utf-8") + b"\0")
+        if key is not None:
+            digest.update(b"key:" + key.encode())
+        else:
+            for text in texts():
+                digest.update(text.encode("utf-8") + b"\0")
         path = os.path.join(cache_dir, f"tokens-{digest.hexdigest()[:20]}.npy")
         if not os.path.isfile(path):
             os.makedirs(cache_dir, exist_ok=True)
             tmp = f"{path}.tmp{os.getpid()}.npy"
-            np.save(tmp, tokenize_stream(vocab, _texts(shard)))
+            np.save(tmp, tokenize_stream(vocab, texts()))
             os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
         return np.load(path, mmap_mode="r")
 
@@ -158,7 +179,8 @@ def vocabulary_from_config(config: ml_collections.ConfigDict) -> Vocabulary:
     """The vocabulary a run of `config` uses (pre-training and fine-tuning alike).
 
     `config.data.vocab` is a SentencePiece `.model` path, or '' to train one on
-    `config.data.corpus` with `config.model.vocab_size` ids (cached under
+    `config.data.corpus` (at most `VOCAB_MAX_DOCUMENTS` of its documents, see
+    `vocabulary_sample`) with `config.model.vocab_size` ids (cached under
     `config.data.data_dir`, default ~/.cache/t5x_lite). With several hosts, share that
     directory (or a `.model` path) so all hosts use the same vocabulary.
     """
@@ -166,7 +188,8 @@ def vocabulary_from_config(config: ml_collections.ConfigDict) -> Vocabulary:
     if config.data.vocab:
         vocab = load_vocabulary(config.data.vocab, config.model.num_sentinels)
     else:
-        texts = _texts(load_split(_corpus_source(config), "train", data_dir))
+        records = load_split(_corpus_source(config), "train", data_dir)
+        texts = _texts(vocabulary_sample(records))
         vocab = train_vocabulary(texts, config.model.vocab_size, config.model.num_sentinels,
                                  cache_dir=os.path.join(data_dir, "vocab"))
     if vocab.vocab_size != config.model.vocab_size:
@@ -175,13 +198,46 @@ def vocabulary_from_config(config: ml_collections.ConfigDict) -> Vocabulary:
     return vocab
 
 
+def vocabulary_sample(records: Sequence[Any]) -> Sequence[Any]:
+    """The documents a vocabulary is trained on: all of them, or `VOCAB_MAX_DOCUMENTS` evenly
+    spaced ones (every k-th, from the first), so each part of the corpus is represented."""
+    stride = -(-len(records) // VOCAB_MAX_DOCUMENTS)  # ceil
+    if stride <= 1:
+        return records
+    return [records[i] for i in range(0, len(records), stride)]
+
+
 def _corpus_source(config: ml_collections.ConfigDict) -> Any:
-    source = as_source(config.data.corpus)
-    if isinstance(source, str) and not is_catalog_name(source):
+    """The source spec of `config.data.corpus`; a `ConfigError` naming the field (and the
+    data root it was derived from) if there is no such corpus, checked before any work."""
+    corpus, root = config.data.corpus, config.data.data_root
+    source = as_source(corpus)
+    if isinstance(source, TextFiles):
+        try:
+            source.split_files()
+        except FileNotFoundError:
+            under = (f": the pre-training text under data.data_root={root!r} is missing"
+                     if root and corpus.startswith(root) else "")
+            raise ConfigError(f"data.corpus={corpus!r} matches no file{under}") from None
+    elif isinstance(source, str) and not is_catalog_name(source):
         raise ConfigError(
-            f"data.corpus={config.data.corpus!r} is not 'python_docs', an existing file or glob "
+            f"data.corpus={corpus!r} is not 'python_docs', an existing file or glob "
             "of .txt/.jsonl files, or a TFDS catalog name prepared in data.data_dir")
     return source
+
+
+def describe_corpus(config: ml_collections.ConfigDict) -> str:
+    """What a run pre-trains on, for its first log line: the corpus with its file count and
+    size, the built-in python_docs, or a catalog name. Raises `ConfigError` like the
+    pipeline would if the corpus is missing, so a run calling it first stops before any work."""
+    source = _corpus_source(config)
+    if isinstance(source, PythonDocs):
+        return "python_docs (the built-in corpus of Python documentation)"
+    if isinstance(source, TextFiles):
+        paths = source.split_files()["train"]
+        size = sum(os.path.getsize(p) for p in paths)
+        return f"{config.data.corpus} ({len(paths)} files, {size / 1e6:.1f} MB)"
+    return f"{source} (TFDS catalog, from data.data_dir)"
 
 
 def pretrain_data_from_config(
