@@ -343,10 +343,13 @@ def _local_tasks() -> list[Task]:
 
 
 def _builtin_tasks() -> list[Task]:
-    # A whole-string `accuracy` is the exact match of the predicted word sequence.
+    # A whole-string `accuracy` is the exact match of the predicted word sequence, and
+    # `position_accuracy` the share of its words in the right place: the graded score keeps
+    # rows apart where few sequences come out exactly right.
     def word_task(name: str, prefix: str, transform: Callable[[list[str]], list[str]]) -> Task:
         formatter = functools.partial(format_word_task, prefix=prefix, transform=transform)
-        return Task(name, builtin.word_sequences, formatter, ("accuracy",), _TRAIN_VALIDATION)
+        return Task(name, builtin.word_sequences, formatter, ("accuracy", "position_accuracy"),
+                    _TRAIN_VALIDATION)
 
     labels = builtin.MODULE_CLASSES
     return [
