@@ -105,7 +105,7 @@ _SWEEPS = {
         eval_examples=200, optimizer="adamw", learning_rate=1e-3)),
     "demo": (BUILTIN_TASKS, "", dict(
         steps=200, batch_size=16, inputs_length=64, targets_length=32, eval_every=200,
-        eval_examples=100, optimizer="adamw", learning_rate=3e-3)),
+        eval_examples=None, optimizer="adamw", learning_rate=3e-3)),
 }
 
 
