@@ -24,8 +24,8 @@ formats, read from the small real sets under a data root laid out as `../shared/
 `builtin_*` tasks generated from the built-in python_docs corpus (`t5x_lite.data.builtin`),
 which need no data at all:
 
-    reverse: return the first item                                    -> item first the return
-    sort: return the first item                                       -> first item return the
+    reverse: return the first value                                   -> value first the return
+    sort: return the first value                                      -> first return the value
     module sentence: Push more data into the parser.                  -> email
 """
 from __future__ import annotations
