@@ -5,6 +5,7 @@ class ids, floats or strings) and returns a dict of named scores, so a task can 
 merge the dicts. Names and conventions follow T5's `t5/evaluation/metrics.py`:
 
   accuracy             accuracy                      SST-2, MNLI, QNLI, RTE, WNLI
+  position_accuracy    words in the right position   the built-in word tasks (not the paper's)
   matthews_corrcoef    Matthews correlation          CoLA
   f1                   binary F1 (positive class 1)  MRPC, QQP (with accuracy)
   pearson_corrcoef     Pearson r                     STS-B (with spearman_corrcoef)
@@ -49,6 +50,25 @@ def accuracy(targets: Sequence[Any], predictions: Sequence[Any]) -> Scores:
     _check_lengths(targets, predictions)
     hits = [t == p for t, p in zip(targets, predictions)]
     return {"accuracy": 100.0 * float(np.mean(hits))}
+
+
+def position_accuracy(targets: Sequence[str], predictions: Sequence[str]) -> Scores:
+    """Percentage of words in the right position, averaged over examples: a graded exact match.
+
+    Words are the whitespace-separated tokens. An example scores the number of positions i
+    where the prediction's i-th word is the target's i-th word, over the number of words of the
+    longer of the two, so a missing or an extra word costs like a wrong one (and a shifted
+    sequence matches only up to the shift). Two empty strings match fully. Not a metric of the
+    paper: it grades the built-in word tasks, where a tiny model rarely gets a whole sequence.
+    """
+    _check_lengths(targets, predictions)
+    scores = []
+    for target, prediction in zip(targets, predictions):
+        target_words, predicted_words = target.split(), prediction.split()
+        longer = max(len(target_words), len(predicted_words))
+        hits = sum(t == p for t, p in zip(target_words, predicted_words))
+        scores.append(hits / longer if longer else 1.0)
+    return {"position_accuracy": 100.0 * float(np.mean(scores))}
 
 
 def matthews_corrcoef(targets: Sequence[int], predictions: Sequence[int]) -> Scores:
@@ -190,6 +210,7 @@ class Metric(NamedTuple):
 
 METRICS: dict[str, Metric] = {
     "accuracy": Metric(accuracy, False),
+    "position_accuracy": Metric(position_accuracy, False),
     "matthews_corrcoef": Metric(matthews_corrcoef, False),
     "f1": Metric(f1, False),
     "pearson_corrcoef": Metric(pearson_corrcoef, False),

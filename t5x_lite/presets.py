@@ -170,7 +170,7 @@ _SWEEPS = {
         eval_examples=200, optimizer="adamw", learning_rate=1e-3)),
     "demo": _Sweep(BUILTIN_TASKS, dict(
         steps=200, batch_size=16, inputs_length=64, targets_length=32, eval_every=200,
-        eval_examples=100, optimizer="adamw", learning_rate=3e-3)),
+        eval_examples=None, optimizer="adamw", learning_rate=3e-3)),
     "cpu": _Sweep(CPU_TASKS, dict(
         steps=200, batch_size=16, inputs_length=96, targets_length=64, eval_every=200,
         eval_examples=500, optimizer="adamw", learning_rate=1e-3), seeds=(0, 1, 2)),

@@ -12,6 +12,29 @@ def test_accuracy():
     assert metrics.accuracy([0, 1, 1, 0], [0, 1, 0, 0]) == {"accuracy": 75.0}
 
 
+def test_position_accuracy():
+    # Per example, words in the right position over the longer sequence's length:
+    #   "c b a" / "c b a"   3 of 3 = 1
+    #   "c b a" / "c a b"   c only: 1 of 3
+    #   "d c b a" / "d c"   a missing tail: 2 of 4
+    #   "b a" / "b a a"     an extra word: 2 of 3
+    #   "c b a" / "x c b a" shifted by one: nothing lines up, 0 of 4
+    #   "a" / ""            nothing predicted: 0 of 1
+    # Mean (1 + 1/3 + 1/2 + 2/3 + 0 + 0) / 6 = 2.5 / 6.
+    targets = ["c b a", "c b a", "d c b a", "b a", "c b a", "a"]
+    predictions = ["c b a", "c a b", "d c", "b a a", "x c b a", ""]
+    score = metrics.position_accuracy(targets, predictions)["position_accuracy"]
+    assert score == pytest.approx(100 * 2.5 / 6)
+    assert metrics.accuracy(targets, predictions)["accuracy"] == pytest.approx(100 / 6)
+
+
+def test_position_accuracy_splits_on_any_whitespace_and_matches_empty_to_empty():
+    # Words, not characters: extra spaces change nothing; two empty strings agree (1 of 1).
+    assert metrics.position_accuracy(["a  b", ""], [" a b ", ""]) == {"position_accuracy": 100.0}
+    # Case matters, as in exact match: "A" is not "a" (1 of 2).
+    assert metrics.position_accuracy(["a b"], ["A b"]) == {"position_accuracy": 50.0}
+
+
 def test_matthews_binary():
     # tp=2 fn=1 tn=1 fp=1: (2*1 - 1*1) / sqrt(3*3*2*2) = 1/6.
     score = metrics.matthews_corrcoef([1, 1, 1, 0, 0], [1, 1, 0, 0, 1])["matthews_corrcoef"]

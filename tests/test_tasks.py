@@ -339,19 +339,41 @@ def _examples(name, split, data_dir):
     ("builtin_sort", "sort: ", sorted),
 ])
 def test_builtin_word_tasks(docs_dir, name, prefix, transform):
+    vocabulary = set(builtin.word_vocabulary(docs_dir))
+    assert len(vocabulary) == builtin.WORD_VOCABULARY_SIZE
     for split, size in (("train", 8192), ("validation", 256)):
         examples = _examples(name, split, docs_dir)
         assert len(examples) == size
+        lengths = collections.Counter()
         for ex in examples:
             assert ex.inputs.startswith(prefix)
             words = ex.inputs.removeprefix(prefix).split(" ")
-            assert 3 <= len(words) <= 8
+            lengths[len(words)] += 1
             assert all(w.isascii() and w.isalpha() and w.islower() for w in words)
+            assert set(words) <= vocabulary
             assert ex.targets.split(" ") == transform(words)
-    # Exact match over the whole sequence: one word out of place makes an example wrong.
+        # Every length of 2-6 words, each drawn about equally often.
+        assert sorted(lengths) == list(range(2, 7))
+        assert max(lengths.values()) < 1.5 * min(lengths.values())
+    # Exact match over the whole sequence: one word out of place makes an example wrong;
+    # position_accuracy counts the words in place: 3 right sequences and one whose last word of
+    # n is missing score (3 + (n - 1) / n) / 4.
     examples = _examples(name, "validation", docs_dir)[:4]
-    predictions = [ex.targets for ex in examples[:3]] + [examples[3].inputs]
-    assert tasks.get_task(name).score(examples, predictions) == {"accuracy": 75.0}
+    last = examples[3].targets.split(" ")
+    predictions = [ex.targets for ex in examples[:3]] + [" ".join(last[:-1])]
+    scores = tasks.get_task(name).score(examples, predictions)
+    n = len(last)
+    assert scores == {"accuracy": 75.0,
+                      "position_accuracy": pytest.approx(100 * (3 + (n - 1) / n) / 4)}
+
+
+def test_builtin_word_vocabulary_is_the_most_frequent_words(docs_dir):
+    counts = collections.Counter(word for _, paragraph in builtin._paragraphs(docs_dir)
+                                 for word in builtin._words(paragraph))
+    vocabulary = builtin.word_vocabulary(docs_dir)
+    assert vocabulary[0] == "the"
+    least = min(counts[word] for word in vocabulary)
+    assert all(counts[word] <= least for word in counts if word not in vocabulary)
 
 
 def test_builtin_module_is_balanced_and_hides_its_labels(docs_dir):

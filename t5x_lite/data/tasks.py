@@ -24,8 +24,8 @@ formats, read from the small real sets under a data root laid out as `../shared/
 `builtin_*` tasks generated from the built-in python_docs corpus (`t5x_lite.data.builtin`),
 which need no data at all:
 
-    reverse: return the first item                                    -> item first the return
-    sort: return the first item                                       -> first item return the
+    reverse: return the first value                                   -> value first the return
+    sort: return the first value                                      -> first return the value
     module sentence: Push more data into the parser.                  -> email
 """
 from __future__ import annotations
@@ -343,10 +343,13 @@ def _local_tasks() -> list[Task]:
 
 
 def _builtin_tasks() -> list[Task]:
-    # A whole-string `accuracy` is the exact match of the predicted word sequence.
+    # A whole-string `accuracy` is the exact match of the predicted word sequence, and
+    # `position_accuracy` the share of its words in the right place: the graded score keeps
+    # rows apart where few sequences come out exactly right.
     def word_task(name: str, prefix: str, transform: Callable[[list[str]], list[str]]) -> Task:
         formatter = functools.partial(format_word_task, prefix=prefix, transform=transform)
-        return Task(name, builtin.word_sequences, formatter, ("accuracy",), _TRAIN_VALIDATION)
+        return Task(name, builtin.word_sequences, formatter, ("accuracy", "position_accuracy"),
+                    _TRAIN_VALIDATION)
 
     labels = builtin.MODULE_CLASSES
     return [
