@@ -26,8 +26,12 @@ from t5x_lite.config import ConfigError, default_config
 
 
 def paper() -> ml_collections.ConfigDict:
-    """The T5 paper's baseline setup (Raffel et al. 2020, section 3.1)."""
-    return default_config()
+    """The T5 paper's baseline setup (Raffel et al. 2020, section 3.1), with its baseline
+    objective (section 3.1.4): 15% of the tokens corrupted i.i.d., each run of them replaced by
+    one sentinel (`iid_denoising`)."""
+    config = default_config()
+    config.objective.update(name="iid_denoising", noise_density=0.15)
+    return config
 
 
 # The directory laid out like shared/data that the presets reading real data use, relative to
