@@ -61,7 +61,9 @@ def test_sweep_then_report_from_the_command_line(tmp_path):
             "--config.train.seed=3")
     result = _cli(*args)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert re.search(r"^Encoder-decoder +Denoising +2P +M ", result.stdout, re.M)  # the table
+    # The table, with the paper's labels and the measured ratios beside them.
+    assert re.search(r"^Encoder-decoder +Denoising +2P \(\S+x\) +M \(\S+x\) ", result.stdout,
+                     re.M)
     assert "Downloading" not in result.stdout + result.stderr  # nothing is, so nothing says so
     records = [json.loads(line) for line in (workdir / "results.jsonl").read_text().splitlines()]
     assert [(r["point"], r["task"], r["status"]) for r in records] == [

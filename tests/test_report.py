@@ -366,9 +366,9 @@ def test_params_and_cost_are_the_papers_labels_with_our_measured_ratios():
     # The reference of both ratios is the decoder-only language model itself.
     assert labels[("Language model", "LM")] == ("P (1.00x)", "M (1.00x)")
     # At the demo size the logits dominate the cost: the full encoder-decoder measures well
-    # under M (rounding that ratio would label it M/2), and its label stays the paper's M.
+    # under M, and its label stays the paper's M with the measured ratio beside it.
     cost = labels[("Encoder-decoder", "Denoising")][1]
-    assert cost.startswith("M (") and float(cost.removeprefix("M (").removesuffix("x)")) < 0.71
+    assert cost.startswith("M (") and float(cost.removeprefix("M (").removesuffix("x)")) < 0.9
 
 
 @pytest.mark.parametrize("arch", ARCHS)
