@@ -536,8 +536,10 @@ _ENCODERS = (_span_corruption, _drop_corrupted_tokens, _bert_style, _mass_style,
              _prefix_lm, _lm, _iid_denoising)
 # The objectives whose noise mask depends on objective.mean_noise_span_length (random spans).
 READS_MEAN_SPAN_LENGTH = ("span_corruption",)
-# Whether an objective corrupts chosen tokens (its `noise_mask` means something).
-HAS_NOISE_MASK = dict(zip(OBJECTIVES, (True, True, True, True, False, False, False, True)))
+# Whether an objective corrupts chosen tokens (its `noise_mask` means something); by name, not
+# by position beside OBJECTIVES, so an appended objective cannot shift the flags.
+_WITHOUT_NOISE_MASK = ("deshuffling", "prefix_lm", "lm")
+HAS_NOISE_MASK = {name: name not in _WITHOUT_NOISE_MASK for name in OBJECTIVES}
 
 
 # ---------------------------------------------------------------------------------------------
