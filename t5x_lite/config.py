@@ -9,9 +9,11 @@ array is built, with a `ConfigError` that names the field and the allowed values
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+import ast
+from typing import Any, Iterable, Mapping, Sequence
 
 import ml_collections
+from ml_collections.config_flags import tuple_parser
 
 ARCHS = (
     "encoder_decoder",
@@ -263,3 +265,88 @@ def validate_model_config(model: ml_collections.ConfigDict) -> None:
             f"model.num_layers={model.num_layers} must be even for "
             "model.arch='encoder_decoder_half' (it builds num_layers/2 + num_layers/2 layers)"
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# Command-line overrides: `--config.FIELD=VALUE`, parsed the same way by every command
+
+OVERRIDE_PREFIX = "--config."
+OVERRIDES_HELP = (
+    "--config.FIELD=VALUE sets one field of the config, e.g. --config.train.steps=100; the "
+    "value is read as the field's type: int, float, bool (true/false), str as written, a tuple "
+    "as a Python literal (--config.sweep.seeds='(0, 1)' or 0,1); None sets any field to None. "
+    "An unknown field is an error naming it."
+)
+
+
+def split_overrides(args: Sequence[str]) -> tuple[list[str], list[str]]:
+    """`args` -> (the `--config.FIELD=VALUE` overrides, everything else), each in order."""
+    overrides = [arg for arg in args if arg.startswith(OVERRIDE_PREFIX)]
+    return overrides, [arg for arg in args if not arg.startswith(OVERRIDE_PREFIX)]
+
+
+def _field(config: ml_collections.ConfigDict, field: str, value: Any) -> tuple[Any, str]:
+    """The section holding dotted `field` and the field's last name; `ConfigError` naming the
+    field when the config has no such field."""
+    node = config
+    for part in field.split("."):
+        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+            raise ConfigError(f"override {field}={value!r}: the config has no field {field!r}")
+        parent, node = node, node[part]
+    return parent, part
+
+
+def _parse_value(kind: type, value: str) -> Any:
+    """`value` (command-line text) as a value of `kind`, the field's current type."""
+    if value == "None":
+        return None
+    if kind is bool:
+        if value.lower() not in ("true", "false", "1", "0"):
+            raise ValueError(f"{value!r} is not a bool (true or false)")
+        return value.lower() in ("true", "1")
+    if kind in (int, float):
+        return kind(value)
+    if kind is str:
+        return value
+    if kind is tuple:
+        return tuple_parser.TupleParser().parse(value)  # the rules of ml_collections' flags
+    # A None field without a declared type (or another type): a Python literal, else the text.
+    try:
+        return ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return value
+
+
+def parse_overrides(config: ml_collections.ConfigDict, texts: Sequence[str]) -> dict[str, Any]:
+    """'--config.FIELD=VALUE' (or 'FIELD=VALUE') strings -> {dotted field: value}, each value
+    read as the type of that field of `config` (see OVERRIDES_HELP); later ones win.
+
+    Raises `ConfigError` (one line, naming the field) for a missing '=', an unknown field, a
+    config section instead of a field, or a value that is not of the field's type.
+    """
+    parsed = {}
+    for text in texts:
+        field, sep, value = text.removeprefix(OVERRIDE_PREFIX).partition("=")
+        if not sep or not field:
+            raise ConfigError(f"override {text!r} must look like --config.field.name=value")
+        parent, name = _field(config, field, value)
+        if isinstance(parent[name], ml_collections.ConfigDict):
+            raise ConfigError(f"override {text!r}: {field!r} is a config section, not a field "
+                              f"(its fields: {', '.join(parent[name])})")
+        try:
+            parsed[field] = _parse_value(parent.get_type(name), value)
+        except ValueError as error:
+            raise ConfigError(f"override {field}={value!r}: {error}") from None
+    return parsed
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]) -> None:
+    """Set dotted fields to Python values in place (a grid row's overrides, or what
+    `parse_overrides` read); an unknown field or a value of the wrong type is a `ConfigError`
+    naming the field."""
+    for field, value in overrides.items():
+        parent, name = _field(config, field, value)
+        try:
+            parent[name] = value
+        except TypeError as error:
+            raise ConfigError(f"override {field}={value!r}: {error}") from None

@@ -22,7 +22,8 @@ import ml_collections
 import numpy as np
 
 from t5x_lite import objectives, presets, sweep
-from t5x_lite.config import EOS_ID, PAD_ID, ConfigError, validate_model_config
+from t5x_lite.config import (EOS_ID, PAD_ID, ConfigError, apply_overrides, parse_overrides,
+                             validate_model_config)
 from t5x_lite.data.vocabulary import Vocabulary
 from t5x_lite.optim import validate_train_config
 from t5x_lite.train_step import batch_and_dropout_keys, step_key
@@ -66,7 +67,7 @@ def previewed_run(experiment: str | None, point: str | None, preset: str = "tiny
         if point is not None:
             raise ConfigError(f"point={point!r} needs an experiment (e.g. table2) to be a point of")
         config = presets.get_preset(preset)
-        sweep.apply_overrides(config, dict(sweep.parse_override(text) for text in overrides))
+        apply_overrides(config, parse_overrides(config, overrides))
         config.train.seed = seed
         validate_model_config(config.model)
         validate_train_config(config.train)

@@ -32,7 +32,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
-import json
 import math
 import os
 import re
@@ -45,8 +44,8 @@ import scipy.stats
 from t5x_lite import findings, paper_results
 from t5x_lite.data.tasks import GLUE_AVERAGE_GROUPS
 from t5x_lite.paper_results import PaperRow, PaperTable
+from t5x_lite.results import numbered_records, results_path
 
-RESULTS_FILE = "results.jsonl"
 STATUSES = ("ok", "failed")
 # Fields every record needs and their JSON types; the rest (labels, timings, curve) are optional.
 _REQUIRED = {"experiment": str, "point": str, "row": str, "task": str, "seed": int,
@@ -83,27 +82,21 @@ def _is_number(value: Any) -> bool:
 def read_results(path: str) -> list[dict]:
     """The usable records of a results.jsonl file, in file order.
 
-    A line that is not a usable record is skipped with a warning naming its line number. A file
-    without usable records, or with records of several experiments or presets, is an error.
+    A record that is not usable is skipped with a warning naming its line number; a line that
+    is not JSON is an error unless it is a killed run's cut-off last line (see
+    `results.numbered_records`). A file without usable records, or with records of several
+    experiments or presets, is an error.
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path} does not exist; run `t5x-lite sweep` with this workdir "
                                 "first")
     records = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                warnings.warn(f"{path} line {line_no}: not JSON ({error.msg}); skipped")
-                continue
-            problem = _problem(record)
-            if problem:
-                warnings.warn(f"{path} line {line_no}: {problem}; skipped")
-                continue
-            records.append(record)
+    for line_no, record in numbered_records(path):
+        problem = _problem(record)
+        if problem:
+            warnings.warn(f"{path} line {line_no}: {problem}; skipped")
+            continue
+        records.append(record)
     if not records:
         raise ValueError(f"{path} holds no usable records")
     sweeps = sorted({(r["experiment"], str(r.get("preset"))) for r in records})
@@ -550,7 +543,7 @@ def report(workdir: str, *, out_dir: str | None = None) -> Report:
     """Reads `workdir/results.jsonl` and writes table.md, table.csv, table.tex, findings.csv
     and the PNG plots to `out_dir` (default `workdir/report`). Plots are skipped with a notice
     in the text when matplotlib is not installed."""
-    records = read_results(os.path.join(workdir, RESULTS_FILE))
+    records = read_results(str(results_path(workdir)))
     table = build_table(records)
     out_dir = out_dir or os.path.join(workdir, "report")
     os.makedirs(out_dir, exist_ok=True)

@@ -30,7 +30,6 @@ their lines to retry them) and resumes the others from their checkpoints.
 """
 from __future__ import annotations
 
-import ast
 import copy
 import dataclasses
 import hashlib
@@ -40,16 +39,16 @@ import os
 import sys
 import time
 import traceback
-import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Mapping, Sequence
 
-import jax
 import ml_collections
 
 from t5x_lite import accounting, launchers, objectives, presets
-from t5x_lite.config import ConfigError, validate_finetune_config, validate_model_config
+from t5x_lite.config import (ConfigError, apply_overrides, parse_overrides,
+                             validate_finetune_config, validate_model_config)
+from t5x_lite.results import ResultsFile, is_writer
 
 
 def _experiments_dir() -> Path:
@@ -62,7 +61,6 @@ def _experiments_dir() -> Path:
 
 EXPERIMENTS_DIR = _experiments_dir()
 
-RESULTS_FILE = "results.jsonl"
 SWEEP_FILE = "sweep.json"
 # Record fields that measure time or depend on how often a run was interrupted, not on what it
 # computed (a resumed point compiles once per process).
@@ -134,39 +132,6 @@ def load_experiment(experiment: str) -> ModuleType:
     return module
 
 
-def parse_override(text: str) -> tuple[str, Any]:
-    """'train.steps=100' (or '--config.train.steps=100') -> ('train.steps', 100).
-
-    The value is a Python literal when it parses as one (numbers, tuples, None, True), else a
-    string.
-    """
-    field, sep, value = text.removeprefix("--").removeprefix("config.").partition("=")
-    if not sep or not field:
-        raise ConfigError(f"override {text!r} must look like field.name=value")
-    try:
-        return field, ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        return field, value
-
-
-def apply_overrides(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]) -> None:
-    """Set dotted fields in place; an unknown field or a value of the wrong type is a
-    `ConfigError` naming the field."""
-    for field, value in overrides.items():
-        *parents, name = field.split(".")
-        node = config
-        for part in parents:
-            if part not in node or not isinstance(node[part], ml_collections.ConfigDict):
-                raise ConfigError(f"override {field}={value!r}: the config has no field {field!r}")
-            node = node[part]
-        if name not in node:
-            raise ConfigError(f"override {field}={value!r}: the config has no field {field!r}")
-        try:
-            node[name] = value
-        except TypeError as error:
-            raise ConfigError(f"override {field}={value!r}: {error}") from None
-
-
 def config_hash(config: ml_collections.ConfigDict) -> str:
     """A short stable hash of what a run computes: the config less its `sweep` section (the
     seeds, tasks and progress setting of the whole sweep, which a user may extend and resume),
@@ -208,6 +173,15 @@ def _layout_group(config: ml_collections.ConfigDict) -> tuple[str, int, int]:
     return objectives.family_for(model.arch), model.vocab_size, model.num_sentinels
 
 
+def user_overrides(experiment: str, preset: str,
+                   overrides: Sequence[str]) -> list[tuple[str, Any]]:
+    """The user's '--config.F=V' (or 'F=V') overrides as (field, value) pairs in the order
+    given, each value read as the type of its field in the experiment's config
+    (`config.parse_overrides`, as every command reads them)."""
+    base = load_experiment(experiment).get_config(preset)
+    return [item for text in overrides for item in parse_overrides(base, [text]).items()]
+
+
 def expand(experiment: str, preset: str, overrides: Sequence[str] = ()) -> list[GridPoint]:
     """The grid points of `experiment` under `preset`, in the paper's row order, each seed of
     a row after the other; every config is validated (before anything runs), and every row
@@ -219,7 +193,7 @@ def expand(experiment: str, preset: str, overrides: Sequence[str] = ()) -> list[
     if preset not in presets.PRESETS:
         raise ConfigError(
             f"preset={preset!r} does not exist; choose one of {', '.join(presets.PRESETS)}")
-    user = dict(parse_override(text) for text in overrides)
+    user = dict(user_overrides(experiment, preset, overrides))
     rows = []
     for row in module.GRID:
         config = module.get_config(preset)
@@ -296,17 +270,10 @@ def _failed(base: dict[str, Any], task: str, error: Exception) -> dict[str, Any]
             "metrics": {}, "status": "failed", "error": f"{type(error).__name__}: {error}"}
 
 
-def _is_writer() -> bool:
-    """Whether this process writes the sweep's files. Every process of a multi-process run
-    (TPU pod hosts, SLURM tasks) runs the sweep; only process 0 writes results.jsonl,
-    sweep.json and the saved records, as `train` writes its logs only there."""
-    return jax.process_index() == 0
-
-
 def _write_json(path: Path, data: Any) -> None:
     """Write to a temporary file and rename, so a crash never leaves half a file (process 0
-    only, see `_is_writer`)."""
-    if not _is_writer():
+    only, see `results.is_writer`: every process of a multi-process run runs the sweep)."""
+    if not is_writer():
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.tmp")
@@ -405,54 +372,7 @@ def _finetune_tasks(point: GridPoint, workdir: str, started: float) -> list[dict
 
 
 # ---------------------------------------------------------------------------------------------
-# The results file and the sweep
-
-
-class ResultsFile:
-    """`workdir/results.jsonl`: one JSON record per line, appended atomically by one writer
-    (process 0, see `_is_writer`; elsewhere the changing methods do nothing)."""
-
-    def __init__(self, workdir: str | os.PathLike):
-        self.path = Path(workdir) / RESULTS_FILE
-
-    def records(self) -> list[dict]:
-        """Every readable record; an unreadable line is skipped with a warning naming it."""
-        if not self.path.exists():
-            return []
-        records = []
-        for number, line in enumerate(self.path.read_text().splitlines(), 1):
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                warnings.warn(f"{self.path}: skipping line {number}, which is not JSON: "
-                              f"{line[:80]!r}", stacklevel=2)
-        return records
-
-    def drop_partial_last_line(self) -> None:
-        """Cut a last line left without its newline by a crash, so appends start clean."""
-        if not _is_writer() or not self.path.exists():
-            return
-        data = self.path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            keep = data.rfind(b"\n") + 1
-            warnings.warn(f"{self.path}: dropping a partly written last line "
-                          f"{data[keep:keep + 80]!r}", stacklevel=2)
-            with self.path.open("r+b") as f:
-                f.truncate(keep)
-
-    def append(self, record: dict) -> None:
-        """One write of one line, then fsync: a crash leaves the line whole or cut short,
-        never interleaved with another."""
-        if not _is_writer():
-            return
-        line = (json.dumps(record) + "\n").encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            if os.write(fd, line) != len(line):
-                raise OSError(f"{self.path}: short write of a record")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+# The sweep
 
 
 def _claim_workdir(workdir: Path, identity: dict[str, Any]) -> None:
@@ -506,7 +426,7 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
 
     `launcher` (default: `launchers.LocalLauncher`, in this process) maps `run_point` over the
     points; this process appends each point's records to results.jsonl as they come back.
-    Overrides are 'field=value' strings (see `parse_override`). `point_index`
+    Overrides are '--config.field=value' strings (see `user_overrides`). `point_index`
     runs only that point of `expand`'s list (one job of a job array); appends of concurrent
     jobs are single O_APPEND writes of whole lines.
 
@@ -533,10 +453,10 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
     # As JSON sees it, so that it compares equal to the saved copy.
     identity = json.loads(json.dumps({
         "experiment": points[0].experiment, "preset": preset,
-        "overrides": [list(parse_override(text)) for text in overrides]}))
+        "overrides": [list(item) for item in user_overrides(experiment, preset, overrides)]}))
     _claim_workdir(workdir_path, identity)
     results = ResultsFile(workdir_path)
-    results.drop_partial_last_line()
+    results.finish_last_line()
     finished_records = results.records()
     _require_current(finished_records, points, results.path)
     done = {(r["point"], r["seed"], r["task"]) for r in finished_records}
@@ -570,7 +490,7 @@ def run_demo(workdir: str, overrides: Sequence[str] = ()) -> str:
     from t5x_lite import report
 
     config = presets.sweep_preset("demo")
-    apply_overrides(config, dict(parse_override(text) for text in overrides))
+    apply_overrides(config, parse_overrides(config, overrides))
     model = config.model
     _log(f"t5x-lite demo: the T5 paper's Table 2 (5 architectures x 2 objectives) with a small "
          f"model (d_model {model.d_model}, {model.num_layers} layers per stack, vocabulary "

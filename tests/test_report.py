@@ -190,11 +190,12 @@ def test_markdown_table_matches_the_hand_written_expectation(workdir):
     with open(workdir / "report" / "table.md", encoding="utf-8") as f:
         table, _ = f.read().split("\n### Findings\n")
     assert table == expected  # the Findings section: test_findings_of_the_fixture
-    # Lines 7 (cut off), 24 (no task) and 30 (unknown status) are skipped, each named once.
-    assert [w.split("results.jsonl ")[1] for w in warned] == [
-        "line 7: not JSON (Invalid control character at); skipped",
-        "line 24: field 'task' is missing or not a str; skipped",
-        "line 30: status 'done' is not one of ok, failed; skipped",
+    # Lines 23 (no task), 29 (unknown status) and 30 (cut off by a kill) are skipped, each
+    # named once.
+    assert [w.split("results.jsonl ")[1].split(":")[0:2] for w in warned] == [
+        ["line 23", " field 'task' is missing or not a str; skipped"],
+        ["line 29", " status 'done' is not one of ok, failed; skipped"],
+        ["line 30", " skipping a partly written last line (a killed run's)"],
     ]
     assert "Encoder-decoder  LM         2P      M     56.00 ± 1.41 (79.56)" in result.text
     assert "61.00* ± 1.41 (83.28)" in result.text

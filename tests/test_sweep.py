@@ -11,7 +11,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from t5x_lite import launchers, noise_lengths, sweep
+from t5x_lite import launchers, noise_lengths, results, sweep
 from t5x_lite.config import ConfigError
 from t5x_lite.data import tasks
 
@@ -124,7 +124,7 @@ def test_overrides_apply_to_every_point_and_the_rows_win():
 def test_point_index_runs_one_point(experiment, tmp_path):
     records = sweep.run_sweep(experiment, "demo", str(tmp_path), point_index=1)
     assert [(r["point"], r["status"]) for r in records] == [("broken", "failed")]
-    assert len((tmp_path / sweep.RESULTS_FILE).read_text().splitlines()) == 1
+    assert len((tmp_path / results.RESULTS_FILE).read_text().splitlines()) == 1
 
 
 def test_sweep_end_to_end(uninterrupted):
@@ -201,11 +201,12 @@ def test_killed_sweep_resumes_to_the_same_records(experiment, uninterrupted, tmp
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()
-    results = tmp_path / sweep.RESULTS_FILE
-    assert not results.exists() or results.read_text().count("\n") < 3  # killed before the end
+    results_path = tmp_path / results.RESULTS_FILE
+    # Killed before the end.
+    assert not results_path.exists() or results_path.read_text().count("\n") < 3
     records = sweep.run_sweep(experiment, "demo", str(tmp_path))
     assert _without_timing(records) == _without_timing(uninterrupted[1])
-    assert len(results.read_text().splitlines()) == len(records) == 3
+    assert len(results_path.read_text().splitlines()) == len(records) == 3
 
 
 def _assert_close(ours, theirs, path="record"):
@@ -234,38 +235,21 @@ def test_vmapped_sweep_gives_the_records_of_the_sequential_one(experiment, unint
     records = sweep.run_sweep(experiment, "demo", str(tmp_path), vmap=2)
     _assert_close(_without_timing(records), _without_timing(uninterrupted[1]))
     assert {r["compiles"] for r in records if r["status"] == "ok"} == {1}
-    assert len((tmp_path / sweep.RESULTS_FILE).read_text().splitlines()) == 3
+    assert len((tmp_path / results.RESULTS_FILE).read_text().splitlines()) == 3
     # A re-run finds every point done.
     assert sweep.run_sweep(experiment, "demo", str(tmp_path), vmap=2) == records
 
 
 def test_only_process_zero_writes_the_sweeps_files(experiment, tmp_path, monkeypatch):
     """Every process of a multi-process run runs the sweep; the others write nothing."""
-    results = tmp_path / sweep.RESULTS_FILE
-    results.write_text('{"point": "cut sho')  # a partial line only process 0 may cut
+    results_path = tmp_path / results.RESULTS_FILE
+    results_path.write_text('{"point": "cut sho')  # a partial line only process 0 may cut
     monkeypatch.setattr(jax, "process_index", lambda: 1)
-    with pytest.warns(UserWarning, match="skipping line 1"):
+    with pytest.warns(UserWarning, match="line 1: skipping a partly written last line"):
         records = sweep.run_sweep(experiment, "demo", str(tmp_path), point_index=1)
     assert records == []  # read back from results.jsonl, which only process 0 writes
-    assert results.read_text() == '{"point": "cut sho'
+    assert results_path.read_text() == '{"point": "cut sho'
     assert not list(tmp_path.rglob("*.json"))  # neither sweep.json nor a saved record
-
-
-def test_results_file_skips_malformed_lines_and_cuts_a_partial_last_line(tmp_path):
-    results = sweep.ResultsFile(tmp_path)
-    results.append({"point": "a"})
-    with open(results.path, "a") as f:
-        f.write("not json\n")
-    results.append({"point": "b"})
-    with pytest.warns(UserWarning, match="skipping line 2"):
-        assert results.records() == [{"point": "a"}, {"point": "b"}]
-    with open(results.path, "a") as f:
-        f.write('{"point": "c"')  # a crash in the middle of a line
-    with pytest.warns(UserWarning, match="partly written last line"):
-        results.drop_partial_last_line()
-    results.append({"point": "d"})
-    with pytest.warns(UserWarning, match="skipping line 2"):
-        assert [r["point"] for r in results.records()] == ["a", "b", "d"]
 
 
 def test_bad_inputs(tmp_path, experiment):
@@ -300,4 +284,4 @@ def test_bad_inputs(tmp_path, experiment):
         json.dumps({"experiment": "table6", "preset": "demo", "overrides": []}))
     with pytest.raises(ConfigError, match="holds a different sweep.*experiment: 'table6' there"):
         sweep.run_sweep("table4", "demo", str(other))
-    assert not (other / sweep.RESULTS_FILE).exists()
+    assert not (other / results.RESULTS_FILE).exists()

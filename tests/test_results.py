@@ -1,0 +1,64 @@
+"""results.jsonl: whole-line appends by process 0, and a reader that skips a killed run's
+cut-off last line but refuses a damaged file."""
+import json
+
+import jax
+import pytest
+
+from t5x_lite import results
+
+
+def test_appended_records_read_back_in_order(tmp_path):
+    file = results.ResultsFile(tmp_path)
+    assert file.path == tmp_path / "results.jsonl" == results.results_path(tmp_path)
+    assert file.records() == []  # no file yet
+    file.append({"point": "a", "metrics": {"accuracy": 50.0}})
+    file.append({"point": "b", "metrics": {}})
+    assert file.path.read_text() == (json.dumps({"point": "a", "metrics": {"accuracy": 50.0}})
+                                     + "\n" + json.dumps({"point": "b", "metrics": {}}) + "\n")
+    assert file.records() == [{"point": "a", "metrics": {"accuracy": 50.0}},
+                              {"point": "b", "metrics": {}}]
+
+
+def test_a_cut_off_last_line_is_skipped_with_a_warning_then_cut(tmp_path):
+    file = results.ResultsFile(tmp_path)
+    file.append({"point": "a"})
+    with open(file.path, "a") as f:
+        f.write('{"point": "b", "met')  # killed in the middle of writing a line
+    with pytest.warns(UserWarning, match=r"results.jsonl line 2: skipping a partly written "
+                                         r"last line \(a killed run's\): '\{\"point\": \"b\""):
+        assert file.records() == [{"point": "a"}]
+    with pytest.warns(UserWarning, match="dropping a partly written last line"):
+        file.finish_last_line()
+    file.append({"point": "c"})
+    assert [r["point"] for r in file.records()] == ["a", "c"]  # no warning: the file is whole
+
+
+def test_a_whole_record_without_its_newline_is_kept(tmp_path):
+    file = results.ResultsFile(tmp_path)
+    file.path.write_text('{"point": "a"}\n\n{"point": "b"}')  # blank lines hold no record
+    assert file.records() == [{"point": "a"}, {"point": "b"}]
+    file.finish_last_line()
+    file.append({"point": "c"})
+    assert [r["point"] for r in file.records()] == ["a", "b", "c"]
+
+
+def test_a_damaged_line_before_the_last_is_an_error_naming_file_and_line(tmp_path):
+    path = tmp_path / "results.jsonl"
+    path.write_text('{"point": "a"}\n{"point": \n{"point": "c"}\n')
+    with pytest.raises(results.ResultsError, match=rf"{path} line 2 is not JSON .*repair or "
+                                                   "delete that line"):
+        results.read_records(path)
+    # Even as the last line: with its newline it was written whole, so it is damage.
+    path.write_text('{"point": "a"}\nnot json\n')
+    with pytest.raises(results.ResultsError, match="line 2 is not JSON"):
+        results.read_records(path)
+
+
+def test_only_process_zero_writes(tmp_path, monkeypatch):
+    file = results.ResultsFile(tmp_path)
+    file.path.write_text('{"point": "cut sho')
+    monkeypatch.setattr(jax, "process_index", lambda: 1)
+    file.finish_last_line()
+    file.append({"point": "a"})
+    assert file.path.read_text() == '{"point": "cut sho'
