@@ -1,150 +1,178 @@
 """`t5x-lite COMMAND [flags]`: the command line. Parses flags and calls the library; no logic.
 
-Commands:
-  train     pre-train one config:      t5x-lite train --preset tiny --workdir runs/tiny
-  finetune  fine-tune a pre-trained run on downstream tasks:
-            t5x-lite finetune --preset tiny --init_from runs/tiny --workdir runs/tiny_ft \\
-                --tasks builtin_reverse
-  eval      score a checkpoint on tasks: t5x-lite eval --preset tiny --checkpoint runs/tiny_ft \\
-                --tasks builtin_reverse,builtin_module
-  sweep     run a paper table's grid:   t5x-lite sweep table2 --preset tiny --workdir runs/table2
-                [--config.train.steps=100] [--launcher local|parallel|ray] [--workers N]
-                [--address HOST:PORT] [--accelerator cpu|gpu|tpu] [--point_index I] [--vmap K]
-  report    a sweep's table and plots: t5x-lite report runs/table2 [--out DIR]
-  launch    commands for a TPU pod or a SLURM cluster (see launch/README.md):
-            t5x-lite launch tpu|slurm [flags] -- table2 --preset paper --workdir DIR
-  bench     speed of the train step:   t5x-lite bench --preset tiny --json [--compare_torch]
-                [--decode]
-  demo      Table 2 with a small model on the built-in corpus and tasks, then its report
-  preview   what an objective makes of real text, as the train step corrupts it:
-            t5x-lite preview table6 --point rate_50 [--preset demo] [--seed S] [--examples N]
-                [--json]
-            t5x-lite preview --preset tiny --config.objective.name=bert_style  (a plain config)
+`t5x-lite --help` lists the commands (`COMMANDS`); `t5x-lite COMMAND --help` prints that
+command's flags, how `--config.FIELD=VALUE` overrides work and an example. Every command is an
+argparse parser; every command that reads a config (all but report and launch) takes the
+overrides, which `config.split_overrides` takes out of the arguments and
+`config.parse_overrides` reads, each value as the type of the field it sets, in every command
+alike (the launch command re-parses its sweep's arguments with the sweep's own parser).
 
-train / finetune / eval / bench read one config: an ml_collections file
-(`--config=configs/tiny.py`) or a preset (`--preset tiny`, short for the packaged preset file);
-any field can be overridden with `--config.train.steps=100`, `--config.model.arch=prefix_lm`, ...
-In `sweep`, `--preset` names the experiment's preset (tiny, small, paper, demo) and
-`--config.F=V` overrides apply to every grid point.
+train / finetune / eval / bench read one config: a preset (`--preset tiny`, the default) or an
+ml_collections file (`--config=configs/tiny.py`). sweep / demo / preview read an experiment's
+config under a preset (`presets.sweep_preset`, with the `sweep` section); there the overrides
+apply to every grid point.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-from typing import Callable
+import textwrap
+from pathlib import Path
+from typing import Callable, NamedTuple
 
 import ml_collections
-from absl import app, flags, logging
-from ml_collections import config_flags
+from absl import logging
 
 from t5x_lite import host_memory, presets
-from t5x_lite.config import ConfigError
-
-_PRESETS_FILE = os.path.abspath(presets.__file__)
-
-FLAGS = flags.FLAGS
-# No default file: config_flags defines the `--config.*` override flags when it loads a file,
-# and a default loaded at start-up would collide with the one named on the command line.
-config_flags.DEFINE_config_file(
-    "config", None, "ml_collections config file (path.py or path.py:ARG); default: the tiny preset.",
-    lock_config=True,
-)
-flags.DEFINE_string("preset", None, f"Preset name ({', '.join(presets.PRESETS)}); replaces --config.")
-flags.DEFINE_string("workdir", None, "Directory for metrics.jsonl, checkpoints and TensorBoard events.")
-flags.DEFINE_integer("steps", None, "Train up to this many steps (default: config.train.steps).")
-flags.DEFINE_bool("restart", False, "Discard the checkpoints in --workdir and start from step 0.")
-flags.DEFINE_string("init_from", None, "finetune: the pre-training workdir whose parameters start the run.")
-flags.DEFINE_string("checkpoint", None, "eval: a train or finetune workdir (or its checkpoints/).")
-flags.DEFINE_list("tasks", None, "finetune / eval: task names, comma-separated (default: "
-                  "config.finetune.tasks).")
-flags.DEFINE_string("split", "validation", "eval: the split to score.")
-flags.DEFINE_bool("json", False, "bench: print one JSON object instead of a table.")
-flags.DEFINE_bool("compare_torch", False, "bench: also time the PyTorch (transformers) T5 step.")
-flags.DEFINE_bool("pipeline", False, "bench: also time the input pipeline on the configured corpus.")
-flags.DEFINE_bool("decode", False, "bench: time cached greedy decoding against re-computation.")
-flags.DEFINE_integer("bench_steps", 10, "bench: timed steps (the median is reported).")
+from t5x_lite.config import (OVERRIDES_HELP, ConfigError, apply_overrides, load_config_file,
+                             parse_overrides, split_overrides)
+from t5x_lite.results import RESULTS_FILE, ResultsError
 
 
-def _expand_preset(argv: list[str]) -> list[str]:
-    """`--preset NAME` -> `--config=<packaged presets.py>:NAME`, so overrides still apply."""
-    out, i = [], 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg == "--preset" and i + 1 < len(argv):
-            name, i = argv[i + 1], i + 2
-        elif arg.startswith("--preset="):
-            name, i = arg.split("=", 1)[1], i + 1
-        else:
-            out.append(arg)
-            i += 1
-            continue
-        if name not in presets.PRESETS:
-            raise SystemExit(f"--preset={name!r} does not exist; choose one of {', '.join(presets.PRESETS)}")
-        out.append(f"--config={_PRESETS_FILE}:{name}")
-    return out
+class Command(NamedTuple):
+    summary: str  # the line `t5x-lite --help` shows, and the start of the command's --help
+    example: str  # shown at the end of the command's --help
+    run: Callable[[list[str]], None]  # called with the arguments after the command's name
 
 
-def _config() -> ml_collections.ConfigDict:
-    """The config named by --config / --preset, else the tiny preset."""
-    return presets.tiny() if FLAGS.config is None else FLAGS.config
+# ---------------------------------------------------------------------------------------------
+# Parsers: one per command, sharing the help layout and the override handling
 
 
-def _require_workdir(command: str, what: str) -> str:
-    if not FLAGS.workdir:
-        raise SystemExit(f"{command} needs --workdir ({what})")
-    return FLAGS.workdir
+def _parser(command: str, sections: ml_collections.ConfigDict | None) -> argparse.ArgumentParser:
+    """The parser of `command`; with `sections` (the config it reads), its help explains the
+    `--config.FIELD=VALUE` overrides and names the config's sections."""
+    epilog = []
+    if sections is not None:
+        epilog += ["config overrides:", textwrap.fill(OVERRIDES_HELP, 96, initial_indent="  ",
+                                                      subsequent_indent="  "),
+                   f"  The config's sections: {', '.join(sections)}.", ""]
+    epilog += ["example:", f"  {COMMANDS[command].example}"]
+    return argparse.ArgumentParser(
+        prog=f"t5x-lite {command}", description=COMMANDS[command].summary,
+        epilog="\n".join(epilog), formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
-def _train() -> None:
+def _parse(parser: argparse.ArgumentParser,
+           argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """`parser`'s arguments, and the `--config.F=V` overrides beside them (in order); any
+    other argument is an error."""
+    overrides, rest = split_overrides(argv)
+    args, unknown = parser.parse_known_args(rest)
+    if unknown:
+        parser.error(f"unrecognised arguments: {' '.join(unknown)} (overrides look like "
+                     "--config.train.steps=100)")
+    return args, overrides
+
+
+def _config_parser(command: str) -> argparse.ArgumentParser:
+    """train / finetune / eval / bench: the config source flags."""
+    parser = _parser(command, presets.tiny())
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--preset", help=f"one of {', '.join(presets.PRESETS)} (default: tiny)")
+    source.add_argument("--config", metavar="FILE.py[:ARG]",
+                        help="an ml_collections config file; its get_config(ARG) is the config")
+    return parser
+
+
+def _config(args: argparse.Namespace, overrides: list[str]) -> ml_collections.ConfigDict:
+    """The config named by --config / --preset (default: the tiny preset), overridden."""
+    config = (load_config_file(args.config) if args.config
+              else presets.get_preset(args.preset or "tiny"))
+    apply_overrides(config, parse_overrides(config, overrides))
+    return config
+
+
+def _comma_list(text: str) -> list[str]:
+    return [item for item in text.split(",") if item]
+
+
+# ---------------------------------------------------------------------------------------------
+# train / finetune / eval / bench: one config
+
+
+def _train(argv: list[str]) -> None:
     from t5x_lite.train import initialize_distributed, train
 
+    parser = _config_parser("train")
+    parser.add_argument("--workdir", required=True,
+                        help="where metrics.jsonl, checkpoints and TensorBoard events go; "
+                        "re-running resumes from its checkpoints")
+    parser.add_argument("--steps", type=int, help="train up to this many steps (default: "
+                        "config.train.steps)")
+    parser.add_argument("--restart", action="store_true",
+                        help="discard the checkpoints in --workdir and start from step 0")
+    args, overrides = _parse(parser, argv)
+    config = _config(args, overrides)
     # Joins a multi-host run when the JAX_* / SLURM / TPU VM environment describes one.
     initialize_distributed()
-    workdir = _require_workdir("train", "where metrics.jsonl and checkpoints go")
-    summary = train(_config(), workdir, steps=FLAGS.steps, restart=FLAGS.restart)
+    summary = train(config, args.workdir, steps=args.steps, restart=args.restart)
     print(json.dumps(summary, indent=2))
 
 
-def _finetune() -> None:
+def _finetune(argv: list[str]) -> None:
     from t5x_lite.evaluation import finetune
     from t5x_lite.train import initialize_distributed
 
+    parser = _config_parser("finetune")
+    parser.add_argument("--workdir", required=True, help="where eval.jsonl and checkpoints go")
+    parser.add_argument("--init_from", help="the pre-training workdir whose parameters start "
+                        "the run (default: random parameters)")
+    parser.add_argument("--tasks", type=_comma_list, help="task names, comma-separated "
+                        "(default: config.finetune.tasks)")
+    parser.add_argument("--restart", action="store_true",
+                        help="discard the checkpoints in --workdir and start from step 0")
+    args, overrides = _parse(parser, argv)
+    config = _config(args, overrides)
+    if args.tasks:
+        config.finetune.tasks = tuple(args.tasks)
     initialize_distributed()
-    workdir = _require_workdir("finetune", "where eval.jsonl and checkpoints go")
-    if FLAGS.init_from is None:
+    if args.init_from is None:
         print("finetune: no --init_from given, so fine-tuning starts from random parameters.",
               file=sys.stderr)
-    config = _config()
-    if FLAGS.tasks:  # config_flags makes no override flag for a tuple that starts empty
-        config.finetune.tasks = tuple(FLAGS.tasks)
-    summary = finetune(config, workdir, init_from=FLAGS.init_from, restart=FLAGS.restart)
+    summary = finetune(config, args.workdir, init_from=args.init_from, restart=args.restart)
     print(json.dumps(summary, indent=2))
 
 
-def _eval() -> None:
+def _eval(argv: list[str]) -> None:
     from t5x_lite.evaluation import evaluate
 
-    config = _config()
-    if not FLAGS.checkpoint:
-        raise SystemExit("eval needs --checkpoint (a train or finetune workdir)")
-    tasks = FLAGS.tasks or list(config.finetune.tasks)
+    parser = _config_parser("eval")
+    parser.add_argument("--checkpoint", required=True,
+                        help="a train or finetune workdir (or its checkpoints/)")
+    parser.add_argument("--tasks", type=_comma_list, help="task names, comma-separated "
+                        "(default: config.finetune.tasks)")
+    parser.add_argument("--split", default="validation", help="the split to score")
+    args, overrides = _parse(parser, argv)
+    config = _config(args, overrides)
+    tasks = args.tasks or list(config.finetune.tasks)
     if not tasks:
-        raise SystemExit("eval needs --tasks (or config.finetune.tasks)")
-    print(json.dumps(evaluate(config, FLAGS.checkpoint, tasks, FLAGS.split), indent=2))
+        parser.error("--tasks is needed (config.finetune.tasks is empty)")
+    print(json.dumps(evaluate(config, args.checkpoint, tasks, args.split), indent=2))
 
 
-def _bench() -> None:
+def _bench(argv: list[str]) -> None:
     from t5x_lite import bench
 
-    config = _config()
-    if FLAGS.decode:
+    parser = _config_parser("bench")
+    parser.add_argument("--json", action="store_true", help="print one JSON object, not a table")
+    parser.add_argument("--compare_torch", action="store_true",
+                        help="also time the PyTorch (transformers) T5 step")
+    parser.add_argument("--pipeline", action="store_true",
+                        help="also time the input pipeline on the configured corpus")
+    parser.add_argument("--decode", action="store_true",
+                        help="time cached greedy decoding against re-computation instead")
+    parser.add_argument("--bench_steps", type=int, default=10,
+                        help="timed steps; the median is reported (default: 10)")
+    args, overrides = _parse(parser, argv)
+    config = _config(args, overrides)
+    if args.decode:
         result = bench.decode_benchmark(config)
     else:
-        result = bench.run_benchmarks(config, steps=FLAGS.bench_steps,
-                                      compare_torch=FLAGS.compare_torch, pipeline=FLAGS.pipeline)
-    if FLAGS.json:
+        result = bench.run_benchmarks(config, steps=args.bench_steps,
+                                      compare_torch=args.compare_torch, pipeline=args.pipeline)
+    if args.json:
         print(json.dumps(result))
         return
     for key, value in result.items():
@@ -152,43 +180,39 @@ def _bench() -> None:
             print(f"{key:>28}: {value}")
 
 
-# Commands whose flags are one config tree (absl + config_flags).
-CONFIG_COMMANDS: dict[str, Callable[[], None]] = {
-    "train": _train, "finetune": _finetune, "eval": _eval, "bench": _bench,
-}
+# ---------------------------------------------------------------------------------------------
+# sweep / report / demo / preview: experiments
 
 
-def _parse_with_overrides(parser: argparse.ArgumentParser,
-                          argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    """`parser`'s arguments, and the `--config.F=V` overrides (for every grid point) beside
-    them; any other argument is an error."""
-    args, rest = parser.parse_known_args(argv)
-    overrides = [arg for arg in rest if arg.startswith("--config.")]
-    unknown = [arg for arg in rest if arg not in overrides]
-    if unknown:
-        parser.error(f"unrecognised arguments: {' '.join(unknown)} (overrides look like "
-                     "--config.train.steps=100)")
-    return args, overrides
+def _sweep_parser() -> argparse.ArgumentParser:
+    """`t5x-lite sweep`'s parser (also what `launch` checks its sweep's arguments with)."""
+    from t5x_lite import launchers, sweep
+
+    parser = _parser("sweep", presets.sweep_preset("tiny"))
+    parser.add_argument("experiment", help=f"one of {', '.join(sweep.experiment_names())} "
+                        "or a path to an experiment file")
+    parser.add_argument("--preset", default="tiny",
+                        help=f"{', '.join(presets.PRESETS)} (default: tiny)")
+    parser.add_argument("--workdir", required=True, help=f"where {RESULTS_FILE} and the runs "
+                        "go; re-running resumes the sweep")
+    parser.add_argument("--launcher", default="local", choices=launchers.LAUNCHERS,
+                        help="where the grid points run (default: local, one after another)")
+    parser.add_argument("--workers", type=int, default=1, help="--launcher parallel: processes")
+    parser.add_argument("--address", help="--launcher ray: the cluster's HOST:PORT")
+    parser.add_argument("--accelerator", default="cpu", choices=launchers.ACCELERATORS,
+                        help="--launcher ray: what each grid point asks for")
+    parser.add_argument(launchers.POINT_INDEX_FLAG, type=int,
+                        help="run only this grid point (job arrays)")
+    parser.add_argument("--vmap", type=int, default=1, help="pre-train up to K compatible grid "
+                        "points together in one vmapped step (fills an accelerator)")
+    return parser
 
 
 def _sweep(argv: list[str]) -> None:
     from t5x_lite import launchers, sweep
     from t5x_lite.train import initialize_distributed
 
-    parser = argparse.ArgumentParser(prog="t5x-lite sweep")
-    parser.add_argument("experiment", help=f"one of {', '.join(sweep.experiment_names())} "
-                        "or a path to an experiment file")
-    parser.add_argument("--preset", default="tiny", help=", ".join(presets.PRESETS))
-    parser.add_argument("--workdir", required=True, help="where results.jsonl and the runs go")
-    parser.add_argument("--launcher", default="local", choices=launchers.LAUNCHERS)
-    parser.add_argument("--workers", type=int, default=1, help="--launcher parallel: processes")
-    parser.add_argument("--address", help="--launcher ray: the cluster's HOST:PORT")
-    parser.add_argument("--accelerator", default="cpu", choices=("cpu", "gpu", "tpu"),
-                        help="--launcher ray: what each grid point asks for")
-    parser.add_argument("--point_index", type=int, help="run only this grid point (job arrays)")
-    parser.add_argument("--vmap", type=int, default=1, help="pre-train up to K compatible grid "
-                        "points together in one vmapped step (fills an accelerator)")
-    args, overrides = _parse_with_overrides(parser, argv)
+    args, overrides = _parse(_sweep_parser(), argv)
     initialize_distributed()  # a TPU pod's hosts / a SLURM task's processes join one run
     launcher = launchers.make_launcher(args.launcher, workers=args.workers,
                                        address=args.address, accelerator=args.accelerator)
@@ -205,8 +229,8 @@ def _print_report(workdir: str, out_dir: str | None) -> None:
 
 
 def _report(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="t5x-lite report")
-    parser.add_argument("workdir", help="a sweep's workdir (holding results.jsonl)")
+    parser = _parser("report", None)
+    parser.add_argument("workdir", help=f"a sweep's workdir (holding {RESULTS_FILE})")
     parser.add_argument("--out", help="where the tables and plots go (default: WORKDIR/report)")
     args = parser.parse_args(argv)
     try:
@@ -218,29 +242,29 @@ def _report(argv: list[str]) -> None:
 def _demo(argv: list[str]) -> None:
     from t5x_lite import sweep
 
-    parser = argparse.ArgumentParser(prog="t5x-lite demo", description="Table 2 of the T5 paper "
-                                     "with a small model on the built-in corpus and tasks.")
-    parser.add_argument("--workdir", default="t5x_lite_demo", help="re-running resumes it")
-    args, overrides = _parse_with_overrides(parser, argv)
+    parser = _parser("demo", presets.sweep_preset("demo"))
+    parser.add_argument("--workdir", default="t5x_lite_demo",
+                        help="where the sweep goes (default: t5x_lite_demo); re-running resumes")
+    args, overrides = _parse(parser, argv)
     print(sweep.run_demo(args.workdir, overrides=overrides))
 
 
 def _preview(argv: list[str]) -> None:
     from t5x_lite import preview, sweep
 
-    parser = argparse.ArgumentParser(
-        prog="t5x-lite preview", description="What a pre-training objective makes of the "
-        "corpus: the first examples a run corrupts, exactly as its train steps do from step 0.")
+    parser = _parser("preview", presets.sweep_preset("tiny"))
     parser.add_argument("experiment", nargs="?", help="one of "
                         f"{', '.join(sweep.experiment_names())} or a path to an experiment file; "
                         "omit it for a plain config")
-    parser.add_argument("--point", help="the grid point's id, as in results.jsonl (e.g. rate_50)")
-    parser.add_argument("--preset", default="tiny", help=", ".join(presets.PRESETS))
+    parser.add_argument("--point", help=f"the grid point's id, as in {RESULTS_FILE} "
+                        "(e.g. rate_50)")
+    parser.add_argument("--preset", default="tiny",
+                        help=f"{', '.join(presets.PRESETS)} (default: tiny)")
     parser.add_argument("--seed", type=int, default=0, help="the run's train.seed")
     parser.add_argument("--examples", type=int, default=3, help="how many (past the batch "
                         "size they come from the following steps' batches)")
     parser.add_argument("--json", action="store_true", help="one JSON object per example")
-    args, overrides = _parse_with_overrides(parser, argv)
+    args, overrides = _parse(parser, argv)
     run = preview.previewed_run(args.experiment, args.point, args.preset, args.seed, overrides)
     examples = preview.corrupted_examples(run, args.examples)
     if args.json:
@@ -250,39 +274,148 @@ def _preview(argv: list[str]) -> None:
         print(preview.format_text(run, examples))
 
 
+# ---------------------------------------------------------------------------------------------
+# launch: TPU pods and SLURM clusters
+
+
+def _count_points(sweep_args: list[str]) -> int:
+    """The number of runs (grid rows x seeds) of `t5x-lite sweep SWEEP_ARGS`, read with the
+    sweep's own parser, for the SLURM array."""
+    from t5x_lite import sweep
+
+    args, overrides = _parse(_sweep_parser(), sweep_args)
+    return len(sweep.expand(args.experiment, args.preset, overrides))
+
+
 def _launch(argv: list[str]) -> None:
+    """Print (default) or submit the commands or the sbatch script that run `t5x-lite sweep
+    SWEEP_ARGS` on a TPU pod or SLURM cluster."""
     from t5x_lite import launchers
 
-    launchers.main(argv)
+    sweep_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    parser = _parser("launch", None)
+    parser.usage = "t5x-lite launch {tpu,slurm} [flags] -- SWEEP_ARGS"
+    parser.epilog = ("SWEEP_ARGS: the arguments of `t5x-lite sweep`, checked with its parser.\n"
+                     "`t5x-lite launch tpu --help` (or slurm --help): that target's flags.\n\n"
+                     f"{parser.epilog}")
+    targets = parser.add_subparsers(dest="target", required=True, metavar="{tpu,slurm}",
+                                    prog="t5x-lite launch")
+    tpu = targets.add_parser("tpu", help="gcloud commands for every host of a TPU pod slice",
+                             description="Print the gcloud commands that install this "
+                             "repository on every host of a TPU pod slice and start the sweep "
+                             "there (--submit runs them).")
+    tpu.add_argument("--tpu", help="TPU VM name")
+    tpu.add_argument("--zone", help="its zone, e.g. us-central2-b")
+    tpu.add_argument("--project", help="Google Cloud project (default: gcloud's)")
+    tpu.add_argument("--repo", help="git URL of this repository, cloned on every host")
+    slurm = targets.add_parser("slurm", help="an sbatch job-array script",
+                               description="Print an sbatch script: a job array with one task "
+                               "per grid point (--submit writes and submits it).")
+    slurm.add_argument("--partition", help="the SLURM partition (`sinfo -s` lists them)")
+    slurm.add_argument("--nodes", type=int, default=1, help="nodes per grid point (default: 1)")
+    slurm.add_argument("--gpus_per_node", type=int, default=1, help="default: 1")
+    slurm.add_argument("--time", default="24:00:00", help="time limit per grid point")
+    slurm.add_argument("--account", help="the account to charge")
+    slurm.add_argument("--setup", action="append", default=[], help="a shell line run first "
+                       "(repeatable): module loads, activating a virtualenv")
+    slurm.add_argument("--script", default="t5x_lite_sweep.sbatch",
+                       help="where --submit writes the script")
+    for name, target, example in (("tpu", tpu, COMMANDS["launch"].example),
+                                  ("slurm", slurm, _SLURM_EXAMPLE)):
+        target.add_argument("--submit", action="store_true", help="run/submit, not only print")
+        target.usage = f"t5x-lite launch {name} [flags] -- SWEEP_ARGS"
+        target.epilog = (f"SWEEP_ARGS: the arguments of `t5x-lite sweep`, checked with its "
+                         f"parser.\n\nexample:\n  {example}")
+        target.formatter_class = argparse.RawDescriptionHelpFormatter
+    args = parser.parse_args(argv)
+    if not sweep_args:
+        parser.error("give the sweep's arguments after '--', e.g. -- table2 --preset tiny "
+                     "--workdir runs/table2")
+    try:  # bad input (ValueError, ConfigError) is a usage error: message, no traceback
+        if args.target == "tpu":
+            commands = launchers.tpu_commands(sweep_args, tpu=args.tpu, zone=args.zone,
+                                              repo=args.repo, project=args.project)
+            _parse(_sweep_parser(), sweep_args)  # a bad sweep argument fails here, not on a host
+            launchers.run_commands(commands, dry_run=not args.submit)
+            return
+        launchers.require_partition(args.partition)  # before counting the grid (builds configs)
+        script = launchers.slurm_script(
+            sweep_args, num_points=_count_points(sweep_args), partition=args.partition,
+            nodes=args.nodes, gpus_per_node=args.gpus_per_node, time=args.time,
+            account=args.account, setup=args.setup,
+        )
+    except ValueError as error:
+        parser.error(str(error))
+    if not args.submit:
+        print(script, end="")
+        return
+    launchers.require_program("sbatch")
+    Path(args.script).write_text(script)
+    launchers.run_commands([["sbatch", args.script]], dry_run=False)
 
 
-# Commands with their own argument parsers (positional arguments, per-point overrides).
-PLAIN_COMMANDS: dict[str, Callable[[list[str]], None]] = {
-    "sweep": _sweep, "report": _report, "demo": _demo, "launch": _launch, "preview": _preview,
+# ---------------------------------------------------------------------------------------------
+# The commands
+
+_SLURM_EXAMPLE = ("t5x-lite launch slurm --partition gpu --nodes 2 --gpus_per_node 4 -- table2 "
+                  "--preset small --workdir /scratch/table2")
+COMMANDS: dict[str, Command] = {
+    "train": Command("Pre-train one config.", "t5x-lite train --preset tiny --workdir runs/tiny "
+                     "--config.train.steps=1000", _train),
+    "finetune": Command(
+        "Fine-tune a pre-trained run on downstream tasks and validate it.",
+        "t5x-lite finetune --preset tiny --init_from runs/tiny --workdir runs/tiny_ft "
+        "--tasks builtin_reverse", _finetune),
+    "eval": Command("Score a checkpoint on tasks.",
+                    "t5x-lite eval --preset tiny --checkpoint runs/tiny_ft "
+                    "--tasks builtin_reverse,builtin_module", _eval),
+    "sweep": Command(
+        "Run a paper table's grid: pre-train, fine-tune, evaluate; then its report.", "t5x-lite sweep table2 --preset tiny --workdir runs/table2 "
+        "--config.train.steps=100", _sweep),
+    "report": Command("A sweep's table beside the paper's numbers, its findings and plots.",
+                      "t5x-lite report runs/table2 --out runs/table2/report", _report),
+    "launch": Command(
+        "A sweep on a TPU pod (gcloud commands) or a SLURM cluster (sbatch script).", "t5x-lite launch tpu --tpu my-v4-32 --zone us-central2-b "
+        "--repo https://github.com/ORG/t5x_lite -- table2 --preset paper --workdir runs/table2",
+        _launch),
+    "bench": Command("Time the train step (or decoding) of a config.",
+                     "t5x-lite bench --preset tiny --json --compare_torch", _bench),
+    "demo": Command("Table 2 with a small model on the built-in corpus and tasks, then its "
+                    "report.", "t5x-lite demo --workdir t5x_lite_demo", _demo),
+    "preview": Command(
+        "What an objective makes of real text, as the train step corrupts it.",
+        "t5x-lite preview table6 --point rate_50 --preset demo --examples 2", _preview),
 }
+
+
+def usage() -> str:
+    """`t5x-lite --help`: the commands, one line each."""
+    width = max(map(len, COMMANDS))
+    lines = ["usage: t5x-lite COMMAND [flags]", "", "Commands:"]
+    lines += [f"  {name:<{width}}  {command.summary}" for name, command in COMMANDS.items()]
+    lines += ["", "`t5x-lite COMMAND --help` prints a command's flags and an example. The",
+              "commands that read a config take --config.FIELD=VALUE overrides, e.g.",
+              "--config.train.steps=100. Launching on clusters: launch/README.md."]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv if argv is None else argv)
-    if len(argv) < 2 or argv[1] not in {**CONFIG_COMMANDS, **PLAIN_COMMANDS}:
-        print(__doc__)
+    if len(argv) < 2 or argv[1] not in COMMANDS:
+        print(usage())
         raise SystemExit(0 if len(argv) >= 2 and argv[1] in ("-h", "--help") else 2)
     command = argv.pop(1)
     host_memory.retain_if_requested()  # before JAX starts its threads (see the module)
     # orbax and TFDS log every save and build step (and TFDS each custom config) through absl;
     # our own warnings go through `warnings` and still show.
     logging.set_verbosity(logging.ERROR)
-
-    def run(body: Callable[[], None]) -> None:
-        try:
-            body()
-        except ConfigError as error:  # a bad setting: the message names it; no traceback needed
-            raise SystemExit(f"t5x-lite {command}: invalid config: {error}") from None
-
-    if command in PLAIN_COMMANDS:
-        run(lambda: PLAIN_COMMANDS[command](argv[1:]))
-        return
-    app.run(lambda _: run(CONFIG_COMMANDS[command]), argv=_expand_preset(argv))
+    try:
+        COMMANDS[command].run(argv[1:])
+    except ConfigError as error:  # a bad setting: the message names it; no traceback needed
+        raise SystemExit(f"t5x-lite {command}: invalid config: {error}") from None
+    except ResultsError as error:  # a damaged results.jsonl: the message names the line
+        raise SystemExit(f"t5x-lite {command}: {error}") from None
 
 
 if __name__ == "__main__":

@@ -10,6 +10,10 @@ array is built, with a `ConfigError` that names the field and the allowed values
 from __future__ import annotations
 
 import ast
+import importlib.util
+import os
+import sys
+from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import ml_collections
@@ -350,3 +354,20 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Mapping[str, A
             parent[name] = value
         except TypeError as error:
             raise ConfigError(f"override {field}={value!r}: {error}") from None
+
+
+def load_config_file(spec: str) -> ml_collections.ConfigDict:
+    """The config of an ml_collections config file, `path.py` or `path.py:ARG`: the file's
+    `get_config()`, or `get_config(ARG)` (as `config_flags.DEFINE_config_file` reads it)."""
+    path, _, arg = spec.partition(":")
+    if not os.path.isfile(path):
+        raise ConfigError(f"--config={spec!r}: {path!r} is not a file; give an ml_collections "
+                          "config file (e.g. configs/tiny.py) or use --preset")
+    module_spec = importlib.util.spec_from_file_location(
+        f"t5x_lite_config_{Path(path).stem}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_spec.name] = module  # before running it: dataclasses look themselves up
+    module_spec.loader.exec_module(module)
+    if not callable(getattr(module, "get_config", None)):
+        raise ConfigError(f"--config={spec!r}: {path} defines no get_config()")
+    return module.get_config(arg) if arg else module.get_config()

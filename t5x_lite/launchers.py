@@ -14,12 +14,13 @@ runtime (`jax.distributed` + XLA SPMD); a sweep's points are spread by something
 
 A launcher only moves points and records: `sweep.run_sweep` calls `launcher.map(run_point,
 points, workdir)` and stays the one writer of results.jsonl, appending records as they arrive.
-`main(argv)` is the command line of the TPU and SLURM generators (`python -m t5x_lite.launchers`).
+The dependency goes one way: sweep imports this module, this module knows a grid point only
+as a `Point` (its config). `t5x-lite launch` (`cli.py`) is the command line of the TPU and
+SLURM generators.
 """
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import importlib.util
 import math
@@ -29,16 +30,21 @@ import shlex
 import shutil
 import socket
 import subprocess
-import sys
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
+
+import ml_collections
 
 from t5x_lite import host_memory
 
-if TYPE_CHECKING:  # sweep imports this module; the type is only needed for annotations
-    from t5x_lite.sweep import GridPoint
 
-PointFn = Callable[["GridPoint", str], list[dict]]
+class Point(Protocol):
+    """What a launcher reads of a grid point (`sweep.GridPoint` is one): its config, for the
+    devices the point asks for."""
+
+    config: ml_collections.ConfigDict
+
+
+PointFn = Callable[[Point, str], list[dict]]
 LAUNCHERS = ("local", "parallel", "ray")
 ACCELERATORS = ("cpu", "gpu", "tpu")
 # The flag that makes `t5x-lite sweep` run only the grid point with this index (SLURM arrays).
@@ -49,7 +55,7 @@ class Launcher(Protocol):
     """Runs `fn(point, workdir)` for every point and yields each point's records as it finishes
     (in completion order, not necessarily the order of `points`)."""
 
-    def map(self, fn: PointFn, points: Sequence[GridPoint], workdir: str) -> Iterator[list[dict]]:
+    def map(self, fn: PointFn, points: Sequence[Point], workdir: str) -> Iterator[list[dict]]:
         ...
 
 
@@ -60,7 +66,7 @@ class Launcher(Protocol):
 class LocalLauncher:
     """The points one after another in this process (the default)."""
 
-    def map(self, fn: PointFn, points: Sequence[GridPoint], workdir: str) -> Iterator[list[dict]]:
+    def map(self, fn: PointFn, points: Sequence[Point], workdir: str) -> Iterator[list[dict]]:
         for point in points:
             yield fn(point, workdir)
 
@@ -130,7 +136,7 @@ class LocalParallelLauncher:
             os.environ.get("XLA_FLAGS", ""),
         )
 
-    def map(self, fn: PointFn, points: Sequence[GridPoint], workdir: str) -> Iterator[list[dict]]:
+    def map(self, fn: PointFn, points: Sequence[Point], workdir: str) -> Iterator[list[dict]]:
         # spawn, not fork: a forked child would inherit this process's JAX runtime and threads.
         context = multiprocessing.get_context("spawn")
         slots = context.Queue()
@@ -158,7 +164,7 @@ def _require_accelerator(accelerator: str) -> None:
 
 
 def resource_request(
-    point: GridPoint, accelerator: str = "cpu", devices_per_point: int = 1, num_cpus: float = 1
+    point: Point, accelerator: str = "cpu", devices_per_point: int = 1, num_cpus: float = 1
 ) -> dict[str, Any]:
     """The Ray resources one grid point asks for: as many accelerators as its mesh has devices
     (`config.mesh.shape` when it holds no -1, else `devices_per_point`), plus `num_cpus`."""
@@ -214,7 +220,7 @@ class RayLauncher:
             accelerator=accelerator, devices_per_point=devices_per_point, num_cpus=num_cpus
         )
 
-    def map(self, fn: PointFn, points: Sequence[GridPoint], workdir: str) -> Iterator[list[dict]]:
+    def map(self, fn: PointFn, points: Sequence[Point], workdir: str) -> Iterator[list[dict]]:
         import ray
 
         # A session the caller opened (e.g. in a notebook) is used as it is and left open.
@@ -357,67 +363,3 @@ def run_commands(commands: Sequence[Sequence[str]], *, dry_run: bool = True) -> 
         print(shell_join(command), flush=True)
         if not dry_run:
             subprocess.run(command, check=True)
-
-
-def _count_points(sweep_args: Sequence[str]) -> int:
-    """The number of runs of `t5x-lite sweep EXPERIMENT --preset P [--config.F=V ...]` (grid
-    rows x seeds), for the SLURM array."""
-    from t5x_lite import sweep
-
-    _require_sweep_args(sweep_args)
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("experiment")
-    parser.add_argument("--preset", default="tiny")
-    known, rest = parser.parse_known_args(sweep_args)
-    overrides = [arg for arg in rest if arg.startswith("--config.")]
-    return len(sweep.expand(known.experiment, known.preset, overrides))
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """`t5x-lite launch tpu|slurm [flags] -- SWEEP_ARGS`: print (default) or submit the commands
-    or the sbatch script that run `t5x-lite sweep SWEEP_ARGS` on a TPU pod or SLURM cluster."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    sweep_args = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[: argv.index("--")] if "--" in argv else argv
-    parser = argparse.ArgumentParser(prog="t5x-lite launch", description=main.__doc__)
-    targets = parser.add_subparsers(dest="target", required=True)
-    tpu = targets.add_parser("tpu", help="gcloud commands for every host of a TPU pod slice")
-    tpu.add_argument("--tpu", help="TPU VM name")
-    tpu.add_argument("--zone", help="its zone, e.g. us-central2-b")
-    tpu.add_argument("--project", help="Google Cloud project (default: gcloud's)")
-    tpu.add_argument("--repo", help="git URL of this repository, cloned on every host")
-    slurm = targets.add_parser("slurm", help="an sbatch job-array script")
-    slurm.add_argument("--partition")
-    slurm.add_argument("--nodes", type=int, default=1)
-    slurm.add_argument("--gpus_per_node", type=int, default=1)
-    slurm.add_argument("--time", default="24:00:00")
-    slurm.add_argument("--account")
-    slurm.add_argument("--setup", action="append", default=[], help="a shell line run first")
-    slurm.add_argument("--script", default="t5x_lite_sweep.sbatch", help="where to write it")
-    for target in (tpu, slurm):
-        target.add_argument("--submit", action="store_true", help="run/submit, not only print")
-    args = parser.parse_args(argv)
-    try:  # bad input (ValueError, ConfigError) is a usage error: message, no traceback
-        if args.target == "tpu":
-            commands = tpu_commands(sweep_args, tpu=args.tpu, zone=args.zone, repo=args.repo,
-                                    project=args.project)
-            run_commands(commands, dry_run=not args.submit)
-            return
-        require_partition(args.partition)  # before counting the grid, which builds configs
-        script = slurm_script(
-            sweep_args, num_points=_count_points(sweep_args), partition=args.partition,
-            nodes=args.nodes, gpus_per_node=args.gpus_per_node, time=args.time,
-            account=args.account, setup=args.setup,
-        )
-    except ValueError as error:
-        parser.error(str(error))
-    if not args.submit:
-        print(script, end="")
-        return
-    require_program("sbatch")
-    Path(args.script).write_text(script)
-    run_commands([["sbatch", args.script]], dry_run=False)
-
-
-if __name__ == "__main__":
-    main()

@@ -11,17 +11,23 @@ import pytest
 from t5x_lite import cli, presets
 
 
-def test_preset_flag_expands_to_the_packaged_config_file():
-    argv = cli._expand_preset(["t5x-lite", "--preset", "tiny", "--config.train.steps=3", "--preset=demo"])
-    assert argv == [
-        "t5x-lite", f"--config={os.path.abspath(presets.__file__)}:tiny", "--config.train.steps=3",
-        f"--config={os.path.abspath(presets.__file__)}:demo",
-    ]
+def test_a_preset_or_a_config_file_with_overrides(tmp_path):
+    args, overrides = cli._parse(cli._config_parser("train"),
+                                 ["--preset", "demo", "--config.train.steps=3"])
+    config = cli._config(args, overrides)
+    assert config.train.steps == 3 and config.model.d_model == presets.demo().model.d_model
+    args, overrides = cli._parse(cli._config_parser("train"), [
+        f"--config={os.path.abspath(presets.__file__)}:small", "--config.train.learning_rate=1"])
+    config = cli._config(args, overrides)
+    assert config.train.learning_rate == 1.0
+    assert config.model.d_model == presets.small().model.d_model
+    args, overrides = cli._parse(cli._config_parser("bench"), [])
+    assert cli._config(args, overrides).to_dict() == presets.tiny().to_dict()  # the default
 
 
 def test_unknown_preset_names_the_choices():
-    with pytest.raises(SystemExit, match="--preset='huge' does not exist; choose one of tiny, small"):
-        cli._expand_preset(["t5x-lite", "--preset", "huge"])
+    with pytest.raises(SystemExit, match="preset='huge' does not exist; choose one of tiny, small"):
+        cli.main(["t5x-lite", "train", "--preset", "huge", "--workdir=w"])
 
 
 def test_unknown_command_prints_usage_and_exits_2(capsys):
@@ -29,6 +35,73 @@ def test_unknown_command_prints_usage_and_exits_2(capsys):
         cli.main(["t5x-lite", "fly"])
     assert exit_info.value.code == 2
     assert "Commands:" in capsys.readouterr().out
+
+
+def test_help_lists_every_command_in_one_line_each(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["t5x-lite", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for name, command in cli.COMMANDS.items():
+        assert re.search(rf"^  {name} +{re.escape(command.summary)}$", out, re.M), name
+
+
+# Flags each command's --help must show (beside -h and an example).
+COMMAND_FLAGS = {
+    "train": ["--preset", "--config", "--workdir", "--steps", "--restart"],
+    "finetune": ["--preset", "--config", "--workdir", "--init_from", "--tasks", "--restart"],
+    "eval": ["--preset", "--config", "--checkpoint", "--tasks", "--split"],
+    "bench": ["--preset", "--config", "--json", "--compare_torch", "--pipeline", "--decode",
+              "--bench_steps"],
+    "sweep": ["experiment", "--preset", "--workdir", "--launcher", "--workers", "--address",
+              "--accelerator", "--point_index", "--vmap"],
+    "report": ["workdir", "--out"],
+    "demo": ["--workdir"],
+    "preview": ["experiment", "--point", "--preset", "--seed", "--examples", "--json"],
+    "launch": ["tpu", "slurm"],
+}
+
+
+def test_every_command_names_its_flags_and_an_example_in_its_help(capsys):
+    assert COMMAND_FLAGS.keys() == cli.COMMANDS.keys()
+    for name, flags in COMMAND_FLAGS.items():
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(["t5x-lite", name, "--help"])
+        assert exit_info.value.code == 0, name
+        out = capsys.readouterr().out
+        assert out.startswith(f"usage: t5x-lite {name}"), name
+        assert all(flag in out for flag in flags), (name, out)
+        assert f"example:\n  {cli.COMMANDS[name].example}\n" in out, name
+        if name not in ("report", "launch"):  # the commands that read a config
+            assert "--config.FIELD=VALUE" in out, name
+            sections = "model, objective, sweep" if name in ("sweep", "demo", "preview") else \
+                "model, objective, train"
+            assert all(section in out for section in sections.split(", ")), name
+    for target, flags in (("tpu", ["--tpu", "--zone", "--repo", "--submit"]),
+                          ("slurm", ["--partition", "--nodes", "--gpus_per_node", "--submit"])):
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(["t5x-lite", "launch", target, "--help"])
+        out = capsys.readouterr().out
+        assert exit_info.value.code == 0 and all(flag in out for flag in flags), target
+        assert "example:\n  t5x-lite launch " + target in out
+
+
+@pytest.mark.parametrize("command", ["train", "finetune", "eval", "bench", "sweep", "demo",
+                                     "preview"])
+def test_a_bad_override_is_one_line_naming_the_field(command, tmp_path):
+    """Every command reads overrides alike: an unknown field stops it with one line."""
+    args = {"train": [f"--workdir={tmp_path}"], "finetune": [f"--workdir={tmp_path}"],
+            "sweep": ["table2", f"--workdir={tmp_path}"], "preview": ["table6", "--point=rate_50"],
+            "eval": ["--checkpoint=x", "--tasks=builtin_reverse"]}.get(command, [])
+    if command == "demo":  # the demo preset's Table 2, no --preset
+        args = [f"--workdir={tmp_path}"]
+    else:
+        args.append("--preset=demo")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["t5x-lite", command, *args, "--config.train.stepz=3"])
+    message = str(exit_info.value.code)
+    assert message == (f"t5x-lite {command}: invalid config: override train.stepz='3': the "
+                       "config has no field 'train.stepz'")
 
 
 # One grid row of tiny models: the CLI's sweep -> report path in a fresh process, in seconds.

@@ -14,7 +14,7 @@ from pathlib import Path
 import ml_collections
 import pytest
 
-from t5x_lite import launchers
+from t5x_lite import cli, launchers
 
 DATA = Path(__file__).parent / "data"
 REPO = Path(__file__).resolve().parents[1]
@@ -280,7 +280,7 @@ def test_colab_notebook_runs_on_cpu_with_tiny_settings(child_env, tmp_path, monk
 
 
 def test_tpu_dry_run_prints_the_expected_commands(capsys):
-    launchers.main([
+    cli.main(["t5x-lite", "launch",
         "tpu", "--tpu", "t5-pod", "--zone", "us-central2-b", "--project", "my-project",
         "--repo", "https://github.com/ORG/t5x_lite",
         "--", "table2", "--preset", "tiny", "--workdir", "runs/table2",
@@ -316,21 +316,42 @@ def test_slurm_without_a_partition_fails_before_writing_anything(tmp_path, capsy
         launchers.slurm_script(["table2"], num_points=2, partition=None)
     script = tmp_path / "sweep.sbatch"
     with pytest.raises(SystemExit):
-        launchers.main(["slurm", "--submit", "--script", str(script), "--", "table2"])
+        cli.main(["t5x-lite", "launch", "slurm", "--submit", "--script", str(script), "--",
+                  "table2"])
     assert "partition is required for a SLURM launch" in capsys.readouterr().err
     assert not script.exists()
 
 
 def test_launch_command_reports_bad_input_without_a_traceback(capsys):
     with pytest.raises(SystemExit):
-        launchers.main(["tpu", "--zone", "us-central2-b", "--repo", "https://h/t", "--", "table2"])
+        cli.main(["t5x-lite", "launch", "tpu", "--zone", "us-central2-b", "--repo", "https://h/t",
+                  "--", "table2"])
     assert "tpu is required for a TPU pod launch (--tpu)" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        launchers.main(["slurm", "--partition", "gpu", "--", "table9"])
+        cli.main(["t5x-lite", "launch", "slurm", "--partition", "gpu", "--", "table9",
+                  "--workdir", "w"])
     assert "experiment='table9' does not exist" in capsys.readouterr().err
+    # The sweep's arguments are checked with the sweep's own parser before anything starts.
+    with pytest.raises(SystemExit):
+        cli.main(["t5x-lite", "launch", "tpu", "--tpu", "t", "--zone", "z", "--repo", "r", "--",
+                  "table2", "--workdir", "w", "--vmapp=2"])
+    assert "t5x-lite sweep: error: unrecognised arguments: --vmapp=2" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["t5x-lite", "launch", "slurm", "--partition", "gpu"])
+    assert "give the sweep's arguments after '--'" in capsys.readouterr().err
 
 
 def test_slurm_bad_sizes():
     with pytest.raises(ValueError, match="gpus_per_node=0 must be an integer >= 1"):
         launchers.slurm_script(["table2"], num_points=2, partition="gpu", gpus_per_node=0)
 
+
+
+def test_launchers_do_not_import_the_sweep():
+    """The dependency goes one way: sweep imports launchers, never the other way round."""
+    code = ("import sys; import t5x_lite.launchers; "
+            "assert 't5x_lite.sweep' not in sys.modules, 'launchers imported sweep'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO,
+                   env={**os.environ, "PYTHONPATH": str(REPO)})
+    source = (REPO / "t5x_lite" / "launchers.py").read_text()
+    assert "t5x_lite.sweep import" not in source and "import sweep" not in source
