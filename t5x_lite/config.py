@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import ml_collections
-from ml_collections.config_flags import tuple_parser
 
 ARCHS = (
     "encoder_decoder",
@@ -278,8 +277,9 @@ OVERRIDE_PREFIX = "--config."
 OVERRIDES_HELP = (
     "--config.FIELD=VALUE sets one field of the config, e.g. --config.train.steps=100; the "
     "value is read as the field's type: int, float, bool (true/false), str as written, a tuple "
-    "as a Python literal (--config.sweep.seeds='(0, 1)' or 0,1); None sets any field to None. "
-    "An unknown field is an error naming it."
+    "as a Python literal or comma-separated (--config.sweep.seeds='(0, 1)', "
+    "--config.sweep.tasks=builtin_reverse,builtin_module); None sets any field to None. An "
+    "unknown field is an error naming it."
 )
 
 
@@ -313,8 +313,16 @@ def _parse_value(kind: type, value: str) -> Any:
     if kind is str:
         return value
     if kind is tuple:
-        return tuple_parser.TupleParser().parse(value)  # the rules of ml_collections' flags
+        parsed = _literal(value)
+        if isinstance(parsed, str) and "," in value:  # unquoted names: 'a,b' -> ('a', 'b')
+            return tuple(_literal(item.strip()) for item in value.split(","))
+        return tuple(parsed) if isinstance(parsed, (tuple, list)) else (parsed,)
     # A None field without a declared type (or another type): a Python literal, else the text.
+    return _literal(value)
+
+
+def _literal(value: str) -> Any:
+    """`value` as a Python literal (numbers, tuples, quoted strings), else the text itself."""
     try:
         return ast.literal_eval(value)
     except (ValueError, SyntaxError):

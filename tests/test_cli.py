@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from t5x_lite import cli, presets
+from t5x_lite.config import ConfigError, apply_overrides, load_config_file, parse_overrides
 
 
 def test_a_preset_or_a_config_file_with_overrides(tmp_path):
@@ -23,6 +24,47 @@ def test_a_preset_or_a_config_file_with_overrides(tmp_path):
     assert config.model.d_model == presets.small().model.d_model
     args, overrides = cli._parse(cli._config_parser("bench"), [])
     assert cli._config(args, overrides).to_dict() == presets.tiny().to_dict()  # the default
+
+
+def test_overrides_are_read_as_the_type_of_the_field_they_set():
+    """The one override parser every command uses (config.parse_overrides)."""
+    config = presets.sweep_preset("tiny")
+    parsed = parse_overrides(config, [
+        "--config.train.steps=100", "--config.train.learning_rate=1", "--config.sweep.seeds=(0,)",
+        "--config.sweep.tasks=builtin_reverse,builtin_module", "--config.model.arch=prefix_lm",
+        "--config.model.tie_embeddings=false", "--config.data.corpus=1",
+        "--config.objective.targets_length=None", "mesh.shape=(2, 1)",
+        "--config.train.loss_normalizing_factor=3.0",  # None without a type: a Python literal
+    ])
+    assert parsed == {
+        "train.steps": 100, "train.learning_rate": 1.0, "sweep.seeds": (0,),
+        "sweep.tasks": ("builtin_reverse", "builtin_module"), "model.arch": "prefix_lm",
+        "model.tie_embeddings": False, "data.corpus": "1", "objective.targets_length": None,
+        "mesh.shape": (2, 1), "train.loss_normalizing_factor": 3.0}
+    assert type(parsed["train.learning_rate"]) is float
+    apply_overrides(config, parsed)
+    assert config.train.steps == 100 and config.sweep.seeds == (0,)
+    for text, message in [
+        ("--config.train.stepz=3", "override train.stepz='3': the config has no field "
+                                   "'train.stepz'"),
+        ("--config.trai.steps=3", "the config has no field 'trai.steps'"),
+        ("--config.train.steps=3.5", "override train.steps='3.5': invalid literal for int()"),
+        ("--config.model.tie_embeddings=yes", "'yes' is not a bool (true or false)"),
+        ("--config.train=3", "'train' is a config section, not a field (its fields: "),
+        ("--config.train.steps", "override '--config.train.steps' must look like "
+                                 "--config.field.name=value"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            parse_overrides(config, [text])
+
+
+def test_a_config_file_names_what_is_wrong_with_it(tmp_path):
+    (tmp_path / "none.py").write_text("X = 1\n")
+    with pytest.raises(ConfigError, match="none.py defines no get_config"):
+        load_config_file(str(tmp_path / "none.py"))
+    with pytest.raises(ConfigError, match="'missing.py' is not a file"):
+        load_config_file("missing.py:tiny")
+    assert load_config_file("configs/demo.py").to_dict() == presets.demo().to_dict()
 
 
 def test_unknown_preset_names_the_choices():
