@@ -20,8 +20,9 @@ pre-train together in one `jax.vmap`-ed step (`vmap_chunks`, `run_chunk`).
 
 The workdir:
   sweep.json                                  experiment, preset and overrides it belongs to
-  results.jsonl                               the records; the sweep process is the one writer
-                                              (process 0 of a multi-process run)
+  results.jsonl                               the records (`t5x_lite.results`); the sweep
+                                              process is the one writer (process 0 of a
+                                              multi-process run)
   points/<point>/seed<k>/pretrain/            train.train's workdir (checkpoints, metrics.jsonl)
   points/<point>/seed<k>/finetune/<task>/     evaluation.finetune's workdir
   points/<point>/seed<k>/records/<task>.json  a finished task's record, reused on resume
