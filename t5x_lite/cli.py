@@ -371,14 +371,15 @@ COMMANDS: dict[str, Command] = {
                     "t5x-lite eval --preset tiny --checkpoint runs/tiny_ft "
                     "--tasks builtin_reverse,builtin_module", _eval),
     "sweep": Command(
-        "Run a paper table's grid: pre-train, fine-tune, evaluate; then its report.", "t5x-lite sweep table2 --preset tiny --workdir runs/table2 "
-        "--config.train.steps=100", _sweep),
+        "Run a paper table's grid: pre-train, fine-tune, evaluate; then its report.",
+        "t5x-lite sweep table2 --preset tiny --workdir runs/table2 --config.train.steps=100",
+        _sweep),
     "report": Command("A sweep's table beside the paper's numbers, its findings and plots.",
                       "t5x-lite report runs/table2 --out runs/table2/report", _report),
     "launch": Command(
-        "A sweep on a TPU pod (gcloud commands) or a SLURM cluster (sbatch script).", "t5x-lite launch tpu --tpu my-v4-32 --zone us-central2-b "
-        "--repo https://github.com/ORG/t5x_lite -- table2 --preset paper --workdir runs/table2",
-        _launch),
+        "A sweep on a TPU pod (gcloud commands) or a SLURM cluster (sbatch script).",
+        "t5x-lite launch tpu --tpu my-v4-32 --zone us-central2-b --repo "
+        "https://github.com/ORG/t5x_lite -- table2 --preset paper --workdir runs/table2", _launch),
     "bench": Command("Time the train step (or decoding) of a config.",
                      "t5x-lite bench --preset tiny --json --compare_torch", _bench),
     "demo": Command("Table 2 with a small model on the built-in corpus and tasks, then its "
