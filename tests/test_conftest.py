@@ -1,13 +1,15 @@
-"""The test set-up itself: 8 CPU devices whatever the developer exported, and shared-data tests
-that skip locally but fail under CI=true."""
+"""The test set-up itself: 8 CPU devices whatever the developer exported, shared-data tests
+that skip locally but fail under CI=true, and the compilation counter other tests rely on."""
 import os
 import subprocess
 import sys
 
 import jax
+import numpy as np
 import pytest
 
 import conftest
+from compile_events import compilations
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
@@ -54,3 +56,18 @@ def test_missing_shared_data_fails_under_ci(monkeypatch, tmp_path):
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match=r"squad is not present.*CI=true"):
         conftest.require_shared_data("squad")
+
+
+def test_compilations_counts_each_new_program_once():
+    def double(x):
+        return 2 * x
+
+    step = jax.jit(double)
+    with compilations() as compiled:
+        step(np.ones(3, np.float32))
+        step(np.ones(3, np.float32))  # cached: no new program
+        step(np.ones(4, np.float32))  # a new shape: a second one
+    assert compiled == ["jit(double)", "jit(double)"]
+    with compilations() as compiled:
+        step(np.ones(4, np.float32))
+    assert compiled == []
