@@ -39,7 +39,7 @@ def test_train_command_names_the_missing_path_in_one_line(tmp_path):
     run = subprocess.run(
         [sys.executable, "-m", "t5x_lite.cli", "train", "--preset", "small",
          f"--workdir={tmp_path / 'run'}", f"--config.data.data_root={tmp_path}"],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
+        capture_output=True, text=True, timeout=600, cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)})
     assert run.returncode == 1
     last = run.stderr.strip().splitlines()[-1]
