@@ -460,6 +460,37 @@ def test_outputs_use_only_real_tokens_eos_and_their_own_special_ids(name, densit
             assert inputs == [] and targets == original
 
 
+def test_deshuffling_inputs_are_a_real_permutation_and_targets_the_original():
+    """The property test above would pass if deshuffling left the inputs in order: here each
+    row holds distinct tokens, so the permutation can be read off and checked to be one."""
+    lengths = [RAW, 40, 16, 8, 5, 3, 2, RAW]
+    rng = np.random.default_rng(11)
+    tokens = np.stack([rng.permutation(np.arange(REAL_LOW, REAL_HIGH))[:RAW] for _ in range(BATCH)])
+    tokens = tokens.astype(np.int32)
+    tokens[np.arange(RAW)[None, :] >= np.asarray(lengths)[:, None]] = 0
+    orders = []
+    for seed in range(3):
+        batch = corrupt_jit(tokens, make_spec("deshuffling"), jax.random.key(seed),
+                            WIDE["encoder_decoder"])
+        perms, fixed, long_positions = [], 0, 0
+        for i, n in enumerate(lengths):
+            original = tokens[i, :n].tolist()
+            inputs = unpad(batch["encoder_input_tokens"][i])
+            assert unpad(batch["decoder_target_tokens"][i]) == original + [EOS]  # restores it
+            assert inputs[-1] == EOS and sorted(inputs[:-1]) == sorted(original)
+            perm = [original.index(t) for t in inputs[:-1]]
+            perms.append(perm)
+            if n >= 8:
+                assert perm != list(range(n)), f"row {i} (seed {seed}) left in order"
+            if n >= 16:
+                fixed += sum(p == k for k, p in enumerate(perm))
+                long_positions += n
+        # A uniform shuffle keeps about 1 token in n in place, not most of them.
+        assert fixed / long_positions < 0.2, (seed, fixed, long_positions)
+        orders.append(perms)
+    assert orders[0][0] != orders[1][0] != orders[2][0]  # another rng, another order
+
+
 def test_bert_style_random_token_share_and_mass_style_masks_only():
     tokens, rng, layout = raw_tokens(4), jax.random.key(4), WIDE["encoder_decoder"]
     bert, mass = (np.asarray(corrupt_jit(tokens, make_spec(name, 0.5, 1, RAW, 0.3), rng, layout)
