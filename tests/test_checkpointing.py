@@ -272,7 +272,7 @@ def signal_at_step_3(child: subprocess.Popen, signum: int) -> None:
 
 def stopped_at(child: subprocess.Popen) -> int:
     """The step the child says it stopped at, after checking it exited cleanly."""
-    output, _ = child.communicate(timeout=120)
+    output, _ = child.communicate(timeout=600)  # a hang guard only
     assert child.returncode == 0
     word, step = output.split()[-2:]
     assert word == "stopped"
@@ -292,7 +292,7 @@ def test_signal_saves_the_step_reached_and_exits_cleanly(tmp_path, signum):
     child = spawn(str(tmp_path))
     signal_at_step_3(child, signum)
     reached = stopped_at(child)
-    assert reached >= 3
+    assert 3 <= reached < 10_000  # stopped by the signal, not by running out of steps
     assert_checkpoint_at(tmp_path, reached)
 
 
@@ -304,4 +304,5 @@ def test_multihost_preemption_notice_to_one_process_stops_all_at_one_step(tmp_pa
     signal_at_step_3(children[1], signal.SIGTERM)  # only process 1 gets the notice
     reached = [stopped_at(child) for child in children]
     assert reached[0] == reached[1] >= 3
+    assert reached[0] < 10_000  # stopped by the notice, not by running out of steps
     assert_checkpoint_at(tmp_path, reached[0])

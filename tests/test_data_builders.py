@@ -10,7 +10,6 @@ from t5x_lite.data import builders
 from t5x_lite.data.builders import (GlueTsv, ParallelText, PythonDocs, SquadJson,
                                     SummarizationJsonl, TextFiles, load_split)
 
-SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
 
 
 def write(path, content: str | bytes) -> str:
@@ -192,23 +191,16 @@ def test_catalog_name_missing_from_data_dir_is_an_error(tmp_path):
         load_split("glue/rte", "train", str(tmp_path))
 
 
-def _shared(*parts: str) -> str:
-    path = os.path.join(SHARED, *parts)
-    if not os.path.exists(path):
-        pytest.skip(f"shared data {path} is not present")
-    return path
-
-
-def test_shared_glue_cola_builds(tmp_path):
-    source = GlueTsv("cola", _shared("glue", "CoLA"))
+def test_shared_glue_cola_builds(tmp_path, shared_data):
+    source = GlueTsv("cola", shared_data("glue", "CoLA"))
     dd = str(tmp_path)
     train, dev, test = (load_split(source, s, dd) for s in ("train", "validation", "test"))
     assert (len(train), len(dev), len(test)) == (8551, 1043, 1063)  # counts from SOURCES.md
     assert {r["label"] for r in dev} == {0, 1} and test[0]["label"] == -1
 
 
-def test_shared_squad_builds(tmp_path):
-    source = SquadJson(files={"validation": _shared("squad", "dev-v1.1.json")})
+def test_shared_squad_builds(tmp_path, shared_data):
+    source = SquadJson(files={"validation": shared_data("squad", "dev-v1.1.json")})
     records = load_split(source, "validation", str(tmp_path))
     assert len(records) == 10570  # questions, per SOURCES.md
     first = records[0]

@@ -24,6 +24,8 @@ from t5x_lite.objectives import (
 )
 from t5x_lite.presets import get_preset
 
+from compile_events import compilations
+
 VOCAB, SENTINELS, RAW, BATCH = 128, 40, 64, 8
 REAL_LOW, REAL_HIGH = 3, VOCAB - SENTINELS  # real token ids are [3, 88)
 EOS = 1
@@ -458,6 +460,37 @@ def test_outputs_use_only_real_tokens_eos_and_their_own_special_ids(name, densit
             assert inputs == [] and targets == original
 
 
+def test_deshuffling_inputs_are_a_real_permutation_and_targets_the_original():
+    """The property test above would pass if deshuffling left the inputs in order: here each
+    row holds distinct tokens, so the permutation can be read off and checked to be one."""
+    lengths = [RAW, 40, 16, 8, 5, 3, 2, RAW]
+    rng = np.random.default_rng(11)
+    tokens = np.stack([rng.permutation(np.arange(REAL_LOW, REAL_HIGH))[:RAW] for _ in range(BATCH)])
+    tokens = tokens.astype(np.int32)
+    tokens[np.arange(RAW)[None, :] >= np.asarray(lengths)[:, None]] = 0
+    orders = []
+    for seed in range(3):
+        batch = corrupt_jit(tokens, make_spec("deshuffling"), jax.random.key(seed),
+                            WIDE["encoder_decoder"])
+        perms, fixed, long_positions = [], 0, 0
+        for i, n in enumerate(lengths):
+            original = tokens[i, :n].tolist()
+            inputs = unpad(batch["encoder_input_tokens"][i])
+            assert unpad(batch["decoder_target_tokens"][i]) == original + [EOS]  # restores it
+            assert inputs[-1] == EOS and sorted(inputs[:-1]) == sorted(original)
+            perm = [original.index(t) for t in inputs[:-1]]
+            perms.append(perm)
+            if n >= 8:
+                assert perm != list(range(n)), f"row {i} (seed {seed}) left in order"
+            if n >= 16:
+                fixed += sum(p == k for k, p in enumerate(perm))
+                long_positions += n
+        # A uniform shuffle keeps about 1 token in n in place, not most of them.
+        assert fixed / long_positions < 0.2, (seed, fixed, long_positions)
+        orders.append(perms)
+    assert orders[0][0] != orders[1][0] != orders[2][0]  # another rng, another order
+
+
 def test_bert_style_random_token_share_and_mass_style_masks_only():
     tokens, rng, layout = raw_tokens(4), jax.random.key(4), WIDE["encoder_decoder"]
     bert, mass = (np.asarray(corrupt_jit(tokens, make_spec(name, 0.5, 1, RAW, 0.3), rng, layout)
@@ -524,12 +557,18 @@ def test_a_grid_shares_one_layout_and_one_compilation(family):
     layout = layout_for(points, family, VOCAB, SENTINELS)
     assert layout.raw_length == max(lengths_for(p["name"], 24, p["noise_density"],
                                                 p["mean_noise_span_length"])[0] for p in points)
-    step = jax.jit(corrupt, static_argnums=3)
-    compiled_before = step._cache_size()  # jit caches are shared per function: count the new ones
+    def grid_step(*args):  # a function of its own: no earlier test can have compiled it
+        return corrupt(*args)
+
+    step = jax.jit(grid_step, static_argnums=3)
     tokens = np.random.default_rng(5).integers(REAL_LOW, REAL_HIGH, (2, layout.raw_length),
                                                np.int32)
-    for i, point in enumerate(points):
-        batch = step(tokens, spec_from_config(point), jax.random.key(i), layout)
+    batches = []
+    with compilations() as compiled:
+        for i, point in enumerate(points):
+            batches.append(step(tokens, spec_from_config(point), jax.random.key(i), layout))
+    assert [name for name in compiled if "grid_step" in name] == ["jit(grid_step)"]
+    for point, batch in zip(points, batches):
         expected = ({"encoder_input_tokens": layout.inputs_length,
                      "decoder_target_tokens": layout.targets_length} if family == "encoder_decoder"
                     else {"decoder_target_tokens": layout.sequence_length})
@@ -537,7 +576,6 @@ def test_a_grid_shares_one_layout_and_one_compilation(family):
             assert batch[key].shape == (2, length)
             for row in np.asarray(batch[key]):
                 assert unpad(row)[-1] == 1, f"{point}: EOS cut off {key}"
-    assert step._cache_size() == compiled_before + 1
 
 
 def test_per_example_specs_and_a_vmapped_sweep_match_single_specs():

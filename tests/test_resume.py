@@ -57,7 +57,7 @@ def run_child(data_dir: pathlib.Path, workdir: pathlib.Path, kill_at: int) -> su
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
     return subprocess.run([sys.executable, __file__, str(data_dir), str(workdir), str(kill_at)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
 def losses(workdir: pathlib.Path) -> list[tuple[int, float]]:

@@ -7,8 +7,6 @@ import pytest
 
 from t5x_lite.data import builtin, tasks
 
-SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
-
 # (task, TFDS-style record, processed input, processed target), each from the paper's appendix D
 # ("Original input" fields with "Original target" as the class index, then "Processed input" and
 # "Processed target"). The paper typesets some apostrophes as ’; they are kept as printed.
@@ -304,18 +302,18 @@ def test_local_squad_is_split_by_article(tmp_path):
     assert validation[0].inputs == "question: question 2? context: context 2"
 
 
-@pytest.mark.skipif(not os.path.isdir(os.path.join(SHARED_DATA, "glue", "RTE")),
-                    reason="../shared/data/glue/RTE is not present")
-def test_local_glue_rte_from_shared_data(tmp_path):
+def test_local_glue_rte_from_shared_data(tmp_path, shared_data):
+    shared_data("glue", "RTE")  # skips (fails under CI=true) without it
+    root = shared_data()
     task = tasks.get_task("local_glue_rte")
-    examples = task.examples("validation", str(tmp_path), SHARED_DATA)
+    examples = task.examples("validation", str(tmp_path), root)
     assert len(examples) == 277  # dev.tsv rows (SOURCES.md)
     assert {ex.targets for ex in examples} == {"entailment", "not_entailment"}
     # First row of dev.tsv: Dana Reeve ... / Christopher Reeve had an accident. / not_entailment
     assert examples[0].inputs.startswith("rte sentence1: Dana Reeve, the widow of the actor")
     assert examples[0].inputs.endswith(" sentence2: Christopher Reeve had an accident.")
     assert examples[0].targets == "not_entailment"
-    assert all(ex.targets is None for ex in task.examples("test", str(tmp_path), SHARED_DATA))
+    assert all(ex.targets is None for ex in task.examples("test", str(tmp_path), root))
 
 
 # ---------------------------------------------------------------------------------------------
