@@ -125,7 +125,9 @@ def _finetune() -> None:
 
 def _eval() -> None:
     from t5x_lite.evaluation import evaluate
+    from t5x_lite.train import initialize_distributed
 
+    initialize_distributed()
     config = _config()
     if not FLAGS.checkpoint:
         raise SystemExit("eval needs --checkpoint (a train or finetune workdir)")
@@ -172,6 +174,8 @@ def _parse_with_overrides(parser: argparse.ArgumentParser,
 
 
 def _sweep(argv: list[str]) -> None:
+    import jax
+
     from t5x_lite import launchers, sweep
     from t5x_lite.train import initialize_distributed
 
@@ -194,7 +198,7 @@ def _sweep(argv: list[str]) -> None:
                                        address=args.address, accelerator=args.accelerator)
     sweep.run_sweep(args.experiment, args.preset, args.workdir, launcher=launcher,
                     overrides=overrides, point_index=args.point_index, vmap=args.vmap)
-    if args.point_index is None:
+    if args.point_index is None and jax.process_index() == 0:  # the report writes files
         _print_report(args.workdir, None)
 
 
