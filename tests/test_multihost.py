@@ -178,5 +178,27 @@ def test_a_sweep_point_through_the_cli_on_two_processes_gives_the_single_process
     _close(two_log, one_log, "eval.jsonl")
 
 
+def test_a_batch_size_the_processes_cannot_share_is_refused_before_any_work(tmp_path,
+                                                                           monkeypatch):
+    import jax
+    from tiny_configs import tiny_sweep_config
+
+    from t5x_lite import evaluation, sweep
+    from t5x_lite.config import ConfigError
+
+    experiment = tmp_path / "one_point.py"
+    experiment.write_text(ONE_POINT)
+    monkeypatch.setattr(jax, "process_count", lambda: 3)
+    with pytest.raises(ConfigError, match=r"train.batch_size=4 must be divisible by the number "
+                                          r"of processes \(3\)"):
+        sweep.run_sweep(str(experiment), "demo", str(tmp_path / "sweep"))
+    config = tiny_sweep_config("demo")
+    config.finetune.tasks = ("builtin_reverse",)
+    with pytest.raises(ConfigError, match=r"finetune.batch_size=4 must be divisible by the "
+                                          r"number of processes \(3\)"):
+        evaluation.finetune(config, tmp_path / "finetune", init_from=None)
+    assert not list(tmp_path.glob("sweep*")) and not list(tmp_path.glob("finetune*"))
+
+
 if __name__ == "__main__":
     worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
