@@ -187,8 +187,8 @@ class Evaluator:
         texts = []
         for batch in inputs:
             global_shape = (len(batch) * jax.process_count(), *batch.shape[1:])
-            rows = jax.make_array_from_process_local_data(self.rows, batch, global_shape)
-            result = decoding.decode(model, rows, max_length=self.max_length,
+            whole = jax.make_array_from_process_local_data(self.rows, batch, global_shape)
+            result = decoding.decode(model, whole, max_length=self.max_length,
                                      arch=self.config.model.arch, method=settings.method,
                                      num_beams=settings.num_beams, alpha=settings.alpha)
             # Every process needs all rows: the task's metrics read every prediction.
@@ -265,7 +265,7 @@ class EvalLog:
         if self.path.exists():
             if jax.process_index() == 0:  # one writer; the others read what it kept
                 train.keep_records_up_to(self.path, start_step)
-            if jax.process_count() > 1:  # ... once it has rewritten the file (a cut last line)
+            if jax.process_count() > 1:  # read only once process 0 rewrote it (cut last line)
                 multihost_utils.sync_global_devices("t5x_lite_eval_log")
             self.records = [record for record in map(json.loads, self.path.read_text().splitlines())
                             if record["step"] <= start_step]

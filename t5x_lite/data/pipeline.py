@@ -113,7 +113,7 @@ class PretrainData:
         if isinstance(records, str) or not isinstance(records, Sequence):
             key = content_key(records)
             records = load_split(records, "train", data_dir)
-        if key is not None:  # "0:1": the whole corpus, as the cache names of earlier versions
+        if key is not None:  # ":0:1:" as single-process runs named it: old caches stay valid
             key = f"{key}:0:1:{len(records)}"
         self.raw_length = raw_length
         self.global_batch_size = global_batch_size
@@ -161,7 +161,8 @@ class PretrainData:
         if epoch not in self._permutations:
             if len(self._permutations) > 1:  # a batch spans at most two epochs
                 self._permutations.pop(min(self._permutations))
-            # The 0 stands where a process index once was: single-process orders are unchanged.
+            # (seed, 0, epoch): the seeds single-process runs always used, so their batches
+            # are unchanged.
             rng = np.random.default_rng([self.seed, 0, epoch])
             self._permutations[epoch] = rng.permutation(self.num_chunks)
         return self._permutations[epoch]
