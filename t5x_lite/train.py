@@ -67,17 +67,19 @@ def _env_int(name: str) -> int | None:
 
 
 def _use_gloo_on_cpu() -> None:
-    """Give CPU processes cross-process collectives (gloo), unless the run is configured for
-    an accelerator. Called only for multi-process runs, before `jax.distributed.initialize`.
+    """Give CPU processes cross-process collectives (gloo) unless some are chosen already
+    (e.g. mpi) or the run is configured for an accelerator. Called only for multi-process
+    runs, before `jax.distributed.initialize`.
 
-    Without collectives ('none', the default of some jax versions) CPU processes cannot run
-    one sharded step together. The platform is not known before the backends start (which
-    must come after `initialize`), so "CPU" means JAX_PLATFORMS (`jax_platforms`) is unset or
-    names cpu first; with it unset on an accelerator host, the setting only concerns the CPU
-    client, which then trains nothing.
+    Without collectives (None / 'none', the default of some jax versions) CPU processes
+    cannot run one sharded step together. The platform is not known before the backends start
+    (which must come after `initialize`), so "CPU" means JAX_PLATFORMS (`jax_platforms`) is
+    unset or names cpu first; with it unset on an accelerator host, the setting only concerns
+    the CPU client, which then trains nothing.
     """
     platforms = (jax.config.jax_platforms or "cpu").split(",")
-    if platforms[0].strip() == "cpu":
+    chosen = jax.config.jax_cpu_collectives_implementation
+    if platforms[0].strip() == "cpu" and chosen in (None, "none"):
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
 

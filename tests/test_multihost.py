@@ -178,6 +178,29 @@ def test_a_sweep_point_through_the_cli_on_two_processes_gives_the_single_process
     _close(two_log, one_log, "eval.jsonl")
 
 
+def test_several_cpu_processes_get_gloo_collectives_by_themselves(monkeypatch):
+    """What the CLI's commands call first: even where jax defaults to no CPU collectives."""
+    import jax
+
+    from t5x_lite import train
+
+    joined = []
+    monkeypatch.setattr(jax.distributed, "initialize", lambda *args: joined.append(args))
+    before = jax.config.jax_cpu_collectives_implementation
+    try:
+        jax.config.update("jax_cpu_collectives_implementation", None)  # no collectives
+        assert train.initialize_distributed("localhost:1234", 1, 0)  # one process: left alone
+        assert jax.config.jax_cpu_collectives_implementation is None
+        assert train.initialize_distributed("localhost:1234", 2, 1)
+        assert jax.config.jax_cpu_collectives_implementation == "gloo"
+        jax.config.update("jax_cpu_collectives_implementation", "mpi")  # the user's choice
+        assert train.initialize_distributed("localhost:1234", 2, 0)
+        assert jax.config.jax_cpu_collectives_implementation == "mpi"
+    finally:
+        jax.config.update("jax_cpu_collectives_implementation", before)
+    assert joined == [("localhost:1234", 1, 0), ("localhost:1234", 2, 1), ("localhost:1234", 2, 0)]
+
+
 def test_a_batch_size_the_processes_cannot_share_is_refused_before_any_work(tmp_path,
                                                                            monkeypatch):
     import jax
