@@ -27,7 +27,7 @@ from absl import logging
 from t5x_lite import host_memory, presets
 from t5x_lite.config import (OVERRIDES_HELP, ConfigError, apply_overrides, load_config_file,
                              parse_overrides, split_overrides)
-from t5x_lite.results import RESULTS_FILE, ResultsError
+from t5x_lite.results import RESULTS_FILE, ResultsError, is_writer
 
 
 class Command(NamedTuple):
@@ -137,6 +137,7 @@ def _finetune(argv: list[str]) -> None:
 
 def _eval(argv: list[str]) -> None:
     from t5x_lite.evaluation import evaluate
+    from t5x_lite.train import initialize_distributed
 
     parser = _config_parser("eval")
     parser.add_argument("--checkpoint", required=True,
@@ -145,6 +146,7 @@ def _eval(argv: list[str]) -> None:
                         "(default: config.finetune.tasks)")
     parser.add_argument("--split", default="validation", help="the split to score")
     args, overrides = _parse(parser, argv)
+    initialize_distributed()
     config = _config(args, overrides)
     tasks = args.tasks or list(config.finetune.tasks)
     if not tasks:
@@ -218,7 +220,7 @@ def _sweep(argv: list[str]) -> None:
                                        address=args.address, accelerator=args.accelerator)
     sweep.run_sweep(args.experiment, args.preset, args.workdir, launcher=launcher,
                     overrides=overrides, point_index=args.point_index, vmap=args.vmap)
-    if args.point_index is None:
+    if args.point_index is None and is_writer():  # the report writes files
         _print_report(args.workdir, None)
 
 

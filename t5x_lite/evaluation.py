@@ -28,6 +28,7 @@ import jax
 import ml_collections
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from t5x_lite import accounting, checkpointing, decoding, partitioning, train, train_step
@@ -136,6 +137,10 @@ class Evaluator:
     the mean teacher-forced loss and token accuracy over the targets, and the task's metrics on
     greedy (or `finetune.decode`) predictions of at most `decode.max_length` tokens (default
     `finetune.targets_length`). Batches have `finetune.batch_size` rows, one example each.
+
+    With several processes, each feeds its contiguous rows of every batch
+    (`pipeline.process_rows`) to the eval step and to decoding; the loss sums come back
+    whole and the decoded tokens are gathered, so every process gets the results of one.
     """
 
     def __init__(self, config: ml_collections.ConfigDict, splits: Sequence[TaskSplit],
@@ -145,13 +150,17 @@ class Evaluator:
         self.max_length = ft.decode.max_length or ft.targets_length
         self.eval_step = train_step.make_eval_step(config, mesh)
         self.graphdef = train_step.model_graphdef(config)
+        self.rows = partitioning.batch_sharding(mesh,
+                                                partitioning.normalize_rules(config.mesh.rules))
         decoder_only = config.model.arch in DECODER_ONLY_ARCHS
         lengths = (ft.batch_size, ft.inputs_length, ft.targets_length)
-        self.batches = [pipeline.pad_examples(s.encoded, *lengths, decoder_only=decoder_only)
+        share = (jax.process_index(), jax.process_count())
+        self.batches = [[pipeline.process_rows(b, *share) for b in pipeline.pad_examples(
+                            s.encoded, *lengths, decoder_only=decoder_only)]
                         for s in self.splits]
         # Decoding reads the inputs alone, in the encoder layout for every architecture.
-        self.inputs = [[b["encoder_input_tokens"] for b in pipeline.pad_examples(s.encoded,
-                                                                                 *lengths)]
+        self.inputs = [[pipeline.process_rows(b, *share)["encoder_input_tokens"]
+                        for b in pipeline.pad_examples(s.encoded, *lengths)]
                        for s in self.splits]
 
     def __call__(self, params: nnx.State) -> dict[str, dict[str, Any]]:
@@ -172,14 +181,19 @@ class Evaluator:
         return results
 
     def predict(self, model: nnx.Module, inputs: Sequence[np.ndarray]) -> list[str]:
-        """Decoded text of every row of every inputs batch (padding rows included)."""
+        """Decoded text of every row of every global inputs batch (padding rows included),
+        from this process's rows of each ([rows / process_count, inputs_length])."""
         settings = self.config.finetune.decode
         texts = []
         for batch in inputs:
-            result = decoding.decode(model, batch, max_length=self.max_length,
+            global_shape = (len(batch) * jax.process_count(), *batch.shape[1:])
+            whole = jax.make_array_from_process_local_data(self.rows, batch, global_shape)
+            result = decoding.decode(model, whole, max_length=self.max_length,
                                      arch=self.config.model.arch, method=settings.method,
                                      num_beams=settings.num_beams, alpha=settings.alpha)
-            texts.extend(self.vocab.decode(row) for row in np.asarray(result.tokens))
+            # Every process needs all rows: the task's metrics read every prediction.
+            tokens = multihost_utils.process_allgather(result.tokens, tiled=True)
+            texts.extend(self.vocab.decode(row) for row in tokens)
         return texts
 
 
@@ -215,6 +229,9 @@ def evaluate(config: ml_collections.ConfigDict, params_or_checkpoint: Any,
     finetune_section.tasks = tuple(task_names)  # checked above; the other fields matter here
     validate_finetune_config(finetune_section)
     mesh = partitioning.make_mesh(config.mesh)
+    partitioning.validate_batch_split(config.finetune.batch_size, 1, mesh,
+                                      partitioning.normalize_rules(config.mesh.rules),
+                                      "finetune.batch_size")
     params = _params_of(config, params_or_checkpoint, mesh)
     vocab = pipeline.vocabulary_from_config(config)
     splits = [TaskSplit(task, split, config, vocab, config.finetune.eval_examples)
@@ -248,6 +265,8 @@ class EvalLog:
         if self.path.exists():
             if jax.process_index() == 0:  # one writer; the others read what it kept
                 train.keep_records_up_to(self.path, start_step)
+            if jax.process_count() > 1:  # read only once process 0 rewrote it (cut last line)
+                multihost_utils.sync_global_devices("t5x_lite_eval_log")
             self.records = [record for record in map(json.loads, self.path.read_text().splitlines())
                             if record["step"] <= start_step]
 
@@ -291,6 +310,9 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *, init_fro
     task_list = check_task_names(ft.tasks)
     ft_config = finetune_train_config(config)
     mesh = partitioning.make_mesh(config.mesh)
+    partitioning.validate_batch_split(ft.batch_size, config.train.microbatches, mesh,
+                                      partitioning.normalize_rules(config.mesh.rules),
+                                      "finetune.batch_size")
     train_step.validate_config(ft_config, mesh)
     source = None if init_from is None else checkpoint_dir(init_from)
     if source is not None:
@@ -307,7 +329,9 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *, init_fro
     decoder_only = config.model.arch in DECODER_ONLY_ARCHS
     data = pipeline.MixtureData([s.encoded for s in train_splits], ft.mixing_limit,
                                 ft.batch_size, ft.inputs_length, ft.targets_length,
-                                decoder_only=decoder_only, pack=ft.pack, seed=config.train.seed)
+                                decoder_only=decoder_only, pack=ft.pack, seed=config.train.seed,
+                                process_index=jax.process_index(),
+                                process_count=jax.process_count())
     evaluator = Evaluator(config, valid_splits, vocab, mesh)
     step = train_step.make_finetune_step(ft_config, mesh)
     lengths = (ft.inputs_length, ft.targets_length)

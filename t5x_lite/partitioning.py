@@ -110,14 +110,28 @@ def batch_axes(mesh: Mesh, rules: Rules) -> tuple[str, ...]:
     return tuple(a for a in rules.get("batch", ()) if a in mesh.axis_names)
 
 
-def validate_batch_split(batch_size: int, microbatches: int, mesh: Mesh, rules: Rules) -> None:
-    """Every device must get whole examples of every micro-batch."""
+def validate_process_split(batch_size: int, field: str) -> None:
+    """Every process feeds an equal, contiguous share of a batch's rows; `field` names the
+    batch size in the error."""
+    processes = jax.process_count()
+    if batch_size % processes:
+        raise ConfigError(
+            f"{field}={batch_size} must be divisible by the number of processes ({processes}): "
+            "each process feeds an equal share of every batch's rows"
+        )
+
+
+def validate_batch_split(batch_size: int, microbatches: int, mesh: Mesh, rules: Rules,
+                         field: str = "train.batch_size") -> None:
+    """Every process must feed an equal share of the rows, and every device get whole
+    examples of every micro-batch; `field` names the batch size in the errors."""
     if not isinstance(microbatches, int) or microbatches < 1:
         raise ConfigError(f"train.microbatches={microbatches!r} must be a positive integer")
+    validate_process_split(batch_size, field)
     shards = math.prod(mesh.shape[a] for a in batch_axes(mesh, rules))
     if batch_size % (shards * microbatches):
         raise ConfigError(
-            f"train.batch_size={batch_size} must be divisible by the batch-sharding mesh size "
+            f"{field}={batch_size} must be divisible by the batch-sharding mesh size "
             f"({shards}) x train.microbatches ({microbatches}) = {shards * microbatches}"
         )
 

@@ -44,9 +44,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Mapping, Sequence
 
+import jax
 import ml_collections
+from jax.experimental import multihost_utils
 
-from t5x_lite import accounting, launchers, objectives, presets
+from t5x_lite import accounting, launchers, objectives, partitioning, presets
 from t5x_lite.config import (ConfigError, apply_overrides, parse_overrides,
                              validate_finetune_config, validate_model_config)
 from t5x_lite.results import ResultsFile, is_writer
@@ -154,6 +156,8 @@ def _validate(config: ml_collections.ConfigDict, where: str) -> None:
     try:
         validate_model_config(config.model)
         validate_train_config(config.train)
+        partitioning.validate_process_split(config.train.batch_size, "train.batch_size")
+        partitioning.validate_process_split(config.finetune.batch_size, "finetune.batch_size")
         objectives.spec_from_config(config.objective)
         for task in config.sweep.tasks:
             if task not in tasks.TASKS:
@@ -338,6 +342,8 @@ def _finetune_tasks(point: GridPoint, workdir: str, started: float) -> list[dict
 
     config, rundir = point.config, point.directory(workdir)
     base = _base_record(point)
+    if jax.process_count() > 1:  # process 0 has closed the metrics.jsonl read below
+        multihost_utils.sync_global_devices("t5x_lite_pretrained")
     try:
         history = _pretrain_history(rundir / "pretrain" / "metrics.jsonl",
                                     config.train.log_every)

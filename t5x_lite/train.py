@@ -66,6 +66,23 @@ def _env_int(name: str) -> int | None:
     return int(value)
 
 
+def _use_gloo_on_cpu() -> None:
+    """Give CPU processes cross-process collectives (gloo) unless some are chosen already
+    (e.g. mpi) or the run is configured for an accelerator. Called only for multi-process
+    runs, before `jax.distributed.initialize`.
+
+    Without collectives (None / 'none', the default of some jax versions) CPU processes
+    cannot run one sharded step together. The platform is not known before the backends start
+    (which must come after `initialize`), so "CPU" means JAX_PLATFORMS (`jax_platforms`) is
+    unset or names cpu first; with it unset on an accelerator host, the setting only concerns
+    the CPU client, which then trains nothing.
+    """
+    platforms = (jax.config.jax_platforms or "cpu").split(",")
+    chosen = jax.config.jax_cpu_collectives_implementation
+    if platforms[0].strip() == "cpu" and chosen in (None, "none"):
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+
+
 def initialize_distributed(
     coordinator: str | None = None, num_processes: int | None = None, process_id: int | None = None
 ) -> bool:
@@ -74,7 +91,8 @@ def initialize_distributed(
     Arguments win over the environment variables JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES /
     JAX_PROCESS_ID. With none of them, SLURM (SLURM_NTASKS > 1) and multi-host TPU VMs
     (TPU_WORKER_HOSTNAMES lists several hosts) are left to `jax.distributed.initialize()`'s own
-    cluster detection; anything else is a single-process run.
+    cluster detection; anything else is a single-process run. Several processes on CPU (e.g.
+    on localhost) exchange collectives through gloo (`_use_gloo_on_cpu`).
     """
     given = {
         "coordinator": coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS"),
@@ -96,11 +114,17 @@ def initialize_distributed(
                 f"process_id={given['process_id']} must be in "
                 f"[0, num_processes={given['num_processes']})"
             )
+        if given["num_processes"] > 1:
+            _use_gloo_on_cpu()
         jax.distributed.initialize(
             given["coordinator"], given["num_processes"], given["process_id"]
         )
         return True
-    if (_env_int("SLURM_NTASKS") or 1) > 1 or "," in os.environ.get("TPU_WORKER_HOSTNAMES", ""):
+    if (_env_int("SLURM_NTASKS") or 1) > 1:
+        _use_gloo_on_cpu()
+        jax.distributed.initialize()
+        return True
+    if "," in os.environ.get("TPU_WORKER_HOSTNAMES", ""):
         jax.distributed.initialize()
         return True
     return False

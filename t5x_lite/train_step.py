@@ -600,18 +600,25 @@ def make_eval_step(
 ) -> Callable[[nnx.State, dict[str, np.ndarray]], dict[str, float]]:
     """`eval_step(params, batch) -> loss sums` without dropout: teacher-forced validation.
 
-    batch: a whole `pad_examples` / `pack_examples` batch (single process). Returns the float
-    sums of `cross_entropy_sums` (cross_entropy, z_loss, correct, weight); add them over
-    batches and divide by `weight` for the mean loss and token accuracy.
+    batch: this process's rows of a `pad_examples` / `pack_examples` batch (dict of
+    [rows / process_count, length] arrays; `data.pipeline.process_rows`), fed like the train
+    step's. Returns the float sums of `cross_entropy_sums` (cross_entropy, z_loss, correct,
+    weight) over the whole global batch, the same on every process; add them over batches and
+    divide by `weight` for the mean loss and token accuracy.
     """
     key = (_program_key(config, "eval", mesh), "eval")
     if key not in _PROGRAMS:
         loss_sums = loss_sums_fn(config)
         _PROGRAMS[key] = _Program(jax.jit(
-            lambda params, batch, flag: loss_sums(params, _with_prefix_flag(batch, flag), None)))
-    program, flag = _PROGRAMS[key], np.bool_(config.model.arch == "prefix_lm")
+            lambda params, batch, flag: loss_sums(params, _with_prefix_flag(batch, flag), None),
+            out_shardings=NamedSharding(mesh, PartitionSpec())))
+    program, rows = _PROGRAMS[key], _rows_sharding(config, mesh)
+    flag = _replicated(np.bool_(config.model.arch == "prefix_lm"), mesh)
 
     def eval_step(params: nnx.State, batch: dict[str, np.ndarray]) -> dict[str, float]:
+        batch = {name: _global_rows(value, rows, (len(value) * jax.process_count(),
+                                                  *np.shape(value)[1:]), name)
+                 for name, value in batch.items()}
         sums = jax.device_get(program(params, batch, flag))
         return {name: float(value) for name, value in sums.items()}
 

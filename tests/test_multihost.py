@@ -1,7 +1,11 @@
-"""Two processes on localhost (2 CPU devices each, gloo collectives) train 3 steps, each feeding
-only its half of the global batch; their losses equal a single-process run on the whole batch.
+"""Multi-process runs on localhost (gloo collectives on CPU, as srun or a TPU pod starts them).
 
-Run as a script, this file is one of the two worker processes.
+Two processes (2 CPU devices each) train 3 steps, each feeding only its half of the global
+batch; their losses equal a single-process run on the whole batch. And one sweep point
+(pre-train -> fine-tune -> evaluate) through the CLI on two processes gives the record and
+the validation log of the same point on one process.
+
+Run as a script, this file is one of the two worker processes of the first test.
 """
 
 import json
@@ -12,6 +16,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from tiny_configs import tiny_train_config as tiny_config
 
 STEPS = 3
@@ -58,30 +63,26 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_two_processes_match_a_single_process_run(tmp_path):
-    import jax
+# The workers skip XLA's slow CPU optimisations: compiling, not running, dominates here.
+_FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+_TESTS = Path(__file__).resolve().parent
 
-    from t5x_lite import partitioning
 
-    # The workers skip XLA's slow CPU optimisations: compiling, not running, dominates here.
-    flags = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-    env = dict(
-        os.environ,
-        JAX_PLATFORMS="cpu",
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES_PER_PROCESS} {flags}",
-        PYTHONPATH=str(Path(__file__).resolve().parents[1]),
-    )
-    port = _free_port()
-    workers = [
-        subprocess.Popen(
-            [sys.executable, __file__, str(port), str(i), str(tmp_path)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i in range(PROCESSES)
-    ]
+def _environment(devices: int, **variables: str) -> dict[str, str]:
+    """A worker's environment: CPU with `devices` devices, this checkout (and tiny_configs)
+    importable, no multi-process settings but `variables`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "SLURM_", "TPU_"))}
+    return dict(env, JAX_PLATFORMS="cpu", PYTHONPATH=f"{_TESTS.parent}{os.pathsep}{_TESTS}",
+                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {_FAST_COMPILE}",
+                **variables)
+
+
+def _run_all(commands: list[list[str]], envs: list[dict[str, str]]) -> None:
+    """Run the commands at once, each with its environment; every one must succeed. The
+    timeout only guards against a hang (e.g. a process left waiting in a collective)."""
+    workers = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+               for command, env in zip(commands, envs)]
     try:
         outputs = [w.communicate(timeout=600)[0] for w in workers]
     finally:
@@ -90,6 +91,17 @@ def test_two_processes_match_a_single_process_run(tmp_path):
     for w, output in zip(workers, outputs):
         assert w.returncode == 0, output[-3000:]
 
+
+def test_two_processes_match_a_single_process_run(tmp_path):
+    import jax
+
+    from t5x_lite import partitioning
+
+    port = _free_port()
+    _run_all([[sys.executable, __file__, str(port), str(i), str(tmp_path)]
+              for i in range(PROCESSES)],
+             [_environment(DEVICES_PER_PROCESS)] * PROCESSES)
+
     mesh = partitioning.make_mesh(tiny_config().mesh, jax.devices()[:1])
     reference = losses(mesh, slice(None))
     per_process = [
@@ -97,6 +109,118 @@ def test_two_processes_match_a_single_process_run(tmp_path):
     ]
     assert per_process[0] == per_process[1]  # every process sees the same global loss
     np.testing.assert_allclose(per_process[0], reference, rtol=1e-5)
+
+
+# One Table 2 point, tiny (tiny_configs.tiny_sweep_config: 6 pre-training steps, 4 fine-tuning
+# steps, validation on 8 examples of a builtin task), its batch rows over every device.
+ONE_POINT = '''
+from tiny_configs import tiny_sweep_config
+
+GRID = (dict(point="denoising", row="Encoder-decoder", objective="Denoising",
+             overrides={"objective.name": "span_corruption"}),)
+
+
+def get_config(preset):
+    config = tiny_sweep_config(preset)
+    config.mesh.shape = (-1, 1)  # data over all devices: each process's rows on its own
+    config.checkpoint.every = 100  # saves only at the end, which fine-tuning starts from
+    return config
+'''
+
+
+def _close(ours, theirs, where="record"):
+    """Equal JSON values, numbers to float tolerance (reductions run in another order)."""
+    if isinstance(ours, dict):
+        assert ours.keys() == theirs.keys(), where
+        for key in ours:
+            _close(ours[key], theirs[key], f"{where}.{key}")
+    elif isinstance(ours, list):
+        assert len(ours) == len(theirs), where
+        for index, (a, b) in enumerate(zip(ours, theirs)):
+            _close(a, b, f"{where}[{index}]")
+    elif isinstance(ours, float):
+        assert ours == pytest.approx(theirs, rel=1e-5, abs=1e-6), where
+    else:
+        assert ours == theirs, where
+
+
+def test_a_sweep_point_through_the_cli_on_two_processes_gives_the_single_process_record(
+        tmp_path):
+    """As a user starts it: `t5x-lite sweep` once per process with JAX_COORDINATOR_ADDRESS /
+    JAX_NUM_PROCESSES / JAX_PROCESS_ID; the CLI picks gloo itself. 4 devices either way."""
+    from t5x_lite import sweep
+
+    experiment = tmp_path / "one_point.py"
+    experiment.write_text(ONE_POINT)
+
+    def command(workdir):
+        return [sys.executable, "-m", "t5x_lite.cli", "sweep", str(experiment),
+                "--preset", "demo", "--workdir", str(workdir)]
+
+    # One process first: it trains (or finds) the cached vocabulary the two then share.
+    _run_all([command(tmp_path / "one")], [_environment(PROCESSES * DEVICES_PER_PROCESS)])
+    port = _free_port()
+    _run_all([command(tmp_path / "two")] * PROCESSES,
+             [_environment(DEVICES_PER_PROCESS, JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
+                           JAX_NUM_PROCESSES=str(PROCESSES), JAX_PROCESS_ID=str(i))
+              for i in range(PROCESSES)])
+
+    def outcome(workdir):
+        lines = (workdir / sweep.RESULTS_FILE).read_text().splitlines()
+        records = [{k: v for k, v in json.loads(line).items() if k not in sweep.TIMING_FIELDS}
+                   for line in lines]
+        log = workdir / "points/denoising/seed0/finetune/builtin_reverse/eval.jsonl"
+        return records, [json.loads(line) for line in log.read_text().splitlines()]
+
+    (one, one_log), (two, two_log) = outcome(tmp_path / "one"), outcome(tmp_path / "two")
+    assert len(two) == 1 and two[0]["status"] == "ok", two  # process 1 appended nothing
+    _close(two, one)
+    _close(two_log, one_log, "eval.jsonl")
+
+
+def test_several_cpu_processes_get_gloo_collectives_by_themselves(monkeypatch):
+    """What the CLI's commands call first: even where jax defaults to no CPU collectives."""
+    import jax
+
+    from t5x_lite import train
+
+    joined = []
+    monkeypatch.setattr(jax.distributed, "initialize", lambda *args: joined.append(args))
+    before = jax.config.jax_cpu_collectives_implementation
+    try:
+        jax.config.update("jax_cpu_collectives_implementation", None)  # no collectives
+        assert train.initialize_distributed("localhost:1234", 1, 0)  # one process: left alone
+        assert jax.config.jax_cpu_collectives_implementation is None
+        assert train.initialize_distributed("localhost:1234", 2, 1)
+        assert jax.config.jax_cpu_collectives_implementation == "gloo"
+        jax.config.update("jax_cpu_collectives_implementation", "mpi")  # the user's choice
+        assert train.initialize_distributed("localhost:1234", 2, 0)
+        assert jax.config.jax_cpu_collectives_implementation == "mpi"
+    finally:
+        jax.config.update("jax_cpu_collectives_implementation", before)
+    assert joined == [("localhost:1234", 1, 0), ("localhost:1234", 2, 1), ("localhost:1234", 2, 0)]
+
+
+def test_a_batch_size_the_processes_cannot_share_is_refused_before_any_work(tmp_path,
+                                                                           monkeypatch):
+    import jax
+    from tiny_configs import tiny_sweep_config
+
+    from t5x_lite import evaluation, sweep
+    from t5x_lite.config import ConfigError
+
+    experiment = tmp_path / "one_point.py"
+    experiment.write_text(ONE_POINT)
+    monkeypatch.setattr(jax, "process_count", lambda: 3)
+    with pytest.raises(ConfigError, match=r"train.batch_size=4 must be divisible by the number "
+                                          r"of processes \(3\)"):
+        sweep.run_sweep(str(experiment), "demo", str(tmp_path / "sweep"))
+    config = tiny_sweep_config("demo")
+    config.finetune.tasks = ("builtin_reverse",)
+    with pytest.raises(ConfigError, match=r"finetune.batch_size=4 must be divisible by the "
+                                          r"number of processes \(3\)"):
+        evaluation.finetune(config, tmp_path / "finetune", init_from=None)
+    assert not list(tmp_path.glob("sweep*")) and not list(tmp_path.glob("finetune*"))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The input pipeline: deterministic, host-disjoint pre-training chunks; packing and padding."""
+"""The input pipeline: deterministic pre-training chunks, split by rows between processes;
+packing and padding."""
 import os
 import random
 
@@ -76,17 +77,14 @@ def test_each_epoch_visits_every_chunk_once_in_a_new_order(vocab):
     assert not np.array_equal(first, second)
 
 
-def test_two_hosts_read_disjoint_shards(vocab):
+def test_two_hosts_feed_the_halves_of_the_single_host_batch(vocab):
+    """Any number of processes trains on the batches of one: each feeds its contiguous rows."""
+    single = make(vocab)
     hosts = [make(vocab, process_index=p, process_count=2) for p in (0, 1)]
     assert hosts[0].batch(0).shape == (4, 16)
-    seen = []
-    for p, host in enumerate(hosts):
-        # Host p tokenises only every second document, starting at document p.
-        np.testing.assert_array_equal(host.tokens, tokenize_stream(vocab, DOCS[p::2]))
-        rows = {tuple(row) for s in range(host.steps_per_epoch) for row in host.batch(s).tolist()}
-        assert len(rows) == host.steps_per_epoch * 4
-        seen.append(rows)
-    assert not seen[0] & seen[1]
+    for step in (0, 1, single.steps_per_epoch, 57):  # an epoch boundary and a later epoch
+        np.testing.assert_array_equal(
+            np.concatenate([host.batch(step) for host in hosts]), single.batch(step))
 
 
 def test_bad_arguments_name_the_field(vocab):
@@ -297,6 +295,24 @@ def test_a_mixture_is_examples_proportional_with_the_rate_limit():
     # The large task continues its own pass in the next mixture epoch: its other 50 examples.
     later = [data.example(p) for p in range(60, 120) if data.example(p)[0][0] == 3]
     assert {tuple(ex[1]) for ex in by_task[0] + later} == {(i + 3, 1) for i in range(100)}
+
+
+def test_two_processes_feed_the_halves_of_the_single_process_mixture_batch():
+    """Fine-tuning like pre-training: process p feeds its contiguous rows of the one batch."""
+    single = _mixture(pack=True)
+    halves = [MixtureData([_task_examples(0, 100), _task_examples(1, 10)], mixing_limit=50,
+                          batch_size=6, inputs_length=8, targets_length=8, decoder_only=False,
+                          pack=True, seed=0, process_index=p, process_count=2) for p in (0, 1)]
+    for step in (0, 9):
+        whole = single.batch(step)
+        for name, value in whole.items():
+            assert halves[0].batch(step)[name].shape[0] == 3
+            np.testing.assert_array_equal(
+                np.concatenate([half.batch(step)[name] for half in halves]), value)
+    with pytest.raises(ValueError, match="batch_size=6 must be a positive multiple of "
+                                         "process_count=4"):
+        MixtureData([_task_examples(0, 10)], mixing_limit=50, batch_size=6, inputs_length=8,
+                    targets_length=8, decoder_only=False, pack=False, seed=0, process_count=4)
 
 
 def test_mixture_batches_are_a_pure_function_of_seed_and_step():

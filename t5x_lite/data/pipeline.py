@@ -2,8 +2,9 @@
 
 Pre-training (`PretrainData`) follows T5: tokenise every document, append EOS, concatenate,
 cut the stream into chunks of exactly `raw_length` tokens (the objective turns each chunk into
-inputs and targets on the device). Which chunks form the batch of a step is a pure function of
-(seed, step, process index), so a resumed run sees exactly the batches it would have seen.
+inputs and targets on the device). Which chunks form the global batch of a step is a pure
+function of (seed, step), so a resumed run sees exactly the batches it would have seen, and
+each of several processes feeds its contiguous rows of it (`process_rows`).
 
 Downstream (`pack_examples` / `pad_examples`): tokenised (inputs, targets) pairs become
 fixed-shape batches with the t5x/seqio keys; packed rows carry segment ids and positions so the
@@ -77,13 +78,16 @@ def tokenize_stream(vocab: Vocabulary, texts: Iterable[str]) -> np.ndarray:
 class PretrainData:
     """Batches of raw token chunks `int32 [global_batch_size // process_count, raw_length]`.
 
-    Each host (`process_index` of `process_count`) tokenises and reads only its shard of the
-    documents (every `process_count`-th record). Its chunks are visited in a seeded random
-    order that changes every epoch; `batch(step)` depends only on (seed, step, process index),
-    never on earlier calls. With `cache_dir`, the token stream is stored as `.npy` under a hash
-    of the vocabulary and the shard's content and memory-mapped, so a restart skips tokenising.
-    The content is the shard's text, or for a local source (a glob of text files) its
-    `builders.content_key` and the shard, so a restart reads no document either.
+    The global batch of a step is the same for any number of processes: every process reads
+    the whole corpus into one token stream, visits its chunks in a seeded random order that
+    changes every epoch, and `batch(step)` returns process `process_index`'s contiguous rows
+    of that step's global batch (rows p * B / P to (p + 1) * B / P). So a run on P processes
+    trains on exactly the batches of a single-process run, and `batch(step)` depends only on
+    (seed, step, process index), never on earlier calls. With `cache_dir`, the token stream is
+    stored as `.npy` under a hash of the vocabulary and the corpus's content and memory-mapped,
+    so a restart skips tokenising (and processes sharing the directory share the file). The
+    content is the corpus's text, or for a local source (a glob of text files) its
+    `builders.content_key`, so a restart reads no document either.
     """
 
     def __init__(
@@ -109,27 +113,27 @@ class PretrainData:
         if isinstance(records, str) or not isinstance(records, Sequence):
             key = content_key(records)
             records = load_split(records, "train", data_dir)
-        shard = range(process_index, len(records), process_count)
-        if key is not None:
-            key = f"{key}:{shard.start}:{shard.step}:{len(records)}"
+        if key is not None:  # ":0:1:" as single-process runs named it: old caches stay valid
+            key = f"{key}:0:1:{len(records)}"
         self.raw_length = raw_length
+        self.global_batch_size = global_batch_size
         self.batch_size = global_batch_size // process_count
         self.seed = seed
         self.process_index = process_index
-        self.tokens = self._load_tokens(vocab, records, shard, key, cache_dir)
+        self.tokens = self._load_tokens(vocab, records, key, cache_dir)
         self.num_chunks = len(self.tokens) // raw_length
         if self.num_chunks == 0:
-            raise ValueError(f"host {process_index} has {len(self.tokens)} tokens, fewer than "
-                             f"one chunk of raw_length={raw_length}: the corpus is too small")
+            raise ValueError(f"the corpus has {len(self.tokens)} tokens, fewer than one chunk "
+                             f"of raw_length={raw_length}: it is too small")
         self._permutations: dict[int, np.ndarray] = {}
 
     @staticmethod
-    def _load_tokens(vocab: Vocabulary, records: Sequence[Any], shard: range, key: str | None,
+    def _load_tokens(vocab: Vocabulary, records: Sequence[Any], key: str | None,
                      cache_dir: str | None) -> np.ndarray:
-        """The shard's token stream; `key` (if not None) stands for its text in the cache name."""
+        """The corpus's token stream; `key` (if not None) stands for its text in the cache name."""
 
         def texts() -> Iterable[str]:
-            return _texts(records[i] for i in shard)
+            return _texts(records)
 
         if not cache_dir:
             return tokenize_stream(vocab, texts())
@@ -150,22 +154,25 @@ class PretrainData:
 
     @property
     def steps_per_epoch(self) -> int:
-        """Full batches per pass over this host's chunks."""
-        return self.num_chunks // self.batch_size
+        """Full global batches per pass over the corpus's chunks."""
+        return self.num_chunks // self.global_batch_size
 
     def _permutation(self, epoch: int) -> np.ndarray:
         if epoch not in self._permutations:
             if len(self._permutations) > 1:  # a batch spans at most two epochs
                 self._permutations.pop(min(self._permutations))
-            rng = np.random.default_rng([self.seed, self.process_index, epoch])
+            # (seed, 0, epoch): the seeds single-process runs always used, so their batches
+            # are unchanged.
+            rng = np.random.default_rng([self.seed, 0, epoch])
             self._permutations[epoch] = rng.permutation(self.num_chunks)
         return self._permutations[epoch]
 
     def batch(self, step: int) -> np.ndarray:
-        """This host's chunks for `step`: `int32 [batch_size, raw_length]`."""
+        """This process's rows of the global batch of `step`: `int32 [batch_size, raw_length]`."""
         if step < 0:
             raise ValueError(f"step={step} must be >= 0")
-        positions = step * self.batch_size + np.arange(self.batch_size)
+        first = step * self.global_batch_size + self.process_index * self.batch_size
+        positions = first + np.arange(self.batch_size)
         epochs, offsets = np.divmod(positions, self.num_chunks)
         chunks = np.empty_like(positions)
         for epoch in np.unique(epochs):
@@ -407,6 +414,21 @@ def pad_examples(examples: Sequence[Example], batch_size: int, inputs_length: in
     return _batches(examples, batch_size, inputs_length, targets_length, decoder_only, False)
 
 
+def process_rows(batch: dict[str, np.ndarray], process_index: int,
+                 process_count: int) -> dict[str, np.ndarray]:
+    """Process `process_index`'s contiguous share of a global batch's rows, as the train and
+    eval steps take it: `[B, ...]` -> rows p * B / P to (p + 1) * B / P of every array."""
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"process_index={process_index} must be in [0, {process_count})")
+    rows = {len(value) for value in batch.values()}
+    if len(rows) != 1 or next(iter(rows)) % process_count:
+        raise ValueError(f"the batch's arrays have {sorted(rows)} rows; process_rows needs one "
+                         f"row count divisible by process_count={process_count}")
+    share = next(iter(rows)) // process_count
+    return {name: value[process_index * share:(process_index + 1) * share]
+            for name, value in batch.items()}
+
+
 class MixtureData:
     """Fine-tuning batches from one task or an examples-proportional mixture of several.
 
@@ -420,13 +442,23 @@ class MixtureData:
     Unpacked, a step holds `batch_size` examples. Packed, it takes as many as fit on average
     (from the mean example length) and packs them into `batch_size` rows; examples that do
     not fit are left out of this step.
+
+    With several processes, every one builds the same global batch and `batch(step)` returns
+    process `process_index`'s contiguous `batch_size // process_count` rows of it
+    (`process_rows`), so P processes train on exactly the batches of one.
     """
 
     def __init__(self, tasks: Sequence[Sequence[Example]], mixing_limit: int, batch_size: int,
                  inputs_length: int, targets_length: int, *, decoder_only: bool, pack: bool,
-                 seed: int):
+                 seed: int, process_index: int = 0, process_count: int = 1):
         if not tasks or any(len(examples) == 0 for examples in tasks):
             raise ValueError("every task of the mixture needs at least one training example")
+        if not 0 <= process_index < process_count:
+            raise ValueError(f"process_index={process_index} must be in [0, {process_count})")
+        if batch_size <= 0 or batch_size % process_count:
+            raise ValueError(f"batch_size={batch_size} must be a positive multiple of "
+                             f"process_count={process_count}")
+        self.process_index, self.process_count = process_index, process_count
         self.tasks = [list(examples) for examples in tasks]
         self.rates = np.array([min(len(ex), mixing_limit) for ex in self.tasks], np.int64)
         self.starts = np.concatenate([[0], np.cumsum(self.rates)])
@@ -465,12 +497,14 @@ class MixtureData:
         return self.tasks[task][int(self._permutation(task, task_epoch, size)[index])]
 
     def batch(self, step: int) -> dict[str, np.ndarray]:
-        """The batch of `step`: the t5x/seqio keys, [batch_size, length] each."""
+        """This process's rows of the global batch of `step`: the t5x/seqio keys,
+        [batch_size // process_count, length] each."""
         if step < 0:
             raise ValueError(f"step={step} must be >= 0")
         first = step * self.examples_per_step
         examples = [self.example(p) for p in range(first, first + self.examples_per_step)]
         # Packed, any rows beyond batch_size are dropped: their examples come round again in
         # the next epoch, in a new order.
-        return _batches(examples, self.batch_size, *self.lengths, self.decoder_only,
-                        self.pack)[0]
+        batch = _batches(examples, self.batch_size, *self.lengths, self.decoder_only,
+                         self.pack)[0]
+        return process_rows(batch, self.process_index, self.process_count)
