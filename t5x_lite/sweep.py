@@ -49,7 +49,12 @@ import jax
 import ml_collections
 
 from t5x_lite import accounting, launchers, objectives, presets
-from t5x_lite.config import ConfigError, validate_finetune_config, validate_model_config
+from t5x_lite.config import (
+    ConfigError,
+    validate_finetune_config,
+    validate_model_config,
+    validate_train_config,
+)
 
 
 def _experiments_dir() -> Path:
@@ -183,7 +188,6 @@ def config_hash(config: ml_collections.ConfigDict) -> str:
 def _validate(config: ml_collections.ConfigDict, where: str) -> None:
     """Every check that can run before training, with `where` (the grid point) in the message."""
     from t5x_lite.data import tasks
-    from t5x_lite.optim import validate_train_config
 
     try:
         validate_model_config(config.model)
