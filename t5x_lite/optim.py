@@ -10,21 +10,19 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 from flax import nnx
 
-from t5x_lite.config import validate_train_config
+from t5x_lite.step_settings import TrainSettings
 
 
-def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
-    """step -> learning rate for `train.schedule`.
+def learning_rate_schedule(train: TrainSettings) -> optax.Schedule:
+    """step -> learning rate for `train.schedule` (settings `step_settings` has validated).
 
     rsqrt (T5): lr / sqrt(max(step, warmup)); the paper uses lr 1.0 and 10^4 warm-up steps, i.e.
     a constant 0.01 for 10^4 steps, then inverse-square-root decay. linear / cosine: linear
     warm-up from 0 to lr, then decay to 0 at `train.steps`. constant: lr (fine-tuning).
     """
-    validate_train_config(train)
     lr, warmup, steps = float(train.learning_rate), train.warmup_steps, train.steps
     if train.schedule == "rsqrt":
         return lambda step: lr * jax.lax.rsqrt(jnp.maximum(step, warmup).astype(jnp.float32))
@@ -42,7 +40,7 @@ def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
 
 
 def make_optimizer(
-    train: ml_collections.ConfigDict, *, scanned_layers: bool = False
+    train: TrainSettings, *, scanned_layers: bool = False
 ) -> optax.GradientTransformation:
     """The optimiser of `train.optimizer`, driven by `learning_rate_schedule(train)`.
 
