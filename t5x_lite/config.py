@@ -208,6 +208,32 @@ def require_warmup(section: str, schedule: str, warmup_steps: int, steps: int) -
         )
 
 
+def validate_train_config(train: ml_collections.ConfigDict) -> None:
+    """Raise `ConfigError` naming the field if `config.train` cannot run."""
+    require_choice("train.optimizer", train.optimizer, OPTIMIZERS)
+    require_choice("train.schedule", train.schedule, SCHEDULES)
+    for field in ("learning_rate", "batch_size", "steps", "microbatches", "log_every"):
+        require_positive(f"train.{field}", train[field])
+    for field in ("batch_size", "steps", "microbatches", "log_every", "warmup_steps"):
+        if isinstance(train[field], bool) or not isinstance(train[field], int):
+            raise ConfigError(f"train.{field}={train[field]!r} must be an integer")
+    require_warmup("train", train.schedule, train.warmup_steps, train.steps)
+    if train.z_loss < 0 or train.weight_decay < 0:
+        raise ConfigError(
+            f"train.z_loss={train.z_loss} and train.weight_decay={train.weight_decay} must be >= 0"
+        )
+    if not 0.0 <= train.label_smoothing < 1.0:
+        raise ConfigError(f"train.label_smoothing={train.label_smoothing} must be in [0, 1)")
+    factor = train.loss_normalizing_factor
+    if factor is not None and (
+        isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 0
+    ):
+        raise ConfigError(
+            f"train.loss_normalizing_factor={factor!r} must be None (divide by the number of "
+            "target tokens) or a positive number"
+        )
+
+
 def validate_finetune_config(finetune: ml_collections.ConfigDict) -> None:
     """Raise `ConfigError` naming the field if `config.finetune` cannot run.
 

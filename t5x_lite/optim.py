@@ -10,54 +10,19 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 from flax import nnx
 
-from t5x_lite.config import (
-    OPTIMIZERS,
-    SCHEDULES,
-    ConfigError,
-    require_choice,
-    require_positive,
-    require_warmup,
-)
+from t5x_lite.step_settings import TrainSettings
 
 
-def validate_train_config(train: ml_collections.ConfigDict) -> None:
-    """Raise `ConfigError` naming the field if `config.train` cannot run."""
-    require_choice("train.optimizer", train.optimizer, OPTIMIZERS)
-    require_choice("train.schedule", train.schedule, SCHEDULES)
-    for field in ("learning_rate", "batch_size", "steps", "microbatches", "log_every"):
-        require_positive(f"train.{field}", train[field])
-    for field in ("batch_size", "steps", "microbatches", "log_every", "warmup_steps"):
-        if isinstance(train[field], bool) or not isinstance(train[field], int):
-            raise ConfigError(f"train.{field}={train[field]!r} must be an integer")
-    require_warmup("train", train.schedule, train.warmup_steps, train.steps)
-    if train.z_loss < 0 or train.weight_decay < 0:
-        raise ConfigError(
-            f"train.z_loss={train.z_loss} and train.weight_decay={train.weight_decay} must be >= 0"
-        )
-    if not 0.0 <= train.label_smoothing < 1.0:
-        raise ConfigError(f"train.label_smoothing={train.label_smoothing} must be in [0, 1)")
-    factor = train.loss_normalizing_factor
-    if factor is not None and (
-        isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 0
-    ):
-        raise ConfigError(
-            f"train.loss_normalizing_factor={factor!r} must be None (divide by the number of "
-            "target tokens) or a positive number"
-        )
-
-
-def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
-    """step -> learning rate for `train.schedule`.
+def learning_rate_schedule(train: TrainSettings) -> optax.Schedule:
+    """step -> learning rate for `train.schedule` (settings `step_settings` has validated).
 
     rsqrt (T5): lr / sqrt(max(step, warmup)); the paper uses lr 1.0 and 10^4 warm-up steps, i.e.
     a constant 0.01 for 10^4 steps, then inverse-square-root decay. linear / cosine: linear
     warm-up from 0 to lr, then decay to 0 at `train.steps`. constant: lr (fine-tuning).
     """
-    validate_train_config(train)
     lr, warmup, steps = float(train.learning_rate), train.warmup_steps, train.steps
     if train.schedule == "rsqrt":
         return lambda step: lr * jax.lax.rsqrt(jnp.maximum(step, warmup).astype(jnp.float32))
@@ -75,7 +40,7 @@ def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
 
 
 def make_optimizer(
-    train: ml_collections.ConfigDict, *, scanned_layers: bool = False
+    train: TrainSettings, *, scanned_layers: bool = False
 ) -> optax.GradientTransformation:
     """The optimiser of `train.optimizer`, driven by `learning_rate_schedule(train)`.
 

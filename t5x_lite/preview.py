@@ -23,9 +23,8 @@ import numpy as np
 
 from t5x_lite import objectives, presets, sweep
 from t5x_lite.config import (EOS_ID, PAD_ID, ConfigError, apply_overrides, parse_overrides,
-                             validate_model_config)
+                             validate_model_config, validate_train_config)
 from t5x_lite.data.vocabulary import Vocabulary
-from t5x_lite.optim import validate_train_config
 from t5x_lite.train_step import batch_and_dropout_keys, step_key
 
 # How an EOS id shows in text: T5's piece for it. Raw chunks hold one at every document end.

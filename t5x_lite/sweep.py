@@ -50,7 +50,8 @@ from jax.experimental import multihost_utils
 
 from t5x_lite import accounting, launchers, objectives, partitioning, presets
 from t5x_lite.config import (ConfigError, apply_overrides, parse_overrides,
-                             validate_finetune_config, validate_model_config)
+                             validate_finetune_config, validate_model_config,
+                             validate_train_config)
 from t5x_lite.results import ResultsFile, is_writer
 
 
@@ -151,7 +152,6 @@ def config_hash(config: ml_collections.ConfigDict) -> str:
 def _validate(config: ml_collections.ConfigDict, where: str) -> None:
     """Every check that can run before training, with `where` (the grid point) in the message."""
     from t5x_lite.data import tasks
-    from t5x_lite.optim import validate_train_config
 
     try:
         validate_model_config(config.model)

@@ -5,7 +5,8 @@
 
 Pre-training and fine-tuning run the same update (`_step_fn`); they differ only in how the
 step's data becomes a batch on the device (corruption, or none). A step is compiled once per
-*program*: the model, optimiser, data kind (batch layout) and mesh. The
+*program*: its `step_settings.StepSettings` (the model, optimiser, loss, data kind, e.g. the
+batch layout, and sharding rules; the only thing the step builders read) and its mesh. The
 objective, corruption rate and span length arrive as a traced `ObjectiveSpec`, and
 `language_model` / `prefix_lm` run the same decoder-only program whose prefix attention is a
 traced flag, so a whole ablation grid for one architecture family shares one executable.
@@ -34,13 +35,10 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from t5x_lite import objectives, partitioning
-from t5x_lite.config import DECODER_ONLY_ARCHS, ConfigError, validate_model_config
+from t5x_lite.config import ConfigError
 from t5x_lite.models import build_model, make_masks
-from t5x_lite.optim import learning_rate_schedule, make_optimizer, validate_train_config
-
-# The decoder-only archs share one program; the model is built under this name and the
-# prefix attention is switched by a traced flag (see `TrainStep`).
-_DECODER_ONLY_PROGRAM_ARCH = "prefix_lm"
+from t5x_lite.optim import learning_rate_schedule, make_optimizer
+from t5x_lite.step_settings import ModelSettings, StepSettings, step_settings
 
 
 @flax.struct.dataclass
@@ -98,14 +96,6 @@ def cross_entropy_sums(
 # State: abstract shapes, shardings, initialisation
 
 
-def _program_model_config(model: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """The model config the program is built from: both decoder-only archs build one model."""
-    model = ml_collections.ConfigDict(model.to_dict())
-    if model.arch in DECODER_ONLY_ARCHS:
-        model.arch = _DECODER_ONLY_PROGRAM_ARCH
-    return model
-
-
 # Parameter initialisation and the train steps draw from separate streams of the seed key, so
 # no step's corruption or dropout noise is derived from the key that drew a parameter.
 _INIT_STREAM, _STEP_STREAM = 0, 1
@@ -127,11 +117,14 @@ def batch_and_dropout_keys(key: jax.Array, step: jax.Array | int) -> tuple[jax.A
     return batch_key, dropout_key
 
 
-def _init_fn(config: ml_collections.ConfigDict) -> Callable[[jax.Array], TrainState]:
+def _optimizer(settings: StepSettings) -> optax.GradientTransformation:
+    return make_optimizer(settings.train, scanned_layers=settings.model.scan_layers)
+
+
+def _init_fn(settings: StepSettings) -> Callable[[jax.Array], TrainState]:
     """seed key -> a fresh train state. The key is an argument, not a constant, so one
     compiled init serves every seed."""
-    model_cfg = _program_model_config(config.model)
-    tx = make_optimizer(config.train, scanned_layers=model_cfg.scan_layers)
+    model_cfg, tx = settings.model.as_config(), _optimizer(settings)
 
     def init(seed_key: jax.Array) -> TrainState:
         rngs = nnx.Rngs(jax.random.fold_in(seed_key, _INIT_STREAM))
@@ -141,54 +134,42 @@ def _init_fn(config: ml_collections.ConfigDict) -> Callable[[jax.Array], TrainSt
     return init
 
 
-def model_graphdef(config: ml_collections.ConfigDict) -> nnx.GraphDef:
-    """The model's static structure (no arrays allocated)."""
+def _graphdef(model: ModelSettings) -> nnx.GraphDef:
     graphdef, _ = nnx.split(
-        nnx.eval_shape(lambda: build_model(_program_model_config(config.model), nnx.Rngs(0))),
-        nnx.Param,
-    )
+        nnx.eval_shape(lambda: build_model(model.as_config(), nnx.Rngs(0))), nnx.Param)
     return graphdef
 
 
-def abstract_state(config: ml_collections.ConfigDict, mesh: Mesh) -> TrainState:
-    """The train state as `jax.ShapeDtypeStruct`s with their shardings (for init and restore)."""
-    shapes = jax.eval_shape(_init_fn(config), jax.random.key(0))
-    shardings = partitioning.state_shardings(
-        shapes, mesh, partitioning.normalize_rules(config.mesh.rules)
-    )
+def model_graphdef(config: ml_collections.ConfigDict) -> nnx.GraphDef:
+    """The static structure (no arrays allocated) of the model the program builds for `config`."""
+    return _graphdef(step_settings(config).model)
+
+
+def _abstract_state(settings: StepSettings, mesh: Mesh) -> TrainState:
+    shapes = jax.eval_shape(_init_fn(settings), jax.random.key(0))
+    shardings = partitioning.state_shardings(shapes, mesh, settings.rules)
     return jax.tree.map(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
     )
 
 
-# The train fields a program depends on, besides the model config, the layout and the mesh.
-_STEP_TRAIN_FIELDS = ("optimizer", "schedule", "learning_rate", "warmup_steps", "steps",
-                      "weight_decay", "z_loss", "label_smoothing", "microbatches",
-                      "loss_normalizing_factor", "batch_size")
-_PROGRAMS: dict[Any, _Program] = {}  # program key -> the shared train step
-_INITS: dict[Any, Callable] = {}  # program key (+ what it starts from) -> jitted init
+def abstract_state(config: ml_collections.ConfigDict, mesh: Mesh) -> TrainState:
+    """The train state as `jax.ShapeDtypeStruct`s with their shardings (for init and restore)."""
+    return _abstract_state(step_settings(config), mesh)
 
 
-def _program_key(config: ml_collections.ConfigDict, data_kind: Any, mesh: Mesh) -> tuple:
-    """What a compiled program depends on, so equal keys can share one executable.
-
-    data_kind: what the program is fed, e.g. the pre-training `BatchLayout`."""
-    model = json.dumps(_program_model_config(config.model).to_dict(), sort_keys=True)
-    fields = {f: config.train[f] for f in _STEP_TRAIN_FIELDS}
-    if config.train.schedule not in ("linear", "cosine"):  # the only schedules ending at `steps`
-        del fields["steps"]
-    train = json.dumps(fields, sort_keys=True)
-    return model, train, data_kind, mesh, tuple(config.mesh.rules)
+# Keyed by (settings, mesh, ...): equal keys share one executable.
+_PROGRAMS: dict[Any, _Program] = {}  # -> the shared train, fine-tuning or eval step
+_INITS: dict[Any, Callable] = {}  # (+ what the state starts from) -> jitted init
 
 
 def init_state(config: ml_collections.ConfigDict, mesh: Mesh) -> TrainState:
     """Fresh parameters and optimiser state, created directly in their shardings."""
-    validate_model_config(config.model)
-    validate_train_config(config.train)
-    key = (_program_key(config, None, mesh), "from seed")
+    settings = step_settings(config)
+    key = (settings, mesh, "from seed")
     if key not in _INITS:  # a sweep initialises many runs of one program: compile once
-        shardings = jax.tree.map(lambda s: s.sharding, abstract_state(config, mesh))
-        _INITS[key] = jax.jit(_init_fn(config), out_shardings=shardings)
+        shardings = jax.tree.map(lambda s: s.sharding, _abstract_state(settings, mesh))
+        _INITS[key] = jax.jit(_init_fn(settings), out_shardings=shardings)
     return _INITS[key](jax.random.key(config.train.seed))
 
 
@@ -197,11 +178,11 @@ def state_from_params(
 ) -> TrainState:
     """A train state at step 0 holding `params` and a fresh optimiser state (fine-tuning from
     a checkpoint's parameters only), created in the state's shardings."""
-    validate_train_config(config.train)
-    key = (_program_key(config, None, mesh), "from params")
+    settings = step_settings(config)
+    key = (settings, mesh, "from params")
     if key not in _INITS:
-        tx = make_optimizer(config.train, scanned_layers=config.model.scan_layers)
-        shardings = jax.tree.map(lambda s: s.sharding, abstract_state(config, mesh))
+        tx = _optimizer(settings)
+        shardings = jax.tree.map(lambda s: s.sharding, _abstract_state(settings, mesh))
         _INITS[key] = jax.jit(
             lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p)),
             in_shardings=(shardings.params,), out_shardings=shardings,
@@ -235,11 +216,8 @@ def _with_prefix_flag(batch: dict[str, jax.Array], prefix_flag: jax.Array) -> di
     return {**batch, "inputs_mask": batch["inputs_mask"] & prefix_flag}
 
 
-def loss_sums_fn(config: ml_collections.ConfigDict) -> Callable:
-    """(params, batch, dropout_rng | None) -> T5X's loss sums (`cross_entropy_sums`) of the
-    program's model on `batch`; no dropout when the rng is None."""
-    graphdef, train = model_graphdef(config), config.train
-    arch = _program_model_config(config.model).arch
+def _loss_sums_fn(settings: StepSettings) -> Callable:
+    graphdef, arch, train = _graphdef(settings.model), settings.model.arch, settings.train
 
     def loss_sums(params: nnx.State, batch: dict, rng: jax.Array | None) -> dict[str, jax.Array]:
         model = nnx.merge(graphdef, params)
@@ -252,8 +230,14 @@ def loss_sums_fn(config: ml_collections.ConfigDict) -> Callable:
     return loss_sums
 
 
+def loss_sums_fn(config: ml_collections.ConfigDict) -> Callable:
+    """(params, batch, dropout_rng | None) -> T5X's loss sums (`cross_entropy_sums`) of the
+    program's model on `batch`; no dropout when the rng is None."""
+    return _loss_sums_fn(step_settings(config))
+
+
 def _step_fn(
-    config: ml_collections.ConfigDict, mesh: Mesh, make_batch: Callable[[Any, jax.Array], dict]
+    settings: StepSettings, mesh: Mesh, make_batch: Callable[[Any, jax.Array], dict]
 ) -> Callable:
     """The pure train step: (state, data, key_data, prefix_flag) -> (state, metrics).
 
@@ -262,11 +246,10 @@ def _step_fn(
     pre-training, the batch itself and no metrics for fine-tuning. Everything after it (loss,
     micro-batches, optimiser, metrics) is shared.
     """
-    tx = make_optimizer(config.train, scanned_layers=config.model.scan_layers)
-    train = config.train
-    schedule, loss_sums = learning_rate_schedule(config.train), loss_sums_fn(config)
-    dropout = config.model.dropout_rate > 0
-    rows = partitioning.batch_sharding(mesh, partitioning.normalize_rules(config.mesh.rules))
+    tx, train = _optimizer(settings), settings.train
+    schedule, loss_sums = learning_rate_schedule(train), _loss_sums_fn(settings)
+    dropout = settings.model.dropout_rate > 0
+    rows = _rows_sharding(settings, mesh)
 
     def loss_fn(params: nnx.State, batch: dict, rng: jax.Array, normalizer: jax.Array):
         sums = loss_sums(params, batch, rng if dropout else None)
@@ -431,14 +414,14 @@ class FinetuneStep(_StepCaller):
         return self._run(state, batch, rng)
 
 
+def _validate_batch_split(settings: StepSettings, mesh: Mesh) -> None:
+    partitioning.validate_batch_split(
+        settings.train.batch_size, settings.train.microbatches, mesh, settings.rules)
+
+
 def validate_config(config: ml_collections.ConfigDict, mesh: Mesh) -> None:
     """Every check that needs no arrays: model, train settings, batch split over the mesh."""
-    validate_model_config(config.model)
-    validate_train_config(config.train)
-    rules = partitioning.normalize_rules(config.mesh.rules)
-    partitioning.validate_batch_split(
-        config.train.batch_size, config.train.microbatches, mesh, rules
-    )
+    _validate_batch_split(step_settings(config), mesh)
 
 
 def _stacked(sharding: NamedSharding) -> NamedSharding:
@@ -458,20 +441,21 @@ def _vmap_points(step: Callable) -> Callable:
     return vmapped
 
 
-def _compiled_step(config: ml_collections.ConfigDict, mesh: Mesh, data_kind: Any,
-                   make_batch: Callable, data_sharding: Any, vmapped: bool = False) -> _Program:
-    """The shared program for (config, data_kind, mesh): jitted once with explicit shardings,
-    the state donated; `data_sharding` places the step's data argument.
+def _compiled_step(settings: StepSettings, mesh: Mesh, make_batch: Callable,
+                   data_sharding: Any, vmapped: bool = False) -> _Program:
+    """The shared program for (settings, mesh): jitted once with explicit shardings, the state
+    donated; `make_batch` (see `_step_fn`) must depend on nothing but the settings' data kind,
+    and `data_sharding` places the step's data argument.
 
     vmapped: the step `jax.vmap`-ed over a leading [K] axis of every argument (K points
     trained together); the state's shardings gain that axis unsharded, and `data_sharding`
     must already have it. Each K compiles once."""
-    validate_config(config, mesh)
-    key = (_program_key(config, data_kind, mesh), vmapped)
+    _validate_batch_split(settings, mesh)
+    key = (settings, mesh, vmapped)
     if key not in _PROGRAMS:
-        state_shardings = jax.tree.map(lambda s: s.sharding, abstract_state(config, mesh))
+        state_shardings = jax.tree.map(lambda s: s.sharding, _abstract_state(settings, mesh))
         replicated = NamedSharding(mesh, PartitionSpec())
-        step = _step_fn(config, mesh, make_batch)
+        step = _step_fn(settings, mesh, make_batch)
         if vmapped:
             step, state_shardings = _vmap_points(step), jax.tree.map(_stacked, state_shardings)
         _PROGRAMS[key] = _Program(jax.jit(
@@ -483,23 +467,25 @@ def _compiled_step(config: ml_collections.ConfigDict, mesh: Mesh, data_kind: Any
     return _PROGRAMS[key]
 
 
-def _rows_sharding(config: ml_collections.ConfigDict, mesh: Mesh) -> NamedSharding:
-    return partitioning.batch_sharding(mesh, partitioning.normalize_rules(config.mesh.rules))
+def _rows_sharding(settings: StepSettings, mesh: Mesh) -> NamedSharding:
+    return partitioning.batch_sharding(mesh, settings.rules)
 
 
-def _pretrain_program(config: ml_collections.ConfigDict, layout: objectives.BatchLayout,
-                      mesh: Mesh, rows: NamedSharding, vmapped: bool) -> _Program:
-    """The shared pre-training program: corruption on the device, then the update core.
+def _pretrain_program(settings: StepSettings, mesh: Mesh, rows: NamedSharding,
+                      vmapped: bool) -> _Program:
+    """The shared pre-training program: corruption on the device to the settings' layout (their
+    data kind), then the update core.
 
     Its metrics add `objective_overflow`, the examples of the batch that did not fit the layout
     (left out of the loss; see `objectives.corrupt_with_details`)."""
+    layout = settings.data_kind
 
     def corrupt(data: Any, rng: jax.Array) -> tuple[dict, dict]:
         batch, details = objectives.corrupt_with_details(data[0], data[1], rng, layout)
         return batch, {"objective_overflow": jnp.sum(details["overflow"].astype(jnp.int32))}
 
     replicated = NamedSharding(mesh, PartitionSpec())
-    return _compiled_step(config, mesh, layout, corrupt, (rows, replicated), vmapped)
+    return _compiled_step(settings, mesh, corrupt, (rows, replicated), vmapped)
 
 
 def make_train_step(
@@ -507,20 +493,35 @@ def make_train_step(
 ) -> TrainStep:
     """The pre-training step for `config` on `mesh`; executables are shared through a module
     cache, so every objective of one layout runs the same program."""
-    rows = _rows_sharding(config, mesh)
-    return TrainStep(program=_pretrain_program(config, layout, mesh, rows, vmapped=False),
+    settings = step_settings(config, layout)
+    rows = _rows_sharding(settings, mesh)
+    return TrainStep(program=_pretrain_program(settings, mesh, rows, vmapped=False),
                      mesh=mesh, rows=rows, prefix_attention=config.model.arch == "prefix_lm",
-                     global_shape=(config.train.batch_size, layout.raw_length))
+                     global_shape=(settings.train.batch_size, layout.raw_length))
 
 
-def vmap_group_key(config: ml_collections.ConfigDict) -> str:
-    """Configs with equal keys can pre-train together in one vmapped step: they may differ
-    only in what the step takes as traced data (the objective, the seed, and language_model
-    vs prefix_lm, whose prefix attention is a flag)."""
-    plain = json.loads(config.to_json_best_effort(sort_keys=True))
-    del plain["objective"], plain["train"]["seed"]
-    plain["model"] = _program_model_config(config.model).to_dict()
-    return json.dumps(plain, sort_keys=True)
+def vmap_group_key(config: ml_collections.ConfigDict) -> tuple[StepSettings, str]:
+    """Configs with equal keys can pre-train together in one vmapped step.
+
+    The key is the step settings (one program; language_model and prefix_lm agree, their
+    prefix attention being a traced flag) and, as JSON, every other field but the objective and
+    `train.seed`, which the step takes as per-point data (spec, step key). Those other fields
+    must agree too because the K points also share one loop (`train.steps`, the log and
+    checkpoint cadence) and one data pipeline (`data`); the layout is an argument of its own."""
+    shared = json.loads(config.to_json_best_effort(sort_keys=True))
+    del shared["objective"], shared["model"], shared["train"]["seed"]  # model: in the settings
+    return step_settings(config), json.dumps(shared, sort_keys=True)
+
+
+def _leaves(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """{'section.field': value} of a nested dict."""
+    leaves = {}
+    for name, value in tree.items():
+        if isinstance(value, dict):
+            leaves.update(_leaves(value, f"{prefix}{name}."))
+        else:
+            leaves[f"{prefix}{name}"] = value
+    return leaves
 
 
 def require_one_group(configs: Sequence[ml_collections.ConfigDict]) -> None:
@@ -528,17 +529,20 @@ def require_one_group(configs: Sequence[ml_collections.ConfigDict]) -> None:
     beyond what a vmapped step can take as data (see `vmap_group_key`)."""
     if not configs:
         raise ConfigError("configs is empty: give at least one config to train")
-    first = json.loads(vmap_group_key(configs[0]))
+
+    def fields(config: ml_collections.ConfigDict) -> tuple[dict, dict]:
+        settings, shared = vmap_group_key(config)
+        return settings.by_config_path(), _leaves(json.loads(shared))
+
+    first = fields(configs[0])
     for index, config in enumerate(configs[1:], 1):
-        other = json.loads(vmap_group_key(config))
-        fields = [f"{section}.{name}" for section, values in first.items()
-                  for name in sorted(values.keys() | other[section].keys())
-                  if values.get(name) != other[section].get(name)]
-        if fields:
+        differing = {name for mine, theirs in zip(first, fields(config))
+                     for name in mine.keys() | theirs.keys() if mine.get(name) != theirs.get(name)}
+        if differing:
             raise ConfigError(
-                f"configs[{index}] differs from configs[0] in {', '.join(fields)}; points "
-                "trained in one vmapped step may differ only in objective, train.seed and "
-                "model.arch (language_model vs prefix_lm)")
+                f"configs[{index}] differs from configs[0] in {', '.join(sorted(differing))}; "
+                "points trained in one vmapped step may differ only in objective, train.seed "
+                "and model.arch (language_model vs prefix_lm)")
 
 
 def make_vmapped_train_step(
@@ -548,12 +552,12 @@ def make_vmapped_train_step(
     `TrainStep`); the configs must agree under `vmap_group_key`. The [K] axis is unsharded,
     every other axis keeps its sharding rules."""
     require_one_group(configs)
-    config = configs[0]
-    rows = _stacked(_rows_sharding(config, mesh))
+    settings = step_settings(configs[0], layout)
+    rows = _stacked(_rows_sharding(settings, mesh))
     return TrainStep(
-        program=_pretrain_program(config, layout, mesh, rows, vmapped=True), mesh=mesh,
+        program=_pretrain_program(settings, mesh, rows, vmapped=True), mesh=mesh,
         rows=rows, prefix_attention=np.array([c.model.arch == "prefix_lm" for c in configs]),
-        global_shape=(len(configs), config.train.batch_size, layout.raw_length))
+        global_shape=(len(configs), settings.train.batch_size, layout.raw_length))
 
 
 def stack_specs(specs: Sequence[objectives.ObjectiveSpec]) -> objectives.ObjectiveSpec:
@@ -588,11 +592,12 @@ _READY_BATCHES = "ready batches"  # the data kind of fine-tuning programs (no co
 def make_finetune_step(config: ml_collections.ConfigDict, mesh: Mesh) -> FinetuneStep:
     """The train step on ready batches (fine-tuning) for `config` on `mesh`; `config.train`
     holds the fine-tuning optimiser and batch size (see `evaluation.finetune_train_config`)."""
-    rows = _rows_sharding(config, mesh)
-    program = _compiled_step(config, mesh, _READY_BATCHES, lambda batch, rng: (batch, {}), rows)
+    settings = step_settings(config, _READY_BATCHES)
+    rows = _rows_sharding(settings, mesh)
+    program = _compiled_step(settings, mesh, lambda batch, rng: (batch, {}), rows)
     return FinetuneStep(program=program, mesh=mesh, rows=rows,
                         prefix_attention=config.model.arch == "prefix_lm",
-                        batch_size=config.train.batch_size)
+                        batch_size=settings.train.batch_size)
 
 
 def make_eval_step(
@@ -606,9 +611,10 @@ def make_eval_step(
     weight) over the whole global batch, the same on every process; add them over batches and
     divide by `weight` for the mean loss and token accuracy.
     """
-    key = (_program_key(config, "eval", mesh), "eval")
+    settings = step_settings(config, "eval")
+    key = (settings, mesh, "eval")
     if key not in _PROGRAMS:
-        loss_sums = loss_sums_fn(config)
+        loss_sums = _loss_sums_fn(settings)
         _PROGRAMS[key] = _Program(jax.jit(
             lambda params, batch, flag: loss_sums(params, _with_prefix_flag(batch, flag), None),
             out_shardings=NamedSharding(mesh, PartitionSpec())))

@@ -16,6 +16,7 @@ import pytest
 import t5x_lite
 from t5x_lite import cli, objectives, partitioning, preview, train_step
 from t5x_lite.config import EOS_ID
+from t5x_lite.step_settings import step_settings
 
 REPO_ROOT = Path(t5x_lite.__file__).resolve().parents[1]
 
@@ -66,7 +67,8 @@ def test_examples_are_what_the_train_step_corrupts(rate_15):
         seen.append(rng)
         raise KeySeen
 
-    step_fn = train_step._step_fn(config, partitioning.make_mesh(config.mesh), make_batch)
+    step_fn = train_step._step_fn(step_settings(config, layout),
+                                  partitioning.make_mesh(config.mesh), make_batch)
     key_data = jax.random.key_data(train_step.step_key(config.train.seed))
     from t5x_lite.data.pipeline import pretrain_data_from_config
 

@@ -17,6 +17,7 @@ import pytest
 
 from t5x_lite import objectives, optim, partitioning, train, train_step
 from t5x_lite.config import ConfigError, default_config
+from t5x_lite.step_settings import step_settings
 from tiny_configs import INPUTS_LENGTH, assert_params_follow_default_rules
 from tiny_configs import tiny_train_config as tiny_config
 
@@ -118,9 +119,10 @@ def test_cross_entropy_without_smoothing_is_minus_log_softmax():
 
 
 def schedule(name, lr=1.0, warmup=10, steps=110):
-    cfg = tiny_config().train
-    cfg.update(schedule=name, learning_rate=lr, warmup_steps=warmup, steps=steps)
-    return lambda step: float(optim.learning_rate_schedule(cfg)(jnp.asarray(step)))
+    cfg = tiny_config()
+    cfg.train.update(schedule=name, learning_rate=lr, warmup_steps=warmup, steps=steps)
+    train = step_settings(cfg).train
+    return lambda step: float(optim.learning_rate_schedule(train)(jnp.asarray(step)))
 
 
 def test_rsqrt_schedule_is_t5s_inverse_square_root_with_constant_warmup():
@@ -167,7 +169,7 @@ def test_bad_train_config_is_rejected_naming_the_field(field, value, message):
     config = tiny_config()
     config.train[field] = value
     with pytest.raises(ConfigError, match=message):
-        optim.make_optimizer(config.train)
+        step_settings(config)
 
 
 def test_bad_batch_split_and_mesh_are_rejected_before_compiling():

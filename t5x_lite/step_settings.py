@@ -1,0 +1,131 @@
+"""What a compiled train step reads, as one frozen value: the key of its program cache.
+
+`step_settings(config, data_kind)` extracts a `StepSettings` from the ml_collections config,
+once; the functions that build a step (`t5x_lite.train_step`, `t5x_lite.optim`) receive only
+it, never the config, so whatever they read is in the settings, and two configs share a
+compiled program exactly when their settings (and mesh) are equal.
+
+Every leaf of the config sections a step reads (`STEP_SECTIONS`) is either copied into the
+settings or listed in `NOT_IN_THE_PROGRAM` with the reason; `tests/test_step_settings.py` fails
+on a field that is neither, so a new field cannot silently share another point's executable.
+The objective is not here: the step takes it as traced data (`objectives.ObjectiveSpec`), and
+its static shapes arrive as the data kind (`objectives.BatchLayout`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Hashable
+from typing import Any
+
+import ml_collections
+
+from t5x_lite import partitioning
+from t5x_lite.config import DECODER_ONLY_ARCHS, validate_model_config, validate_train_config
+
+# The decoder-only archs share one program; the model is built under this name and the prefix
+# attention is switched by a traced flag (see `train_step.TrainStep`).
+DECODER_ONLY_PROGRAM_ARCH = "prefix_lm"
+# The schedules that end at train.steps (see `optim.learning_rate_schedule`); the others leave
+# it out of the settings, so runs of any length share a program.
+_ENDS_AT_STEPS = ("linear", "cosine")
+
+STEP_SECTIONS = ("model", "train", "mesh")
+# The leaves of STEP_SECTIONS that no compiled step reads, and why.
+NOT_IN_THE_PROGRAM = {
+    "train.seed": "the step key is an argument of the step (`train_step.step_key`)",
+    "train.log_every": "read by the training loop, not the step",
+    "mesh.shape": "makes the Mesh, which keys the program cache next to the settings",
+    "mesh.axis_names": "makes the Mesh, which keys the program cache next to the settings",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+    """`config.model` as the program builds it: language_model is built as prefix_lm (one
+    program for both; the step's traced flag switches prefix attention off)."""
+
+    arch: str
+    vocab_size: int
+    num_sentinels: int
+    d_model: int
+    d_ff: int
+    num_heads: int
+    d_kv: int
+    num_layers: int
+    mlp: str
+    tie_embeddings: bool
+    relpos_buckets: int
+    relpos_max_distance: int
+    dropout_rate: float
+    layer_norm_epsilon: float
+    dtype: str
+    attention_impl: str
+    remat: bool
+    scan_layers: bool
+
+    def as_config(self) -> ml_collections.ConfigDict:
+        """These fields, and no others, as the ConfigDict `models.build_model` takes."""
+        return ml_collections.ConfigDict(dataclasses.asdict(self))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSettings:
+    """The `config.train` fields the step reads: optimiser and schedule, loss, batch split."""
+
+    optimizer: str
+    schedule: str
+    learning_rate: float
+    warmup_steps: int
+    steps: int | None  # None unless the schedule ends at it
+    weight_decay: float
+    z_loss: float
+    label_smoothing: float
+    loss_normalizing_factor: float | None
+    microbatches: int
+    batch_size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSettings:
+    """Everything a compiled train, fine-tuning or eval step reads; hashable (a cache key).
+
+    data_kind: what the program is fed: a pre-training `objectives.BatchLayout`, a fine-tuning
+    or eval tag, or None for what reads no data (the initial state, vmap grouping).
+    """
+
+    model: ModelSettings
+    train: TrainSettings
+    mesh_rules: tuple[tuple[str, tuple[str, ...]], ...]  # config.mesh.rules, normalised
+    data_kind: Hashable = None
+
+    @property
+    def rules(self) -> partitioning.Rules:
+        """The rule table, as `t5x_lite.partitioning` takes it."""
+        return dict(self.mesh_rules)
+
+    def by_config_path(self) -> dict[str, Any]:
+        """{config path, e.g. 'train.z_loss': value} of the settings read from the config."""
+        return {**{f"model.{k}": v for k, v in dataclasses.asdict(self.model).items()},
+                **{f"train.{k}": v for k, v in dataclasses.asdict(self.train).items()},
+                "mesh.rules": self.mesh_rules}
+
+
+def _read(cls: type, section: ml_collections.ConfigDict) -> Any:
+    """`cls` filled from the fields of `section` with the names of its dataclass fields."""
+    return cls(**{field.name: section[field.name] for field in dataclasses.fields(cls)})
+
+
+def step_settings(config: ml_collections.ConfigDict, data_kind: Hashable = None) -> StepSettings:
+    """The settings of `config`'s step on `data_kind` (see `StepSettings`).
+
+    Raises `ConfigError` naming the field if the model or train settings cannot run."""
+    validate_model_config(config.model)
+    validate_train_config(config.train)
+    model = _read(ModelSettings, config.model)
+    if model.arch in DECODER_ONLY_ARCHS:
+        model = dataclasses.replace(model, arch=DECODER_ONLY_PROGRAM_ARCH)
+    train = _read(TrainSettings, config.train)
+    if train.schedule not in _ENDS_AT_STEPS:
+        train = dataclasses.replace(train, steps=None)
+    rules = tuple(partitioning.normalize_rules(config.mesh.rules).items())
+    return StepSettings(model=model, train=train, mesh_rules=rules, data_kind=data_kind)
