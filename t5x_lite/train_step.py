@@ -618,7 +618,7 @@ def make_eval_step(
         _PROGRAMS[key] = _Program(jax.jit(
             lambda params, batch, flag: loss_sums(params, _with_prefix_flag(batch, flag), None),
             out_shardings=NamedSharding(mesh, PartitionSpec())))
-    program, rows = _PROGRAMS[key], _rows_sharding(config, mesh)
+    program, rows = _PROGRAMS[key], _rows_sharding(settings, mesh)
     flag = _replicated(np.bool_(config.model.arch == "prefix_lm"), mesh)
 
     def eval_step(params: nnx.State, batch: dict[str, np.ndarray]) -> dict[str, float]:

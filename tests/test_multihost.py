@@ -149,6 +149,7 @@ def test_a_sweep_point_through_the_cli_on_two_processes_gives_the_single_process
     """As a user starts it: `t5x-lite sweep` once per process with JAX_COORDINATOR_ADDRESS /
     JAX_NUM_PROCESSES / JAX_PROCESS_ID; the CLI picks gloo itself. 4 devices either way."""
     from t5x_lite import sweep
+    from t5x_lite.results import RESULTS_FILE
 
     experiment = tmp_path / "one_point.py"
     experiment.write_text(ONE_POINT)
@@ -166,7 +167,7 @@ def test_a_sweep_point_through_the_cli_on_two_processes_gives_the_single_process
               for i in range(PROCESSES)])
 
     def outcome(workdir):
-        lines = (workdir / sweep.RESULTS_FILE).read_text().splitlines()
+        lines = (workdir / RESULTS_FILE).read_text().splitlines()
         records = [{k: v for k, v in json.loads(line).items() if k not in sweep.TIMING_FIELDS}
                    for line in lines]
         log = workdir / "points/denoising/seed0/finetune/builtin_reverse/eval.jsonl"
