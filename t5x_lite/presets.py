@@ -14,6 +14,8 @@ and fine-tune on its `local_*` tasks.
 
 `sweep_preset(name)` adds what a sweep (`t5x_lite.sweep`, `experiments/`) needs on top: the
 fine-tuning settings and the downstream tasks each grid point is fine-tuned on, one at a time.
+`finetune_preset(name)` is the preset with the same fine-tuning settings and those tasks as
+`finetune.tasks`: what `t5x-lite finetune` and `t5x-lite eval` read with `--preset NAME`.
 """
 from __future__ import annotations
 
@@ -181,15 +183,34 @@ _SWEEPS = {
 }
 
 
+def apply_finetune_settings(config: ml_collections.ConfigDict, name: str) -> None:
+    """Set `config.finetune` to preset `name`'s fine-tuning settings (`_SWEEPS`): the one
+    definition that a sweep point (`sweep_preset`) and `t5x-lite finetune / eval --preset NAME`
+    (`finetune_preset`) both read, so the two fine-tune alike. `finetune.tasks` is left alone:
+    a sweep fine-tunes on one task of `sweep.tasks` at a time."""
+    config.finetune.update(_SWEEPS[name].finetune)
+
+
+def finetune_preset(name: str) -> ml_collections.ConfigDict:
+    """The preset `name` with its fine-tuning settings (`apply_finetune_settings`) and, as
+    `finetune.tasks`, its sweep's tasks: the config `t5x-lite finetune / eval --preset NAME`
+    start from, whose `finetune` section is that of a sweep point of NAME."""
+    config = get_preset(name)
+    apply_finetune_settings(config, name)
+    config.finetune.tasks = _SWEEPS[name].tasks
+    return config
+
+
 def sweep_preset(name: str) -> ml_collections.ConfigDict:
-    """The preset `name` plus the sweep section: `sweep.tasks` (fine-tuned one at a time),
-    `sweep.seeds` (each grid point runs once per seed) and `sweep.progress` (train progress).
+    """The preset `name` plus its fine-tuning settings (`apply_finetune_settings`) and the
+    sweep section: `sweep.tasks` (fine-tuned one at a time), `sweep.seeds` (each grid point
+    runs once per seed) and `sweep.progress` (train progress).
 
     The data root (and the corpus derived from it) is the preset's own, so `t5x-lite train
     --preset NAME` and a sweep of NAME read the same data."""
     config = get_preset(name)
     settings = _SWEEPS[name]
-    config.finetune.update(settings.finetune)
+    apply_finetune_settings(config, name)
     config.objective.targets_length = None  # each objective's own; the sweep's layout pads
     config.sweep = ml_collections.ConfigDict(
         dict(tasks=settings.tasks, seeds=settings.seeds, progress=True))
