@@ -62,7 +62,8 @@ RESUME_FIELDS = (
 )
 # Fields inside `model` that leave the parameters unchanged: the saved float32 parameters
 # restore under any compute dtype, attention kernel or dropout rate.
-_PARAMETER_NEUTRAL_FIELDS = ("model.dtype", "model.attention_impl", "model.dropout_rate", "model.remat")
+PARAMETER_NEUTRAL_FIELDS = ("model.dtype", "model.attention_impl", "model.dropout_rate",
+                            "model.remat")
 _ABSENT = "<absent>"
 
 
@@ -93,7 +94,7 @@ def config_differences(
 
     def relevant(key: str) -> bool:
         under = any(key == field or key.startswith(field + ".") for field in fields)
-        return under and key not in _PARAMETER_NEUTRAL_FIELDS
+        return under and key not in PARAMETER_NEUTRAL_FIELDS
 
     keys = sorted(key for key in saved.keys() | current.keys() if relevant(key))
     return [

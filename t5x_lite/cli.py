@@ -8,7 +8,10 @@ overrides, which `config.split_overrides` takes out of the arguments and
 alike (the launch command re-parses its sweep's arguments with the sweep's own parser).
 
 train / finetune / eval / bench read one config: a preset (`--preset tiny`, the default) or an
-ml_collections file (`--config=configs/tiny.py`). sweep / demo / preview read an experiment's
+ml_collections file (`--config=configs/tiny.py`). finetune / eval read a preset with its sweep's
+fine-tuning settings and tasks (`presets.finetune_preset`), so they fine-tune and score as a
+sweep point of that preset does; eval takes the model and vocabulary from the checkpoint's saved
+config (`evaluation.config_from_checkpoint`). sweep / demo / preview read an experiment's
 config under a preset (`presets.sweep_preset`, with the `sweep` section); there the overrides
 apply to every grid point.
 """
@@ -66,22 +69,31 @@ def _parse(parser: argparse.ArgumentParser,
     return args, overrides
 
 
-def _config_parser(command: str) -> argparse.ArgumentParser:
-    """train / finetune / eval / bench: the config source flags."""
+def _config_parser(command: str, preset_help: str = "") -> argparse.ArgumentParser:
+    """train / finetune / eval / bench: the config source flags (`preset_help` adds to
+    --preset's help what the command takes from the preset)."""
     parser = _parser(command, presets.tiny())
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--preset", help=f"one of {', '.join(presets.PRESETS)} (default: tiny)")
+    source.add_argument("--preset", help=f"one of {', '.join(presets.PRESETS)} (default: "
+                        f"tiny){preset_help}")
     source.add_argument("--config", metavar="FILE.py[:ARG]",
                         help="an ml_collections config file; its get_config(ARG) is the config")
     return parser
 
 
-def _config(args: argparse.Namespace, overrides: list[str]) -> ml_collections.ConfigDict:
-    """The config named by --config / --preset (default: the tiny preset), overridden."""
-    config = (load_config_file(args.config) if args.config
-              else presets.get_preset(args.preset or "tiny"))
+def _config(args: argparse.Namespace, overrides: list[str],
+            preset: Callable[[str], ml_collections.ConfigDict] = presets.get_preset,
+            ) -> ml_collections.ConfigDict:
+    """The config named by --config / --preset (default: the tiny preset, made by `preset`),
+    overridden."""
+    config = load_config_file(args.config) if args.config else preset(args.preset or "tiny")
     apply_overrides(config, parse_overrides(config, overrides))
     return config
+
+
+# What finetune / eval take from a preset (`presets.finetune_preset`).
+_FINETUNE_PRESET_HELP = ("; its fine-tuning settings and tasks are those of a sweep point of "
+                         "the preset")
 
 
 def _comma_list(text: str) -> list[str]:
@@ -115,16 +127,16 @@ def _finetune(argv: list[str]) -> None:
     from t5x_lite.evaluation import finetune
     from t5x_lite.train import initialize_distributed
 
-    parser = _config_parser("finetune")
+    parser = _config_parser("finetune", _FINETUNE_PRESET_HELP)
     parser.add_argument("--workdir", required=True, help="where eval.jsonl and checkpoints go")
     parser.add_argument("--init_from", help="the pre-training workdir whose parameters start "
                         "the run (default: random parameters)")
     parser.add_argument("--tasks", type=_comma_list, help="task names, comma-separated "
-                        "(default: config.finetune.tasks)")
+                        "(default: config.finetune.tasks, with --preset its sweep's tasks)")
     parser.add_argument("--restart", action="store_true",
                         help="discard the checkpoints in --workdir and start from step 0")
     args, overrides = _parse(parser, argv)
-    config = _config(args, overrides)
+    config = _config(args, overrides, presets.finetune_preset)
     if args.tasks:
         config.finetune.tasks = tuple(args.tasks)
     initialize_distributed()
@@ -136,18 +148,20 @@ def _finetune(argv: list[str]) -> None:
 
 
 def _eval(argv: list[str]) -> None:
-    from t5x_lite.evaluation import evaluate
+    from t5x_lite.evaluation import config_from_checkpoint, evaluate
     from t5x_lite.train import initialize_distributed
 
-    parser = _config_parser("eval")
+    parser = _config_parser("eval", _FINETUNE_PRESET_HELP)
     parser.add_argument("--checkpoint", required=True,
-                        help="a train or finetune workdir (or its checkpoints/)")
+                        help="a train or finetune workdir (or its checkpoints/); the model and "
+                        "vocabulary settings are read from its saved config")
     parser.add_argument("--tasks", type=_comma_list, help="task names, comma-separated "
-                        "(default: config.finetune.tasks)")
+                        "(default: config.finetune.tasks, with --preset its sweep's tasks)")
     parser.add_argument("--split", default="validation", help="the split to score")
     args, overrides = _parse(parser, argv)
     initialize_distributed()
-    config = _config(args, overrides)
+    config = _config(args, overrides, presets.finetune_preset)
+    config = config_from_checkpoint(config, args.checkpoint, parse_overrides(config, overrides))
     tasks = args.tasks or list(config.finetune.tasks)
     if not tasks:
         parser.error("--tasks is needed (config.finetune.tasks is empty)")

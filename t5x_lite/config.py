@@ -61,6 +61,8 @@ def model_config() -> ml_collections.ConfigDict:
             dropout_rate=0.1,
             layer_norm_epsilon=1e-6,
             dtype="float32",  # compute dtype; parameters are always float32
+            # auto: the einsum path off GPU, jax.nn.dot_product_attention's default (its XLA
+            # kernel) on GPU; cudnn only when asked for (attention.resolve_implementation)
             attention_impl="auto",
             remat=False,  # recompute each layer's activations in the backward pass (saves memory)
             scan_layers=False,  # run each stack's layers with jax.lax.scan (compile once per stack)

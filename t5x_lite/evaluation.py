@@ -22,7 +22,7 @@ import math
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import jax
 import ml_collections
@@ -89,6 +89,45 @@ def checkpoint_dir(path: str | Path) -> Path:
         return path
     raise ConfigError(f"{path} holds no t5x_lite checkpoints (no {checkpointing.CONFIG_FILE} "
                       "in it or in its checkpoints/ folder)")
+
+
+def config_from_checkpoint(config: ml_collections.ConfigDict, checkpoint: str | Path,
+                           overrides: Mapping[str, Any]) -> ml_collections.ConfigDict:
+    """A copy of `config` with the model and vocabulary (`_PARAMETER_FIELDS`) of the config
+    saved with `checkpoint` (a workdir or its `checkpoints/`): the settings that give its
+    parameters their shapes and its token ids their meaning. The rest stays `config`'s.
+
+    `overrides` are the user's ({dotted field: value}, as `config.parse_overrides` reads them,
+    already applied to `config`). One of a parameter-neutral model field (dtype, attention
+    kernel, dropout, remat: `checkpointing.PARAMETER_NEUTRAL_FIELDS`) wins over the saved
+    value; one of any other of those fields must agree with the checkpoint, else a one-line
+    `ConfigError` names the field and both values.
+    """
+    path = checkpoint_dir(checkpoint) / checkpointing.CONFIG_FILE
+    saved = json.loads(path.read_text())
+    saved_fields = {f"model.{name}": value for name, value in saved["model"].items()}
+    saved_fields.update({field: saved["data"][field.split(".")[1]]
+                         for field in _PARAMETER_FIELDS if field.startswith("data.")})
+    derived = copy.deepcopy(config)
+    for field, value in saved_fields.items():
+        if field in overrides and field in checkpointing.PARAMETER_NEUTRAL_FIELDS:
+            continue  # a choice that leaves the parameters alone, e.g. scoring in bfloat16
+        if field in overrides and _json_value(overrides[field]) != value:
+            raise ConfigError(
+                f"--config.{field}={overrides[field]!r} contradicts the checkpoint's "
+                f"{field}={value!r} (in {path}); the model and vocabulary are read from the "
+                "checkpoint, so drop the override")
+        section, name = field.split(".")
+        # A field the saved config has and this version's config lacks is left to
+        # `_require_same`, which names it when the parameters are read.
+        if name in derived[section]:
+            derived[section][name] = value
+    return derived
+
+
+def _json_value(value: Any) -> Any:
+    """`value` as it reads back from a saved config.json (tuples become lists)."""
+    return json.loads(json.dumps(value))
 
 
 def _require_same(directory: Path, config: ml_collections.ConfigDict, fields: Sequence[str],

@@ -14,6 +14,8 @@ and fine-tune on its `local_*` tasks.
 
 `sweep_preset(name)` adds what a sweep (`t5x_lite.sweep`, `experiments/`) needs on top: the
 fine-tuning settings and the downstream tasks each grid point is fine-tuned on, one at a time.
+`finetune_preset(name)` is the preset with the same fine-tuning settings and those tasks as
+`finetune.tasks`: what `t5x-lite finetune` and `t5x-lite eval` read with `--preset NAME`.
 """
 from __future__ import annotations
 
@@ -140,11 +142,12 @@ LOCAL_TASKS = (
     "local_rosts_enro",
 )
 # The paper's tasks from the TFDS catalog (prepared in data.data_dir); SuperGLUE is not
-# registered in data.tasks, so the SGLUE column stays empty.
+# registered in data.tasks, so the SGLUE column stays empty. MNLI is `glue_mnli` (trained on
+# MNLI's train split, validated on validation_matched): glue_mnli_matched / _mismatched hold
+# validation splits only, so a sweep could not fine-tune on them.
 PAPER_TASKS = (
-    "glue_cola", "glue_sst2", "glue_mrpc", "glue_stsb", "glue_qqp", "glue_mnli_matched",
-    "glue_mnli_mismatched", "glue_qnli", "glue_rte", "cnn_dailymail", "squad", "wmt_ende",
-    "wmt_enfr", "wmt_enro",
+    "glue_cola", "glue_sst2", "glue_mrpc", "glue_stsb", "glue_qqp", "glue_mnli", "glue_qnli",
+    "glue_rte", "cnn_dailymail", "squad", "wmt_ende", "wmt_enfr", "wmt_enro",
 )
 # The local tasks the `cpu` preset fine-tunes on: single-sentence classification, a sentence
 # pair (similarity as 26-way generation) and translation (generation).
@@ -181,15 +184,34 @@ _SWEEPS = {
 }
 
 
+def apply_finetune_settings(config: ml_collections.ConfigDict, name: str) -> None:
+    """Set `config.finetune` to preset `name`'s fine-tuning settings (`_SWEEPS`): the one
+    definition that a sweep point (`sweep_preset`) and `t5x-lite finetune / eval --preset NAME`
+    (`finetune_preset`) both read, so the two fine-tune alike. `finetune.tasks` is left alone:
+    a sweep fine-tunes on one task of `sweep.tasks` at a time."""
+    config.finetune.update(_SWEEPS[name].finetune)
+
+
+def finetune_preset(name: str) -> ml_collections.ConfigDict:
+    """The preset `name` with its fine-tuning settings (`apply_finetune_settings`) and, as
+    `finetune.tasks`, its sweep's tasks: the config `t5x-lite finetune / eval --preset NAME`
+    start from, whose `finetune` section is that of a sweep point of NAME."""
+    config = get_preset(name)
+    apply_finetune_settings(config, name)
+    config.finetune.tasks = _SWEEPS[name].tasks
+    return config
+
+
 def sweep_preset(name: str) -> ml_collections.ConfigDict:
-    """The preset `name` plus the sweep section: `sweep.tasks` (fine-tuned one at a time),
-    `sweep.seeds` (each grid point runs once per seed) and `sweep.progress` (train progress).
+    """The preset `name` plus its fine-tuning settings (`apply_finetune_settings`) and the
+    sweep section: `sweep.tasks` (fine-tuned one at a time), `sweep.seeds` (each grid point
+    runs once per seed) and `sweep.progress` (train progress).
 
     The data root (and the corpus derived from it) is the preset's own, so `t5x-lite train
     --preset NAME` and a sweep of NAME read the same data."""
     config = get_preset(name)
     settings = _SWEEPS[name]
-    config.finetune.update(settings.finetune)
+    apply_finetune_settings(config, name)
     config.objective.targets_length = None  # each objective's own; the sweep's layout pads
     config.sweep = ml_collections.ConfigDict(
         dict(tasks=settings.tasks, seeds=settings.seeds, progress=True))

@@ -149,9 +149,34 @@ def config_hash(config: ml_collections.ConfigDict) -> str:
 # Expansion
 
 
-def _validate(config: ml_collections.ConfigDict, where: str) -> None:
-    """Every check that can run before training, with `where` (the grid point) in the message."""
+# The splits a sweep reads of each task: fine-tuning trains on "train" and scores "validation"
+# (`evaluation.finetune`).
+SWEEP_SPLITS = ("train", "validation")
+
+
+def require_sweep_splits(task_names: Sequence[str]) -> None:
+    """Raise a one-line `ConfigError` naming the first of `task_names` that is not a
+    registered task, or that lacks one of `SWEEP_SPLITS` (e.g. glue_mnli_matched, which holds
+    MNLI's validation_matched only), with its splits."""
     from t5x_lite.data import tasks
+
+    for name in task_names:
+        if name not in tasks.TASKS:
+            raise ConfigError(f"sweep.tasks has unknown task {name!r}; known tasks: "
+                              f"{', '.join(sorted(tasks.TASKS))}")
+        splits = tasks.TASKS[name].splits
+        missing = [split for split in SWEEP_SPLITS if split not in splits]
+        if missing:
+            raise ConfigError(
+                f"sweep.tasks has task {name!r} without the {' and '.join(missing)} split a "
+                f"sweep reads (it fine-tunes on train and scores validation); its splits: "
+                f"{', '.join(splits)}")
+
+
+def _validate(config: ml_collections.ConfigDict, where: str) -> None:
+    """Every check that can run before training, with `where` (the grid point) in the message:
+    the settings, each task's splits and that the pre-training corpus exists."""
+    from t5x_lite.data import pipeline
 
     try:
         validate_model_config(config.model)
@@ -159,11 +184,9 @@ def _validate(config: ml_collections.ConfigDict, where: str) -> None:
         partitioning.validate_process_split(config.train.batch_size, "train.batch_size")
         partitioning.validate_process_split(config.finetune.batch_size, "finetune.batch_size")
         objectives.spec_from_config(config.objective)
-        for task in config.sweep.tasks:
-            if task not in tasks.TASKS:
-                raise ConfigError(
-                    f"sweep.tasks has unknown task {task!r}; known tasks: "
-                    f"{', '.join(sorted(tasks.TASKS))}")
+        require_sweep_splits(config.sweep.tasks)
+        # A missing corpus would fail every point when it runs; it stops the sweep here.
+        pipeline.describe_corpus(config)
         finetune = copy.deepcopy(config.finetune)
         finetune.tasks = config.sweep.tasks  # each is fine-tuned alone; check them together
         validate_finetune_config(finetune)
@@ -189,8 +212,10 @@ def user_overrides(experiment: str, preset: str,
 
 def expand(experiment: str, preset: str, overrides: Sequence[str] = ()) -> list[GridPoint]:
     """The grid points of `experiment` under `preset`, in the paper's row order, each seed of
-    a row after the other; every config is validated (before anything runs), and every row
-    of an experiment named after a paper table must be one of that table's rows."""
+    a row after the other; every config is validated (before anything runs: `_validate`, so
+    an unknown task, a task without a train or validation split or a missing pre-training
+    corpus is a `ConfigError` naming it), and every row of an experiment named after a paper
+    table must be one of that table's rows."""
     from t5x_lite import paper_results
 
     module = load_experiment(experiment)

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from t5x_lite import checkpointing, evaluation, train, train_step
-from t5x_lite.config import ARCHS, ConfigError
+from t5x_lite import checkpointing, cli, evaluation, presets, train, train_step
+from t5x_lite.config import ARCHS, ConfigError, apply_overrides
 from t5x_lite.data import pipeline, tasks
 from tiny_configs import tiny_finetune_config
 
@@ -227,6 +227,41 @@ def test_a_checkpoint_of_another_model_or_vocabulary_is_rejected_before_training
     assert not (tmp_path / "checkpoints").exists()
     with pytest.raises(ConfigError, match="holds no t5x_lite checkpoints"):
         evaluation.finetune(config_for(data), tmp_path, init_from=str(tmp_path))
+
+
+def test_eval_command_reads_the_model_and_vocabulary_from_the_checkpoint(
+        data, pretrained, monkeypatch, capsys):
+    """`t5x-lite eval --preset tiny --checkpoint RUN` scores RUN's model (d_model 64, vocabulary
+    160, not the tiny preset's) as `evaluate` with RUN's own config does; the rest (lengths,
+    examples) comes from the preset and the overrides."""
+    run = pretrained("encoder_decoder")
+    lengths = dict(batch_size=16, inputs_length=16, targets_length=16, eval_examples=16)
+    monkeypatch.setattr(train, "initialize_distributed", lambda: None)
+    cli.main(["t5x-lite", "eval", "--preset", "tiny", f"--checkpoint={run}",
+              "--tasks=test_reverse", f"--config.data.data_dir={data[1]}",
+              *(f"--config.finetune.{field}={value}" for field, value in lengths.items())])
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == evaluation.evaluate(config_for(data, **lengths), str(run), ["test_reverse"])
+
+    # An override that agrees with the checkpoint is fine; a parameter-neutral one wins.
+    preset, overrides = presets.finetune_preset("tiny"), {"model.d_model": 64,
+                                                          "model.dtype": "bfloat16"}
+    apply_overrides(preset, overrides)  # as the command does before reading the checkpoint
+    derived = evaluation.config_from_checkpoint(preset, run, overrides)
+    saved = json.loads((run / "checkpoints" / checkpointing.CONFIG_FILE).read_text())
+    assert {**derived.model.to_dict(), "dtype": "float32"} == saved["model"]
+    assert derived.model.dtype == "bfloat16"  # parameter-neutral: the override wins
+    assert (derived.data.corpus, derived.data.vocab) == (str(data[0]), "")
+    assert derived.finetune.to_dict() == preset.finetune.to_dict()
+    assert preset.model.vocab_size == 8192  # the config passed in is left alone
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["t5x-lite", "eval", "--preset", "tiny", f"--checkpoint={run}",
+                  "--config.model.d_model=128"])
+    assert str(exit_info.value.code) == (
+        "t5x-lite eval: invalid config: --config.model.d_model=128 contradicts the "
+        f"checkpoint's model.d_model=64 (in {run}/checkpoints/config.json); the model and "
+        "vocabulary are read from the checkpoint, so drop the override")
 
 
 # --- public weights ------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """Presets that read real data: the corpus follows data.data_root, missing text stops a run
-before any work, the corpus is in every sweep record, and the `cpu` preset's sweep."""
+(and a sweep, at expansion) before any work, the corpus is in every sweep record, the `cpu`
+preset's sweep; `finetune` / `eval --preset` fine-tune as a sweep point does, every sweep task
+has the splits a sweep reads, and the sweep's config hashes stay as they were."""
 import glob
 import os
 import subprocess
@@ -8,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from t5x_lite import presets, sweep, train
+from t5x_lite import cli, evaluation, presets, sweep, train
 from t5x_lite.config import ConfigError
 from t5x_lite.data import pipeline, tasks
 
@@ -84,14 +86,19 @@ def test_the_preset_corpus_is_the_shared_english_text(monkeypatch, shared_data):
         assert pipeline.describe_corpus(config).startswith(f"{config.data.corpus} (22 files, ")
 
 
-def test_every_sweep_record_names_its_corpus():
-    points = sweep.expand("table2", "cpu", ["data.data_root=/data"])
-    assert {sweep._base_record(p)["corpus"] for p in points} == {"/data/pretrain/*/part-*.txt"}
+def test_every_sweep_record_names_its_corpus(tmp_path):
+    write_pretrain_text(tmp_path)
+    points = sweep.expand("table2", "cpu", [f"data.data_root={tmp_path}"])
+    assert {sweep._base_record(p)["corpus"] for p in points} == {
+        f"{tmp_path}/pretrain/*/part-*.txt"}
     tiny = sweep.expand("table2", "tiny")[0]
     assert sweep._base_record(tiny)["corpus"] == "python_docs"
 
 
-def test_the_cpu_sweep_covers_table2_three_seeds_and_three_kinds_of_task():
+def test_the_cpu_sweep_covers_table2_three_seeds_and_three_kinds_of_task(monkeypatch,
+                                                                        shared_data):
+    shared_data("pretrain")  # expansion checks that the corpus is there
+    monkeypatch.chdir(REPO)
     points = sweep.expand("table2", "cpu")
     assert len(points) == 30
     assert sorted({p.seed for p in points}) == [0, 1, 2]
@@ -102,3 +109,110 @@ def test_the_cpu_sweep_covers_table2_three_seeds_and_three_kinds_of_task():
                      "local_glue_stsb": ("pearson_corrcoef", "spearman_corrcoef"),
                      "local_multi30k_ende": ("bleu",)}
     assert config.data.corpus == f"{presets.SHARED_DATA_ROOT}/{presets.PRETRAIN_TEXT}"
+
+
+# sweep.config_hash of two points of Table 2 under each preset, computed before the fine-tuning
+# settings moved to one definition (presets.apply_finetune_settings): the records of a running
+# or finished sweep are matched by these hashes, so the move must leave them alone.
+TABLE2_HASHES = {
+    "tiny": ("db079dc408dc8995", "f7bc18f5438fc2bc"),
+    "small": ("ea765a29fe64650b", "874e31bbef329d21"),
+    "paper": ("8fea491f6a181c57", "f754d938ed7591fe"),
+    "demo": ("b7f4f18a895ae287", "3a449043bd76a90f"),
+    "cpu": ("bf803092ceb1dd2f", "20d6b5e1788f90c0"),
+}
+
+
+@pytest.mark.parametrize("name", presets.PRESETS)
+def test_the_sweep_config_hashes_are_unchanged(name, monkeypatch, shared_data):
+    if name in DATA_ROOT_PRESETS:
+        shared_data("pretrain")  # expansion checks that the corpus is there
+    monkeypatch.chdir(REPO)  # the data root is part of the hash, relative to the checkout
+    points = {(p.point, p.seed): p for p in sweep.expand("table2", name)}
+    hashes = tuple(sweep.config_hash(points[key].config)
+                   for key in (("encoder_decoder/denoising", 0), ("language_model/lm", 0)))
+    assert hashes == TABLE2_HASHES[name]
+
+
+def _command_config(command, argv, monkeypatch):
+    """The config `t5x-lite COMMAND ARGV` hands to the library (finetune / evaluate are
+    replaced by a stand-in that keeps it; eval's checkpoint reading by the identity)."""
+    seen = {}
+    monkeypatch.setattr(train, "initialize_distributed", lambda: None)
+    monkeypatch.setattr(evaluation, "finetune",
+                        lambda config, workdir, **kwargs: seen.update(config=config) or {})
+    monkeypatch.setattr(evaluation, "evaluate",
+                        lambda config, checkpoint, tasks, split: seen.update(
+                            config=config, tasks=tasks) or {})
+    monkeypatch.setattr(evaluation, "config_from_checkpoint", lambda config, *_: config)
+    cli.main(["t5x-lite", command, *argv])
+    return seen
+
+
+@pytest.mark.parametrize("name", presets.PRESETS)
+def test_finetune_and_eval_commands_fine_tune_as_a_sweep_point(name, tmp_path, monkeypatch,
+                                                               capsys):
+    """`t5x-lite finetune / eval --preset NAME`: the `finetune` section of a sweep point of
+    NAME (the one definition in presets), and its sweep's tasks by default."""
+    write_pretrain_text(tmp_path)  # the data-root presets' sweeps check their corpus
+    point = sweep.expand("table2", name, [f"data.data_root={tmp_path}"])[0].config
+    expected = point.finetune.to_dict()
+    del expected["tasks"]  # a sweep fine-tunes on one of sweep.tasks at a time
+    finetuned = _command_config("finetune", ["--preset", name, f"--workdir={tmp_path}/ft"],
+                                monkeypatch)["config"].finetune.to_dict()
+    assert finetuned.pop("tasks") == point.sweep.tasks
+    assert finetuned == expected
+    evaluated = _command_config("eval", ["--preset", name, f"--checkpoint={tmp_path}"],
+                                monkeypatch)
+    assert evaluated["tasks"] == list(point.sweep.tasks)
+    assert {k: v for k, v in evaluated["config"].finetune.to_dict().items()
+            if k != "tasks"} == expected
+    # An override still wins over the preset's setting.
+    overridden = _command_config("finetune", ["--preset", name, f"--workdir={tmp_path}/ft",
+                                              "--config.finetune.steps=3"], monkeypatch)
+    assert overridden["config"].finetune.steps == 3
+
+
+@pytest.mark.parametrize("name", presets.PRESETS)
+def test_every_sweep_task_has_the_splits_a_sweep_reads(name):
+    """Each task of every preset's sweep is registered with a train and a validation split
+    (the local tasks' files under ../shared/data are read by test_tasks)."""
+    sweep.require_sweep_splits(presets.sweep_preset(name).sweep.tasks)
+    for task in presets.sweep_preset(name).sweep.tasks:
+        assert {"train", "validation"} <= set(tasks.get_task(task).splits), task
+
+
+def test_a_sweep_task_without_a_train_or_validation_split_is_refused_at_expansion(tmp_path):
+    """The MNLI mistake: glue_mnli_matched holds MNLI's validation_matched split only."""
+    with pytest.raises(ConfigError) as error:
+        sweep.expand("table4", "demo", ["sweep.tasks=builtin_reverse,glue_mnli_matched"])
+    assert str(error.value) == (
+        "table4 point 'prefix_lm': sweep.tasks has task 'glue_mnli_matched' without the "
+        "train split a sweep reads (it fine-tunes on train and scores validation); its "
+        "splits: validation")
+    with pytest.raises(ConfigError, match="'local_glue_qnli' without the train split.*its "
+                                          "splits: validation, test"):
+        sweep.expand("table4", "demo", ["sweep.tasks=local_glue_qnli"])
+    # From the command line: one line, before the workdir is made.
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["t5x-lite", "sweep", "table4", "--preset=demo", f"--workdir={tmp_path}/w",
+                  "--config.sweep.tasks=glue_mnli_mismatched"])
+    assert str(exit_info.value.code).startswith(
+        "t5x-lite sweep: invalid config: table4 point 'prefix_lm': sweep.tasks has task "
+        "'glue_mnli_mismatched' without the train split")
+    assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("name", DATA_ROOT_PRESETS)
+def test_a_sweep_without_its_pretraining_corpus_stops_at_expansion(name, tmp_path,
+                                                                   monkeypatch):
+    """One line naming the missing path, before the workdir or any record is written."""
+    monkeypatch.setattr(train, "initialize_distributed", lambda: None)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["t5x-lite", "sweep", "table2", f"--preset={name}",
+                  f"--workdir={tmp_path}/w", f"--config.data.data_root={tmp_path}"])
+    assert str(exit_info.value.code) == (
+        "t5x-lite sweep: invalid config: table2 point 'encoder_decoder/denoising': "
+        f"data.corpus='{tmp_path}/pretrain/*/part-*.txt' matches no file: the pre-training "
+        f"text under data.data_root='{tmp_path}' is missing")
+    assert sorted(os.listdir(tmp_path)) == []

@@ -16,7 +16,9 @@ from t5x_lite.config import ConfigError
 from t5x_lite.data import tasks
 
 # A three-point sweep of tiny models: two encoder-decoder points of one parameter structure
-# (so they must share one compiled pre-train step) around a point that fails when it runs.
+# (so they must share one compiled pre-train step) around a point that fails when it runs: its
+# vocabulary file is missing, which (unlike a missing corpus, refused at expansion) only the
+# run finds out.
 TINY_EXPERIMENT = '''
 from tiny_configs import tiny_sweep_config
 
@@ -24,7 +26,7 @@ GRID = (
     dict(point="denoising", row="Encoder-decoder", objective="Denoising",
          overrides={"objective.name": "span_corruption"}),
     dict(point="broken", row="Enc-dec, shared", objective="Denoising",
-         overrides={"data.corpus": "/nonexistent/*.txt"}),
+         overrides={"data.vocab": "/nonexistent/vocab.model"}),
     dict(point="prefix_lm", row="Encoder-decoder", objective="LM",
          overrides={"objective.name": "prefix_lm"}),
 )
@@ -156,7 +158,8 @@ def test_points_of_one_structure_share_one_compiled_pretrain_step(uninterrupted)
 def test_a_failing_point_is_recorded_and_the_sweep_goes_on(uninterrupted):
     _, records = uninterrupted
     broken = next(r for r in records if r["point"] == "broken")
-    assert "/nonexistent/*.txt" in broken["error"]
+    assert broken["error"] == ("FileNotFoundError: vocabulary path '/nonexistent/vocab.model' "
+                               "is not a file")
     assert broken["metrics"] == {}
     assert records[-1]["status"] == "ok"  # the point after it still ran
 
@@ -230,7 +233,7 @@ def _assert_close(ours, theirs, path="record"):
 def test_vmapped_sweep_gives_the_records_of_the_sequential_one(experiment, uninterrupted,
                                                                tmp_path):
     """vmap=2: the two encoder-decoder points pre-train in one vmapped step (compiled once
-    for the pair); the broken point (another corpus) cannot join them and runs alone."""
+    for the pair); the broken point (another vocabulary) cannot join them and runs alone."""
     assert [[p.point for p in chunk] for chunk in
             sweep.vmap_chunks(sweep.expand(experiment, "demo"), 2)] == [
         ["denoising", "prefix_lm"], ["broken"]]

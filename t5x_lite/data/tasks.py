@@ -379,6 +379,8 @@ def get_task(name: str) -> Task:
 
 # Task -> the group it is averaged in first. As in T5's `eval_utils.compute_avg_glue`: tasks with
 # two metrics (MRPC, STS-B, QQP) average them first and MNLI averages matched and mismatched.
+# A sweep fine-tunes and validates `glue_mnli`, whose validation split is validation_matched:
+# it counts in the MNLI group as the matched score it is.
 # WNLI is left out, as in T5 (its `glue_utils` trains on WSC/DPR instead of WNLI).
 GLUE_AVERAGE_GROUPS = {
     "glue_cola": "cola",
@@ -386,6 +388,7 @@ GLUE_AVERAGE_GROUPS = {
     "glue_mrpc": "mrpc",
     "glue_stsb": "stsb",
     "glue_qqp": "qqp",
+    "glue_mnli": "mnli",
     "glue_mnli_matched": "mnli",
     "glue_mnli_mismatched": "mnli",
     "glue_qnli": "qnli",
