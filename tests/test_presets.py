@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from t5x_lite import cli, evaluation, presets, sweep, train
-from t5x_lite.config import ConfigError
+from t5x_lite.config import ConfigError, apply_overrides
 from t5x_lite.data import pipeline, tasks
 
 REPO = Path(__file__).resolve().parent.parent
@@ -55,7 +55,7 @@ def test_train_command_names_the_missing_path_in_one_line(tmp_path):
 def test_the_corpus_follows_a_data_root_override(name, tmp_path):
     write_pretrain_text(tmp_path)
     config = presets.sweep_preset(name)
-    sweep.apply_overrides(config, {"data.data_root": str(tmp_path)})
+    apply_overrides(config, {"data.data_root": str(tmp_path)})
     assert config.data.corpus == f"{tmp_path}/{presets.PRETRAIN_TEXT}"
     assert pipeline.describe_corpus(config) == f"{config.data.corpus} (1 files, 0.0 MB)"
     # The local tasks read the same root.
