@@ -407,11 +407,21 @@ def _finetune_tasks(point: GridPoint, workdir: str, started: float) -> list[dict
 # The sweep
 
 
+def _without_sweep_settings(identity: dict[str, Any]) -> dict[str, Any]:
+    """`identity` less its `sweep.*` overrides (seeds, tasks, progress): a sweep extended by
+    seeds or tasks is the same sweep, whose finished records resume (each record is keyed by
+    point, seed and task and checked by its config hash, which leaves out the sweep section)."""
+    return {**identity, "overrides": [item for item in identity["overrides"]
+                                      if not item[0].startswith("sweep.")]}
+
+
 def _claim_workdir(workdir: Path, identity: dict[str, Any]) -> None:
-    """Record which sweep the workdir belongs to; refuse a workdir of a different sweep."""
+    """Record which sweep the workdir belongs to; refuse a workdir of a different sweep (other
+    experiment, preset or overrides; more seeds or tasks are the same sweep)."""
     path = workdir / SWEEP_FILE
+    identity = _without_sweep_settings(identity)
     if path.exists():
-        saved = json.loads(path.read_text())
+        saved = _without_sweep_settings(json.loads(path.read_text()))
         if saved != identity:
             differences = ", ".join(f"{key}: {saved.get(key)!r} there, {identity[key]!r} now"
                                     for key in identity if saved.get(key) != identity[key])

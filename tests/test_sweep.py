@@ -171,6 +171,23 @@ def test_rerun_skips_finished_points(experiment, uninterrupted):
     assert (workdir / "results.jsonl").read_text() == before
 
 
+def test_more_seeds_extend_a_finished_sweep_and_other_overrides_are_refused(
+        experiment, uninterrupted, tmp_path):
+    # Adding a seed resumes the sweep: the finished records stay, only the new seed's runs are
+    # added (point_index 3 is the broken row's seed 1, which fails fast at run time).
+    workdir, records = uninterrupted
+    copy = tmp_path / "sweep"
+    shutil.copytree(workdir, copy)
+    before = (copy / "results.jsonl").read_text().splitlines()
+    added = sweep.run_sweep(experiment, "demo", str(copy), overrides=["sweep.seeds=(0, 1)"],
+                            point_index=3)
+    assert [(r["point"], r["seed"], r["status"]) for r in added] == [("broken", 1, "failed")]
+    after = (copy / "results.jsonl").read_text().splitlines()
+    assert after[:len(before)] == before and len(after) == len(before) + 1
+    with pytest.raises(ConfigError, match="holds a different sweep.*overrides: .*train.steps"):
+        sweep.run_sweep(experiment, "demo", str(copy), overrides=["train.steps=7"])
+
+
 def test_records_of_a_changed_config_are_refused_not_skipped(experiment, uninterrupted,
                                                             tmp_path):
     # A record written before a grid row changed (e.g. its objective) must not pass for a
