@@ -45,7 +45,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import checkpoint_managers as policies
 
-from t5x_lite.config import ConfigError
+from t5x_lite.config import ConfigError, flat_fields
 
 log = logging.getLogger(__name__)
 
@@ -72,16 +72,6 @@ def _config_as_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
     return json.loads(config.to_json_best_effort(sort_keys=True))
 
 
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def config_differences(
     saved: dict[str, Any], current: dict[str, Any], fields: Sequence[str]
 ) -> list[str]:
@@ -90,7 +80,7 @@ def config_differences(
     `saved` and `current` are configs as JSON data; `fields` are dotted names of sections
     ("model") or single fields ("train.seed"). Parameter-neutral model fields are ignored.
     """
-    saved, current = _flatten(saved), _flatten(current)
+    saved, current = flat_fields(saved), flat_fields(current)
 
     def relevant(key: str) -> bool:
         under = any(key == field or key.startswith(field + ".") for field in fields)

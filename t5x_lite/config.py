@@ -311,6 +311,18 @@ OVERRIDES_HELP = (
 )
 
 
+def flat_fields(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'section.field': value} of a nested dict (a config's `to_dict()` or its JSON), the
+    dotted paths that `--config.F=V` overrides and error messages name."""
+    flat: dict[str, Any] = {}
+    for name, value in tree.items():
+        if isinstance(value, Mapping):
+            flat.update(flat_fields(value, f"{prefix}{name}."))
+        else:
+            flat[f"{prefix}{name}"] = value
+    return flat
+
+
 def split_overrides(args: Sequence[str]) -> tuple[list[str], list[str]]:
     """`args` -> (the `--config.FIELD=VALUE` overrides, everything else), each in order."""
     overrides = [arg for arg in args if arg.startswith(OVERRIDE_PREFIX)]

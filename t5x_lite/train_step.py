@@ -35,7 +35,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from t5x_lite import objectives, partitioning
-from t5x_lite.config import ConfigError
+from t5x_lite.config import ConfigError, flat_fields
 from t5x_lite.models import build_model, make_masks
 from t5x_lite.optim import learning_rate_schedule, make_optimizer
 from t5x_lite.step_settings import ModelSettings, StepSettings, step_settings
@@ -513,17 +513,6 @@ def vmap_group_key(config: ml_collections.ConfigDict) -> tuple[StepSettings, str
     return step_settings(config), json.dumps(shared, sort_keys=True)
 
 
-def _leaves(tree: dict, prefix: str = "") -> dict[str, Any]:
-    """{'section.field': value} of a nested dict."""
-    leaves = {}
-    for name, value in tree.items():
-        if isinstance(value, dict):
-            leaves.update(_leaves(value, f"{prefix}{name}."))
-        else:
-            leaves[f"{prefix}{name}"] = value
-    return leaves
-
-
 def require_one_group(configs: Sequence[ml_collections.ConfigDict]) -> None:
     """Raise `ConfigError` naming the fields in which a config differs from the first one
     beyond what a vmapped step can take as data (see `vmap_group_key`)."""
@@ -532,7 +521,7 @@ def require_one_group(configs: Sequence[ml_collections.ConfigDict]) -> None:
 
     def fields(config: ml_collections.ConfigDict) -> tuple[dict, dict]:
         settings, shared = vmap_group_key(config)
-        return settings.by_config_path(), _leaves(json.loads(shared))
+        return settings.by_config_path(), flat_fields(json.loads(shared))
 
     first = fields(configs[0])
     for index, config in enumerate(configs[1:], 1):

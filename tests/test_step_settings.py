@@ -16,6 +16,7 @@ from t5x_lite.config import (
     OPTIMIZERS,
     SCHEDULES,
     ConfigError,
+    flat_fields,
 )
 from t5x_lite.step_settings import NOT_IN_THE_PROGRAM, STEP_SECTIONS, step_settings
 from tiny_configs import tiny_train_config
@@ -28,14 +29,6 @@ _CHOICES = {"model.arch": ARCHS, "model.mlp": MLP_KINDS, "model.dtype": DTYPES,
 def _base():
     # A schedule that ends at train.steps, so that every train field is read.
     return tiny_train_config(mesh=(1, 1), schedule="linear")
-
-
-def _leaves(tree, prefix):
-    for name, value in tree.items():
-        if isinstance(value, dict):
-            yield from _leaves(value, f"{prefix}{name}.")
-        else:
-            yield f"{prefix}{name}", value
 
 
 def _other_value(path, value):
@@ -71,7 +64,7 @@ def _misclassified(config):
     before = step_settings(config)
     wrong = []
     for section in STEP_SECTIONS:
-        for path, value in _leaves(config[section].to_dict(), f"{section}."):
+        for path, value in flat_fields(config[section].to_dict(), f"{section}.").items():
             changed = step_settings(_with(config, path, _other_value(path, value))) != before
             if changed == (path in NOT_IN_THE_PROGRAM):
                 wrong.append(path)
