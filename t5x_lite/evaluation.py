@@ -226,7 +226,7 @@ class Evaluator:
         texts = []
         for batch in inputs:
             global_shape = (len(batch) * jax.process_count(), *batch.shape[1:])
-            whole = jax.make_array_from_process_local_data(self.rows, batch, global_shape)
+            whole = train_step.global_rows(batch, self.rows, global_shape, "encoder_input_tokens")
             result = decoding.decode(model, whole, max_length=self.max_length,
                                      arch=self.config.model.arch, method=settings.method,
                                      num_beams=settings.num_beams, alpha=settings.alpha)

@@ -325,7 +325,7 @@ def _replicated(x: Any, mesh: Mesh) -> jax.Array:
     )
 
 
-def _global_rows(local: Any, sharding: NamedSharding, global_shape: tuple[int, ...],
+def global_rows(local: Any, sharding: NamedSharding, global_shape: tuple[int, ...],
                  name: str, rows_axis: int = 0) -> jax.Array:
     """This process's rows (split on `rows_axis`) of a batch-sharded array (numpy, or an
     already global jax.Array of `global_shape`) -> the global array; a wrong shape is an error
@@ -387,7 +387,7 @@ class TrainStep(_StepCaller):
     ) -> tuple[TrainState, dict]:
         if not isinstance(raw_tokens, jax.Array):
             raw_tokens = np.asarray(raw_tokens, np.int32)
-        raw_tokens = _global_rows(raw_tokens, self.rows, self.global_shape, "raw_tokens",
+        raw_tokens = global_rows(raw_tokens, self.rows, self.global_shape, "raw_tokens",
                                   rows_axis=len(self.global_shape) - 2)
         spec = jax.tree.map(lambda x: _replicated(x, self.mesh), spec)
         return self._run(state, (raw_tokens, spec), rng)
@@ -408,7 +408,7 @@ class FinetuneStep(_StepCaller):
         self, state: TrainState, batch: dict[str, Any], rng: jax.Array
     ) -> tuple[TrainState, dict]:
         batch = {
-            name: _global_rows(value, self.rows, (self.batch_size, *np.shape(value)[1:]), name)
+            name: global_rows(value, self.rows, (self.batch_size, *np.shape(value)[1:]), name)
             for name, value in batch.items()
         }
         return self._run(state, batch, rng)
@@ -611,7 +611,7 @@ def make_eval_step(
     flag = _replicated(np.bool_(config.model.arch == "prefix_lm"), mesh)
 
     def eval_step(params: nnx.State, batch: dict[str, np.ndarray]) -> dict[str, float]:
-        batch = {name: _global_rows(value, rows, (len(value) * jax.process_count(),
+        batch = {name: global_rows(value, rows, (len(value) * jax.process_count(),
                                                   *np.shape(value)[1:]), name)
                  for name, value in batch.items()}
         sums = jax.device_get(program(params, batch, flag))
