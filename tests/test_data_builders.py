@@ -1,7 +1,9 @@
 """TFDS builders: build and read back small generated files, bad records, catalog names."""
+import concurrent.futures
 import json
 import logging
 import os
+import threading
 
 import pytest
 import tensorflow_datasets as tfds
@@ -79,6 +81,25 @@ def test_edited_input_gets_a_new_build(tmp_path):
     write(path, "second version, longer\n")
     assert source.build_name() != before
     assert load_split(source, "train", str(tmp_path / "dd"))[0]["text"].startswith("second")
+
+
+def test_concurrent_builds_of_one_source_share_one_build(tmp_path, capfd):
+    """Processes of one run (or a parallel sweep) on one host build the same source into the
+    same data_dir at once: one builds, the others wait and read it. Without the lock, the
+    later build's final rename fails with FileExistsError. Threads stand in for processes:
+    flock excludes separate opens of the lock file in one process too."""
+    path = write(tmp_path / "a.txt", "".join(f"line {i} of the corpus\n" for i in range(50)))
+    source, data_dir = TextFiles(files={"train": path}, unit="line"), str(tmp_path / "data")
+    start = threading.Barrier(3)
+
+    def build_it():
+        start.wait()
+        return len(builders.build(source, data_dir).as_data_source()["train"])
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        sizes = [f.result() for f in [pool.submit(build_it) for _ in range(3)]]
+    assert sizes == [50, 50, 50]
+    assert capfd.readouterr().err.count("Building the local dataset") == 1
 
 
 def test_bad_options_name_the_field(tmp_path):

@@ -35,6 +35,7 @@ import collections
 import contextlib
 import csv
 import dataclasses
+import fcntl
 import functools
 import glob
 import hashlib
@@ -629,16 +630,27 @@ def content_key(source: str | _LocalSource) -> str | None:
 
 
 def build(source: _LocalSource, data_dir: str) -> LocalFiles:
-    """The prepared builder of a local source (built on first use, reused afterwards)."""
+    """The prepared builder of a local source (built on first use, reused afterwards).
+
+    Safe to call from several processes at once (a multi-process run or a parallel sweep on
+    one host, sharing `data_dir`): one builds while the others wait on a lock file beside the
+    build, then read it. Without the lock the second finished build fails its final rename."""
     builder = LocalFiles(source, data_dir=data_dir)
-    if not builder.is_prepared():
-        # TFDS prints "Downloading and preparing dataset..." to stdout, which would mix into a
-        # command's output (the report table) and is wrong here: nothing is downloaded. Its
-        # progress bars (stderr) stay.
-        print(f"Building the local dataset {source.kind!r} in {builder.data_dir} (once; "
-              "nothing is downloaded)", file=sys.stderr, flush=True)
-        with contextlib.redirect_stdout(io.StringIO()):
-            builder.download_and_prepare()
+    if builder.is_prepared():
+        return builder
+    lock_dir = os.path.join(data_dir, LocalFiles.name)
+    os.makedirs(lock_dir, exist_ok=True)
+    with open(os.path.join(lock_dir, f"{source.build_name()}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        builder = LocalFiles(source, data_dir=data_dir)  # another process may have built it
+        if not builder.is_prepared():
+            # TFDS prints "Downloading and preparing dataset..." to stdout, which would mix
+            # into a command's output (the report table) and is wrong here: nothing is
+            # downloaded. Its progress bars (stderr) stay.
+            print(f"Building the local dataset {source.kind!r} in {builder.data_dir} (once; "
+                  "nothing is downloaded)", file=sys.stderr, flush=True)
+            with contextlib.redirect_stdout(io.StringIO()):
+                builder.download_and_prepare()
     return builder
 
 
