@@ -46,6 +46,7 @@ from typing import Any, Mapping, Sequence
 
 import jax
 import ml_collections
+import numpy as np
 from jax.experimental import multihost_utils
 
 from t5x_lite import accounting, launchers, objectives, partitioning, presets
@@ -447,6 +448,24 @@ def _require_current(records: Sequence[dict], points: Sequence[GridPoint], path:
                 "point's lines to run it again")
 
 
+def _require_one_view_of_the_workdir(todo: Sequence[GridPoint], workdir: Path) -> None:
+    """Refuse a multi-process sweep whose processes see different finished points: they would
+    run different points and wait forever in each other's collectives. It happens when each
+    host has its own workdir (a host-local `runs/table2`) where one shared by every host (NFS,
+    a mounted bucket) is needed, since only process 0 writes the records."""
+    if jax.process_count() == 1:
+        return
+    todo_keys = json.dumps([[p.point, p.seed] for p in todo]).encode()
+    mine = np.frombuffer(hashlib.sha256(todo_keys).digest()[:8], np.int32)
+    every_process = multihost_utils.process_allgather(mine)  # [processes, 2]
+    if not (every_process == mine).all():
+        raise ConfigError(
+            f"the {jax.process_count()} processes see different finished points in "
+            f"--workdir={workdir} (process {jax.process_index()}: {len(todo)} runs to do): a "
+            "multi-process sweep needs one workdir that every host shares (NFS, a mounted "
+            "bucket), not a directory on each host")
+
+
 def vmap_chunks(points: Sequence[GridPoint], size: int) -> list[tuple[GridPoint, ...]]:
     """`points` in chunks of at most `size` that can pre-train in one vmapped step: points
     with the same layout and `train_step.vmap_group_key` (they differ only in objective, seed and
@@ -504,6 +523,7 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
     done = {(r["point"], r["seed"], r["task"]) for r in finished_records}
     todo = [p for p in points
             if any((p.point, p.seed, task) not in done for task in p.config.sweep.tasks)]
+    _require_one_view_of_the_workdir(todo, workdir_path)
     _log(f"sweep {points[0].experiment} --preset {preset}: {len(points)} runs x "
          f"{len(points[0].config.sweep.tasks)} tasks; {len(points) - len(todo)} done, "
          f"{len(todo)} to run; records in {results.path}")

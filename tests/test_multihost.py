@@ -1,15 +1,16 @@
 """Multi-process runs on localhost (gloo collectives on CPU, as srun or a TPU pod starts them).
 
 Two processes (2 CPU devices each) train 3 steps, each feeding only its half of the global
-batch; their losses equal a single-process run on the whole batch. And one sweep point
-(pre-train -> fine-tune -> evaluate) through the CLI on two processes gives the record and
-the validation log of the same point on one process.
+batch; their losses equal a single-process run on the whole batch. And a sweep
+(pre-train -> fine-tune -> evaluate) through the CLI on two processes resumes a partial
+workdir and gives the records and validation logs of one process.
 
 Run as a script, this file is one of the two worker processes of the first test.
 """
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -77,8 +78,8 @@ def _environment(devices: int, **variables: str) -> dict[str, str]:
                 **variables)
 
 
-def _run_all(commands: list[list[str]], envs: list[dict[str, str]]) -> None:
-    """Run the commands at once, each with its environment; every one must succeed. The
+def _run_together(commands: list[list[str]], envs: list[dict[str, str]]) -> list[tuple[int, str]]:
+    """Run the commands at once, each with its environment: (exit status, output) of each. The
     timeout only guards against a hang (e.g. a process left waiting in a collective)."""
     workers = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
@@ -88,8 +89,15 @@ def _run_all(commands: list[list[str]], envs: list[dict[str, str]]) -> None:
     finally:
         for w in workers:
             w.kill()
-    for w, output in zip(workers, outputs):
-        assert w.returncode == 0, output[-3000:]
+    return [(w.returncode, output) for w, output in zip(workers, outputs)]
+
+
+def _run_all(commands: list[list[str]], envs: list[dict[str, str]]) -> list[str]:
+    """`_run_together`, where every command must succeed: their outputs."""
+    results = _run_together(commands, envs)
+    for returncode, output in results:
+        assert returncode == 0, output[-3000:]
+    return [output for _, output in results]
 
 
 def test_two_processes_match_a_single_process_run(tmp_path):
@@ -144,10 +152,15 @@ def _close(ours, theirs, where="record"):
         assert ours == theirs, where
 
 
-def test_a_sweep_point_through_the_cli_on_two_processes_gives_the_single_process_record(
+def test_a_sweep_through_the_cli_on_two_processes_resumes_and_gives_the_single_process_records(
         tmp_path):
     """As a user starts it: `t5x-lite sweep` once per process with JAX_COORDINATOR_ADDRESS /
-    JAX_NUM_PROCESSES / JAX_PROCESS_ID; the CLI picks gloo itself. 4 devices either way."""
+    JAX_NUM_PROCESSES / JAX_PROCESS_ID; the CLI picks gloo itself. 4 devices either way.
+
+    One process runs seeds 0 and 1. The two processes resume a shared workdir holding only
+    seed 0 (a partial sweep): they run seed 1 alone, to the one-process record, and process 0
+    is the one writer. Run again, they find everything done and exit. Two processes that see
+    different workdirs (each host its own) are refused on both, instead of hanging."""
     from t5x_lite import sweep
     from t5x_lite.results import RESULTS_FILE
 
@@ -156,27 +169,47 @@ def test_a_sweep_point_through_the_cli_on_two_processes_gives_the_single_process
 
     def command(workdir):
         return [sys.executable, "-m", "t5x_lite.cli", "sweep", str(experiment),
-                "--preset", "demo", "--workdir", str(workdir)]
+                "--preset", "demo", "--workdir", str(workdir), "--config.sweep.seeds=(0,1)"]
 
-    # One process first: it trains (or finds) the cached vocabulary the two then share.
-    _run_all([command(tmp_path / "one")], [_environment(PROCESSES * DEVICES_PER_PROCESS)])
-    port = _free_port()
-    _run_all([command(tmp_path / "two")] * PROCESSES,
-             [_environment(DEVICES_PER_PROCESS, JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
-                           JAX_NUM_PROCESSES=str(PROCESSES), JAX_PROCESS_ID=str(i))
-              for i in range(PROCESSES)])
+    def two_processes(*workdirs):
+        port = _free_port()
+        return _run_together(
+            [command(w) for w in workdirs],
+            [_environment(DEVICES_PER_PROCESS, JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
+                          JAX_NUM_PROCESSES=str(PROCESSES), JAX_PROCESS_ID=str(i))
+             for i in range(PROCESSES)])
 
-    def outcome(workdir):
-        lines = (workdir / RESULTS_FILE).read_text().splitlines()
-        records = [{k: v for k, v in json.loads(line).items() if k not in sweep.TIMING_FIELDS}
-                   for line in lines]
-        log = workdir / "points/denoising/seed0/finetune/builtin_reverse/eval.jsonl"
-        return records, [json.loads(line) for line in log.read_text().splitlines()]
+    one, two = tmp_path / "one", tmp_path / "two"
+    _run_all([command(one)], [_environment(PROCESSES * DEVICES_PER_PROCESS)])
+    seed0_line, seed1_line = (one / RESULTS_FILE).read_text().splitlines()
+    shutil.copytree(one, two, ignore=lambda d, names: ["seed1"] if d.endswith("denoising") else [])
+    (two / RESULTS_FILE).write_text(seed0_line + "\n")  # seed 0 finished, seed 1 not begun
 
-    (one, one_log), (two, two_log) = outcome(tmp_path / "one"), outcome(tmp_path / "two")
-    assert len(two) == 1 and two[0]["status"] == "ok", two  # process 1 appended nothing
-    _close(two, one)
-    _close(two_log, one_log, "eval.jsonl")
+    resumed = two_processes(two, two)
+    assert [code for code, _ in resumed] == [0, 0], resumed[0][1][-3000:] + resumed[1][1][-3000:]
+    lines = (two / RESULTS_FILE).read_text().splitlines()
+    assert len(lines) == 2 and lines[0] == seed0_line, lines  # one writer; seed 0 untouched
+
+    def without_timing(line):
+        return {k: v for k, v in json.loads(line).items() if k not in sweep.TIMING_FIELDS}
+
+    def eval_log(workdir):
+        log = workdir / "points/denoising/seed1/finetune/builtin_reverse/eval.jsonl"
+        return [json.loads(line) for line in log.read_text().splitlines()]
+
+    record = without_timing(lines[1])
+    assert record["seed"] == 1 and record["status"] == "ok", record
+    _close(record, without_timing(seed1_line))
+    _close(eval_log(two), eval_log(one), "eval.jsonl")
+
+    again = two_processes(two, two)
+    assert [code for code, _ in again] == [0, 0] and "0 to run" in again[0][1], again[0][1][-3000:]
+    assert (two / RESULTS_FILE).read_text().splitlines() == lines
+
+    disagreeing = two_processes(two, tmp_path / "host_local")
+    for code, output in disagreeing:
+        assert code != 0 and "see different finished points" in output, output[-3000:]
+        assert "Traceback" not in output, output[-3000:]
 
 
 def test_several_cpu_processes_get_gloo_collectives_by_themselves(monkeypatch):
