@@ -7,6 +7,7 @@ import platform
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from t5x_lite import accounting, bench, presets
@@ -55,3 +56,41 @@ def test_torch_comparison_needs_the_like_for_like_model():
     config = tiny_train_config(mesh=(1, 1))  # Adafactor: PyTorch has no T5 Adafactor in core
     with pytest.raises(ValueError, match="train.optimizer='adamw'"):
         bench.torch_t5_train_step(config)
+
+
+@pytest.mark.parametrize("arch", ["encoder_decoder", "prefix_lm", "language_model"])
+def test_cached_decoding_emits_the_tokens_of_recomputation(arch):
+    """What `bench --decode`'s speed-up stands on: the key/value-cached greedy loop emits, row by
+    row, the tokens of re-running the whole decoder at every step (a random model, 6 tokens)."""
+    config = tiny_train_config(arch, mesh=(1, 1))
+    config.train.batch_size = 3
+    result = bench.decode_benchmark(config, new_tokens=6, steps=1, warmup=0)
+    assert result["tokens_match"] is True
+    assert (result["arch"], result["batch_size"], result["new_tokens"]) == (arch, 3, 6)
+    assert 1 <= result["cached_steps"] <= 6
+    assert result["speedup"] == pytest.approx(result["recompute_s"] / result["cached_s"])
+
+
+def test_torch_comparison_and_pipeline_timing_at_toy_size():
+    """`bench --compare_torch --pipeline` on a toy model: the PyTorch T5 has exactly our model's
+    parameters (counted on both built models), and the ratios are the times' ratios."""
+    import numpy as np
+    from flax import nnx
+
+    from t5x_lite.models import build_model
+
+    config = tiny_train_config(mesh=(1, 1))
+    config.train.update(optimizer="adamw", batch_size=2)
+    torch_model = bench.torch_t5(config)[0]
+    ours = nnx.state(build_model(config.model, nnx.Rngs(0)), nnx.Param)
+    ours_count = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(ours))
+    assert sum(p.numel() for p in torch_model.parameters()) == ours_count
+
+    result = bench.run_benchmarks(config, steps=1, warmup=0, compare_torch=True, pipeline=True)
+    assert result["speedup_vs_torch"] == pytest.approx(
+        result["torch"]["step_ms"] / result["step_ms"])
+    assert result["torch"]["tokens_per_second"] == pytest.approx(
+        result["tokens_per_second"] / result["speedup_vs_torch"])
+    assert result["pipeline_batch_ms"] > 0
+    assert result["pipeline_speedup_vs_step"] == pytest.approx(
+        result["step_ms"] / result["pipeline_batch_ms"])
