@@ -114,7 +114,10 @@ def read_results(path: str) -> list[dict]:
 class Cell:
     """One (row, column) of the table.
 
-    status: 'ok'; 'failed' when a record of the cell failed; 'missing' when none ran.
+    status: 'ok'; 'failed' when a record of the cell failed; 'missing' when none ran;
+      'undefined' when a seed's score is not a number (STS-B's Pearson correlation of constant
+      predictions): shown as 'undefined', left out of spreads, bold and findings like a
+      missing cell, since an average or a spread with it would be NaN as well.
     mean, std, seeds: our score over the seeds that ran (std: sample deviation, 0 for one).
     paper: the published score, where the paper has this row and column.
     """
@@ -190,6 +193,8 @@ def _cell(column: str, tasks: tuple[str, ...], records: list[dict], paper: Paper
               if set(metrics) == set(tasks)]  # a seed without every task of the column: no score
     if not values:
         return Cell("missing", paper=published)
+    if not all(math.isfinite(value) for value in values):
+        return Cell("undefined", seeds=len(values), paper=published)
     std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
     return Cell("ok", float(np.mean(values)), std, len(values), published)
 
@@ -308,7 +313,7 @@ def _number(value: float | None) -> str:
 def _cell_text(cell: Cell, bold: Callable[[str], str]) -> str:
     """'61.00 ± 0.50 (83.28)', the score wrapped by `bold` when it is bold."""
     if cell.status != "ok":
-        text = "failed" if cell.status == "failed" else "–"
+        text = cell.status if cell.status in ("failed", "undefined") else "–"
     else:
         text = bold(f"{cell.mean:.2f}") if cell.bold else f"{cell.mean:.2f}"
         if cell.seeds > 1:
@@ -519,7 +524,8 @@ def write_plots(table: Table, records: Sequence[dict], out_dir: str) -> list[str
             axes.scatter(*zip(*published), marker="D", color="black", zorder=3, label="paper")
         for i, cell in enumerate(cells):
             if cell.status != "ok":
-                axes.text(i, 0, cell.status if cell.status == "failed" else "not run",
+                axes.text(i, 0, cell.status if cell.status in ("failed", "undefined")
+                          else "not run",
                           rotation=90, ha="center", va="bottom")
         axes.set_xticks(x, names, rotation=30, ha="right")
         axes.set(ylabel=column, title=f"{column}: {table.experiment}, preset {table.preset}")

@@ -353,6 +353,26 @@ def test_other_experiments_have_no_paper_column_or_tau(tmp_path):
     assert "Failed: a seed 0 builtin_sort: boom\n" in text
 
 
+def test_a_seed_whose_score_is_not_a_number_makes_the_cell_undefined(tmp_path):
+    """STS-B's Pearson correlation of constant predictions is NaN: the cell says 'undefined'
+    and, like a missing cell, stays out of the column's spread and bold, so the other rows are
+    still judged with a spread that is a number."""
+    _write(tmp_path / "results.jsonl", [
+        _record(experiment="mine", point="a", row="A", seed=0, metrics={"accuracy": 60.0}),
+        _record(experiment="mine", point="a", row="A", seed=1, metrics={"accuracy": 62.0}),
+        _record(experiment="mine", point="b", row="B", seed=0, metrics={"accuracy": float("nan")}),
+        _record(experiment="mine", point="b", row="B", seed=1, metrics={"accuracy": 90.0}),
+    ])
+    table = report.report(str(tmp_path)).table
+    a, b = (row.cells["builtin_reverse"] for row in table.rows)
+    assert (b.status, b.seeds, b.mean) == ("undefined", 2, None)
+    assert report.pooled_std([a, b]) == pytest.approx(math.sqrt(2.0))  # A's alone
+    assert (a.bold, b.bold) == (True, False)
+    line = next(line for line in report.report(str(tmp_path)).text.splitlines()
+                if line.startswith("B "))
+    assert "undefined" in line and "nan" not in line
+
+
 def test_params_and_cost_are_the_papers_labels_with_our_measured_ratios():
     records = [{**sweep._base_record(point), "task": "builtin_reverse", "status": "ok",
                 "metrics": {"accuracy": 50.0}} for point in sweep.expand("table2", "demo")]
