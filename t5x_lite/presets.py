@@ -94,7 +94,7 @@ def demo() -> ml_collections.ConfigDict:
 
 
 def cpu() -> ml_collections.ConfigDict:
-    """Table 2 on a 2-core, 24 GB CPU machine in at most 3 hours (10 points x 3 seeds).
+    """Table 2 on a 2-core, 24 GB CPU machine in about 3 hours (10 points x 3 seeds).
 
     2+2 layers, d_model 128, d_ff 512, 4 heads, vocabulary 4096 (1.4 M parameters for the
     encoder-decoder, 0.9 M for the decoder-only models), batch 16 x 64 inputs, 700 AdamW steps
@@ -102,7 +102,8 @@ def cpu() -> ml_collections.ConfigDict:
     point. A pre-training step costs 0.20-0.38 CPU-seconds (0.30 averaged over the grid) and
     XLA keeps ~1.8 cores busy, so 700 steps take ~2 min; with the three 200-step fine-tunings
     and their evaluations a (point, seed) costs ~630 CPU-seconds, ~5.8 min, and all 30 ~2.9 h.
-    Measured on a shared machine; the arithmetic and caveats are in experiments/README.md.
+    Measured on a shared machine (one run alone: 373 s, so ~3.1 h for all 30); the arithmetic,
+    caveats and the measured table are in experiments/README.md.
     """
     config = tiny()
     config.model.update(d_model=128, d_ff=512, num_heads=4, d_kv=32, num_layers=2,
