@@ -22,10 +22,11 @@ of one L-layer stack and M the cost of processing an input-target pair with the 
 encoder-decoder, which is about what the L-layer decoder-only model pays for the same
 inputs + targets tokens as one sequence. We use that decoder-only `language_model` with the
 same settings as the reference for both, so P and M are counted rather than chosen.
-The labels themselves (`STRUCTURAL_LABELS`) are properties of an architecture's structure: at
-small sizes the embedding and the logits, which do not grow with depth, dominate both counts
-and pull the measured ratios away from them (the full encoder-decoder of the `demo` preset
-costs about 0.65 M), so the ratios are reported beside the labels, not rounded into them.
+The labels themselves (`Architecture.params_label` / `cost_label`) are properties of an
+architecture's structure: at small sizes the embedding and the logits, which do not grow with
+depth, dominate both counts and pull the measured ratios away from them (the full
+encoder-decoder of the `demo` preset costs about 0.65 M), so the ratios are reported beside
+the labels, not rounded into them.
 """
 from __future__ import annotations
 
@@ -39,29 +40,11 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from t5x_lite.config import DECODER_ONLY_ARCHS, validate_model_config
+from t5x_lite import architectures
+from t5x_lite.config import validate_model_config
 
-
-class _Stack(NamedTuple):
-    """One stack of transformer layers as an architecture builds it."""
-    name: str  # "encoder" or "decoder"
-    num_layers: int
-    cross_attention: bool  # decoder layers of an encoder-decoder attend to the encoder
-    shares_layers: bool  # reuses the encoder's self-attention and MLP parameters
-
-
-def _stacks(model_cfg: ml_collections.ConfigDict) -> tuple[_Stack, ...]:
-    """The layer stacks of `model_cfg.arch`, encoder first (see models.py)."""
-    num_layers = model_cfg.num_layers
-    if model_cfg.arch in DECODER_ONLY_ARCHS:
-        return (_Stack("decoder", num_layers, cross_attention=False, shares_layers=False),)
-    if model_cfg.arch == "encoder_decoder_half":
-        num_layers //= 2
-    shared = model_cfg.arch == "encoder_decoder_shared"
-    return (
-        _Stack("encoder", num_layers, cross_attention=False, shares_layers=False),
-        _Stack("decoder", num_layers, cross_attention=True, shares_layers=shared),
-    )
+# The yardstick of the paper's P and M (see the module docstring).
+_REFERENCE_ARCH = "language_model"
 
 
 def _num_mlp_matrices(model_cfg: ml_collections.ConfigDict) -> int:
@@ -75,18 +58,20 @@ def param_count(model_cfg: ml_collections.ConfigDict) -> int:
     Parameters shared between stacks (`encoder_decoder_shared`) are counted once.
     """
     validate_model_config(model_cfg)
+    num_layers = model_cfg.num_layers
     d_model, inner = model_cfg.d_model, model_cfg.num_heads * model_cfg.d_kv
     attention = 4 * d_model * inner  # query, key, value [embed, heads, kv]; out [heads, kv, embed]
     mlp = _num_mlp_matrices(model_cfg) * d_model * model_cfg.d_ff
     total = model_cfg.vocab_size * d_model  # token embedding
     if not model_cfg.tie_embeddings:
         total += d_model * model_cfg.vocab_size  # lm_head
-    for stack in _stacks(model_cfg):
+    for stack in architectures.get(model_cfg.arch).stacks:
         total += model_cfg.relpos_buckets * model_cfg.num_heads + d_model  # relpos, final norm
-        per_layer = 0 if stack.shares_layers else (d_model + attention) + (d_model + mlp)
+        shared = stack.shares_layers_of is not None
+        per_layer = 0 if shared else (d_model + attention) + (d_model + mlp)
         if stack.cross_attention:
             per_layer += d_model + attention
-        total += stack.num_layers * per_layer
+        total += stack.num_layers(num_layers) * per_layer
     return total
 
 
@@ -112,44 +97,35 @@ def train_flops_per_example(
     sequence. See the module docstring for which terms are counted.
     """
     validate_model_config(model_cfg)
+    architecture = architectures.get(model_cfg.arch)
     # A decoder-only model trained with the LM objective has no inputs part.
     _require_length("inputs_length", inputs_length,
-                    minimum=0 if model_cfg.arch in DECODER_ONLY_ARCHS else 1)
+                    minimum=0 if architecture.family == "decoder_only" else 1)
     _require_length("targets_length", targets_length)
     d_model, inner = model_cfg.d_model, model_cfg.num_heads * model_cfg.d_kv
     mlp_per_token = 2 * _num_mlp_matrices(model_cfg) * d_model * model_cfg.d_ff
-    if model_cfg.arch in DECODER_ONLY_ARCHS:
+    if architecture.family == "decoder_only":
         lengths = {"decoder": inputs_length + targets_length}
     else:
         lengths = {"encoder": inputs_length, "decoder": targets_length}
     forward = 0
-    for stack in _stacks(model_cfg):
-        length = lengths[stack.name]
+    for stack in architecture.stacks:
+        length = lengths[stack.role]
         per_layer = _attention_flops(d_model, inner, length, length) + mlp_per_token * length
         if stack.cross_attention:
-            per_layer += _attention_flops(d_model, inner, length, inputs_length)
-        forward += stack.num_layers * per_layer
+            per_layer += _attention_flops(d_model, inner, length, lengths["encoder"])
+        forward += stack.num_layers(model_cfg.num_layers) * per_layer
     forward += 2 * d_model * model_cfg.vocab_size * lengths["decoder"]  # logits
     return 3.0 * forward
-
-
-# The paper's Params and Cost labels of Table 2 for each `model.arch` (see the module docstring).
-STRUCTURAL_LABELS: dict[str, tuple[str, str]] = {
-    "encoder_decoder": ("2P", "M"),
-    "encoder_decoder_shared": ("P", "M"),
-    "encoder_decoder_half": ("P", "M/2"),
-    "language_model": ("P", "M"),
-    "prefix_lm": ("P", "M"),
-}
 
 
 @dataclasses.dataclass(frozen=True)
 class Table2Columns:
     """An architecture's Params and Cost columns of the paper's Table 2.
 
-    The labels are the paper's, from the architecture (`STRUCTURAL_LABELS`); the ratios are
-    measured, relative to the decoder-only `language_model` with the same settings (P: its
-    parameters, M: its training FLOPs for the inputs + targets sequence).
+    The labels are the paper's, from the architecture's record; the ratios are measured,
+    relative to the decoder-only `language_model` with the same settings (P: its parameters,
+    M: its training FLOPs for the inputs + targets sequence).
     """
     params: int
     train_flops: float
@@ -164,17 +140,17 @@ def table2_columns(
 ) -> Table2Columns:
     """The Params (P / 2P) and Cost (M / M/2) labels of `model_cfg.arch`, with the measured
     parameter and training-FLOP ratios behind them."""
-    reference = ml_collections.ConfigDict({**model_cfg.to_dict(), "arch": "language_model"})
+    reference = ml_collections.ConfigDict({**model_cfg.to_dict(), "arch": _REFERENCE_ARCH})
     params = param_count(model_cfg)
     flops = train_flops_per_example(model_cfg, inputs_length, targets_length)
-    params_label, cost_label = STRUCTURAL_LABELS[model_cfg.arch]
+    architecture = architectures.get(model_cfg.arch)
     return Table2Columns(
         params=params,
         train_flops=flops,
         params_ratio=params / param_count(reference),
         flops_ratio=flops / train_flops_per_example(reference, inputs_length, targets_length),
-        params_label=params_label,
-        cost_label=cost_label,
+        params_label=architecture.params_label,
+        cost_label=architecture.cost_label,
     )
 
 

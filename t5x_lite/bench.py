@@ -24,9 +24,9 @@ import numpy as np
 
 from flax import nnx
 
-from t5x_lite import (accounting, decoding, host_memory, objectives, partitioning, train,
-                      train_step)
-from t5x_lite.config import ENCODER_DECODER_ARCHS, EOS_ID, NUM_RESERVED_IDS
+from t5x_lite import (accounting, architectures, convert, decoding, host_memory, objectives,
+                      partitioning, train, train_step)
+from t5x_lite.config import EOS_ID, NUM_RESERVED_IDS
 from t5x_lite.models import build_model, make_masks
 
 
@@ -124,8 +124,9 @@ def torch_t5(config: ml_collections.ConfigDict) -> tuple[Any, Any, Any, Any]:
     import transformers
 
     model_cfg, layout = config.model, objectives.layout_from_config(config)
-    if model_cfg.arch != "encoder_decoder" or config.train.optimizer != "adamw":
-        raise ValueError("the PyTorch comparison needs model.arch='encoder_decoder' and train.optimizer='adamw'")
+    if model_cfg.arch != convert.HF_T5_ARCH or config.train.optimizer != "adamw":
+        raise ValueError(f"the PyTorch comparison needs model.arch={convert.HF_T5_ARCH!r} and "
+                         "train.optimizer='adamw'")
     torch.manual_seed(0)
     torch.set_num_threads(os.cpu_count() or 1)
     hf_config = transformers.T5Config(
@@ -224,7 +225,7 @@ def greedy_by_recomputation(model: nnx.Module, inputs: jax.Array, new_tokens: in
     `decoding.decode`) at the newest position. Runs all `new_tokens` steps, EOS or not.
     Returns int32 `[B, new_tokens]`; call it under jit."""
     batch_size = inputs.shape[0]
-    if arch in ENCODER_DECODER_ARCHS:
+    if architectures.get(arch).family == "encoder_decoder":
         batch = {"encoder_input_tokens": inputs,
                  "decoder_input_tokens": jnp.zeros((batch_size, new_tokens), jnp.int32)}
         start = jnp.zeros(batch_size, jnp.int32)

@@ -14,19 +14,15 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import ml_collections
 
-ARCHS = (
-    "encoder_decoder",
-    "encoder_decoder_shared",
-    "encoder_decoder_half",
-    "language_model",
-    "prefix_lm",
-)
-ENCODER_DECODER_ARCHS = ARCHS[:3]
-DECODER_ONLY_ARCHS = ARCHS[3:]
+from t5x_lite import architectures
+# Defined in a leaf module so that the architecture registry can raise it too; every other
+# module imports them from here.
+from t5x_lite.errors import ConfigError, require_choice
+
 MLP_KINDS = ("relu", "gated-gelu")
 DTYPES = ("float32", "bfloat16")
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "einsum")
@@ -38,22 +34,18 @@ PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 NUM_RESERVED_IDS = 3
 
 
-class ConfigError(ValueError):
-    """A config field holds a value that cannot work; the message names the field."""
-
-
 def model_config() -> ml_collections.ConfigDict:
     """T5 v1.0 base-sized model settings (the paper's baseline, one stack)."""
     return ml_collections.ConfigDict(
         dict(
-            arch="encoder_decoder",
+            arch="encoder_decoder",  # a name of t5x_lite.architectures
             vocab_size=32000,
             num_sentinels=100,  # <extra_id_0> = vocab_size - 1, counting down
             d_model=768,
             d_ff=3072,
             num_heads=12,
             d_kv=64,
-            num_layers=12,  # per stack; encoder_decoder_half uses num_layers // 2 per stack
+            num_layers=12,  # per stack, or a share of it per stack (architectures.Stack)
             mlp="relu",  # v1.0: relu; v1.1: gated-gelu
             tie_embeddings=True,  # v1.0: tied (logits scaled by d_model**-0.5); v1.1: untied
             relpos_buckets=32,
@@ -167,13 +159,6 @@ def finetune_config() -> ml_collections.ConfigDict:
     return config
 
 
-def require_choice(field: str, value: Any, allowed: Iterable[str]) -> None:
-    """Raise `ConfigError` unless `value` is one of `allowed`; the message lists them."""
-    allowed = tuple(allowed)
-    if value not in allowed:
-        raise ConfigError(f"{field}={value!r} is not allowed; choose one of {', '.join(allowed)}")
-
-
 def require_positive(field: str, value: Any) -> None:
     """Raise `ConfigError` unless `value` is a positive int or float (not a bool)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
@@ -273,7 +258,7 @@ def require_bool(field: str, value: Any) -> None:
 
 def validate_model_config(model: ml_collections.ConfigDict) -> None:
     """Raise `ConfigError` naming the field if the model settings cannot build a network."""
-    require_choice("model.arch", model.arch, ARCHS)
+    architecture = architectures.get(model.arch)
     require_choice("model.mlp", model.mlp, MLP_KINDS)
     require_choice("model.dtype", model.dtype, DTYPES)
     require_choice("model.attention_impl", model.attention_impl, ATTENTION_IMPLS)
@@ -291,11 +276,7 @@ def validate_model_config(model: ml_collections.ConfigDict) -> None:
     if not 0.0 <= model.dropout_rate < 1.0:
         raise ConfigError(f"model.dropout_rate={model.dropout_rate} must be in [0, 1)")
     require_vocab_room(model.vocab_size, model.num_sentinels)
-    if model.arch == "encoder_decoder_half" and model.num_layers % 2:
-        raise ConfigError(
-            f"model.num_layers={model.num_layers} must be even for "
-            "model.arch='encoder_decoder_half' (it builds num_layers/2 + num_layers/2 layers)"
-        )
+    architecture.require_num_layers(model.num_layers)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -50,6 +50,8 @@ _AXIS_FIELDS = {
 }
 
 Path = tuple[Any, ...]
+# The architecture of Hugging Face's T5ForConditionalGeneration: L + L layers, nothing shared.
+HF_T5_ARCH = "encoder_decoder"
 
 
 def from_hf_t5(hf_model: Any) -> tuple[ml_collections.ConfigDict, nnx.Module]:
@@ -118,7 +120,7 @@ def _model_config(hf_config: Any, *, tie_embeddings: bool) -> ml_collections.Con
         )
     model = default_config().model
     model.update(
-        arch="encoder_decoder",
+        arch=HF_T5_ARCH,
         vocab_size=hf_config.vocab_size,
         # Validation wants vocab_size >= num_sentinels + reserved ids + one real token.
         num_sentinels=min(

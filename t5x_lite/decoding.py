@@ -28,10 +28,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from t5x_lite import attention
-from t5x_lite.config import DECODER_ONLY_ARCHS, ENCODER_DECODER_ARCHS, EOS_ID, PAD_ID
+from t5x_lite import architectures, attention
+from t5x_lite.config import EOS_ID, PAD_ID
 from t5x_lite.layers import Cache, cache_slots, select_cache_rows
-from t5x_lite.models import EncoderDecoder, make_masks
+from t5x_lite.models import make_masks
 
 METHODS = ("greedy", "sample", "beam")
 
@@ -86,7 +86,8 @@ def decode(
 
     `inputs` is int `[B, Li]`, each row the encoded inputs ending in EOS, right-padded with 0
     (`pad_examples(...)["encoder_input_tokens"]`). `arch` (default `model.arch`) picks the
-    prompt attention of decoder-only models: the train step builds both as 'prefix_lm'.
+    prompt attention of decoder-only models: the train step builds an architecture as the one
+    whose program it shares (`language_model` as 'prefix_lm').
     `method`: 'greedy'; 'sample' from the model's distribution divided by `temperature`
     (0 = greedy), cut to the `top_k` most likely tokens (0 = all) and to the smallest set
     holding probability `top_p` (nucleus), with the key `rng`; or 'beam' search over
@@ -118,7 +119,8 @@ def score(model: nnx.Module, batch: dict[str, np.ndarray], *,
     """
     arch = _check_arch(model, arch)
     required = ["decoder_input_tokens", "decoder_target_tokens", "decoder_loss_weights"]
-    required.append("encoder_input_tokens" if arch in ENCODER_DECODER_ARCHS else "inputs_mask")
+    required.append("encoder_input_tokens" if architectures.get(arch).family == "encoder_decoder"
+                    else "inputs_mask")
     missing = [key for key in required if key not in batch]
     if missing:
         raise ValueError(f"score() needs batch keys {', '.join(required)} for arch={arch!r}; "
@@ -144,7 +146,7 @@ def _score_program(graphdef: nnx.GraphDef, state: nnx.State, batch: dict[str, ja
 def _check_arch(model: nnx.Module, arch: str | None) -> str:
     """`arch` (default `model.arch`), checked against the model's family of architectures."""
     arch = model.arch if arch is None else arch
-    family = ENCODER_DECODER_ARCHS if isinstance(model, EncoderDecoder) else DECODER_ONLY_ARCHS
+    family = architectures.names(family=model.architecture.family)
     if arch not in family:
         raise ValueError(f"arch={arch!r} is not allowed for this {type(model).__name__}; "
                          f"choose one of {', '.join(family)}")
@@ -193,7 +195,8 @@ def _prefill(model: nnx.Module, inputs: jax.Array, settings: _Settings) -> _Prom
     encoder-decoders, the whole prompt's for decoder-only models."""
     batch_size = inputs.shape[0]
     start = jnp.zeros(batch_size, jnp.int32)
-    if settings.arch in ENCODER_DECODER_ARCHS:
+    architecture = architectures.get(settings.arch)
+    if architecture.family == "encoder_decoder":
         encoder_valid = inputs > 0
         encoder_mask = attention.padding_mask(encoder_valid, encoder_valid)
         encoded = model.encode({"encoder_input_tokens": inputs}, {"encoder_mask": encoder_mask})
@@ -204,7 +207,7 @@ def _prefill(model: nnx.Module, inputs: jax.Array, settings: _Settings) -> _Prom
     cache = model.init_cache(batch_size, tokens.shape[1] + settings.max_length - 1)
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
     # The prefix is the inputs plus the position predicting the first target (inputs_mask).
-    prefix_length = end + 1 if settings.arch == "prefix_lm" else None
+    prefix_length = end + 1 if architecture.prefix_attention else None
     mask = attention.cache_mask(positions, cache_slots(cache), prefix_length)
     # Slots past a row's prompt get padding's keys here; each is overwritten by the step that
     # first makes it visible. The first step recomputes slot `end` (the same keys / values:

@@ -31,10 +31,10 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
-from t5x_lite import accounting, checkpointing, decoding, partitioning, train, train_step
+from t5x_lite import (accounting, architectures, checkpointing, decoding, partitioning, train,
+                      train_step)
 from t5x_lite.checkpointing import Checkpointer
 from t5x_lite.config import (
-    DECODER_ONLY_ARCHS,
     ConfigError,
     validate_finetune_config,
     validate_model_config,
@@ -191,7 +191,7 @@ class Evaluator:
         self.graphdef = train_step.model_graphdef(config)
         self.rows = partitioning.batch_sharding(mesh,
                                                 partitioning.normalize_rules(config.mesh.rules))
-        decoder_only = config.model.arch in DECODER_ONLY_ARCHS
+        decoder_only = architectures.get(config.model.arch).family == "decoder_only"
         lengths = (ft.batch_size, ft.inputs_length, ft.targets_length)
         share = (jax.process_index(), jax.process_count())
         self.batches = [[pipeline.process_rows(b, *share) for b in pipeline.pad_examples(
@@ -365,7 +365,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *, init_fro
     train_splits = [TaskSplit(task, "train", config, vocab) for task in task_list]
     valid_splits = [TaskSplit(task, "validation", config, vocab, ft.eval_examples)
                     for task in task_list]
-    decoder_only = config.model.arch in DECODER_ONLY_ARCHS
+    decoder_only = architectures.get(config.model.arch).family == "decoder_only"
     data = pipeline.MixtureData([s.encoded for s in train_splits], ft.mixing_limit,
                                 ft.batch_size, ft.inputs_length, ft.targets_length,
                                 decoder_only=decoder_only, pack=ft.pack, seed=config.train.seed,

@@ -1,18 +1,16 @@
-"""The five architectures of the T5 paper's Table 2 as one family, chosen by `config.arch`.
+"""The networks of the architectures in `t5x_lite.architectures`, chosen by `config.arch`.
 
-- `encoder_decoder`: L encoder + L decoder layers (about 2P parameters, cost M).
-- `encoder_decoder_shared`: the decoder's layers reuse the encoder's self-attention and MLP
-  (about P parameters, cost M).
-- `encoder_decoder_half`: L/2 + L/2 layers (about P parameters, cost M/2).
-- `language_model` / `prefix_lm`: one decoder-only network with L layers; the two are the
-  same class with the same parameters, and only the mask from `make_masks` differs.
+Each architecture's record says which stacks to build (depth, cross-attention, shared layers)
+and which family of network runs them: `EncoderDecoder` (`encoder_decoder`, `_shared`, `_half`
+of Table 2) or `DecoderOnly` (`language_model`, `prefix_lm`: the same class with the same
+parameters; only the mask from `make_masks` differs).
 
 `make_masks(batch, arch)` is the only place where the architecture decides what a position
-may see; a model called without masks calls it. (The train step builds both decoder-only
-archs as `prefix_lm` and ANDs `inputs_mask` with a traced flag, so they share one
-compilation; with the flag off, the prefix mask is the causal mask.) `model(batch)` returns
-float32 logits `[B, target_len, vocab]` for encoder-decoders and `[B, inputs_len +
-target_len, vocab]` for decoder-only models.
+may see; a model called without masks calls it. (The train step builds an architecture as the
+one whose program it shares, `language_model` as `prefix_lm`, and ANDs `inputs_mask` with a
+traced flag, so they share one compilation; with the flag off, the prefix mask is the causal
+mask.) `model(batch)` returns float32 logits `[B, target_len, vocab]` for encoder-decoders and
+`[B, inputs_len + target_len, vocab]` for decoder-only models.
 
 Incremental decoding (`t5x_lite.decoding`) uses two more methods every architecture shares:
 `init_cache` (empty self-attention slots, plus the encoder's cross-attention keys / values)
@@ -25,14 +23,8 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from t5x_lite import attention
-from t5x_lite.config import (
-    ARCHS,
-    DECODER_ONLY_ARCHS,
-    ENCODER_DECODER_ARCHS,
-    require_choice,
-    validate_model_config,
-)
+from t5x_lite import architectures, attention
+from t5x_lite.config import validate_model_config
 from t5x_lite.layers import (
     Cache,
     Embed,
@@ -54,11 +46,11 @@ def make_masks(batch: Batch, arch: str) -> dict[str, jax.Array]:
 
     Encoder-decoder archs get `encoder_mask` (padding, segments), `decoder_mask` (causal,
     segments, padding) and `cross_mask`; decoder-only archs get `decoder_mask` (causal, or
-    bidirectional over `inputs_mask` for `prefix_lm`; padding, segments). A decoder position
-    is padding iff `decoder_target_tokens` is present and 0 there (Hugging Face T5 has no
-    decoder padding mask, so without targets every decoder position is valid).
+    bidirectional over `inputs_mask` with prefix attention; padding, segments). A decoder
+    position is padding iff `decoder_target_tokens` is present and 0 there (Hugging Face T5
+    has no decoder padding mask, so without targets every decoder position is valid).
     """
-    require_choice("model.arch", arch, ARCHS)
+    architecture = architectures.get(arch)
     decoder_tokens = batch["decoder_input_tokens"]
     if "decoder_target_tokens" in batch:
         decoder_valid = batch["decoder_target_tokens"] > 0
@@ -67,7 +59,7 @@ def make_masks(batch: Batch, arch: str) -> dict[str, jax.Array]:
     decoder_segments = batch.get("decoder_segment_ids")
     decoder_self = _padding_and_segments(decoder_valid, decoder_segments)
 
-    if arch in ENCODER_DECODER_ARCHS:
+    if architecture.family == "encoder_decoder":
         encoder_valid = batch["encoder_input_tokens"] > 0
         encoder_segments = batch.get("encoder_segment_ids")
         return {
@@ -77,7 +69,7 @@ def make_masks(batch: Batch, arch: str) -> dict[str, jax.Array]:
             "cross_mask": attention.cross_attention_mask(
                 decoder_valid, encoder_valid, decoder_segments, encoder_segments),
         }
-    if arch == "prefix_lm":
+    if architecture.prefix_attention:
         visibility = attention.prefix_lm_mask(batch["inputs_mask"])
     else:
         visibility = attention.causal_mask(decoder_tokens.shape[1])
@@ -245,7 +237,8 @@ class TransformerStack(nnx.Module):
 
 
 class _T5Model(nnx.Module):
-    """What every architecture has: the token embedding and the output projection."""
+    """What every architecture has: the token embedding, the output projection, and the
+    stacks its record lists, each an attribute named by its role (`encoder`, `decoder`)."""
 
     def __init__(self, cfg: ml_collections.ConfigDict, rngs: nnx.Rngs):
         dtype = jnp.dtype(cfg.dtype)
@@ -254,6 +247,17 @@ class _T5Model(nnx.Module):
         self.token_embedder = Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, rngs=rngs)
         self.lm_head = (None if cfg.tie_embeddings
                         else LMHead(cfg.d_model, cfg.vocab_size, dtype=dtype, rngs=rngs))
+        # In the record's order, which is the order their parameters are drawn in.
+        for stack in self.architecture.stacks:
+            setattr(self, stack.role, TransformerStack(
+                cfg, stack.num_layers(cfg.num_layers), bidirectional=stack.bidirectional,
+                cross_attention=stack.cross_attention,
+                share_with=_shared_stack(self, stack), rngs=rngs))
+
+    @property
+    def architecture(self) -> architectures.Architecture:
+        """The record of the architecture this network was built as."""
+        return architectures.get(self.arch)
 
     def logits(self, x: jax.Array) -> jax.Array:
         """Final hidden states `[B, L, D]` -> float32 logits `[B, L, vocab]`."""
@@ -285,21 +289,18 @@ class _T5Model(nnx.Module):
         return self.logits(x), cache
 
 
+def _shared_stack(model: _T5Model, stack: architectures.Stack) -> TransformerStack | None:
+    """The stack of `model` whose layers `stack` reuses, if any."""
+    return None if stack.shares_layers_of is None else getattr(model, stack.shares_layers_of)
+
+
 class EncoderDecoder(_T5Model):
-    """`encoder_decoder`, `encoder_decoder_shared` and `encoder_decoder_half`.
+    """The `encoder_decoder` family: an encoder stack and a cross-attending decoder stack.
 
-    In `encoder_decoder_shared` the split state lists each shared block once, under whichever
-    of the two paths NNX reaches first (`decoder/layers/i/...`, alphabetical order).
+    Where the decoder shares the encoder's layers (`encoder_decoder_shared`), the split state
+    lists each shared block once, under whichever of the two paths NNX reaches first
+    (`decoder/layers/i/...`, alphabetical order).
     """
-
-    def __init__(self, cfg: ml_collections.ConfigDict, rngs: nnx.Rngs):
-        super().__init__(cfg, rngs)
-        num_layers = cfg.num_layers // 2 if cfg.arch == "encoder_decoder_half" else cfg.num_layers
-        self.encoder = TransformerStack(cfg, num_layers, bidirectional=True,
-                                        cross_attention=False, rngs=rngs)
-        self.decoder = TransformerStack(
-            cfg, num_layers, bidirectional=False, cross_attention=True,
-            share_with=self.encoder if cfg.arch == "encoder_decoder_shared" else None, rngs=rngs)
 
     def encode(
         self, batch: Batch, masks: dict[str, jax.Array], dropout_rng: jax.Array | None = None
@@ -339,16 +340,8 @@ class EncoderDecoder(_T5Model):
 
 
 class DecoderOnly(_T5Model):
-    """`language_model` and `prefix_lm`: one causal-or-prefix decoder stack, no cross-attention.
-
-    Bidirectional relative-position buckets for both, so a checkpoint means the same thing
-    under either mask.
-    """
-
-    def __init__(self, cfg: ml_collections.ConfigDict, rngs: nnx.Rngs):
-        super().__init__(cfg, rngs)
-        self.decoder = TransformerStack(cfg, cfg.num_layers, bidirectional=True,
-                                        cross_attention=False, rngs=rngs)
+    """The `decoder_only` family: one decoder stack without cross-attention, attending
+    causally or, over `inputs_mask`, bidirectionally (the mask decides)."""
 
     def __call__(
         self,
@@ -366,13 +359,14 @@ class DecoderOnly(_T5Model):
         return self.logits(x)
 
 
+# The network class of each batch family (`Architecture.family`).
+_NETWORKS = {"encoder_decoder": EncoderDecoder, "decoder_only": DecoderOnly}
+
+
 def build_model(model_cfg: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
     """Validate `model_cfg` (raising `ConfigError` before any array exists) and build it."""
     validate_model_config(model_cfg)
-    if model_cfg.arch in DECODER_ONLY_ARCHS:
-        model = DecoderOnly(model_cfg, rngs)
-    else:
-        model = EncoderDecoder(model_cfg, rngs)
+    model = _NETWORKS[architectures.get(model_cfg.arch).family](model_cfg, rngs)
     # Built layer by layer first, so a seed gives the same parameters scanned or not.
     return scan_layers(model) if model_cfg.scan_layers else model
 
@@ -384,10 +378,6 @@ def scan_layers(model: nnx.Module) -> nnx.Module:
     of `num_layers`, so compile time stops growing with depth. Also turns a model built
     unscanned (e.g. by `convert.from_hf_t5`) into the layout a scanned config's checkpoints use.
     """
-    if isinstance(model, EncoderDecoder):
-        model.encoder.scan()
-        model.decoder.scan(
-            share_with=model.encoder if model.arch == "encoder_decoder_shared" else None)
-    else:
-        model.decoder.scan()
+    for stack in model.architecture.stacks:  # a shared stack after the one it reuses
+        getattr(model, stack.role).scan(share_with=_shared_stack(model, stack))
     return model

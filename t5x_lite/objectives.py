@@ -45,10 +45,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_lite import noise_lengths
+from t5x_lite import architectures, noise_lengths
 from t5x_lite.config import (
-    ENCODER_DECODER_ARCHS, EOS_ID, NUM_RESERVED_IDS, PAD_ID, ConfigError, require_choice,
-    require_vocab_room,
+    EOS_ID, NUM_RESERVED_IDS, PAD_ID, ConfigError, require_choice, require_vocab_room,
 )
 
 OBJECTIVES = (
@@ -105,11 +104,6 @@ class BatchLayout:
     def sequence_length(self) -> int:
         """Length of the decoder-only row (inputs then targets)."""
         return self.inputs_length + self.targets_length
-
-
-def family_for(arch: str) -> str:
-    """The batch family ('encoder_decoder' | 'decoder_only') an architecture consumes."""
-    return FAMILIES[0] if arch in ENCODER_DECODER_ARCHS else FAMILIES[1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -314,8 +308,8 @@ def layout_for(points: Iterable[Mapping[str, Any]], family: str, vocab_size: int
 def layout_from_config(config: Mapping[str, Any]) -> BatchLayout:
     """The layout of a single-point run: `config.objective` for `config.model`'s family."""
     model = config["model"]
-    return layout_for([config["objective"]], family_for(model["arch"]), model["vocab_size"],
-                      model["num_sentinels"])
+    return layout_for([config["objective"]], architectures.get(model["arch"]).family,
+                      model["vocab_size"], model["num_sentinels"])
 
 
 # ---------------------------------------------------------------------------------------------

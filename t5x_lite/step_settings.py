@@ -19,12 +19,9 @@ from typing import Any
 
 import ml_collections
 
-from t5x_lite import partitioning
-from t5x_lite.config import DECODER_ONLY_ARCHS, validate_model_config, validate_train_config
+from t5x_lite import architectures, partitioning
+from t5x_lite.config import validate_model_config, validate_train_config
 
-# The decoder-only archs share one program; the model is built under this name and the prefix
-# attention is switched by a traced flag (see `train_step.TrainStep`).
-DECODER_ONLY_PROGRAM_ARCH = "prefix_lm"
 # The schedules that end at train.steps (see `optim.learning_rate_schedule`); the others leave
 # it out of the settings, so runs of any length share a program.
 _ENDS_AT_STEPS = ("linear", "cosine")
@@ -41,8 +38,9 @@ NOT_IN_THE_PROGRAM = {
 
 @dataclasses.dataclass(frozen=True)
 class ModelSettings:
-    """`config.model` as the program builds it: language_model is built as prefix_lm (one
-    program for both; the step's traced flag switches prefix attention off)."""
+    """`config.model` as the program builds it: `arch` is the architecture whose program the
+    config's runs (`Architecture.program`: language_model is built as prefix_lm, one program
+    for both; the step's traced flag switches prefix attention off)."""
 
     arch: str
     vocab_size: int
@@ -122,8 +120,7 @@ def step_settings(config: ml_collections.ConfigDict, data_kind: Hashable = None)
     validate_model_config(config.model)
     validate_train_config(config.train)
     model = _read(ModelSettings, config.model)
-    if model.arch in DECODER_ONLY_ARCHS:
-        model = dataclasses.replace(model, arch=DECODER_ONLY_PROGRAM_ARCH)
+    model = dataclasses.replace(model, arch=architectures.get(model.arch).program)
     train = _read(TrainSettings, config.train)
     if train.schedule not in _ENDS_AT_STEPS:
         train = dataclasses.replace(train, steps=None)

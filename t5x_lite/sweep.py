@@ -49,7 +49,7 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from t5x_lite import accounting, launchers, objectives, partitioning, presets
+from t5x_lite import accounting, architectures, launchers, objectives, partitioning, presets
 from t5x_lite.config import (ConfigError, apply_overrides, parse_overrides,
                              validate_finetune_config, validate_model_config,
                              validate_train_config)
@@ -199,7 +199,7 @@ def _layout_group(config: ml_collections.ConfigDict) -> tuple[str, int, int]:
     """What `objectives.layout_for` needs besides the objectives: points agreeing on it share
     a layout (and, with equal model and train settings, one compiled step)."""
     model = config.model
-    return objectives.family_for(model.arch), model.vocab_size, model.num_sentinels
+    return architectures.get(model.arch).family, model.vocab_size, model.num_sentinels
 
 
 def user_overrides(experiment: str, preset: str,

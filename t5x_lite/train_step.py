@@ -7,9 +7,10 @@ Pre-training and fine-tuning run the same update (`_step_fn`); they differ only 
 step's data becomes a batch on the device (corruption, or none). A step is compiled once per
 *program*: its `step_settings.StepSettings` (the model, optimiser, loss, data kind, e.g. the
 batch layout, and sharding rules; the only thing the step builders read) and its mesh. The
-objective, corruption rate and span length arrive as a traced `ObjectiveSpec`, and
-`language_model` / `prefix_lm` run the same decoder-only program whose prefix attention is a
-traced flag, so a whole ablation grid for one architecture family shares one executable.
+objective, corruption rate and span length arrive as a traced `ObjectiveSpec`, and the
+architectures of one program (`Architecture.program`: `language_model` and `prefix_lm`) run it
+with their prefix attention as a traced flag, so a whole ablation grid for one architecture
+family shares one executable.
 
 Vectorised sweeps: K points that differ only in that traced data (`vmap_group_key`) can share
 one step `jax.vmap`-ed over their stacked states, specs and step keys
@@ -34,7 +35,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from t5x_lite import objectives, partitioning
+from t5x_lite import architectures, objectives, partitioning
 from t5x_lite.config import ConfigError, flat_fields
 from t5x_lite.models import build_model, make_masks
 from t5x_lite.optim import learning_rate_schedule, make_optimizer
@@ -206,6 +207,11 @@ def _split_microbatches(
         return jax.lax.with_sharding_constraint(x, stacked)
 
     return jax.tree.map(split, batch)
+
+
+def _prefix_attention(config: ml_collections.ConfigDict) -> bool:
+    """The value of the program's prefix flag for `config` (see `_with_prefix_flag`)."""
+    return architectures.get(config.model.arch).prefix_attention
 
 
 def _with_prefix_flag(batch: dict[str, jax.Array], prefix_flag: jax.Array) -> dict:
@@ -496,18 +502,19 @@ def make_train_step(
     settings = step_settings(config, layout)
     rows = _rows_sharding(settings, mesh)
     return TrainStep(program=_pretrain_program(settings, mesh, rows, vmapped=False),
-                     mesh=mesh, rows=rows, prefix_attention=config.model.arch == "prefix_lm",
+                     mesh=mesh, rows=rows, prefix_attention=_prefix_attention(config),
                      global_shape=(settings.train.batch_size, layout.raw_length))
 
 
 def vmap_group_key(config: ml_collections.ConfigDict) -> tuple[StepSettings, str]:
     """Configs with equal keys can pre-train together in one vmapped step.
 
-    The key is the step settings (one program; language_model and prefix_lm agree, their
-    prefix attention being a traced flag) and, as JSON, every other field but the objective and
-    `train.seed`, which the step takes as per-point data (spec, step key). Those other fields
-    must agree too because the K points also share one loop (`train.steps`, the log and
-    checkpoint cadence) and one data pipeline (`data`); the layout is an argument of its own."""
+    The key is the step settings (one program; the architectures sharing it, language_model
+    and prefix_lm, agree, their prefix attention being a traced flag) and, as JSON, every
+    other field but the objective and `train.seed`, which the step takes as per-point data
+    (spec, step key). Those other fields must agree too because the K points also share one
+    loop (`train.steps`, the log and checkpoint cadence) and one data pipeline (`data`); the
+    layout is an argument of its own."""
     shared = json.loads(config.to_json_best_effort(sort_keys=True))
     del shared["objective"], shared["model"], shared["train"]["seed"]  # model: in the settings
     return step_settings(config), json.dumps(shared, sort_keys=True)
@@ -524,6 +531,7 @@ def require_one_group(configs: Sequence[ml_collections.ConfigDict]) -> None:
         return settings.by_config_path(), flat_fields(json.loads(shared))
 
     first = fields(configs[0])
+    program = architectures.get(configs[0].model.arch).program
     for index, config in enumerate(configs[1:], 1):
         differing = {name for mine, theirs in zip(first, fields(config))
                      for name in mine.keys() | theirs.keys() if mine.get(name) != theirs.get(name)}
@@ -531,7 +539,7 @@ def require_one_group(configs: Sequence[ml_collections.ConfigDict]) -> None:
             raise ConfigError(
                 f"configs[{index}] differs from configs[0] in {', '.join(sorted(differing))}; "
                 "points trained in one vmapped step may differ only in objective, train.seed "
-                "and model.arch (language_model vs prefix_lm)")
+                f"and model.arch among {', '.join(architectures.names(program=program))}")
 
 
 def make_vmapped_train_step(
@@ -545,7 +553,7 @@ def make_vmapped_train_step(
     rows = _stacked(_rows_sharding(settings, mesh))
     return TrainStep(
         program=_pretrain_program(settings, mesh, rows, vmapped=True), mesh=mesh,
-        rows=rows, prefix_attention=np.array([c.model.arch == "prefix_lm" for c in configs]),
+        rows=rows, prefix_attention=np.array([_prefix_attention(c) for c in configs]),
         global_shape=(len(configs), settings.train.batch_size, layout.raw_length))
 
 
@@ -585,7 +593,7 @@ def make_finetune_step(config: ml_collections.ConfigDict, mesh: Mesh) -> Finetun
     rows = _rows_sharding(settings, mesh)
     program = _compiled_step(settings, mesh, lambda batch, rng: (batch, {}), rows)
     return FinetuneStep(program=program, mesh=mesh, rows=rows,
-                        prefix_attention=config.model.arch == "prefix_lm",
+                        prefix_attention=_prefix_attention(config),
                         batch_size=settings.train.batch_size)
 
 
@@ -608,7 +616,7 @@ def make_eval_step(
             lambda params, batch, flag: loss_sums(params, _with_prefix_flag(batch, flag), None),
             out_shardings=NamedSharding(mesh, PartitionSpec())))
     program, rows = _PROGRAMS[key], _rows_sharding(settings, mesh)
-    flag = _replicated(np.bool_(config.model.arch == "prefix_lm"), mesh)
+    flag = _replicated(np.bool_(_prefix_attention(config)), mesh)
 
     def eval_step(params: nnx.State, batch: dict[str, np.ndarray]) -> dict[str, float]:
         batch = {name: global_rows(value, rows, (len(value) * jax.process_count(),

@@ -8,7 +8,10 @@ import pytest
 from flax import nnx
 
 from t5x_lite import accounting
-from t5x_lite.config import ARCHS, ENCODER_DECODER_ARCHS, ConfigError, model_config
+from t5x_lite import architectures
+from t5x_lite.config import ConfigError, model_config
+
+ARCHS = architectures.names()
 
 # A config small enough to count by hand: D=4, F=8, H=2, K=3 (H*K=6), V=10, 5 buckets, 2 layers.
 D, F, H, K, V, BUCKETS = 4, 8, 2, 3, 10, 5
@@ -125,7 +128,7 @@ def test_forward_flops_match_xla_count_of_the_model(arch, flavour):
     cfg = small_cfg(arch, d_model=128, d_ff=512, num_heads=4, d_kv=32, vocab_size=256, **flavour)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: build_model(cfg, nnx.Rngs(0))))
     inputs, targets = 32, 16
-    if arch in ENCODER_DECODER_ARCHS:
+    if architectures.get(arch).family == "encoder_decoder":
         batch = {"encoder_input_tokens": jax.ShapeDtypeStruct((1, inputs), jnp.int32),
                  "decoder_input_tokens": jax.ShapeDtypeStruct((1, targets), jnp.int32)}
     else:

@@ -13,13 +13,15 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from t5x_lite.config import ARCHS, ENCODER_DECODER_ARCHS, EOS_ID, model_config
+from t5x_lite import architectures
+from t5x_lite.config import EOS_ID, model_config
 from t5x_lite.data.pipeline import pad_examples
 from t5x_lite.decoding import decode, score
 from t5x_lite.models import build_model, make_masks
 
 from compile_events import compilations
 
+ARCHS = architectures.names()
 VOCAB, MAX_LENGTH = 48, 8
 # Rows of different lengths, each ending in EOS, right-padded; the last row is all padding
 # (pad_examples fills a last batch with such rows).
@@ -65,7 +67,7 @@ def teacher_forced(arch, targets, inputs=INPUTS):
         ends = np.flatnonzero(y == EOS_ID)
         pairs.append((x[:prompt_length(x)], y[:ends[0] + 1 if ends.size else len(y)]))
     [batch] = pad_examples(pairs, len(pairs), INPUTS.shape[1], MAX_LENGTH,
-                           decoder_only=arch not in ENCODER_DECODER_ARCHS)
+                           decoder_only=architectures.get(arch).family == "decoder_only")
     return batch, forward(arch, batch)
 
 
@@ -81,7 +83,7 @@ def greedy_by_recomputation(arch):
     id, which decode() does not generate), repeat until EOS."""
     rows = [[] for _ in INPUTS]
     for _ in range(MAX_LENGTH):
-        if arch in ENCODER_DECODER_ARCHS:
+        if architectures.get(arch).family == "encoder_decoder":
             sequences = [[0, *row] for row in rows]
             length = MAX_LENGTH
             batch = {"encoder_input_tokens": INPUTS}
@@ -117,7 +119,7 @@ def test_cached_greedy_equals_recomputation_and_the_training_layout(arch):
     np.testing.assert_array_equal(1 + logits[..., 1:].argmax(-1)[weighted],
                                   batch["decoder_target_tokens"][weighted])
     np.testing.assert_allclose(result.scores, log_likelihood(batch, logits), rtol=1e-5)
-    if arch not in ENCODER_DECODER_ARCHS:
+    if architectures.get(arch).family == "decoder_only":
         assert len(set(batch["inputs_mask"].sum(1))) > 1  # prompts of different lengths
 
 

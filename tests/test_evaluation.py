@@ -13,7 +13,8 @@ import pytest
 from flax import nnx
 
 from t5x_lite import checkpointing, cli, evaluation, presets, train, train_step
-from t5x_lite.config import ARCHS, ConfigError, apply_overrides
+from t5x_lite.architectures import names as architecture_names
+from t5x_lite.config import ConfigError, apply_overrides
 from t5x_lite.data import pipeline, tasks
 from tiny_configs import tiny_finetune_config
 
@@ -83,7 +84,7 @@ def read_jsonl(path):
 
 
 @pytest.mark.slow  # five pre-training and fine-tuning programs to compile
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", architecture_names())
 def test_pretrain_then_finetune_decodes_and_scores_every_architecture(arch, data, pretrained,
                                                                        tmp_path):
     config = config_for(data, arch, targets_length=3)

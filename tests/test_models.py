@@ -8,14 +8,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from t5x_lite.config import (
-    ARCHS,
-    DECODER_ONLY_ARCHS,
-    ENCODER_DECODER_ARCHS,
-    ConfigError,
-    model_config,
-)
+from t5x_lite import architectures
+from t5x_lite.config import ConfigError, model_config
 from t5x_lite.models import build_model, make_masks
+
+ARCHS = architectures.names()
+ENCODER_DECODER_ARCHS = architectures.names(family="encoder_decoder")
 
 VOCAB = 64
 LOGICAL_AXES = {"batch", "length", "embed", "vocab", "heads", "kv", "mlp", "relpos_buckets",
@@ -280,7 +278,8 @@ def test_paper_sized_parameter_ratios():
         model = nnx.eval_shape(lambda: build_model(cfg, nnx.Rngs(0)))
         return sum(p.size for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
-    full, shared, half = (paper_count(a) for a in ENCODER_DECODER_ARCHS)
+    full, shared, half = (paper_count(a) for a in ("encoder_decoder", "encoder_decoder_shared",
+                                                    "encoder_decoder_half"))
     assert 1.5 < full / shared < 2.0
     assert 1.5 < full / half < 2.0
     assert 0.9 < shared / half < 1.25
@@ -354,7 +353,7 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
 
 @pytest.mark.parametrize("overrides,field", [
     (dict(arch="rnn"), "model.arch.*encoder_decoder_half"),
-    (dict(arch="encoder_decoder_half", num_layers=3), "model.num_layers.*even"),
+    (dict(arch="encoder_decoder_half", num_layers=3), "model.num_layers=3 must be a multiple of 2"),
     (dict(vocab_size=50, num_sentinels=100), "model.vocab_size"),
     (dict(d_model=0), "model.d_model"),
     (dict(num_heads=-2), "model.num_heads"),
@@ -369,7 +368,7 @@ def test_build_model_rejects_bad_configs(overrides, field):
 
 
 def test_decoder_only_archs_have_no_encoder():
-    for arch in DECODER_ONLY_ARCHS:
+    for arch in architectures.names(family="decoder_only"):
         assert not hasattr(tiny_model(arch), "encoder")
 
 

@@ -12,7 +12,8 @@ import pytest
 from flax import nnx
 
 from t5x_lite import decoding, objectives, partitioning, train_step
-from t5x_lite.config import ARCHS, ConfigError, ENCODER_DECODER_ARCHS, model_config
+from t5x_lite import architectures
+from t5x_lite.config import ConfigError, model_config
 from t5x_lite.models import build_model, make_masks, scan_layers
 from tiny_configs import assert_params_follow_default_rules, tiny_train_config
 
@@ -33,7 +34,7 @@ def batch(arch, rows=2, length=6):
     tokens[1, -2:] = 0  # a padded row
     batch = {"decoder_input_tokens": tokens, "decoder_target_tokens": tokens,
              "decoder_loss_weights": (tokens > 0).astype(np.float32)}
-    if arch in ENCODER_DECODER_ARCHS:
+    if architectures.get(arch).family == "encoder_decoder":
         batch["encoder_input_tokens"] = tokens
     else:
         batch["inputs_mask"] = np.arange(length)[None] < 3
@@ -71,7 +72,7 @@ def loss(model, arch, rng):
     return -jnp.sum(jax.nn.log_softmax(logits)[..., 7] * b["decoder_loss_weights"])
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", architectures.names())
 def test_scanned_model_has_the_same_parameters_logits_and_gradients(arch):
     plain = build_model(tiny_model_config(arch, False), nnx.Rngs(3))
     scanned = build_model(tiny_model_config(arch, True), nnx.Rngs(3))
@@ -114,7 +115,7 @@ def test_the_traced_program_holds_each_layer_once(arch):
 
     plain_dots, _ = dot_count(False)
     scanned_dots, scans = dot_count(True)
-    stacks = 2 if arch in ENCODER_DECODER_ARCHS else 1
+    stacks = len(architectures.get(arch).stacks)
     assert scans == stacks
     # Unscanned, every layer's projections appear once per layer; scanned, once per stack.
     assert scanned_dots < plain_dots

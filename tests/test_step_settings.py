@@ -7,9 +7,8 @@ classified one way or the other. Nothing here compiles.
 """
 import pytest
 
-from t5x_lite import objectives, partitioning, train_step
+from t5x_lite import architectures, objectives, partitioning, train_step
 from t5x_lite.config import (
-    ARCHS,
     ATTENTION_IMPLS,
     DTYPES,
     MLP_KINDS,
@@ -21,7 +20,7 @@ from t5x_lite.config import (
 from t5x_lite.step_settings import NOT_IN_THE_PROGRAM, STEP_SECTIONS, step_settings
 from tiny_configs import tiny_train_config
 
-_CHOICES = {"model.arch": ARCHS, "model.mlp": MLP_KINDS, "model.dtype": DTYPES,
+_CHOICES = {"model.arch": architectures.names(), "model.mlp": MLP_KINDS, "model.dtype": DTYPES,
             "model.attention_impl": ATTENTION_IMPLS, "train.optimizer": OPTIMIZERS,
             "train.schedule": SCHEDULES}
 

@@ -1,0 +1,164 @@
+"""The architectures `config.model.arch` names: one record each, and the registry of them.
+
+An `Architecture` holds every fact about an architecture that the rest of the library reads,
+so that each is written once, here:
+- `family`: the batch format it consumes (`objectives.BatchLayout.family`): `encoder_decoder` rows
+  (inputs to the encoder, targets to the decoder) or `decoder_only` rows (inputs then targets
+  as one sequence);
+- `stacks`: the transformer stacks `t5x_lite.models` builds, in the order their parameters
+  are drawn: each one's depth as a share of `model.num_layers`, whether it cross-attends to
+  the encoder, and whose layers it reuses;
+- `prefix_attention`: whether a decoder-only row's inputs (its `inputs_mask`) are attended
+  bidirectionally, rather than causally like the targets;
+- `program`: the architecture whose network and compiled train step it runs. An architecture
+  with the same parameters as another, differing only in prefix attention, runs the other's
+  program, the step switching prefix attention off with a traced flag (`t5x_lite.train_step`);
+- `params_label`, `cost_label`: the paper's Params and Cost columns of Table 2 (P: the
+  parameters of one L-layer stack; M: what the L + L encoder-decoder costs on an input-target
+  pair; `t5x_lite.accounting` measures the ratios behind them).
+
+The five architectures of the paper's Table 2 are registered below, in its row order.
+`get(name)` raises a one-line `ConfigError` naming `model.arch` and the registered names.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from t5x_lite.errors import ConfigError, require_choice
+
+# The stacks a model can have: the model attribute each is built as, and the prefix of the
+# batch keys it reads (encoder_input_tokens; decoder_input_tokens, decoder_target_tokens, ...).
+ROLES = ("encoder", "decoder")
+
+
+@dataclasses.dataclass(frozen=True)
+class Stack:
+    """One stack of transformer layers (`models.TransformerStack`)."""
+
+    role: str  # one of ROLES
+    # Relative-position buckets that tell earlier from later keys; what a position may see is
+    # the mask's business, not this.
+    bidirectional: bool
+    depth_divisor: int = 1  # the stack has model.num_layers // depth_divisor layers
+    cross_attention: bool = False  # its layers also attend to the encoder's output
+    # The role of an earlier stack whose self-attention and MLP parameters its layers reuse.
+    shares_layers_of: str | None = None
+
+    def num_layers(self, num_layers: int) -> int:
+        """The stack's depth for `model.num_layers`."""
+        return num_layers // self.depth_divisor
+
+
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+    """What `model.arch` names; see the module docstring for each field."""
+
+    name: str
+    family: str  # one of objectives.FAMILIES
+    stacks: tuple[Stack, ...]
+    params_label: str  # Table 2's Params: "P" or "2P"
+    cost_label: str  # Table 2's Cost: "M" or "M/2"
+    prefix_attention: bool = False
+    shares_program_of: str | None = None  # None: its own
+
+    @property
+    def program(self) -> str:
+        """The name of the architecture whose network and compiled step this one runs."""
+        return self.shares_program_of or self.name
+
+    def stack(self, role: str) -> Stack | None:
+        """The stack with `role`, or None if the architecture has none."""
+        return next((stack for stack in self.stacks if stack.role == role), None)
+
+    def require_num_layers(self, num_layers: int) -> None:
+        """Raise `ConfigError` unless every stack's share of `model.num_layers` is whole."""
+        for stack in self.stacks:
+            if num_layers % stack.depth_divisor:
+                raise ConfigError(
+                    f"model.num_layers={num_layers} must be a multiple of {stack.depth_divisor} "
+                    f"for model.arch={self.name!r} (its {stack.role} has num_layers/"
+                    f"{stack.depth_divisor} layers)")
+
+
+_REGISTRY: dict[str, Architecture] = {}
+
+
+def _check_stacks(architecture: Architecture) -> None:
+    earlier: dict[str, Stack] = {}
+    for stack in architecture.stacks:
+        where = f"architecture {architecture.name!r}, {stack.role} stack"
+        if stack.role not in ROLES or stack.role in earlier:
+            raise ValueError(f"{where}: the role must be one of {', '.join(ROLES)}, once each")
+        if stack.depth_divisor < 1:
+            raise ValueError(f"{where}: depth_divisor={stack.depth_divisor} must be >= 1")
+        if stack.cross_attention and "encoder" not in earlier:
+            raise ValueError(f"{where}: cross_attention needs an encoder stack before it")
+        shared = earlier.get(stack.shares_layers_of)
+        if stack.shares_layers_of is not None and (
+                shared is None or shared.depth_divisor != stack.depth_divisor):
+            raise ValueError(f"{where}: shares_layers_of={stack.shares_layers_of!r} must name an "
+                             "earlier stack of the same depth")
+        earlier[stack.role] = stack
+
+
+def _check_shared_program(architecture: Architecture, program: Architecture) -> None:
+    """`architecture` can run `program`'s network and step: the same parameters, and prefix
+    attention that the step's traced flag can switch off (it can never switch it on)."""
+    if (architecture.family, architecture.stacks) != (program.family, program.stacks) or (
+            architecture.prefix_attention and not program.prefix_attention):
+        raise ValueError(f"architecture {architecture.name!r} cannot share the program of "
+                         f"{program.name!r}: it needs the same family and stacks, and prefix "
+                         "attention wherever it has it")
+
+
+def register(architecture: Architecture) -> Architecture:
+    """Add `architecture` to the registry (checking its stacks and the program it shares, as
+    far as that is registered) and return it."""
+    if architecture.name in _REGISTRY:
+        raise ValueError(f"architecture {architecture.name!r} is already registered")
+    _check_stacks(architecture)
+    if architecture.shares_program_of in _REGISTRY:
+        _check_shared_program(architecture, _REGISTRY[architecture.shares_program_of])
+    for other in _REGISTRY.values():
+        if other.shares_program_of == architecture.name:
+            _check_shared_program(other, architecture)
+    _REGISTRY[architecture.name] = architecture
+    return architecture
+
+
+def get(name: str) -> Architecture:
+    """The architecture `model.arch=name`; a `ConfigError` listing the registered names if
+    there is none."""
+    require_choice("model.arch", name, _REGISTRY)
+    return _REGISTRY[name]
+
+
+def names(*, family: str | None = None, program: str | None = None) -> tuple[str, ...]:
+    """The registered names in registration order; only those of `family`, or of those that
+    run `program`, when given."""
+    return tuple(name for name, architecture in _REGISTRY.items()
+                 if family in (None, architecture.family)
+                 and program in (None, architecture.program))
+
+
+# ---------------------------------------------------------------------------------------------
+# The T5 paper's Table 2 (Raffel et al. 2020, section 3.2)
+
+_ENCODER = Stack("encoder", bidirectional=True)
+_DECODER = Stack("decoder", bidirectional=False, cross_attention=True)
+# Bidirectional buckets for a decoder-only stack, so that its parameters mean the same thing
+# under the causal and the prefix mask (language_model and prefix_lm share them).
+_DECODER_ONLY = (Stack("decoder", bidirectional=True),)
+
+register(Architecture("encoder_decoder", "encoder_decoder", (_ENCODER, _DECODER), "2P", "M"))
+register(Architecture(
+    "encoder_decoder_shared", "encoder_decoder",
+    (_ENCODER, dataclasses.replace(_DECODER, shares_layers_of="encoder")), "P", "M"))
+register(Architecture(
+    "encoder_decoder_half", "encoder_decoder",
+    tuple(dataclasses.replace(stack, depth_divisor=2) for stack in (_ENCODER, _DECODER)),
+    "P", "M/2"))
+register(Architecture("language_model", "decoder_only", _DECODER_ONLY, "P", "M",
+                      shares_program_of="prefix_lm"))
+register(Architecture("prefix_lm", "decoder_only", _DECODER_ONLY, "P", "M",
+                      prefix_attention=True))

@@ -1,0 +1,85 @@
+"""architectures.py: the registry holds Table 2's five architectures, refuses records that
+could not be built or could not share their program, and names model.arch in its errors."""
+import dataclasses
+
+import pytest
+
+from t5x_lite import architectures, models, objectives
+from t5x_lite.architectures import Architecture, Stack
+from t5x_lite.config import ConfigError
+
+TABLE_2 = ("encoder_decoder", "encoder_decoder_shared", "encoder_decoder_half",
+           "language_model", "prefix_lm")
+
+
+def test_the_registry_holds_table_2_in_its_row_order():
+    assert architectures.names() == TABLE_2
+    assert architectures.names(family="decoder_only") == ("language_model", "prefix_lm")
+    assert architectures.names(program="prefix_lm") == ("language_model", "prefix_lm")
+    assert architectures.names(program="encoder_decoder") == ("encoder_decoder",)
+
+
+def test_every_family_has_a_batch_format_and_a_network():
+    for name in architectures.names():
+        family = architectures.get(name).family
+        assert family in objectives.FAMILIES and family in models._NETWORKS, name
+
+
+def test_the_records_say_what_table_2_says():
+    half = architectures.get("encoder_decoder_half")
+    assert [stack.num_layers(12) for stack in half.stacks] == [6, 6]
+    assert (half.params_label, half.cost_label) == ("P", "M/2")
+    shared = architectures.get("encoder_decoder_shared").stack("decoder")
+    assert (shared.shares_layers_of, shared.cross_attention) == ("encoder", True)
+    assert architectures.get("encoder_decoder").stack("encoder").bidirectional
+    assert architectures.get("language_model").stack("encoder") is None
+    assert architectures.get("language_model").program == "prefix_lm"
+    assert [architectures.get(n).prefix_attention for n in TABLE_2] == [False] * 4 + [True]
+
+
+def test_an_unknown_name_is_one_line_naming_model_arch_and_the_choices():
+    with pytest.raises(ConfigError) as error:
+        architectures.get("rnn")
+    assert str(error.value) == ("model.arch='rnn' is not allowed; choose one of "
+                                + ", ".join(TABLE_2))
+
+
+def test_a_depth_that_does_not_divide_names_the_field():
+    with pytest.raises(ConfigError, match=r"model.num_layers=3 must be a multiple of 2 for "
+                                          r"model.arch='encoder_decoder_half'"):
+        architectures.get("encoder_decoder_half").require_num_layers(3)
+    architectures.get("encoder_decoder_half").require_num_layers(4)
+
+
+_ENCODER = Stack("encoder", bidirectional=True)
+_DECODER = Stack("decoder", bidirectional=False, cross_attention=True)
+
+
+@pytest.mark.parametrize("record, message", [
+    (Architecture("prefix_lm", "decoder_only", (Stack("decoder", True),), "P", "M"),
+     "'prefix_lm' is already registered"),
+    (Architecture("x", "encoder_decoder", (_ENCODER, _ENCODER), "P", "M"), "role must be one of"),
+    (Architecture("x", "encoder_decoder", (Stack("middle", True),), "P", "M"),
+     "role must be one of encoder, decoder"),
+    (Architecture("x", "decoder_only", (_DECODER,), "P", "M"),
+     "cross_attention needs an encoder stack before it"),
+    (Architecture("x", "encoder_decoder",
+                  (_ENCODER, dataclasses.replace(_DECODER, shares_layers_of="decoder")), "P", "M"),
+     "shares_layers_of='decoder' must name an earlier stack of the same depth"),
+    (Architecture("x", "encoder_decoder",
+                  (_ENCODER, dataclasses.replace(_DECODER, shares_layers_of="encoder",
+                                                 depth_divisor=2)), "P", "M"),
+     "must name an earlier stack of the same depth"),
+    (Architecture("x", "encoder_decoder", (dataclasses.replace(_ENCODER, depth_divisor=0),),
+                  "P", "M"), "depth_divisor=0 must be >= 1"),
+    # Another network than the program's, or prefix attention the program's flag cannot give.
+    (Architecture("x", "encoder_decoder", (_ENCODER, _DECODER), "P", "M",
+                  shares_program_of="prefix_lm"), "'x' cannot share the program of 'prefix_lm'"),
+    (Architecture("x", "decoder_only", (Stack("decoder", True),), "P", "M",
+                  prefix_attention=True, shares_program_of="language_model"),
+     "'x' cannot share the program of 'language_model'"),
+])
+def test_register_refuses_a_record_that_cannot_work(record, message):
+    with pytest.raises(ValueError, match=message):
+        architectures.register(record)
+    assert architectures.names() == TABLE_2  # nothing was added
