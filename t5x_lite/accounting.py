@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from t5x_lite import architectures
+from t5x_lite import architectures, batch_format
 from t5x_lite.config import validate_model_config
 
 # The yardstick of the paper's P and M (see the module docstring).
@@ -92,22 +92,20 @@ def train_flops_per_example(
 ) -> float:
     """Training FLOPs (forward + backward = 3 x forward matmul FLOPs) for one example.
 
-    Encoder-decoder archs run `inputs_length` tokens through the encoder and `targets_length`
-    through the decoder; decoder-only archs run `inputs_length + targets_length` tokens as one
+    Each stack runs its part of the batch format's row (`batch_format.row_lengths`): for
+    encoder-decoder archs `inputs_length` tokens through the encoder and `targets_length`
+    through the decoder; for decoder-only archs `inputs_length + targets_length` tokens as one
     sequence. See the module docstring for which terms are counted.
     """
     validate_model_config(model_cfg)
     architecture = architectures.get(model_cfg.arch)
     # A decoder-only model trained with the LM objective has no inputs part.
     _require_length("inputs_length", inputs_length,
-                    minimum=0 if architecture.family == "decoder_only" else 1)
+                    minimum=batch_format.min_inputs_length(architecture.family))
     _require_length("targets_length", targets_length)
     d_model, inner = model_cfg.d_model, model_cfg.num_heads * model_cfg.d_kv
     mlp_per_token = 2 * _num_mlp_matrices(model_cfg) * d_model * model_cfg.d_ff
-    if architecture.family == "decoder_only":
-        lengths = {"decoder": inputs_length + targets_length}
-    else:
-        lengths = {"encoder": inputs_length, "decoder": targets_length}
+    lengths = batch_format.row_lengths(architecture.family, inputs_length, targets_length)
     forward = 0
     for stack in architecture.stacks:
         length = lengths[stack.role]

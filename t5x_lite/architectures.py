@@ -2,7 +2,7 @@
 
 An `Architecture` holds every fact about an architecture that the rest of the library reads,
 so that each is written once, here:
-- `family`: the batch format it consumes (`objectives.BatchLayout.family`): `encoder_decoder` rows
+- `family`: the batch format it consumes (`t5x_lite.batch_format`): `encoder_decoder` rows
   (inputs to the encoder, targets to the decoder) or `decoder_only` rows (inputs then targets
   as one sequence);
 - `stacks`: the transformer stacks `t5x_lite.models` builds, in the order their parameters
@@ -54,7 +54,7 @@ class Architecture:
     """What `model.arch` names; see the module docstring for each field."""
 
     name: str
-    family: str  # one of objectives.FAMILIES
+    family: str  # one of batch_format.FAMILIES
     stacks: tuple[Stack, ...]
     params_label: str  # Table 2's Params: "P" or "2P"
     cost_label: str  # Table 2's Cost: "M" or "M/2"

@@ -24,8 +24,8 @@ import numpy as np
 
 from flax import nnx
 
-from t5x_lite import (accounting, architectures, convert, decoding, host_memory, objectives,
-                      partitioning, train, train_step)
+from t5x_lite import (accounting, architectures, batch_format, convert, decoding, host_memory,
+                      objectives, partitioning, train, train_step)
 from t5x_lite.config import EOS_ID, NUM_RESERVED_IDS
 from t5x_lite.models import build_model, make_masks
 
@@ -231,9 +231,7 @@ def greedy_by_recomputation(model: nnx.Module, inputs: jax.Array, new_tokens: in
         start = jnp.zeros(batch_size, jnp.int32)
     else:  # [0, inputs..., generated...] with the prompt as inputs_mask, as in training
         start = jnp.sum(inputs > 0, axis=1, dtype=jnp.int32)
-        tokens = jnp.pad(inputs, ((0, 0), (1, new_tokens)))
-        batch = {"decoder_input_tokens": tokens,
-                 "inputs_mask": jnp.arange(tokens.shape[1]) <= start[:, None]}
+        batch = batch_format.decoder_only_prompt(inputs, room=new_tokens + 1)
     rows = jnp.arange(batch_size)
 
     def step(t, state):

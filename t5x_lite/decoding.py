@@ -6,9 +6,10 @@ writes its keys / values into the cache slot of that position, and chooses the n
 from the logits there. The first step feeds the *prompt*'s last token. For encoder-decoders
 the prompt is the start token 0 (the inputs are encoded once and the encoder's keys / values
 cached for cross-attention). For decoder-only models it is `[0, inputs...]`, the very prefix
-that `pad_examples(..., decoder_only=True)` builds in training, run through the decoder
-once beforehand (prefill: bidirectionally for `prefix_lm`, causally for `language_model`) so
-that prefix positions see each other; rows' prompts end at different positions (`end [B]`).
+of the rows training sees (`batch_format.decoder_only_prompt`), run through the decoder
+once beforehand (prefill: bidirectionally with prefix attention, as `prefix_lm`, causally
+without, as `language_model`) so that prefix positions see each other; rows' prompts end at
+different positions (`end [B]`).
 So every row's cache holds the sequence training saw, at the same positions (hence the same
 relative position bias).
 
@@ -28,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from t5x_lite import architectures, attention
+from t5x_lite import architectures, attention, batch_format
 from t5x_lite.config import EOS_ID, PAD_ID
 from t5x_lite.layers import Cache, cache_slots, select_cache_rows
 from t5x_lite.models import make_masks
@@ -114,13 +115,11 @@ def score(model: nnx.Module, batch: dict[str, np.ndarray], *,
     """float32 `[B]`: each row's sum of log p(target token) over the positions where
     `decoder_loss_weights` is non-zero (weighted by it), teacher-forced in one forward pass.
 
-    `batch` is laid out as `data.pipeline.pad_examples` makes it (encoder-decoder, or
-    decoder-only with `inputs_mask`); ranking label words by this score classifies.
+    `batch` is laid out as `data.pipeline.pad_examples` makes it (the batch format of the
+    architecture's family); ranking label words by this score classifies.
     """
     arch = _check_arch(model, arch)
-    required = ["decoder_input_tokens", "decoder_target_tokens", "decoder_loss_weights"]
-    required.append("encoder_input_tokens" if architectures.get(arch).family == "encoder_decoder"
-                    else "inputs_mask")
+    required = batch_format.row_keys(architectures.get(arch).family)
     missing = [key for key in required if key not in batch]
     if missing:
         raise ValueError(f"score() needs batch keys {', '.join(required)} for arch={arch!r}; "
@@ -202,12 +201,14 @@ def _prefill(model: nnx.Module, inputs: jax.Array, settings: _Settings) -> _Prom
         encoded = model.encode({"encoder_input_tokens": inputs}, {"encoder_mask": encoder_mask})
         cache = model.init_cache(batch_size, settings.max_length, encoded)
         return _Prompt(cache, start, start, encoder_valid[:, None, None, :])
-    tokens = jnp.pad(inputs, ((0, 0), (1, 0)))  # inputs shifted right, as in training
+    # The row up to the position predicting the first target: the inputs shifted right.
+    prompt = batch_format.decoder_only_prompt(inputs, room=1)
+    tokens = prompt["decoder_input_tokens"]
     end = jnp.sum(inputs > 0, axis=1, dtype=jnp.int32)  # the input's EOS sits here
     cache = model.init_cache(batch_size, tokens.shape[1] + settings.max_length - 1)
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-    # The prefix is the inputs plus the position predicting the first target (inputs_mask).
-    prefix_length = end + 1 if architecture.prefix_attention else None
+    prefix_length = (jnp.sum(prompt["inputs_mask"], axis=1, dtype=jnp.int32)
+                     if architecture.prefix_attention else None)
     mask = attention.cache_mask(positions, cache_slots(cache), prefix_length)
     # Slots past a row's prompt get padding's keys here; each is overwritten by the step that
     # first makes it visible. The first step recomputes slot `end` (the same keys / values:

@@ -191,11 +191,11 @@ class Evaluator:
         self.graphdef = train_step.model_graphdef(config)
         self.rows = partitioning.batch_sharding(mesh,
                                                 partitioning.normalize_rules(config.mesh.rules))
-        decoder_only = architectures.get(config.model.arch).family == "decoder_only"
+        family = architectures.get(config.model.arch).family
         lengths = (ft.batch_size, ft.inputs_length, ft.targets_length)
         share = (jax.process_index(), jax.process_count())
         self.batches = [[pipeline.process_rows(b, *share) for b in pipeline.pad_examples(
-                            s.encoded, *lengths, decoder_only=decoder_only)]
+                            s.encoded, *lengths, family=family)]
                         for s in self.splits]
         # Decoding reads the inputs alone, in the encoder layout for every architecture.
         self.inputs = [[pipeline.process_rows(b, *share)["encoder_input_tokens"]
@@ -365,10 +365,10 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *, init_fro
     train_splits = [TaskSplit(task, "train", config, vocab) for task in task_list]
     valid_splits = [TaskSplit(task, "validation", config, vocab, ft.eval_examples)
                     for task in task_list]
-    decoder_only = architectures.get(config.model.arch).family == "decoder_only"
+    family = architectures.get(config.model.arch).family
     data = pipeline.MixtureData([s.encoded for s in train_splits], ft.mixing_limit,
                                 ft.batch_size, ft.inputs_length, ft.targets_length,
-                                decoder_only=decoder_only, pack=ft.pack, seed=config.train.seed,
+                                family=family, pack=ft.pack, seed=config.train.seed,
                                 process_index=jax.process_index(),
                                 process_count=jax.process_count())
     evaluator = Evaluator(config, valid_splits, vocab, mesh)

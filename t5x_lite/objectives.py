@@ -29,7 +29,7 @@ Objectives (Raffel et al. 2020, Tables 4 to 7), for raw tokens x_1..x_n:
 - mass_style: bert_style without random tokens (every noise token becomes the mask token).
 - deshuffling: inputs are the tokens in random order; targets = original.
 - prefix_lm: a random split point; inputs = prefix, targets = continuation.
-- lm: no inputs; targets = the whole span.
+- lm: no inputs (an encoder-decoder's encoder gets a lone EOS); targets = the whole span.
 Inputs and targets always end with EOS. The mask token is `<extra_id_0>` = vocab_size - 1,
 sentinel i is vocab_size - 1 - i, real tokens lie in [3, vocab_size - num_sentinels).
 The i.i.d. objectives' lengths are random: `t5x_lite.noise_lengths` bounds them.
@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_lite import architectures, noise_lengths
+from t5x_lite import architectures, batch_format, noise_lengths
 from t5x_lite.config import (
     EOS_ID, NUM_RESERVED_IDS, PAD_ID, ConfigError, require_choice, require_vocab_room,
 )
@@ -60,7 +60,6 @@ OBJECTIVES = (
     "lm",
     "iid_denoising",  # appended, so that the others keep their ids
 )
-FAMILIES = ("encoder_decoder", "decoder_only")
 # Inputs must hold at least one non-noise token, one sentinel and EOS.
 MIN_INPUTS_LENGTH = 3
 
@@ -89,8 +88,10 @@ class ObjectiveSpec:
 class BatchLayout:
     """Static shapes of a corrupted batch; one layout (and one compiled program) serves a grid.
 
-    Encoder-decoder batches have encoder inputs [B, inputs_length] and decoder rows
-    [B, targets_length]; decoder-only batches have rows [B, inputs_length + targets_length].
+    The batch holds rows of `family`'s format (`t5x_lite.batch_format`) with room for
+    `inputs_length` input and `targets_length` target tokens: encoder-decoder batches have
+    encoder inputs [B, inputs_length] and decoder rows [B, targets_length]; decoder-only
+    batches have rows [B, inputs_length + targets_length].
     """
 
     family: str
@@ -99,11 +100,6 @@ class BatchLayout:
     targets_length: int
     vocab_size: int
     num_sentinels: int
-
-    @property
-    def sequence_length(self) -> int:
-        """Length of the decoder-only row (inputs then targets)."""
-        return self.inputs_length + self.targets_length
 
 
 # ---------------------------------------------------------------------------------------------
@@ -285,7 +281,7 @@ def layout_for(points: Iterable[Mapping[str, Any]], family: str, vocab_size: int
     final sentinel of an iid_denoising point (but for a share of examples of at most
     `noise_lengths.OVERFLOW_PROBABILITY`, which `corrupt_with_details` counts as overflow).
     """
-    require_choice("family", family, FAMILIES)
+    require_choice("family", family, batch_format.FAMILIES)
     validate_vocab(vocab_size, num_sentinels)
     points = list(points)
     if not points:
@@ -300,8 +296,8 @@ def layout_for(points: Iterable[Mapping[str, Any]], family: str, vocab_size: int
             raise ConfigError(f"model.num_sentinels={num_sentinels} is too small for "
                               f"{_describe(point)}: {why}, so it needs at least {needed} "
                               "sentinels")
-    if family == "encoder_decoder":
-        inputs = max(inputs, 1)  # the lm objective still feeds the encoder one EOS
+    # The lm objective has no inputs, but still feeds an encoder one EOS (`_lm`).
+    inputs = max(inputs, batch_format.min_inputs_length(family))
     return BatchLayout(family, raw, inputs, targets, vocab_size, num_sentinels)
 
 
@@ -521,8 +517,12 @@ def _prefix_lm(tokens, n, spec, uniform, layout):
 
 def _lm(tokens, n, spec, uniform, layout):
     valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(tokens)
-    empty = jnp.zeros(width, jnp.int32)
-    return empty, _pack_with_eos(tokens, valid, width), _no_noise(tokens), jnp.int32(0)
+    # No inputs; a family whose rows need an input token (an encoder's) gets a lone EOS.
+    if batch_format.min_inputs_length(layout.family):
+        inputs = _pack_with_eos(tokens, _no_noise(tokens), width)
+    else:
+        inputs = jnp.zeros(width, jnp.int32)
+    return inputs, _pack_with_eos(tokens, valid, width), _no_noise(tokens), jnp.int32(0)
 
 
 # In the order of OBJECTIVES: the objective id indexes this tuple.
@@ -537,45 +537,8 @@ HAS_NOISE_MASK = {name: name not in _WITHOUT_NOISE_MASK for name in OBJECTIVES}
 
 
 # ---------------------------------------------------------------------------------------------
-# Batch layout per family and the public entry point
+# The public entry point
 # ---------------------------------------------------------------------------------------------
-
-
-def _gather_or_pad(row: jax.Array, index: jax.Array) -> jax.Array:
-    """row[index], with PAD_ID where index is outside [0, len(row))."""
-    inside = (index >= 0) & (index < row.shape[0])
-    return jnp.where(inside, row[jnp.clip(index, 0, row.shape[0] - 1)], PAD_ID)
-
-
-def _shift_right(row: jax.Array) -> jax.Array:
-    return jnp.concatenate([jnp.full(1, PAD_ID, row.dtype), row[:-1]])
-
-
-def _encoder_decoder_example(inputs, targets, layout):
-    # An empty input (the lm objective) becomes a lone EOS, so the encoder sees one token.
-    inputs = inputs.at[0].set(jnp.where(inputs[0] == PAD_ID, EOS_ID, inputs[0]))
-    targets = _gather_or_pad(targets, jnp.arange(layout.targets_length))
-    return {
-        "encoder_input_tokens": _gather_or_pad(inputs, jnp.arange(layout.inputs_length)),
-        "decoder_input_tokens": _shift_right(targets),
-        "decoder_target_tokens": targets,
-        "decoder_loss_weights": (targets != PAD_ID).astype(jnp.float32),
-    }
-
-
-def _decoder_only_example(inputs, targets, layout):
-    num_inputs = jnp.sum(inputs != PAD_ID)
-    position = jnp.arange(layout.sequence_length)
-    sequence = jnp.where(position < num_inputs, _gather_or_pad(inputs, position),
-                         _gather_or_pad(targets, position - num_inputs))
-    return {
-        "decoder_input_tokens": _shift_right(sequence),
-        "decoder_target_tokens": sequence,
-        "decoder_loss_weights": ((position >= num_inputs) & (sequence != PAD_ID)).astype(
-            jnp.float32),
-        # seqio's PrefixLM convention: the prefix plus the position predicting the first target.
-        "inputs_mask": (position <= num_inputs) & (num_inputs > 0),
-    }
 
 
 def _fits(inputs: jax.Array, targets: jax.Array, sentinels: jax.Array,
@@ -603,8 +566,6 @@ def corrupt_with_details(raw_tokens: jax.Array, spec: ObjectiveSpec, rng: jax.Ar
     if raw_tokens.shape[-1] != layout.raw_length:
         raise ValueError(f"raw_tokens has length {raw_tokens.shape[-1]}; the layout needs "
                          f"layout.raw_length={layout.raw_length}")
-    format_example = (_encoder_decoder_example if layout.family == "encoder_decoder"
-                      else _decoder_only_example)
 
     def one_example(tokens, example_spec, example_rng):
         in_range = jnp.arange(tokens.shape[0]) < example_spec.raw_length
@@ -614,7 +575,8 @@ def corrupt_with_details(raw_tokens: jax.Array, spec: ObjectiveSpec, rng: jax.Ar
         inputs, targets, noise, sentinels = jax.lax.switch(
             example_spec.objective, branches, tokens, n, example_spec, uniform)
         fits = _fits(inputs, targets, sentinels, layout)
-        example = format_example(inputs, targets, layout)
+        example = batch_format.example_rows(layout.family, jnp, inputs, targets,
+                                            layout.inputs_length, layout.targets_length)
         example["decoder_loss_weights"] = example["decoder_loss_weights"] * fits
         return example, {"noise_mask": noise, "overflow": ~fits}
 
@@ -631,10 +593,11 @@ def corrupt(raw_tokens: jax.Array, spec: ObjectiveSpec, rng: jax.Array,
 
     Jittable with `layout` static; `spec` fields are scalars or [B] arrays. Each example uses
     its first min(spec.raw_length, non-pad tokens) tokens (raw padding must be at the end) and
-    its own rng. Keys: encoder_decoder: encoder_input_tokens [B, inputs_length] and
-    decoder_input_tokens / decoder_target_tokens / decoder_loss_weights [B, targets_length];
-    decoder_only: those three decoder keys [B, inputs_length + targets_length] (inputs incl. EOS,
-    then targets incl. EOS, then padding) plus the bool inputs_mask. An example longer than the
-    layout is cut and gets zero loss weights (see `corrupt_with_details`, which also counts them).
+    its own rng. Keys: the rows of `layout.family`'s batch format (`t5x_lite.batch_format`):
+    encoder_decoder: encoder_input_tokens [B, inputs_length] and decoder_input_tokens /
+    decoder_target_tokens / decoder_loss_weights [B, targets_length]; decoder_only: those three
+    decoder keys [B, inputs_length + targets_length] (inputs incl. EOS, then targets incl. EOS,
+    then padding) plus the bool inputs_mask. An example longer than the layout is cut and gets
+    zero loss weights (see `corrupt_with_details`, which also counts them).
     """
     return corrupt_with_details(raw_tokens, spec, rng, layout)[0]

@@ -21,7 +21,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from t5x_lite import objectives, presets, sweep
+from t5x_lite import batch_format, objectives, presets, sweep
 from t5x_lite.config import (EOS_ID, PAD_ID, ConfigError, apply_overrides, parse_overrides,
                              validate_model_config, validate_train_config)
 from t5x_lite.data.vocabulary import Vocabulary
@@ -96,30 +96,6 @@ def token_text(vocab: Vocabulary, ids: Sequence[int]) -> str:
     return "".join(pieces) + (vocab.decode(current) if current else "")
 
 
-def _decoder_only_inputs_end(loss_weights: np.ndarray, inputs_mask: np.ndarray) -> int:
-    """Where the inputs end in a decoder-only row (inputs, then targets): at the first position
-    with a loss weight. A row that overflowed has none; there the prefix mask covers the inputs
-    and the position predicting the first target, unless the inputs fill the row."""
-    weighted = np.flatnonzero(loss_weights)
-    if weighted.size:
-        return int(weighted[0])
-    prefix = int(inputs_mask.sum())
-    return prefix - 1 if 0 < prefix < inputs_mask.shape[0] else prefix
-
-
-def _inputs_and_targets(batch: dict[str, np.ndarray], row: int,
-                        family: str) -> tuple[list[int], list[int]]:
-    """Row `row` of a corrupted batch as (inputs, targets) id lists without padding."""
-    if family == "encoder_decoder":
-        inputs, targets = batch["encoder_input_tokens"][row], batch["decoder_target_tokens"][row]
-    else:
-        sequence = batch["decoder_target_tokens"][row]
-        end = _decoder_only_inputs_end(batch["decoder_loss_weights"][row],
-                                       batch["inputs_mask"][row])
-        inputs, targets = sequence[:end], sequence[end:]
-    return ([int(t) for t in inputs if t != PAD_ID], [int(t) for t in targets if t != PAD_ID])
-
-
 def corrupted_examples(run: PreviewedRun, count: int = 3) -> list[dict[str, Any]]:
     """The first `count` examples the run's train steps corrupt (see the module docstring).
 
@@ -151,7 +127,8 @@ def corrupted_examples(run: PreviewedRun, count: int = 3) -> list[dict[str, Any]
             used = int(np.sum((np.arange(tokens.shape[0]) < int(spec.raw_length))
                               & (tokens != PAD_ID)))
             raw = [int(t) for t in tokens[:used]]
-            inputs, targets = _inputs_and_targets(batch, row, layout.family)
+            inputs, targets = batch_format.inputs_and_targets(
+                layout.family, {key: value[row] for key, value in batch.items()})
             examples.append({
                 "experiment": run.experiment, "point": run.point, "preset": run.preset,
                 "objective": name, "seed": run.seed, "step": step, "batch_row": row,

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from t5x_lite import architectures, models, objectives
+from t5x_lite import architectures, batch_format, models
 from t5x_lite.architectures import Architecture, Stack
 from t5x_lite.config import ConfigError
 
@@ -22,7 +22,7 @@ def test_the_registry_holds_table_2_in_its_row_order():
 def test_every_family_has_a_batch_format_and_a_network():
     for name in architectures.names():
         family = architectures.get(name).family
-        assert family in objectives.FAMILIES and family in models._NETWORKS, name
+        assert family in batch_format.FAMILIES and family in models._NETWORKS, name
 
 
 def test_the_records_say_what_table_2_says():

@@ -67,7 +67,7 @@ def teacher_forced(arch, targets, inputs=INPUTS):
         ends = np.flatnonzero(y == EOS_ID)
         pairs.append((x[:prompt_length(x)], y[:ends[0] + 1 if ends.size else len(y)]))
     [batch] = pad_examples(pairs, len(pairs), INPUTS.shape[1], MAX_LENGTH,
-                           decoder_only=architectures.get(arch).family == "decoder_only")
+                           family=architectures.get(arch).family)
     return batch, forward(arch, batch)
 
 

@@ -571,7 +571,7 @@ def test_a_grid_shares_one_layout_and_one_compilation(family):
     for point, batch in zip(points, batches):
         expected = ({"encoder_input_tokens": layout.inputs_length,
                      "decoder_target_tokens": layout.targets_length} if family == "encoder_decoder"
-                    else {"decoder_target_tokens": layout.sequence_length})
+                    else {"decoder_target_tokens": layout.inputs_length + layout.targets_length})
         for key, length in expected.items():
             assert batch[key].shape == (2, length)
             for row in np.asarray(batch[key]):

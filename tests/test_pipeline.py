@@ -197,7 +197,8 @@ def test_padding_keeps_one_example_per_row():
                           "decoder_target_tokens", "decoder_loss_weights"}
     assert batch["encoder_input_tokens"][1].tolist() == [11, 11, 11, EOS_ID, 0, 0]
     assert batch["decoder_target_tokens"][1].tolist() == [101, 101, EOS_ID, 0]
-    assert batch["decoder_input_tokens"][1].tolist() == [0, 101, 101, 0]
+    # As in a pre-training row, the first padding position is fed the last target (no loss).
+    assert batch["decoder_input_tokens"][1].tolist() == [0, 101, 101, EOS_ID]
     assert batch["decoder_loss_weights"][1].tolist() == [1, 1, 1, 0]
     assert last["encoder_input_tokens"].shape == (4, 6)
     assert (last["decoder_loss_weights"][3:] == 0).all()  # filler row
@@ -209,11 +210,11 @@ def test_truncation_keeps_eos_last():
     assert batch["decoder_target_tokens"][0].tolist() == [100, 100, EOS_ID]
 
 
-@pytest.mark.parametrize("decoder_only", [False, True])
-def test_packing_never_lets_two_examples_see_each_other(decoder_only):
+@pytest.mark.parametrize("family", ["encoder_decoder", "decoder_only"])
+def test_packing_never_lets_two_examples_see_each_other(family):
     examples = numbered_examples(LENGTHS)
     batches = pack_examples(examples, 2, inputs_length=8, targets_length=5,
-                            decoder_only=decoder_only)
+                            family=family)
     total = sum(int(b["decoder_loss_weights"].sum()) for b in batches)
     expected = sum(t for _, t in LENGTHS)
     assert total == expected  # every target token is trained on exactly once
@@ -222,7 +223,7 @@ def test_packing_never_lets_two_examples_see_each_other(decoder_only):
     for b in batches:
         dec_seg, dec_tok = b["decoder_segment_ids"], b["decoder_target_tokens"]
         dec_owner = owner(dec_tok, dec_seg)
-        if decoder_only:
+        if family == "decoder_only":
             mask = attention.combine_masks(attention.prefix_lm_mask(b["inputs_mask"]),
                                            attention.segment_mask(dec_seg, dec_seg))
             pairs = [(mask, dec_owner, dec_owner)]
@@ -257,7 +258,7 @@ def test_packed_positions_and_shifted_inputs_restart_per_example():
 
 def test_decoder_only_prefix_covers_inputs_and_the_first_prediction():
     [batch] = pack_examples(numbered_examples([(2, 2), (1, 2)]), 1, inputs_length=4,
-                            targets_length=4, decoder_only=True)
+                            targets_length=4, family="decoder_only")
     assert batch["decoder_target_tokens"][0].tolist() == [10, EOS_ID, 100, EOS_ID,
                                                           EOS_ID, 101, EOS_ID, 0]
     assert batch["decoder_input_tokens"][0].tolist() == [0, 10, EOS_ID, 100, 0, EOS_ID, 101, 0]
@@ -281,7 +282,7 @@ def _task_examples(task, count):
 def _mixture(pack=False, seed=0):
     return MixtureData([_task_examples(0, 100), _task_examples(1, 10)], mixing_limit=50,
                                 batch_size=6, inputs_length=8, targets_length=8,
-                                decoder_only=False, pack=pack, seed=seed)
+                                family="encoder_decoder", pack=pack, seed=seed)
 
 
 def test_a_mixture_is_examples_proportional_with_the_rate_limit():
@@ -301,8 +302,9 @@ def test_two_processes_feed_the_halves_of_the_single_process_mixture_batch():
     """Fine-tuning like pre-training: process p feeds its contiguous rows of the one batch."""
     single = _mixture(pack=True)
     halves = [MixtureData([_task_examples(0, 100), _task_examples(1, 10)], mixing_limit=50,
-                          batch_size=6, inputs_length=8, targets_length=8, decoder_only=False,
-                          pack=True, seed=0, process_index=p, process_count=2) for p in (0, 1)]
+                          batch_size=6, inputs_length=8, targets_length=8,
+                          family="encoder_decoder", pack=True, seed=0, process_index=p,
+                          process_count=2) for p in (0, 1)]
     for step in (0, 9):
         whole = single.batch(step)
         for name, value in whole.items():
@@ -312,7 +314,8 @@ def test_two_processes_feed_the_halves_of_the_single_process_mixture_batch():
     with pytest.raises(ValueError, match="batch_size=6 must be a positive multiple of "
                                          "process_count=4"):
         MixtureData([_task_examples(0, 10)], mixing_limit=50, batch_size=6, inputs_length=8,
-                    targets_length=8, decoder_only=False, pack=False, seed=0, process_count=4)
+                    targets_length=8, family="encoder_decoder", pack=False, seed=0,
+                    process_count=4)
 
 
 def test_mixture_batches_are_a_pure_function_of_seed_and_step():

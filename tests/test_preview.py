@@ -141,16 +141,6 @@ def test_a_plain_config_uses_its_own_layout_and_seed():
     assert run.layout == objectives.layout_from_config(run.config)
 
 
-def test_a_decoder_only_row_splits_where_its_targets_start():
-    weights = np.array([0, 0, 0, 1, 1, 0], np.float32)
-    prefix = np.array([1, 1, 1, 1, 0, 0], bool)
-    assert preview._decoder_only_inputs_end(weights, prefix) == 3
-    # An overflowing row has no loss weights; its prefix mask still tells.
-    assert preview._decoder_only_inputs_end(np.zeros(6), prefix) == 3
-    assert preview._decoder_only_inputs_end(np.zeros(6), np.ones(6, bool)) == 6
-    assert preview._decoder_only_inputs_end(np.zeros(6), np.zeros(6, bool)) == 0  # lm: no inputs
-
-
 @pytest.mark.parametrize("args, message", [
     (["table99", "--point", "x"], "experiment='table99' does not exist; choose one of"),
     (["table6", "--point", "rate_50", "--preset", "huge"], "preset='huge' does not exist"),

@@ -7,8 +7,9 @@ function of (seed, step), so a resumed run sees exactly the batches it would hav
 each of several processes feeds its contiguous rows of it (`process_rows`).
 
 Downstream (`pack_examples` / `pad_examples`): tokenised (inputs, targets) pairs become
-fixed-shape batches with the t5x/seqio keys; packed rows carry segment ids and positions so the
-attention masks (`t5x_lite.attention`) keep examples apart.
+fixed-shape batches of a family's rows (`t5x_lite.batch_format`, the format pre-training
+builds on the device too); packed rows carry segment ids and positions so the attention masks
+(`t5x_lite.attention`) keep examples apart.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from typing import Any, Iterable, Sequence
 import ml_collections
 import numpy as np
 
+from t5x_lite import batch_format
 from t5x_lite.config import EOS_ID, PAD_ID, UNK_ID, ConfigError
 from t5x_lite.data.builders import (
     PythonDocs, TextFiles, as_source, content_key, default_data_dir, is_catalog_name, load_split)
@@ -310,93 +312,95 @@ def truncate_examples(examples: Sequence[Example], inputs_length: int,
 
 
 def _rows(examples: Sequence[Example], inputs_length: int, targets_length: int,
-          decoder_only: bool, pack: bool) -> list[list[Example]]:
-    """Examples grouped into rows: one each, or greedily in order while they fit."""
+          family: str, pack: bool) -> list[list[Example]]:
+    """Examples grouped into rows: one each, or greedily in order while every stack's part of
+    the row still has room (decoder-only: any split of the total length between the parts)."""
     examples, truncated = truncate_examples(examples, inputs_length, targets_length)
+    capacity = batch_format.row_lengths(family, inputs_length, targets_length)
     rows = []
-    used = (0, 0)
+    used = dict.fromkeys(capacity, 0)
     for inputs, targets in examples:
-        if decoder_only:  # one sequence: any split of the total length between the parts
-            fits = used[0] + used[1] + len(inputs) + len(targets) <= inputs_length + targets_length
-        else:
-            fits = (used[0] + len(inputs) <= inputs_length
-                    and used[1] + len(targets) <= targets_length)
-        if pack and rows and fits:
+        needs = batch_format.row_lengths(family, len(inputs), len(targets))
+        if pack and rows and all(used[s] + needs[s] <= capacity[s] for s in capacity):
             rows[-1].append((inputs, targets))
-            used = (used[0] + len(inputs), used[1] + len(targets))
+            used = {s: used[s] + needs[s] for s in capacity}
         else:
             rows.append([(inputs, targets)])
-            used = (len(inputs), len(targets))
+            used = needs
     if truncated:
         log.warning("truncated %d of %d examples to inputs_length=%d, targets_length=%d",
                     truncated, len(examples), inputs_length, targets_length)
     return rows
 
 
-def _layout(rows: list[list[Example]], inputs_length: int, targets_length: int,
-            decoder_only: bool) -> dict[str, np.ndarray]:
-    """Rows -> the batch dict, with segment ids (1, 2, ... per row) and positions."""
-    n = len(rows)
-    if decoder_only:
-        shapes = {"decoder": inputs_length + targets_length}
-    else:
-        shapes = {"encoder": inputs_length, "decoder": targets_length}
-    out = {}
-    for stack, length in shapes.items():
-        for key in ("segment_ids", "positions"):
-            out[f"{stack}_{key}"] = np.zeros([n, length], np.int32)
-    if not decoder_only:
-        out["encoder_input_tokens"] = np.zeros([n, inputs_length], np.int32)
-    targets = out["decoder_target_tokens"] = np.zeros([n, shapes["decoder"]], np.int32)
-    inputs = out["decoder_input_tokens"] = np.zeros_like(targets)
-    weights = out["decoder_loss_weights"] = np.zeros(targets.shape, np.float32)
-    if decoder_only:
-        prefix = out["inputs_mask"] = np.zeros(targets.shape, bool)
-    for r, row in enumerate(rows):
-        enc = dec = 0
-        for segment, (x, y) in enumerate(row, start=1):
-            if not decoder_only:
-                out["encoder_input_tokens"][r, enc:enc + len(x)] = x
-                out["encoder_segment_ids"][r, enc:enc + len(x)] = segment
-                out["encoder_positions"][r, enc:enc + len(x)] = np.arange(len(x))
-                enc += len(x)
-                sequence, first_target = list(y), 0
-            else:
-                # Position j predicts token j; the prefix is the inputs plus the position
-                # that predicts the first target.
-                sequence, first_target = list(x) + list(y), len(x)
-                prefix[r, dec:dec + len(x) + 1] = True
-            end = dec + len(sequence)
-            targets[r, dec:end] = sequence
-            inputs[r, dec + 1:end] = sequence[:-1]  # shifted right inside the segment
-            weights[r, dec + first_target:end] = 1.0
-            out["decoder_segment_ids"][r, dec:end] = segment
-            out["decoder_positions"][r, dec:end] = np.arange(len(sequence))
-            dec = end
+def _example_rows(examples: list[Example], family: str, inputs_length: int,
+                  targets_length: int) -> dict[str, np.ndarray]:
+    """`batch_format.example_rows` of (already truncated) examples, built in one call."""
+    inputs = np.zeros([len(examples), inputs_length], np.int32)
+    targets = np.zeros([len(examples), targets_length], np.int32)
+    for i, (x, y) in enumerate(examples):
+        inputs[i, :len(x)], targets[i, :len(y)] = x, y
+    return batch_format.example_rows(family, np, inputs, targets, inputs_length, targets_length)
+
+
+def _layout(rows: list[list[Example]], inputs_length: int, targets_length: int, family: str,
+            pack: bool) -> dict[str, np.ndarray]:
+    """Rows (the empty ones last: padding) -> the batch dict of `family`'s format.
+
+    Unpacked, a row is its example's row at the batch's lengths, as pre-training builds it.
+    Packed, it holds its examples' own rows (each one's first `row_lengths` positions of every
+    stack) one after the other, with segment ids (1, 2, ... in a row) and positions restarting
+    at 0 per example."""
+    out = batch_format.zeros(family, len(rows), inputs_length, targets_length)
+    examples = [example for row in rows for example in row]
+    if not pack:
+        for key, value in _example_rows(examples, family, inputs_length,
+                                        targets_length).items():
+            out[key][:len(value)] = value
+        return out
+    input_lengths = np.array([len(x) for x, _ in examples], np.int64)
+    target_lengths = np.array([len(y) for _, y in examples], np.int64)
+    # As wide as the longest example needs: an example's own rows do not depend on the width.
+    built = _example_rows(examples, family, input_lengths.max(initial=0),
+                          target_lengths.max(initial=0))
+    row_sizes = [len(row) for row in rows]
+    row_of = np.repeat(np.arange(len(rows)), row_sizes)  # [examples]
+    first_of_row = np.cumsum([0] + row_sizes)[:-1][row_of]  # [examples]: its row's first one
+    segment = np.arange(len(examples)) - first_of_row + 1
+    own_sizes = batch_format.row_lengths(family, input_lengths, target_lengths)
+    for stack, length in batch_format.row_lengths(family, inputs_length, targets_length).items():
+        size = own_sizes[stack]
+        before = np.cumsum(size) - size  # the sizes of the batch's examples before each one
+        start = before - before[first_of_row]  # ... of its row's
+        offset = np.arange(size.max(initial=0))
+        own = offset < size[:, None]  # [examples, offset]: the example's own positions
+        to_row = np.broadcast_to(row_of[:, None], own.shape)[own]
+        to_column = (start[:, None] + offset)[own]
+        for key, value in built.items():
+            if batch_format.stack_of(key) == stack:
+                out[key][to_row, to_column] = value[:, :own.shape[1]][own]
+        for key, value in (("segment_ids", segment[:, None]), ("positions", offset)):
+            out[f"{stack}_{key}"] = np.zeros([len(rows), length], np.int32)
+            out[f"{stack}_{key}"][to_row, to_column] = np.broadcast_to(value, own.shape)[own]
     return out
 
 
 def _batches(examples: Sequence[Example], batch_size: int, inputs_length: int,
-             targets_length: int, decoder_only: bool, pack: bool) -> list[dict[str, np.ndarray]]:
+             targets_length: int, family: str, pack: bool) -> list[dict[str, np.ndarray]]:
     if batch_size <= 0 or inputs_length <= 0 or targets_length <= 0:
         raise ValueError(f"batch_size={batch_size}, inputs_length={inputs_length} and "
                          f"targets_length={targets_length} must be positive")
-    rows = _rows(examples, inputs_length, targets_length, decoder_only, pack)
+    rows = _rows(examples, inputs_length, targets_length, family, pack)
     rows += [[] for _ in range(-len(rows) % batch_size)]  # empty rows fill the last batch
-    batches = []
-    for start in range(0, len(rows), batch_size):
-        batch = _layout(rows[start:start + batch_size], inputs_length, targets_length,
-                        decoder_only)
-        if not pack:  # one example per row: padding alone tells what is real
-            batch = {k: v for k, v in batch.items() if "segment_ids" not in k
-                     and "positions" not in k}
-        batches.append(batch)
-    return batches
+    return [_layout(rows[start:start + batch_size], inputs_length, targets_length, family, pack)
+            for start in range(0, len(rows), batch_size)]
 
 
 def pack_examples(examples: Sequence[Example], batch_size: int, inputs_length: int,
-                  targets_length: int, decoder_only: bool = False) -> list[dict[str, np.ndarray]]:
-    """Packed batches: consecutive examples share a row while they fit.
+                  targets_length: int,
+                  family: str = "encoder_decoder") -> list[dict[str, np.ndarray]]:
+    """Packed batches of `family`'s rows (`t5x_lite.batch_format`): consecutive examples share
+    a row while they fit.
 
     Encoder-decoder rows hold `inputs_length` encoder and `targets_length` decoder tokens;
     decoder-only rows hold inputs followed by targets in `inputs_length + targets_length`
@@ -405,13 +409,14 @@ def pack_examples(examples: Sequence[Example], batch_size: int, inputs_length: i
     (restarting at 0 per example), shape `[batch_size, length]`; the last batch is filled with
     empty rows. Longer examples are truncated (keeping EOS last) with a warning.
     """
-    return _batches(examples, batch_size, inputs_length, targets_length, decoder_only, True)
+    return _batches(examples, batch_size, inputs_length, targets_length, family, True)
 
 
 def pad_examples(examples: Sequence[Example], batch_size: int, inputs_length: int,
-                 targets_length: int, decoder_only: bool = False) -> list[dict[str, np.ndarray]]:
+                 targets_length: int,
+                 family: str = "encoder_decoder") -> list[dict[str, np.ndarray]]:
     """Like `pack_examples` with one example per row and no segment ids or positions."""
-    return _batches(examples, batch_size, inputs_length, targets_length, decoder_only, False)
+    return _batches(examples, batch_size, inputs_length, targets_length, family, False)
 
 
 def process_rows(batch: dict[str, np.ndarray], process_index: int,
@@ -449,7 +454,7 @@ class MixtureData:
     """
 
     def __init__(self, tasks: Sequence[Sequence[Example]], mixing_limit: int, batch_size: int,
-                 inputs_length: int, targets_length: int, *, decoder_only: bool, pack: bool,
+                 inputs_length: int, targets_length: int, *, family: str, pack: bool,
                  seed: int, process_index: int = 0, process_count: int = 1):
         if not tasks or any(len(examples) == 0 for examples in tasks):
             raise ValueError("every task of the mixture needs at least one training example")
@@ -464,7 +469,7 @@ class MixtureData:
         self.starts = np.concatenate([[0], np.cumsum(self.rates)])
         self.batch_size, self.seed = batch_size, seed
         self.lengths = (inputs_length, targets_length)
-        self.decoder_only, self.pack = decoder_only, pack
+        self.family, self.pack = family, pack
         self.examples_per_step = batch_size * (self._examples_per_row() if pack else 1)
         self._permutations: dict[tuple[int, int], np.ndarray] = {}
 
@@ -472,7 +477,7 @@ class MixtureData:
         """How many examples of mean length fill a row (at least one)."""
         pairs = [(len(i), len(t)) for examples in self.tasks for i, t in examples]
         mean_inputs, mean_targets = np.mean(pairs, axis=0)
-        if self.decoder_only:
+        if self.family == "decoder_only":
             return max(1, int(sum(self.lengths) // (mean_inputs + mean_targets)))
         return max(1, int(min(self.lengths[0] / mean_inputs, self.lengths[1] / mean_targets)))
 
@@ -505,6 +510,5 @@ class MixtureData:
         examples = [self.example(p) for p in range(first, first + self.examples_per_step)]
         # Packed, any rows beyond batch_size are dropped: their examples come round again in
         # the next epoch, in a new order.
-        batch = _batches(examples, self.batch_size, *self.lengths, self.decoder_only,
-                         self.pack)[0]
+        batch = _batches(examples, self.batch_size, *self.lengths, self.family, self.pack)[0]
         return process_rows(batch, self.process_index, self.process_count)
