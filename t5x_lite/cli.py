@@ -105,7 +105,8 @@ def _comma_list(text: str) -> list[str]:
 
 
 def _train(argv: list[str]) -> None:
-    from t5x_lite.train import initialize_distributed, train
+    from t5x_lite.distributed import initialize_distributed
+    from t5x_lite.train import train
 
     parser = _config_parser("train")
     parser.add_argument("--workdir", required=True,
@@ -125,7 +126,7 @@ def _train(argv: list[str]) -> None:
 
 def _finetune(argv: list[str]) -> None:
     from t5x_lite.evaluation import finetune
-    from t5x_lite.train import initialize_distributed
+    from t5x_lite.distributed import initialize_distributed
 
     parser = _config_parser("finetune", _FINETUNE_PRESET_HELP)
     parser.add_argument("--workdir", required=True, help="where eval.jsonl and checkpoints go")
@@ -149,7 +150,7 @@ def _finetune(argv: list[str]) -> None:
 
 def _eval(argv: list[str]) -> None:
     from t5x_lite.evaluation import config_from_checkpoint, evaluate
-    from t5x_lite.train import initialize_distributed
+    from t5x_lite.distributed import initialize_distributed
 
     parser = _config_parser("eval", _FINETUNE_PRESET_HELP)
     parser.add_argument("--checkpoint", required=True,
@@ -226,7 +227,7 @@ def _sweep_parser() -> argparse.ArgumentParser:
 
 def _sweep(argv: list[str]) -> None:
     from t5x_lite import launchers, sweep
-    from t5x_lite.train import initialize_distributed
+    from t5x_lite.distributed import initialize_distributed
 
     args, overrides = _parse(_sweep_parser(), argv)
     initialize_distributed()  # a TPU pod's hosts / a SLURM task's processes join one run

@@ -311,7 +311,7 @@ def slurm_script(
 ) -> str:
     """An sbatch script for a sweep: a job array with one array task per grid point; inside a
     task, `srun` starts one process per GPU on each of `nodes` nodes. Every process joins
-    `jax.distributed` from the SLURM environment (train.initialize_distributed) and runs the
+    `jax.distributed` from the SLURM environment (distributed.initialize_distributed) and runs the
     grid point `$SLURM_ARRAY_TASK_ID` (the sweep's `--point_index`). `setup`: shell lines run
     first (module loads, activating a virtualenv)."""
     require_partition(partition)

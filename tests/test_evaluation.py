@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from t5x_lite import checkpointing, cli, evaluation, presets, train, train_step
+from t5x_lite import checkpointing, cli, distributed, evaluation, presets, train, train_step
 from t5x_lite.architectures import names as architecture_names
 from t5x_lite.config import ConfigError, apply_overrides
 from t5x_lite.data import pipeline, tasks
@@ -237,7 +237,7 @@ def test_eval_command_reads_the_model_and_vocabulary_from_the_checkpoint(
     examples) comes from the preset and the overrides."""
     run = pretrained("encoder_decoder")
     lengths = dict(batch_size=16, inputs_length=16, targets_length=16, eval_examples=16)
-    monkeypatch.setattr(train, "initialize_distributed", lambda: None)
+    monkeypatch.setattr(distributed, "initialize_distributed", lambda: None)
     cli.main(["t5x-lite", "eval", "--preset", "tiny", f"--checkpoint={run}",
               "--tasks=test_reverse", f"--config.data.data_dir={data[1]}",
               *(f"--config.finetune.{field}={value}" for field, value in lengths.items())])

@@ -48,9 +48,9 @@ def worker(port: int, process_id: int, out: str) -> None:
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    from t5x_lite import partitioning, train
+    from t5x_lite import distributed, partitioning
 
-    assert train.initialize_distributed(f"localhost:{port}", PROCESSES, process_id)
+    assert distributed.initialize_distributed(f"localhost:{port}", PROCESSES, process_id)
     assert jax.device_count() == PROCESSES * DEVICES_PER_PROCESS
     mesh = partitioning.make_mesh(tiny_config().mesh)  # (-1, 1): data over all 4 devices
     rows = 8 // PROCESSES
@@ -212,23 +212,45 @@ def test_a_sweep_through_the_cli_on_two_processes_resumes_and_gives_the_single_p
         assert "Traceback" not in output, output[-3000:]
 
 
+def test_initialize_distributed_needs_all_three_settings(monkeypatch):
+    from t5x_lite import distributed
+    from t5x_lite.config import ConfigError
+
+    for name in (
+        "JAX_COORDINATOR_ADDRESS",
+        "JAX_NUM_PROCESSES",
+        "JAX_PROCESS_ID",
+        "SLURM_NTASKS",
+        "TPU_WORKER_HOSTNAMES",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    assert distributed.initialize_distributed() is False  # single process: nothing to join
+    with pytest.raises(ConfigError, match="missing num_processes, process_id"):
+        distributed.initialize_distributed(coordinator="localhost:1234")
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "two")
+    with pytest.raises(ConfigError, match="JAX_NUM_PROCESSES='two' must be a non-negative integer"):
+        distributed.initialize_distributed()
+    with pytest.raises(ConfigError, match=r"process_id=2 must be in \[0, num_processes=2\)"):
+        distributed.initialize_distributed("localhost:1234", 2, 2)
+
+
 def test_several_cpu_processes_get_gloo_collectives_by_themselves(monkeypatch):
     """What the CLI's commands call first: even where jax defaults to no CPU collectives."""
     import jax
 
-    from t5x_lite import train
+    from t5x_lite import distributed
 
     joined = []
     monkeypatch.setattr(jax.distributed, "initialize", lambda *args: joined.append(args))
     before = jax.config.jax_cpu_collectives_implementation
     try:
         jax.config.update("jax_cpu_collectives_implementation", None)  # no collectives
-        assert train.initialize_distributed("localhost:1234", 1, 0)  # one process: left alone
+        assert distributed.initialize_distributed("localhost:1234", 1, 0)  # one process: left alone
         assert jax.config.jax_cpu_collectives_implementation is None
-        assert train.initialize_distributed("localhost:1234", 2, 1)
+        assert distributed.initialize_distributed("localhost:1234", 2, 1)
         assert jax.config.jax_cpu_collectives_implementation == "gloo"
         jax.config.update("jax_cpu_collectives_implementation", "mpi")  # the user's choice
-        assert train.initialize_distributed("localhost:1234", 2, 0)
+        assert distributed.initialize_distributed("localhost:1234", 2, 0)
         assert jax.config.jax_cpu_collectives_implementation == "mpi"
     finally:
         jax.config.update("jax_cpu_collectives_implementation", before)

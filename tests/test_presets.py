@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from t5x_lite import cli, evaluation, presets, sweep, train
+from t5x_lite import cli, distributed, evaluation, presets, sweep, train
 from t5x_lite.config import ConfigError, apply_overrides
 from t5x_lite.data import pipeline, tasks
 
@@ -138,7 +138,7 @@ def _command_config(command, argv, monkeypatch):
     """The config `t5x-lite COMMAND ARGV` hands to the library (finetune / evaluate are
     replaced by a stand-in that keeps it; eval's checkpoint reading by the identity)."""
     seen = {}
-    monkeypatch.setattr(train, "initialize_distributed", lambda: None)
+    monkeypatch.setattr(distributed, "initialize_distributed", lambda: None)
     monkeypatch.setattr(evaluation, "finetune",
                         lambda config, workdir, **kwargs: seen.update(config=config) or {})
     monkeypatch.setattr(evaluation, "evaluate",
@@ -207,7 +207,7 @@ def test_a_sweep_task_without_a_train_or_validation_split_is_refused_at_expansio
 def test_a_sweep_without_its_pretraining_corpus_stops_at_expansion(name, tmp_path,
                                                                    monkeypatch):
     """One line naming the missing path, before the workdir or any record is written."""
-    monkeypatch.setattr(train, "initialize_distributed", lambda: None)
+    monkeypatch.setattr(distributed, "initialize_distributed", lambda: None)
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["t5x-lite", "sweep", "table2", f"--preset={name}",
                   f"--workdir={tmp_path}/w", f"--config.data.data_root={tmp_path}"])

@@ -188,25 +188,6 @@ def test_raw_tokens_of_the_wrong_shape_are_rejected():
         step(None, raw_batch(rows=4), spec, jax.random.key(0))
 
 
-def test_initialize_distributed_needs_all_three_settings(monkeypatch):
-    for name in (
-        "JAX_COORDINATOR_ADDRESS",
-        "JAX_NUM_PROCESSES",
-        "JAX_PROCESS_ID",
-        "SLURM_NTASKS",
-        "TPU_WORKER_HOSTNAMES",
-    ):
-        monkeypatch.delenv(name, raising=False)
-    assert train.initialize_distributed() is False  # single process: nothing to join
-    with pytest.raises(ConfigError, match="missing num_processes, process_id"):
-        train.initialize_distributed(coordinator="localhost:1234")
-    monkeypatch.setenv("JAX_NUM_PROCESSES", "two")
-    with pytest.raises(ConfigError, match="JAX_NUM_PROCESSES='two' must be a non-negative integer"):
-        train.initialize_distributed()
-    with pytest.raises(ConfigError, match=r"process_id=2 must be in \[0, num_processes=2\)"):
-        train.initialize_distributed("localhost:1234", 2, 2)
-
-
 # --- behaviour on one device ------------------------------------------------------------------
 
 
