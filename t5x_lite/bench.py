@@ -25,7 +25,7 @@ import numpy as np
 from flax import nnx
 
 from t5x_lite import (accounting, architectures, batch_format, convert, decoding, host_memory,
-                      objectives, partitioning, train, train_step)
+                      loop, objectives, partitioning, train_step)
 from t5x_lite.config import EOS_ID, NUM_RESERVED_IDS
 from t5x_lite.models import build_model, make_masks
 
@@ -185,7 +185,9 @@ def run_benchmarks(config: ml_collections.ConfigDict, *, steps: int = 10, warmup
     seconds = dict(zip(runs, median_seconds(*runs.values(), steps=steps, warmup=warmup)))
     step_s, corrupt_s = seconds["step"], seconds["corruption"]
     peak = runs["peak_matmul"].peak if "peak_matmul" in runs else None
-    throughput = train.Throughput.of(config, objectives.layout_from_config(config), mesh, peak)
+    layout = objectives.layout_from_config(config)
+    throughput = loop.Throughput.of(config, (layout.inputs_length, layout.targets_length), mesh,
+                                    peak=peak)
     speed = throughput(step_s)
     result = {
         "tokens_per_second": speed["tokens_per_s"],

@@ -8,35 +8,28 @@
 
 `step` is the number of optimizer updates applied (the state's own step counter), so a run
 restored at step s continues with update s + 1. The input pipeline position is derived from the
-step, so the checkpoint is all a resumed run needs. The train loop uses it like this:
+step, so the checkpoint is all a resumed run needs. The loop (`t5x_lite.loop.run_loop`, which
+also decides when a preempted run saves and stops) uses it like this:
 
     with Checkpointer(workdir / "checkpoints", every=K, keep=N, config=config) as ckpt:
         state = ckpt.restore(abstract_state) if ckpt.latest_step() is not None else init()
         while step < steps:
             state, metrics = train_step(state, ...); step += 1
-            if ckpt.reached_preemption(step):    # SIGTERM / SIGINT arrived
-                ckpt.maybe_save(step, state, force=True)
-                break                            # leaving the block waits for the save
-            ckpt.maybe_save(step, state)         # every K steps, asynchronous
+            if ckpt.should_save(step):           # every K steps
+                ckpt.maybe_save(step, state)     # asynchronous
+        ckpt.maybe_save(step, state, force=True) # leaving the block waits for the save
 
 Multi-host: every process makes the same calls with the same step; orbax writes each array
-shard from the process that holds it and does the file bookkeeping on process 0. A preemption
-notice (SIGTERM) may reach only some processes, at different steps, so with several processes
-the decision comes from JAX's preemption service (started by `jax.distributed.initialize`; it
-owns SIGTERM there, SIGINT is not handled): the processes agree on a step a little after the
-notice, and `reached_preemption` returns True at that step on every one of them. This needs
-every process to call `reached_preemption` after every step.
+shard from the process that holds it and does the file bookkeeping on process 0.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
-import signal
-import threading
 import time
 import warnings
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import Any, Sequence
 
 import jax
@@ -155,11 +148,11 @@ def _restore_newest(
 class Checkpointer:
     """Saves and restores one run's train state every `every` steps, keeping the newest `keep`.
 
-    Opening a folder that holds checkpoints of an incompatible config (see `RESUME_FIELDS`)
-    raises `ConfigError` listing the differences; `restart=True` deletes the old checkpoints
-    first. `require_existing=True` (an explicit resume request) raises `ConfigError` if there
-    is nothing to resume. Use it as a context manager: entering installs the SIGTERM / SIGINT
-    handlers behind `reached_preemption`, leaving waits for the last save and closes.
+    Opening a folder that holds checkpoints of an incompatible config (one that differs in
+    `resume_fields`, by default `RESUME_FIELDS`) raises `ConfigError` listing the differences;
+    `restart=True` deletes the old checkpoints first. `require_existing=True` (an explicit
+    resume request) raises `ConfigError` if there is nothing to resume. Use it as a context
+    manager: leaving waits for the last save and closes.
     """
 
     def __init__(
@@ -171,6 +164,7 @@ class Checkpointer:
         config: ml_collections.ConfigDict,
         restart: bool = False,
         require_existing: bool = False,
+        resume_fields: Sequence[str] = RESUME_FIELDS,
     ) -> None:
         for field, value in (("checkpoint.every", every), ("checkpoint.keep", keep)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -183,8 +177,7 @@ class Checkpointer:
         # orbax's storage layer needs an absolute path; users pass relative workdirs.
         self.directory = epath.Path(os.path.abspath(directory))
         self._config = _config_as_json(config)
-        self._signal: int | None = None
-        self._previous_handlers: dict[int, Any] = {}
+        self._resume_fields = tuple(resume_fields)
         if restart:
             self._wipe()
         self._manager = ocp.CheckpointManager(
@@ -230,7 +223,7 @@ class Checkpointer:
                 stacklevel=3,
             )
             return
-        differences = config_differences(saved, self._config, RESUME_FIELDS)
+        differences = config_differences(saved, self._config, self._resume_fields)
         if differences:
             raise ConfigError(
                 f"the checkpoints in {self.directory} were written with an incompatible "
@@ -252,6 +245,11 @@ class Checkpointer:
         """Newest saved step, or None. `restore` may fall back to an older one if it is damaged,
         so take the resumed step from the restored state, not from here."""
         return self._manager.latest_step()
+
+    def should_save(self, step: int) -> bool:
+        """Whether `maybe_save(step, ...)` would save without `force`: `step` is a multiple of
+        `every` (or, on multi-host, the agreed preemption step) after the newest saved step."""
+        return self._manager.should_save(step)
 
     def maybe_save(self, step: int, state: Any, force: bool = False) -> bool:
         """Start saving `state` at `step` if `step` is a multiple of `every` (or `force`).
@@ -292,47 +290,16 @@ class Checkpointer:
         ocp.multihost.sync_global_processes("t5x_lite_checkpoint_set_aside")
         self._manager.reload()
 
-    def reached_preemption(self, step: int) -> bool:
-        """Whether the run should save at `step` and stop: a SIGTERM / SIGINT arrived (single
-        process), or all processes agreed on this step after a preemption notice (multi-host;
-        call it at every step on every process)."""
-        if jax.process_count() > 1:
-            return ocp.multihost.reached_preemption(step)
-        return self._signal is not None
-
-    def _install_signal_handlers(self) -> None:
-        if jax.process_count() > 1:
-            # JAX's preemption service owns SIGTERM there; a Python handler would replace it.
-            return
-        if threading.current_thread() is not threading.main_thread():
-            log.warning("preemption handling is off: signal handlers need the main thread")
-            return
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if signum == signal.SIGINT and self._signal is not None:
-            raise KeyboardInterrupt  # a second Ctrl-C stops without waiting for the save
-        self._signal = signum
-        log.warning(
-            "received %s: saving a checkpoint after the current step, then stopping",
-            signal.Signals(signum).name,
-        )
-
     def wait(self) -> None:
         """Block until the pending asynchronous save (if any) is on disk."""
         self._manager.wait_until_finished()
 
     def close(self) -> None:
-        """Restore the previous signal handlers, finish the pending save and release orbax."""
-        for signum, handler in self._previous_handlers.items():
-            signal.signal(signum, handler)
-        self._previous_handlers.clear()
+        """Finish the pending save and release orbax."""
         self._manager.wait_until_finished()
         self._manager.close()
 
     def __enter__(self) -> Checkpointer:
-        self._install_signal_handlers()
         return self
 
     def __exit__(

@@ -31,9 +31,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
-from t5x_lite import (accounting, architectures, checkpointing, decoding, partitioning, train,
-                      train_step)
-from t5x_lite.checkpointing import Checkpointer
+from t5x_lite import architectures, checkpointing, decoding, partitioning, train_step
 from t5x_lite.config import (
     ConfigError,
     validate_finetune_config,
@@ -41,13 +39,15 @@ from t5x_lite.config import (
 )
 from t5x_lite.data import pipeline, tasks
 from t5x_lite.data.vocabulary import Vocabulary
+from t5x_lite.loop import keep_records_up_to, run_loop, summaries
+from t5x_lite.run_setup import RunPlan, set_up
 
 EVAL_FILE = "eval.jsonl"
 # Fields a checkpoint must share with the config that reads its parameters: the network, and
 # the vocabulary that gives its token ids their meaning.
 _PARAMETER_FIELDS = ("model", "data.corpus", "data.vocab")
-# Fields a resumed fine-tuning run must share with the run that wrote its checkpoints (besides
-# `checkpointing.RESUME_FIELDS`): they fix which examples the step-indexed batches hold.
+# Fields a resumed fine-tuning run must share with the run that wrote its checkpoints, besides
+# `checkpointing.RESUME_FIELDS`: they fix which examples the step-indexed batches hold.
 _FINETUNE_DATA_FIELDS = ("finetune.tasks", "finetune.mixing_limit", "finetune.pack",
                          "finetune.inputs_length", "finetune.targets_length")
 
@@ -303,7 +303,7 @@ class EvalLog:
         self.records: list[dict[str, Any]] = []
         if self.path.exists():
             if jax.process_index() == 0:  # one writer; the others read what it kept
-                train.keep_records_up_to(self.path, start_step)
+                keep_records_up_to(self.path, start_step)
             if jax.process_count() > 1:  # read only once process 0 rewrote it (cut last line)
                 multihost_utils.sync_global_devices("t5x_lite_eval_log")
             self.records = [record for record in map(json.loads, self.path.read_text().splitlines())
@@ -328,6 +328,27 @@ class EvalLog:
         return best
 
 
+class _TaskData:
+    """Fine-tuning's step-indexed batches (`batch(step)`: `pipeline.MixtureData` of the tasks'
+    train splits) and the splits: `train` (which counts the cut examples) and `validation`,
+    both in `vocab`."""
+
+    def __init__(self, config: ml_collections.ConfigDict, task_list: Sequence[tasks.Task]):
+        ft = config.finetune
+        self.vocab = pipeline.vocabulary_from_config(config)
+        self.train = [TaskSplit(task, "train", config, self.vocab) for task in task_list]
+        self.validation = [TaskSplit(task, "validation", config, self.vocab, ft.eval_examples)
+                           for task in task_list]
+        self.mixture = pipeline.MixtureData(
+            [s.encoded for s in self.train], ft.mixing_limit, ft.batch_size, ft.inputs_length,
+            ft.targets_length, family=architectures.get(config.model.arch).family,
+            pack=ft.pack, seed=config.train.seed, process_index=jax.process_index(),
+            process_count=jax.process_count())
+
+    def batch(self, step: int) -> dict[str, np.ndarray]:
+        return self.mixture.batch(step)
+
+
 def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *, init_from: str | None,
              progress: bool = True, restart: bool = False) -> dict[str, Any]:
     """Fine-tune on `config.finetune.tasks` in `workdir` and return the best validation scores.
@@ -347,65 +368,36 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *, init_fro
     validate_model_config(config.model)
     validate_finetune_config(ft)
     task_list = check_task_names(ft.tasks)
-    ft_config = finetune_train_config(config)
-    mesh = partitioning.make_mesh(config.mesh)
-    partitioning.validate_batch_split(ft.batch_size, config.train.microbatches, mesh,
-                                      partitioning.normalize_rules(config.mesh.rules),
-                                      "finetune.batch_size")
-    train_step.validate_config(ft_config, mesh)
     source = None if init_from is None else checkpoint_dir(init_from)
     if source is not None:
         _require_same(source, config, _PARAMETER_FIELDS, "hold another model or vocabulary")
-    own = workdir / "checkpoints"
-    if not restart and (own / checkpointing.CONFIG_FILE).exists():
-        _require_same(own, config, _FINETUNE_DATA_FIELDS, "were fine-tuned on other data; "
-                      "pass restart=True to start over")
+    ft_config = finetune_train_config(config)
 
-    vocab = pipeline.vocabulary_from_config(config)
-    train_splits = [TaskSplit(task, "train", config, vocab) for task in task_list]
-    valid_splits = [TaskSplit(task, "validation", config, vocab, ft.eval_examples)
-                    for task in task_list]
-    family = architectures.get(config.model.arch).family
-    data = pipeline.MixtureData([s.encoded for s in train_splits], ft.mixing_limit,
-                                ft.batch_size, ft.inputs_length, ft.targets_length,
-                                family=family, pack=ft.pack, seed=config.train.seed,
-                                process_index=jax.process_index(),
-                                process_count=jax.process_count())
-    evaluator = Evaluator(config, valid_splits, vocab, mesh)
-    step = train_step.make_finetune_step(ft_config, mesh)
-    lengths = (ft.inputs_length, ft.targets_length)
-    speed = train.Throughput(
-        tokens_per_step=ft.batch_size * sum(lengths),
-        flops_per_step=ft.batch_size * accounting.train_flops_per_example(config.model, *lengths),
-        peak=train.peak_flops_per_second(mesh, config.model.dtype))
+    def fresh_state(ft_config: ml_collections.ConfigDict, mesh: Mesh) -> train_step.TrainState:
+        if source is None:
+            return train_step.init_state(ft_config, mesh)
+        abstract = train_step.abstract_state(ft_config, mesh).params
+        params = checkpointing.restore_params_only(source, abstract)
+        return train_step.state_from_params(ft_config, mesh, params)
 
-    with Checkpointer(own, every=config.checkpoint.every, keep=config.checkpoint.keep,
-                      config=ft_config, restart=restart) as checkpointer:
-        if checkpointer.latest_step() is not None:
-            state = checkpointer.restore(train_step.abstract_state(ft_config, mesh))
-        elif source is not None:
-            abstract = train_step.abstract_state(ft_config, mesh).params
-            params = checkpointing.restore_params_only(source, abstract)
-            state = train_step.state_from_params(ft_config, mesh, params)
-        else:
-            state = train_step.init_state(ft_config, mesh)
-        start = int(state.step)
-        log = EvalLog(workdir, start)
-        writer = train.MetricsWriter(workdir, start)
-        bar = train.Progress(start, ft.steps, config.train.log_every, progress)
+    plan = RunPlan(
+        configs=[ft_config], workdirs=[workdir],
+        make_data=lambda: _TaskData(config, task_list),
+        make_step=lambda mesh: train_step.make_finetune_step(ft_config, mesh),
+        step_args=(train_step.step_key(config.train.seed),),
+        lengths=(ft.inputs_length, ft.targets_length), fresh_state=fresh_state,
+        batch_field="finetune.batch_size",
+        resume_fields=checkpointing.RESUME_FIELDS + _FINETUNE_DATA_FIELDS)
+    with set_up(plan, progress=progress, restart=restart) as run:
+        evaluator = Evaluator(config, run.data.validation, run.data.vocab, run.mesh)
+        log = EvalLog(workdir, run.start)
 
-        def validate(step_number: int, state: train_step.TrainState) -> None:
-            if step_number % ft.eval_every == 0 or step_number == ft.steps:
-                log.add(step_number, evaluator(state.params))
+        def validate(step: int, state: train_step.TrainState) -> None:
+            if step % ft.eval_every == 0 or step == ft.steps:
+                log.add(step, evaluator(state.params))
 
-        try:
-            records = train.run_loop(state, start, ft.steps, data, step,
-                                     (train_step.step_key(config.train.seed),), checkpointer,
-                                     writer, bar, speed, validate)
-        finally:
-            writer.close()
-            bar.close()
-    summary = train.summarize(records, workdir, start)
+        records = run_loop(run, validate)
+    summary = summaries(run, records)[0]
     best = log.best()
     return {
         "scores": {task: record["metrics"] for task, record in best.items()},
@@ -413,5 +405,5 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *, init_fro
         "steps": summary["step"], "loss": summary["loss"],
         "wall_s": time.perf_counter() - started,
         "compile_s": summary["compile_s"], "compiles": summary["compiles"],
-        "truncated": {s.task.name: s.truncated for s in train_splits},
+        "truncated": {s.task.name: s.truncated for s in run.data.train},
     }

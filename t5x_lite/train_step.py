@@ -420,14 +420,17 @@ class FinetuneStep(_StepCaller):
         return self._run(state, batch, rng)
 
 
-def _validate_batch_split(settings: StepSettings, mesh: Mesh) -> None:
+def _validate_batch_split(settings: StepSettings, mesh: Mesh,
+                          field: str = "train.batch_size") -> None:
     partitioning.validate_batch_split(
-        settings.train.batch_size, settings.train.microbatches, mesh, settings.rules)
+        settings.train.batch_size, settings.train.microbatches, mesh, settings.rules, field)
 
 
-def validate_config(config: ml_collections.ConfigDict, mesh: Mesh) -> None:
-    """Every check that needs no arrays: model, train settings, batch split over the mesh."""
-    _validate_batch_split(step_settings(config), mesh)
+def validate_config(config: ml_collections.ConfigDict, mesh: Mesh,
+                    batch_field: str = "train.batch_size") -> None:
+    """Every check that needs no arrays: model, train settings, batch split over the mesh;
+    `batch_field` names the batch size in the errors (fine-tuning's is finetune.batch_size)."""
+    _validate_batch_split(step_settings(config), mesh, batch_field)
 
 
 def _stacked(sharding: NamedSharding) -> NamedSharding:

@@ -1,13 +1,8 @@
 """Checkpointer: sharded round trip, schedule and retention, damaged checkpoints, config checks,
-params-only restore, and saving on SIGTERM / SIGINT in a child process."""
+params-only restore. (Saving on SIGTERM / SIGINT is the loop's: test_loop.)"""
 import logging
 import os
 import pathlib
-import signal
-import socket
-import subprocess
-import sys
-import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -17,10 +12,9 @@ import pytest
 from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from t5x_lite.checkpointing import Checkpointer, restore_params_only
+from t5x_lite.checkpointing import RESUME_FIELDS, Checkpointer, restore_params_only
 from t5x_lite.config import ConfigError, default_config
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 # A failed tensorstore read (the damaged-checkpoint tests) can leave a callback for orbax's
 # already closed event loop, reported whenever it is garbage-collected: noise, not ours.
 pytestmark = pytest.mark.filterwarnings(
@@ -104,10 +98,12 @@ def test_round_trip_restores_into_the_target_sharding(tmp_path, config, mesh):
 def test_saves_every_k_steps_and_keeps_the_last_n(tmp_path, config):
     state = make_state()
     with Checkpointer(tmp_path, every=2, keep=2, config=config) as ckpt:
+        assert [step for step in range(1, 8) if ckpt.should_save(step)] == [2, 4, 6]
         started = [step for step in range(1, 8) if ckpt.maybe_save(step, advance(state, step))]
         assert started == [2, 4, 6]
         assert ckpt.maybe_save(7, advance(state, 7), force=True)
         assert not ckpt.maybe_save(7, advance(state, 7), force=True)  # already saved
+        assert not ckpt.should_save(6)  # saved already
         ckpt.wait()
         assert ckpt._manager.all_steps() == [6, 7]
         assert_same_values(ckpt.restore(abstract(state)), advance(state, 7))
@@ -158,6 +154,16 @@ def test_incompatible_config_is_refused_listing_the_fields(tmp_path, config):
     with pytest.raises(ConfigError, match=r"(?s)model\.d_model: saved 32 != now 64.*"
                        r"objective\.inputs_length: saved 512 != now 128.*--restart"):
         Checkpointer(tmp_path, every=1, keep=5, config=changed)
+
+
+def test_a_run_may_require_more_fields_to_resume(tmp_path, config):
+    save_steps(tmp_path, config, {1: make_state()})
+    changed = config.copy_and_resolve_references()
+    changed.finetune.tasks = ("glue_sst2",)
+    with pytest.raises(ConfigError, match=r"finetune\.tasks: saved \[\] != now \['glue_sst2'\]"):
+        Checkpointer(tmp_path, every=1, keep=5, config=changed,
+                     resume_fields=RESUME_FIELDS + ("finetune.tasks",))
+    Checkpointer(tmp_path, every=1, keep=5, config=changed).close()  # not a default field
 
 
 def test_run_settings_may_change_on_resume(tmp_path, config):
@@ -222,87 +228,3 @@ def test_restore_params_only(tmp_path, config, mesh):
     other.objective.name = "prefix_lm"  # fine-tuning may change everything but the model
     with pytest.raises(ConfigError, match=r"different model:\n  model\.num_layers: saved 2 != now 4$"):
         restore_params_only(tmp_path, target, config=other)
-
-
-# A toy train loop: one "update" per 50 ms, saving only on preemption; prints each step. With
-# `port process_id` arguments it is one of 2 processes (one CPU device each) in a JAX cluster.
-CHILD = textwrap.dedent(
-    """
-    import sys, time
-    import jax
-    directory, *cluster = sys.argv[1:]
-    if cluster:
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(f"localhost:{cluster[0]}", num_processes=2, process_id=int(cluster[1]))
-    import numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    from t5x_lite.checkpointing import Checkpointer
-    from t5x_lite.config import default_config
-
-    sharding = NamedSharding(Mesh(np.array(jax.devices()), ("data",)), P("data"))
-    w = jax.make_array_from_callback((2,), sharding, lambda index: np.zeros(2, np.float32)[index])
-    increment = jax.jit(lambda w: w + 1, out_shardings=sharding)
-    with Checkpointer(directory, every=1000, keep=2, config=default_config()) as ckpt:
-        step = 0
-        while step < 10_000:
-            w, step = increment(w), step + 1
-            print(step, flush=True)
-            if ckpt.reached_preemption(step):
-                ckpt.maybe_save(step, {"w": w}, force=True)
-                break
-            ckpt.maybe_save(step, {"w": w})
-            time.sleep(0.05)
-    print("stopped", step, flush=True)
-    """
-)
-
-
-def spawn(*args: str) -> subprocess.Popen:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
-    return subprocess.Popen([sys.executable, "-c", CHILD, *args], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, text=True)
-
-
-def signal_at_step_3(child: subprocess.Popen, signum: int) -> None:
-    for line in child.stdout:
-        if line.strip() == "3":
-            child.send_signal(signum)
-            return
-
-
-def stopped_at(child: subprocess.Popen) -> int:
-    """The step the child says it stopped at, after checking it exited cleanly."""
-    output, _ = child.communicate(timeout=600)  # a hang guard only
-    assert child.returncode == 0
-    word, step = output.split()[-2:]
-    assert word == "stopped"
-    return int(step)
-
-
-def assert_checkpoint_at(directory: pathlib.Path, step: int) -> None:
-    with Checkpointer(directory, every=1000, keep=2, config=default_config()) as ckpt:
-        assert ckpt.latest_step() == step
-        one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        restored = ckpt.restore({"w": jax.ShapeDtypeStruct((2,), jnp.float32, sharding=one_device)})
-    np.testing.assert_array_equal(restored["w"], np.full(2, step, np.float32))
-
-
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
-def test_signal_saves_the_step_reached_and_exits_cleanly(tmp_path, signum):
-    child = spawn(str(tmp_path))
-    signal_at_step_3(child, signum)
-    reached = stopped_at(child)
-    assert 3 <= reached < 10_000  # stopped by the signal, not by running out of steps
-    assert_checkpoint_at(tmp_path, reached)
-
-
-def test_multihost_preemption_notice_to_one_process_stops_all_at_one_step(tmp_path):
-    with socket.socket() as probe:
-        probe.bind(("localhost", 0))
-        port = probe.getsockname()[1]
-    children = [spawn(str(tmp_path), str(port), str(i)) for i in range(2)]
-    signal_at_step_3(children[1], signal.SIGTERM)  # only process 1 gets the notice
-    reached = [stopped_at(child) for child in children]
-    assert reached[0] == reached[1] >= 3
-    assert reached[0] < 10_000  # stopped by the notice, not by running out of steps
-    assert_checkpoint_at(tmp_path, reached[0])

@@ -8,7 +8,6 @@ One tiny encoder-decoder config and ONE batch layout (the whole grid's) serve ev
 import itertools
 import json
 import math
-import types
 
 import jax
 import jax.numpy as jnp
@@ -354,78 +353,3 @@ def test_bfloat16_compute_keeps_float32_parameters_and_tracks_the_float32_loss(b
     bf16, state = run(config, one_device(), 2, state=jax.device_put(initial))
     assert {leaf.dtype for leaf in jax.tree.leaves(state.params)} == {jnp.dtype("float32")}
     np.testing.assert_allclose(bf16["loss"], metrics["loss"][:2], rtol=2e-2)
-
-
-class _FakeStep:
-    """Stands in for a TrainStep: returns scripted losses, never compiles."""
-
-    compiles = 0
-    program = types.SimpleNamespace(compile_seconds=0.0)
-
-    def __init__(self, losses):
-        self.losses = iter(losses)
-
-    def __call__(self, state, raw_tokens, spec, rng):
-        return state, {"loss": next(self.losses), "learning_rate": 0.1, "accuracy": 0.0}
-
-
-class _FakeCheckpointer:
-    def __init__(self):
-        self.saved = []
-
-    def reached_preemption(self, step):
-        return False
-
-    def maybe_save(self, step, state, force=False):
-        self.saved.append((step, force))
-
-    def latest_step(self):
-        return self.saved[-1][0] if self.saved else None
-
-
-def test_a_non_finite_loss_stops_the_loop_without_saving_that_state(tmp_path):
-    data = types.SimpleNamespace(batch=lambda step: np.zeros((8, 4), np.int32))
-    checkpointer, writer = _FakeCheckpointer(), train.MetricsWriter(tmp_path)
-    speed = train.Throughput(tokens_per_step=10, flops_per_step=1.0, peak=None)
-    bar = train.Progress(0, 5, every=1, enabled=False)
-    step = _FakeStep([2.0, float("nan")])
-    with pytest.raises(FloatingPointError, match="loss is nan at step 2; stopping without saving"):
-        train.run_loop(None, 0, 5, data, step, (None, None), checkpointer, writer, bar, speed)
-    writer.close()
-    assert checkpointer.saved == [(1, False)]  # step 1 offered to the schedule, step 2 never
-    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(line)["step"] for line in lines] == [1, 2]  # the bad step is on record
-
-
-def test_metrics_writer_appends_json_lines_and_tensorboard_events(tmp_path):
-    pytest.importorskip("tensorboardX", reason="tensorboardX (the `tensorboard` extra) is not installed")
-
-    writer = train.MetricsWriter(tmp_path)
-    writer.write({"step": 1, "loss": 2.5, "mfu": None})
-    writer.write({"step": 2, "loss": 2.0, "mfu": 0.5})
-    writer.close()
-    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [(r["step"], r["loss"]) for r in lines] == [(1, 2.5), (2, 2.0)]
-    events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
-    assert len(events) == 1 and events[0].stat().st_size > 0
-    # The event file holds the scalar tags we wrote (TensorBoard's record format stores tags as text).
-    assert b"train/loss" in events[0].read_bytes() and b"train/mfu" in events[0].read_bytes()
-
-
-def test_metrics_of_steps_after_the_resumed_checkpoint_are_replaced(tmp_path):
-    """Resuming from step 3 drops the records of steps 4-5 that the crashed run logged after
-    its checkpoint (and a line cut short by the crash), so each step appears exactly once."""
-    lines = [json.dumps({"step": step, "loss": 10.0 - step}) for step in range(1, 6)]
-    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 6, "lo')
-    with pytest.warns(UserWarning, match="partly written last line"):
-        writer = train.MetricsWriter(tmp_path, start_step=3)
-    writer.write({"step": 4, "loss": 1.5})
-    writer.close()
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [(r["step"], r["loss"]) for r in records] == [(1, 9.0), (2, 8.0), (3, 7.0), (4, 1.5)]
-
-
-def test_a_damaged_metrics_line_in_the_middle_is_an_error_not_a_silent_loss(tmp_path):
-    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 2}\n')
-    with pytest.raises(ValueError, match="line 2 is not JSON"):
-        train.MetricsWriter(tmp_path, start_step=2)

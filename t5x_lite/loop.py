@@ -1,0 +1,376 @@
+"""The one training loop, and its utilities: metrics, progress, throughput, checkpoints, preemption.
+
+    run_setup.set_up(plan) -> Run --run_loop--> one record per step --summaries--> per point
+
+`run_loop` runs every kind of run alike (pre-training, K points in one vmapped step,
+fine-tuning): the compiled step on each step's data; each step's record to every point's
+`metrics.jsonl` (`MetricsWriter`, mirrored to TensorBoard) and to the progress bar or log
+(`Progress`, with ETA), its speed as tokens/s, TFLOP/s and MFU (`Throughput`); a checkpoint of
+every point on its schedule and at the end; and on preemption (`PreemptionWatch`: SIGTERM /
+SIGINT, or JAX's preemption notice on several processes) a save at the step reached, then a
+stop. Something every run does per step is added here once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+from types import FrameType
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+import tqdm
+from jax.sharding import Mesh
+
+from t5x_lite import accounting
+from t5x_lite.checkpointing import Checkpointer
+from t5x_lite.train_step import FinetuneStep, TrainState, TrainStep, unstack_state
+
+try:
+    from tensorboardX import SummaryWriter
+except ImportError:  # an optional extra: metrics.jsonl stays the canonical record without it
+    SummaryWriter = None
+
+log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics, progress, speed
+
+
+class MetricsWriter:
+    """One JSON object per step appended (and flushed) to `workdir/metrics.jsonl`, mirrored to
+    TensorBoard event files when the optional `tensorboardX` is installed. Only process 0
+    writes; elsewhere every method is a no-op.
+
+    A run that resumes from step `start_step` first drops the records of later steps (logged
+    after the checkpoint it resumes from, or by a run now restarted), so the file always holds
+    exactly one record per step of the trajectory that produced the current state.
+    """
+
+    def __init__(self, workdir: Path, start_step: int = 0):
+        self.enabled = jax.process_index() == 0
+        self.path = workdir / "metrics.jsonl"
+        if self.enabled and self.path.exists():
+            keep_records_up_to(self.path, start_step)
+        self._file = self.path.open("a") if self.enabled else None
+        self._tensorboard = None
+        if self.enabled and SummaryWriter is not None:
+            self._tensorboard = SummaryWriter(str(workdir / "tensorboard"))
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self._tensorboard is not None:
+            for name, value in record.items():
+                if name != "step" and isinstance(value, (int, float)):
+                    self._tensorboard.add_scalar(f"train/{name}", value, record["step"])
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+
+
+def keep_records_up_to(path: Path, step: int) -> None:
+    """Rewrite the JSON-lines file `path` keeping records with `step <= step` (atomically).
+
+    A last line cut short by a crash is dropped with a warning; any other unreadable line is
+    an error, since silently dropping it would lose a finished result.
+    """
+    lines = path.read_text().splitlines()
+    kept = []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):
+                warnings.warn(f"{path}: dropping a partly written last line (line {number})")
+                continue
+            raise ValueError(f"{path}: line {number} is not JSON: {line[:80]!r}") from None
+        if record["step"] <= step:
+            kept.append(line)
+    partial = path.with_suffix(".jsonl.tmp")
+    partial.write_text("".join(line + "\n" for line in kept))
+    os.replace(partial, path)
+
+
+class Progress:
+    """A tqdm bar with ETA when stderr is a terminal, else a log line every `every` steps."""
+
+    def __init__(self, start: int, total: int, every: int, enabled: bool):
+        self.total, self.every, self.enabled = total, every, enabled and jax.process_index() == 0
+        self.start_time, self.start_step = time.perf_counter(), start
+        self.bar = (
+            tqdm.tqdm(initial=start, total=total, unit="step")
+            if self.enabled and sys.stderr.isatty()
+            else None
+        )
+
+    def update(self, record: dict[str, Any]) -> None:
+        """Show a step's record; a vmapped run's per-point values show as their mean."""
+        step = record["step"]
+        loss, accuracy, lr = (np.mean(record[name]) for name in ("loss", "accuracy",
+                                                                   "learning_rate"))
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
+        elif self.enabled and (step % self.every == 0 or step == self.total):
+            elapsed = time.perf_counter() - self.start_time
+            eta = elapsed / (step - self.start_step) * (self.total - step)
+            print(
+                f"step {step}/{self.total} loss {loss:.4f} acc {accuracy:.3f} "
+                f"lr {lr:.2e} {record['tokens_per_s']:.0f} tok/s eta {eta:.0f}s",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+_CPU_PEAKS: dict[str, float] = {}
+
+
+def peak_flops_per_second(mesh: Mesh, dtype: str) -> float | None:
+    """The mesh's peak FLOP/s: the vendor table times the device count on accelerators; on
+    CPU a matmul measured once per process (simulated CPU devices share the same cores)."""
+    device = mesh.devices.flat[0]
+    if device.platform == "cpu":
+        if dtype not in _CPU_PEAKS:
+            _CPU_PEAKS[dtype] = accounting.measure_cpu_matmul_peak(jnp.dtype(dtype))
+        return _CPU_PEAKS[dtype]
+    peak = accounting.peak_flops(device, dtype)
+    return None if peak is None else peak * mesh.devices.size
+
+
+@dataclasses.dataclass(frozen=True)
+class Throughput:
+    """Turns one step's wall time into throughput: tokens/s, TFLOP/s and MFU.
+
+    Tokens are every position the model reads per step (batch x (inputs + targets) lengths);
+    FLOPs are the accounting module's training FLOPs (3 x forward matmuls)."""
+
+    tokens_per_step: int
+    flops_per_step: float
+    peak: float | None
+
+    @classmethod
+    def of(cls, config: ml_collections.ConfigDict, lengths: tuple[int, int], mesh: Mesh, *,
+           points: int = 1, peak: float | None = None) -> Throughput:
+        """A step of `points` batches of `config.train.batch_size` examples, each `lengths`
+        (inputs, targets) positions long. `peak`: the FLOP/s MFU is measured against, if
+        already known (`bench` times its own); by default `peak_flops_per_second` of the mesh."""
+        examples = points * config.train.batch_size
+        return cls(
+            tokens_per_step=examples * sum(lengths),
+            flops_per_step=examples * accounting.train_flops_per_example(config.model, *lengths),
+            peak=peak_flops_per_second(mesh, config.model.dtype) if peak is None else peak,
+        )
+
+    def __call__(self, step_s: float) -> dict[str, float | None]:
+        flops_per_s = self.flops_per_step / step_s
+        return {
+            "step_s": step_s,
+            "tokens_per_s": self.tokens_per_step / step_s,
+            "tflops_per_s": flops_per_s / 1e12,
+            "mfu": accounting.mfu(flops_per_s, self.peak),
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Preemption
+
+
+class PreemptionWatch:
+    """Tells the loop when to save and stop: once SIGTERM or SIGINT arrived (one process), or
+    at the step all processes agreed on after a preemption notice reached any of them.
+
+    With several processes the decision comes from JAX's preemption service (started by
+    `jax.distributed.initialize`; it owns SIGTERM there, SIGINT is not handled): a notice may
+    reach only some processes, at different steps, so they agree on a step a little after it,
+    and `reached` returns True at that step on every one of them. This needs every process to
+    call `reached` after every step. Entering installs the signal handlers (one process, main
+    thread), leaving restores the previous ones; a second Ctrl-C raises KeyboardInterrupt
+    without waiting for the save.
+    """
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._previous_handlers: dict[int, Any] = {}
+
+    def reached(self, step: int) -> bool:
+        """Whether the run should save at `step` and stop."""
+        if jax.process_count() > 1:
+            return ocp.multihost.reached_preemption(step)
+        return self.signal is not None
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and self.signal is not None:
+            raise KeyboardInterrupt  # a second Ctrl-C stops without waiting for the save
+        self.signal = signum
+        log.warning("received %s: saving a checkpoint after the current step, then stopping",
+                    signal.Signals(signum).name)
+
+    def __enter__(self) -> PreemptionWatch:
+        if jax.process_count() > 1:
+            return self  # JAX's preemption service owns SIGTERM; a handler would replace it
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("preemption handling is off: signal handlers need the main thread")
+            return self
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop
+
+
+@dataclasses.dataclass
+class Point:
+    """One point of a run: its workdir, and the checkpointer and metrics writer of it."""
+
+    workdir: Path
+    checkpointer: Checkpointer
+    writer: MetricsWriter
+
+
+@dataclasses.dataclass
+class Run:
+    """A run ready for `run_loop` (`run_setup.set_up` builds it): its compiled step, the
+    step-indexed data (`data.batch(step)` -> the step's data argument), the step's further
+    arguments, the state at step `start`, and its points.
+
+    A vmapped run trains its K points in one step whose state, arguments and metrics carry a
+    leading [K] axis; point k's slice is saved by its own checkpointer and its metrics written
+    by its own writer. Any other run has one point and no such axis. `state` is the latest
+    state as the loop advances.
+    """
+
+    mesh: Mesh
+    step: TrainStep | FinetuneStep
+    data: Any
+    step_args: tuple
+    state: TrainState
+    start: int
+    total: int
+    points: list[Point]
+    vmapped: bool
+    speed: Throughput
+    progress: Progress
+    preemption: PreemptionWatch
+
+    def point_state(self, index: int) -> TrainState:
+        """Point `index`'s train state."""
+        return unstack_state(self.state, index) if self.vmapped else self.state
+
+    def point_record(self, record: dict[str, Any], index: int) -> dict[str, Any]:
+        """Point `index`'s part of a step's record: of a vmapped run's lists of K values, its
+        own; the rest (the step and its speed) all points share."""
+        if not self.vmapped:
+            return record
+        return {name: value[index] if isinstance(value, list) else value
+                for name, value in record.items()}
+
+
+def _save(run: Run, step: int, force: bool = False) -> None:
+    """Start saving every point's state at `step` if its schedule says so (or `force`)."""
+    for index, point in enumerate(run.points):
+        # Asked first: slicing a point out of a vmapped state costs a dispatch per array.
+        if force or point.checkpointer.should_save(step):
+            point.checkpointer.maybe_save(step, run.point_state(index), force=force)
+
+
+def run_loop(run: Run, on_step: Callable[[int, TrainState], None] | None = None
+             ) -> list[dict[str, Any]]:
+    """Steps `run.start` -> `run.total`: `run.step(state, run.data.batch(step), *step_args)`,
+    its record to every point's writer and the progress, `on_step(step, state)` (e.g.
+    fine-tuning's validation), every point's checkpoint when due and at the end; on
+    preemption, saves at the step reached and stops early. Returns the step records.
+
+    A record holds the step's metrics as floats, or as lists of K floats for a vmapped run
+    (`Run.point_record` picks one point's); a non-finite loss of any point stops the loop
+    without saving that state."""
+    records = []
+    step, train_step = run.start, run.step
+    compiles_before = train_step.compiles
+    batch = run.data.batch(step) if step < run.total else None
+    last = time.perf_counter()
+    while step < run.total:
+        compile_before = train_step.program.compile_seconds
+        run.state, metrics = train_step(run.state, batch, *run.step_args)
+        step += 1
+        batch = run.data.batch(step) if step < run.total else None  # overlaps the device step
+        metrics = {name: np.asarray(value).tolist()  # a float, or K of them
+                   for name, value in jax.device_get(metrics).items()}
+        now = time.perf_counter()
+        compile_s = train_step.program.compile_seconds - compile_before
+        step_s, last = now - last - compile_s, now
+        record = {"step": step, **metrics, **run.speed(step_s), "compile_s": compile_s,
+                  "compiles": train_step.compiles - compiles_before}
+        for index, point in enumerate(run.points):
+            point.writer.write(run.point_record(record, index))
+        run.progress.update(record)
+        records.append(record)
+        if not np.all(np.isfinite(record["loss"])):
+            raise FloatingPointError(
+                f"loss is {record['loss']} at step {step}; stopping without saving this state "
+                f"(last checkpoint: step {run.points[0].checkpointer.latest_step()})"
+            )
+        if on_step is not None:
+            on_step(step, run.state)
+            last = time.perf_counter()  # validation time is not step time
+        if run.preemption.reached(step):
+            _save(run, step, force=True)
+            return records
+        _save(run, step)
+    _save(run, step, force=True)
+    return records
+
+
+def summarize(records: list[dict[str, Any]], workdir: Path, start: int) -> dict[str, Any]:
+    """Final step and loss, medians of the speed metrics over steps that did not compile, and
+    the pre-training examples left out of the loss because they did not fit the layout."""
+    steady = [r for r in records if r["compile_s"] == 0.0] or records
+
+    def median(name: str) -> float | None:
+        values = [r[name] for r in steady if r[name] is not None]
+        return float(np.median(values)) if values else None
+
+    last = records[-1] if records else {}
+    return {
+        "workdir": str(workdir), "start_step": start, "step": last.get("step", start),
+        "loss": last.get("loss"), "accuracy": last.get("accuracy"),
+        "tokens_per_s": median("tokens_per_s"), "step_s": median("step_s"), "mfu": median("mfu"),
+        "compiles": last.get("compiles", 0), "compile_s": sum(r["compile_s"] for r in records),
+        "objective_overflow": sum(r.get("objective_overflow", 0) for r in records),
+    }
+
+
+def summaries(run: Run, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`summarize` of each point of `run`, from `run_loop`'s records."""
+    return [summarize([run.point_record(record, index) for record in records], point.workdir,
+                      run.start)
+            for index, point in enumerate(run.points)]

@@ -1,0 +1,160 @@
+"""The one run set-up: pre-training, vmapped pre-training and fine-tuning all start here.
+
+    RunPlan (what a kind of run brings: configs, workdirs, data, step, step arguments, lengths)
+      --set_up--> mesh -> checks -> preemption watch -> data -> checkpointers -> step
+                  -> restore or initialise -> metrics writers -> progress
+      --> loop.Run --loop.run_loop--> records
+
+`train.train` (one point), `train.train_vmapped` (K points in one vmapped step) and
+`finetune.finetune` each describe their run as a `RunPlan` and loop over what `set_up` yields.
+A run has K points (one, but for a vmapped run), each with its own config, workdir,
+checkpoints and metrics, all trained by one compiled step; a check, a restore policy or a file
+every run writes is added here once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import ml_collections
+from jax.sharding import Mesh
+
+from t5x_lite import partitioning
+from t5x_lite.checkpointing import RESUME_FIELDS, Checkpointer
+from t5x_lite.config import ConfigError
+from t5x_lite.loop import MetricsWriter, Point, PreemptionWatch, Progress, Run, Throughput
+from t5x_lite.train_step import (
+    FinetuneStep,
+    TrainState,
+    TrainStep,
+    abstract_state,
+    init_state,
+    require_one_group,
+    stack_states,
+    validate_config,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """What a kind of run brings to `set_up`; everything else is the same for every run.
+
+    configs / workdirs: the points, one config and workdir each (one point but for a vmapped
+    run). A config is the one the step compiles and the checkpoints are checked against
+    (fine-tuning's carries its optimiser, batch size and steps in `train`).
+    make_data: () -> the step-indexed data, `data.batch(step)` -> the step's data argument;
+    called once the checks passed.
+    make_step: mesh -> the compiled step, called `step(state, data, *step_args)`.
+    step_args: the step's arguments after its data (pre-training: objective spec and step
+    key; fine-tuning: the step key), with a leading [K] axis for a vmapped run.
+    lengths: (inputs, targets) positions of one example, for the throughput.
+    fresh_state: (config, mesh) -> the state a point without a checkpoint starts from.
+    vmapped: the points train in one `jax.vmap`-ed step (their state stacked on a [K] axis).
+    batch_field: the config field the batch size is set by, named in the errors.
+    resume_fields: the config fields a point's checkpoints must share with its config.
+    """
+
+    configs: Sequence[ml_collections.ConfigDict]
+    workdirs: Sequence[Path]
+    make_data: Callable[[], Any]
+    make_step: Callable[[Mesh], TrainStep | FinetuneStep]
+    step_args: tuple
+    lengths: tuple[int, int]
+    fresh_state: Callable[[ml_collections.ConfigDict, Mesh], TrainState] = init_state
+    vmapped: bool = False
+    batch_field: str = "train.batch_size"
+    resume_fields: Sequence[str] = RESUME_FIELDS
+
+    def __post_init__(self) -> None:
+        if len(self.workdirs) != len(self.configs):
+            raise ConfigError(f"got {len(self.configs)} configs but {len(self.workdirs)} "
+                              "workdirs; give one workdir per config")
+        if self.vmapped:
+            require_one_group(self.configs)  # before any folder is touched
+        elif len(self.configs) != 1:
+            raise ValueError(f"got {len(self.configs)} configs for a run that is not vmapped; "
+                             "only a vmapped run trains several points")
+
+
+def _checkpointer(plan: RunPlan, config: ml_collections.ConfigDict, workdir: Path,
+                  **options: bool) -> Checkpointer:
+    return Checkpointer(workdir / "checkpoints", every=config.checkpoint.every,
+                        keep=config.checkpoint.keep, config=config,
+                        resume_fields=plan.resume_fields, **options)
+
+
+def _newest_steps_agree(plan: RunPlan) -> bool:
+    """Whether the points' checkpoint folders hold the same newest step (or all none)."""
+    steps = set()
+    for config, workdir in zip(plan.configs, plan.workdirs):
+        with _checkpointer(plan, config, workdir) as checkpointer:
+            steps.add(checkpointer.latest_step())
+    return len(steps) == 1
+
+
+def _initial_state(plan: RunPlan, checkpointers: Sequence[Checkpointer],
+                   mesh: Mesh) -> tuple[TrainState, int]:
+    """The state the run starts from and its step: every point's newest readable checkpoint,
+    or, when the points have none, their fresh states; stacked for a vmapped run."""
+    if checkpointers[0].latest_step() is None:  # all points alike: see `set_up`
+        states = [plan.fresh_state(config, mesh) for config in plan.configs]
+    else:
+        states = [checkpointer.restore(abstract_state(config, mesh))
+                  for config, checkpointer in zip(plan.configs, checkpointers)]
+    steps = [int(state.step) for state in states]
+    if len(set(steps)) > 1:  # a damaged newest checkpoint made one point fall back
+        raise RuntimeError(f"the points restored different steps {steps}; run again to train "
+                           "them all from step 0")
+    state = stack_states(states, plan.configs[0], mesh) if plan.vmapped else states[0]
+    return state, steps[0]
+
+
+@contextlib.contextmanager
+def set_up(plan: RunPlan, *, steps: int | None = None, progress: bool = True,
+           restart: bool = False, require_existing: bool = False) -> Iterator[Run]:
+    """The run `plan` describes, ready for `loop.run_loop`; leaving the block waits for the
+    last saves and closes the run's files.
+
+    steps: train up to this step (default: the configs' `train.steps`). progress: show a
+    progress bar or log lines (process 0). restart: delete the points' checkpoints first.
+    require_existing: a point without a checkpoint is an error (an explicit resume request).
+
+    Every point resumes from its newest checkpoint (see `checkpointing.Checkpointer`). A
+    vmapped run whose points hold different newest steps (a crash between their saves, or
+    points started apart) pre-trains them all again from step 0, with a warning.
+    """
+    config = plan.configs[0]
+    mesh = partitioning.make_mesh(config.mesh)
+    validate_config(config, mesh, plan.batch_field)
+    with contextlib.ExitStack() as stack:
+        # Watched from the start: a signal during the set-up stops the run after one step.
+        preemption = stack.enter_context(PreemptionWatch())
+        # Before any checkpoint folder is opened: a missing corpus or task stops the run with
+        # nothing written.
+        data = plan.make_data()
+        if len(plan.configs) > 1 and not restart and not _newest_steps_agree(plan):
+            warnings.warn(f"the checkpoints of {', '.join(map(str, plan.workdirs))} are at "
+                          "different steps; pre-training all of them again from step 0")
+            restart = True
+        checkpointers = [
+            stack.enter_context(_checkpointer(plan, point, workdir, restart=restart,
+                                              require_existing=require_existing))
+            for point, workdir in zip(plan.configs, plan.workdirs)]
+        step = plan.make_step(mesh)
+        state, start = _initial_state(plan, checkpointers, mesh)
+        points = []
+        for workdir, checkpointer in zip(plan.workdirs, checkpointers):
+            writer = MetricsWriter(workdir, start)
+            stack.callback(writer.close)
+            points.append(Point(workdir, checkpointer, writer))
+        total = config.train.steps if steps is None else steps
+        bar = Progress(start, total, config.train.log_every, progress)
+        stack.callback(bar.close)
+        yield Run(mesh=mesh, step=step, data=data, step_args=plan.step_args, state=state,
+                  start=start, total=total, points=points, vmapped=plan.vmapped,
+                  speed=Throughput.of(config, plan.lengths, mesh, points=len(plan.configs)),
+                  progress=bar, preemption=preemption)

@@ -1,0 +1,211 @@
+"""The loop (`t5x_lite.loop`): a non-finite loss stops it unsaved, metrics.jsonl holds one record
+per step of the trajectory, and a run stopped by SIGTERM / SIGINT, or by a preemption notice
+to one of two processes, saves the step it reached. The signal tests run child processes that
+train a toy state (no model) through the one run set-up and loop."""
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import SingleDeviceSharding
+
+from t5x_lite import loop
+from t5x_lite.checkpointing import Checkpointer
+from t5x_lite.config import default_config
+from t5x_lite.train_step import TrainState
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+class _FakeStep:
+    """Stands in for a TrainStep: returns scripted losses, never compiles."""
+
+    compiles = 0
+    program = types.SimpleNamespace(compile_seconds=0.0)
+
+    def __init__(self, losses):
+        self.losses = iter(losses)
+
+    def __call__(self, state, batch, *step_args):
+        return state, {"loss": next(self.losses), "learning_rate": 0.1, "accuracy": 0.0}
+
+
+class _FakeCheckpointer:
+    def __init__(self):
+        self.asked, self.saved = [], []
+
+    def should_save(self, step):
+        self.asked.append(step)
+        return False
+
+    def maybe_save(self, step, state, force=False):
+        self.saved.append((step, force))
+
+    def latest_step(self):
+        return self.saved[-1][0] if self.saved else None
+
+
+def test_a_non_finite_loss_stops_the_loop_without_saving_that_state(tmp_path):
+    checkpointer, writer = _FakeCheckpointer(), loop.MetricsWriter(tmp_path)
+    run = loop.Run(
+        mesh=None, step=_FakeStep([2.0, float("nan")]),
+        data=types.SimpleNamespace(batch=lambda step: np.zeros((8, 4), np.int32)),
+        step_args=(None, None), state=None, start=0, total=5,
+        points=[loop.Point(tmp_path, checkpointer, writer)], vmapped=False,
+        speed=loop.Throughput(tokens_per_step=10, flops_per_step=1.0, peak=None),
+        progress=loop.Progress(0, 5, every=1, enabled=False), preemption=loop.PreemptionWatch())
+    with pytest.raises(FloatingPointError, match="loss is nan at step 2; stopping without saving"):
+        loop.run_loop(run)
+    writer.close()
+    # Step 1 offered to the schedule (which declined), step 2 never.
+    assert checkpointer.asked == [1] and checkpointer.saved == []
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2]  # the bad step is on record
+
+
+def test_metrics_writer_appends_json_lines_and_tensorboard_events(tmp_path):
+    pytest.importorskip("tensorboardX", reason="tensorboardX (the `tensorboard` extra) is not installed")
+
+    writer = loop.MetricsWriter(tmp_path)
+    writer.write({"step": 1, "loss": 2.5, "mfu": None})
+    writer.write({"step": 2, "loss": 2.0, "mfu": 0.5})
+    writer.close()
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["loss"]) for r in lines] == [(1, 2.5), (2, 2.0)]
+    events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(events) == 1 and events[0].stat().st_size > 0
+    # The event file holds the scalar tags we wrote (TensorBoard's record format stores tags as text).
+    assert b"train/loss" in events[0].read_bytes() and b"train/mfu" in events[0].read_bytes()
+
+
+def test_metrics_of_steps_after_the_resumed_checkpoint_are_replaced(tmp_path):
+    """Resuming from step 3 drops the records of steps 4-5 that the crashed run logged after
+    its checkpoint (and a line cut short by the crash), so each step appears exactly once."""
+    lines = [json.dumps({"step": step, "loss": 10.0 - step}) for step in range(1, 6)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 6, "lo')
+    with pytest.warns(UserWarning, match="partly written last line"):
+        writer = loop.MetricsWriter(tmp_path, start_step=3)
+    writer.write({"step": 4, "loss": 1.5})
+    writer.close()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["loss"]) for r in records] == [(1, 9.0), (2, 8.0), (3, 7.0), (4, 1.5)]
+
+
+def test_a_damaged_metrics_line_in_the_middle_is_an_error_not_a_silent_loss(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 2}\n')
+    with pytest.raises(ValueError, match="line 2 is not JSON"):
+        loop.MetricsWriter(tmp_path, start_step=2)
+
+
+# --- preemption --------------------------------------------------------------------------------
+
+# A toy run through run_setup.set_up and loop.run_loop: its state is a step counter and a [2]
+# vector over the data axis, both +1 per step (one step per 50 ms), checkpointed every 1000
+# steps; each step's number is printed. With `port process_id` arguments it is one of 2
+# processes (one CPU device each) in a JAX cluster.
+CHILD = textwrap.dedent(
+    """
+    import sys, time, types
+    import jax
+    workdir, *cluster = sys.argv[1:]
+    if cluster:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(f"localhost:{cluster[0]}", num_processes=2, process_id=int(cluster[1]))
+    import pathlib
+    sys.modules["tensorboardX"] = None  # no TensorBoard mirror: it would import torch here
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    from t5x_lite import loop, run_setup
+    from t5x_lite.config import default_config
+    from t5x_lite.train_step import TrainState
+
+    def fresh_state(config, mesh):
+        rows, whole = NamedSharding(mesh, P("data")), NamedSharding(mesh, P())
+        scalar = lambda value: jax.make_array_from_callback((), whole, lambda _: np.asarray(value))
+        w = jax.make_array_from_callback((2,), rows, lambda index: np.zeros(2, np.float32)[index])
+        return TrainState(step=scalar(np.int32(0)), params={"w": w}, opt_state=scalar(np.float32(0)))
+
+    class ToyStep:
+        compiles, program = 0, types.SimpleNamespace(compile_seconds=0.0)
+        increment = staticmethod(jax.jit(lambda state: jax.tree.map(lambda x: x + 1, state)))
+
+        def __call__(self, state, batch):
+            return self.increment(state), {"loss": 0.0, "accuracy": 0.0, "learning_rate": 0.0}
+
+    def show(step, state):
+        print(step, flush=True)
+        time.sleep(0.05)
+
+    plan = run_setup.RunPlan(
+        configs=[default_config()], workdirs=[pathlib.Path(workdir)],
+        make_data=lambda: types.SimpleNamespace(batch=lambda step: None),
+        make_step=lambda mesh: ToyStep(), step_args=(), lengths=(1, 1), fresh_state=fresh_state)
+    with run_setup.set_up(plan, steps=10_000, progress=False) as run:
+        loop.run_loop(run, show)
+    """
+)
+
+
+def spawn(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    return subprocess.Popen([sys.executable, "-c", CHILD, *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, text=True)
+
+
+def signal_at_step_3(child: subprocess.Popen, signum: int) -> None:
+    for line in child.stdout:
+        if line.strip() == "3":
+            child.send_signal(signum)
+            return
+
+
+def stopped_at(child: subprocess.Popen) -> int:
+    """The last step the child printed, after checking it stopped cleanly (3 if it printed
+    nothing after the signal at step 3)."""
+    output, _ = child.communicate(timeout=600)  # a hang guard only
+    assert child.returncode == 0
+    return max([3, *(int(line) for line in output.splitlines() if line.strip().isdigit())])
+
+
+def assert_checkpoint_at(workdir: pathlib.Path, step: int) -> None:
+    whole = SingleDeviceSharding(jax.devices()[0])
+    scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=whole)  # noqa: E731
+    target = TrainState(step=scalar(jnp.int32), opt_state=scalar(jnp.float32),
+                        params={"w": jax.ShapeDtypeStruct((2,), jnp.float32, sharding=whole)})
+    with Checkpointer(workdir / "checkpoints", every=1000, keep=3,
+                      config=default_config()) as ckpt:
+        assert ckpt.latest_step() == step
+        restored = ckpt.restore(target)
+    assert int(restored.step) == step
+    np.testing.assert_array_equal(restored.params["w"], np.full(2, step, np.float32))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_signal_saves_the_step_reached_and_stops(tmp_path, signum):
+    child = spawn(str(tmp_path))
+    signal_at_step_3(child, signum)
+    reached = stopped_at(child)
+    assert 3 <= reached < 10_000  # stopped by the signal, not by running out of steps
+    assert_checkpoint_at(tmp_path, reached)
+
+
+def test_multihost_preemption_notice_to_one_process_stops_all_at_one_step(tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        port = probe.getsockname()[1]
+    children = [spawn(str(tmp_path), str(port), str(i)) for i in range(2)]
+    signal_at_step_3(children[1], signal.SIGTERM)  # only process 1 gets the notice
+    reached = [stopped_at(child) for child in children]
+    assert reached[0] == reached[1] >= 3
+    assert reached[0] < 10_000  # stopped by the notice, not by running out of steps
+    assert_checkpoint_at(tmp_path, reached[0])
