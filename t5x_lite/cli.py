@@ -125,8 +125,8 @@ def _train(argv: list[str]) -> None:
 
 
 def _finetune(argv: list[str]) -> None:
-    from t5x_lite.evaluation import finetune
     from t5x_lite.distributed import initialize_distributed
+    from t5x_lite.finetune import finetune
 
     parser = _config_parser("finetune", _FINETUNE_PRESET_HELP)
     parser.add_argument("--workdir", required=True, help="where eval.jsonl and checkpoints go")
@@ -149,8 +149,8 @@ def _finetune(argv: list[str]) -> None:
 
 
 def _eval(argv: list[str]) -> None:
-    from t5x_lite.evaluation import config_from_checkpoint, evaluate
     from t5x_lite.distributed import initialize_distributed
+    from t5x_lite.evaluation import config_from_checkpoint, evaluate
 
     parser = _config_parser("eval", _FINETUNE_PRESET_HELP)
     parser.add_argument("--checkpoint", required=True,

@@ -1,25 +1,19 @@
-"""Fine-tuning a pre-trained model on downstream tasks, and scoring it on them.
+"""Scoring a model on downstream tasks: validation during fine-tuning, and `evaluate`.
 
-    pre-training checkpoint --params only--> finetune(config, workdir, init_from=...)
-        task examples -> the pre-training vocabulary -> MixtureData batches (f(seed, step))
-        -> train_step.make_finetune_step (the pre-training update on ready batches)
-        every finetune.eval_every steps and at the end: Evaluator on the validation split
-        -> workdir/eval.jsonl; the best score per task is reported (the paper's convention)
     evaluate(config, params | checkpoint dir | converted HF module, tasks) -> {task: metrics}
+    Evaluator(config, splits, vocab, mesh)(params) -> {task: loss, token accuracy, metrics}
 
 Validation measures two things: the teacher-forced loss and token accuracy of the targets,
 and the task's own metrics (`Task.score`, 0-100) on decoded predictions
-(`t5x_lite.decoding.decode`). Fine-tuning starts from the checkpoint's parameters only, with a
-fresh optimiser state, as the paper does; its own checkpoints under `workdir/checkpoints`
-make it resumable, and `eval.jsonl` keeps the validation history that the best scores are
-taken from, so they survive a resume.
+(`t5x_lite.decoding.decode`). `t5x_lite.finetune` validates with an `Evaluator` as it trains.
+The checks both share (`check_finetune_settings`), the model and vocabulary of a checkpoint
+(`config_from_checkpoint`, `require_same`) and the task splits as text and ids (`TaskSplit`)
+are here too.
 """
 from __future__ import annotations
 
 import copy
 import json
-import math
-import time
 import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -39,32 +33,14 @@ from t5x_lite.config import (
 )
 from t5x_lite.data import pipeline, tasks
 from t5x_lite.data.vocabulary import Vocabulary
-from t5x_lite.loop import keep_records_up_to, run_loop, summaries
-from t5x_lite.run_setup import RunPlan, set_up
 
-EVAL_FILE = "eval.jsonl"
 # Fields a checkpoint must share with the config that reads its parameters: the network, and
 # the vocabulary that gives its token ids their meaning.
-_PARAMETER_FIELDS = ("model", "data.corpus", "data.vocab")
-# Fields a resumed fine-tuning run must share with the run that wrote its checkpoints, besides
-# `checkpointing.RESUME_FIELDS`: they fix which examples the step-indexed batches hold.
-_FINETUNE_DATA_FIELDS = ("finetune.tasks", "finetune.mixing_limit", "finetune.pack",
-                         "finetune.inputs_length", "finetune.targets_length")
+PARAMETER_FIELDS = ("model", "data.corpus", "data.vocab")
 
 
 # ---------------------------------------------------------------------------------------------
 # Config
-
-
-def finetune_train_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """`config` with `train` set up for fine-tuning: the optimiser, schedule, learning rate,
-    warm-up, steps and batch size of `config.finetune` (the train step reads `config.train`)."""
-    ft = config.finetune
-    derived = copy.deepcopy(config)
-    derived.train.update(optimizer=ft.optimizer, schedule=ft.schedule,
-                         learning_rate=ft.learning_rate, warmup_steps=ft.warmup_steps,
-                         steps=ft.steps, batch_size=ft.batch_size)
-    return derived
 
 
 def check_task_names(names: Sequence[str], field: str = "finetune.tasks") -> list[tasks.Task]:
@@ -79,8 +55,21 @@ def check_task_names(names: Sequence[str], field: str = "finetune.tasks") -> lis
     return [tasks.TASKS[name] for name in names]
 
 
+def check_finetune_settings(config: ml_collections.ConfigDict, task_names: Sequence[str],
+                            field: str = "finetune.tasks") -> list[tasks.Task]:
+    """The checks fine-tuning and evaluation share before any work: the model, the
+    `finetune` section with `task_names` as its tasks, and the task names themselves (`field`
+    names them in the errors). Returns the tasks."""
+    validate_model_config(config.model)
+    task_list = check_task_names(task_names, field)
+    section = copy.deepcopy(config.finetune)
+    section.tasks = tuple(task_names)  # checked above; the other fields matter here
+    validate_finetune_config(section)
+    return task_list
+
+
 def checkpoint_dir(path: str | Path) -> Path:
-    """The checkpoint folder of `path`: a workdir of `train.train` / `finetune` (its
+    """The checkpoint folder of `path`: a workdir of `train.train` / `finetune.finetune` (its
     `checkpoints/`), or that folder itself."""
     path = Path(path)
     if (path / "checkpoints" / checkpointing.CONFIG_FILE).exists():
@@ -93,7 +82,7 @@ def checkpoint_dir(path: str | Path) -> Path:
 
 def config_from_checkpoint(config: ml_collections.ConfigDict, checkpoint: str | Path,
                            overrides: Mapping[str, Any]) -> ml_collections.ConfigDict:
-    """A copy of `config` with the model and vocabulary (`_PARAMETER_FIELDS`) of the config
+    """A copy of `config` with the model and vocabulary (`PARAMETER_FIELDS`) of the config
     saved with `checkpoint` (a workdir or its `checkpoints/`): the settings that give its
     parameters their shapes and its token ids their meaning. The rest stays `config`'s.
 
@@ -107,7 +96,7 @@ def config_from_checkpoint(config: ml_collections.ConfigDict, checkpoint: str | 
     saved = json.loads(path.read_text())
     saved_fields = {f"model.{name}": value for name, value in saved["model"].items()}
     saved_fields.update({field: saved["data"][field.split(".")[1]]
-                         for field in _PARAMETER_FIELDS if field.startswith("data.")})
+                         for field in PARAMETER_FIELDS if field.startswith("data.")})
     derived = copy.deepcopy(config)
     for field, value in saved_fields.items():
         if field in overrides and field in checkpointing.PARAMETER_NEUTRAL_FIELDS:
@@ -119,7 +108,7 @@ def config_from_checkpoint(config: ml_collections.ConfigDict, checkpoint: str | 
                 "checkpoint, so drop the override")
         section, name = field.split(".")
         # A field the saved config has and this version's config lacks is left to
-        # `_require_same`, which names it when the parameters are read.
+        # `require_same`, which names it when the parameters are read.
         if name in derived[section]:
             derived[section][name] = value
     return derived
@@ -130,8 +119,8 @@ def _json_value(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
 
-def _require_same(directory: Path, config: ml_collections.ConfigDict, fields: Sequence[str],
-                  what: str) -> None:
+def require_same(directory: Path, config: ml_collections.ConfigDict, fields: Sequence[str],
+                 what: str) -> None:
     """Raise `ConfigError` listing the `fields` in which the config saved in `directory`
     differs from `config`."""
     saved = json.loads((directory / checkpointing.CONFIG_FILE).read_text())
@@ -241,7 +230,7 @@ def _params_of(config: ml_collections.ConfigDict, source: Any, mesh: Mesh) -> nn
     or an `nnx.State` of parameters."""
     if isinstance(source, (str, Path)):
         directory = checkpoint_dir(source)
-        _require_same(directory, config, _PARAMETER_FIELDS, "hold another model or vocabulary")
+        require_same(directory, config, PARAMETER_FIELDS, "hold another model or vocabulary")
         abstract = train_step.abstract_state(config, mesh).params
         return checkpointing.restore_params_only(directory, abstract)
     if isinstance(source, nnx.Module):
@@ -262,12 +251,9 @@ def evaluate(config: ml_collections.ConfigDict, params_or_checkpoint: Any,
     Decoding follows `config.finetune.decode`; lengths and batch size are `config.finetune`'s;
     at most `finetune.eval_examples` examples per task.
     """
-    validate_model_config(config.model)
-    task_list = check_task_names(task_names, "tasks")
-    finetune_section = copy.deepcopy(config.finetune)
-    finetune_section.tasks = tuple(task_names)  # checked above; the other fields matter here
-    validate_finetune_config(finetune_section)
+    task_list = check_finetune_settings(config, task_names, "tasks")
     mesh = partitioning.make_mesh(config.mesh)
+    # Fine-tuning checks its batch split in the run set-up; evaluation has no micro-batches.
     partitioning.validate_batch_split(config.finetune.batch_size, 1, mesh,
                                       partitioning.normalize_rules(config.mesh.rules),
                                       "finetune.batch_size")
@@ -277,133 +263,3 @@ def evaluate(config: ml_collections.ConfigDict, params_or_checkpoint: Any,
               for task in task_list]
     results = Evaluator(config, splits, vocab, mesh)(params)
     return {name: result["metrics"] for name, result in results.items()}
-
-
-# ---------------------------------------------------------------------------------------------
-# Fine-tuning
-
-
-def _selection_score(metrics: dict[str, float]) -> float:
-    """What 'best' means for a validation record: the mean of the task's metrics (NaN, e.g. a
-    correlation of constant predictions, counts as worst)."""
-    values = [v for v in metrics.values() if not math.isnan(v)]
-    return float(np.mean(values)) if len(values) == len(metrics) else -math.inf
-
-
-class EvalLog:
-    """`workdir/eval.jsonl`: one record per (validation step, task), and the best of them.
-
-    Record: {"step", "task", "loss", "token_accuracy", "metrics": {name: value}}. Opening the
-    log of a run resumed at `start_step` drops the records of later steps (they belong to a
-    trajectory the resumed run replaces), so the best scores are those of the run's history.
-    """
-
-    def __init__(self, workdir: Path, start_step: int):
-        self.path = workdir / EVAL_FILE
-        self.records: list[dict[str, Any]] = []
-        if self.path.exists():
-            if jax.process_index() == 0:  # one writer; the others read what it kept
-                keep_records_up_to(self.path, start_step)
-            if jax.process_count() > 1:  # read only once process 0 rewrote it (cut last line)
-                multihost_utils.sync_global_devices("t5x_lite_eval_log")
-            self.records = [record for record in map(json.loads, self.path.read_text().splitlines())
-                            if record["step"] <= start_step]
-
-    def add(self, step: int, results: dict[str, dict[str, Any]]) -> None:
-        """Append the validation `results` of `step` (only process 0 writes the file)."""
-        new = [{"step": step, "task": task, **result} for task, result in results.items()]
-        self.records.extend(new)
-        if jax.process_index() == 0:
-            with self.path.open("a") as f:
-                f.writelines(json.dumps(record) + "\n" for record in new)
-
-    def best(self) -> dict[str, dict[str, Any]]:
-        """{task: the record with the best selection score (the earliest among equals)}."""
-        best: dict[str, dict[str, Any]] = {}
-        for record in self.records:
-            current = best.get(record["task"])
-            score = _selection_score(record["metrics"])
-            if current is None or score > _selection_score(current["metrics"]):
-                best[record["task"]] = record
-        return best
-
-
-class _TaskData:
-    """Fine-tuning's step-indexed batches (`batch(step)`: `pipeline.MixtureData` of the tasks'
-    train splits) and the splits: `train` (which counts the cut examples) and `validation`,
-    both in `vocab`."""
-
-    def __init__(self, config: ml_collections.ConfigDict, task_list: Sequence[tasks.Task]):
-        ft = config.finetune
-        self.vocab = pipeline.vocabulary_from_config(config)
-        self.train = [TaskSplit(task, "train", config, self.vocab) for task in task_list]
-        self.validation = [TaskSplit(task, "validation", config, self.vocab, ft.eval_examples)
-                           for task in task_list]
-        self.mixture = pipeline.MixtureData(
-            [s.encoded for s in self.train], ft.mixing_limit, ft.batch_size, ft.inputs_length,
-            ft.targets_length, family=architectures.get(config.model.arch).family,
-            pack=ft.pack, seed=config.train.seed, process_index=jax.process_index(),
-            process_count=jax.process_count())
-
-    def batch(self, step: int) -> dict[str, np.ndarray]:
-        return self.mixture.batch(step)
-
-
-def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *, init_from: str | None,
-             progress: bool = True, restart: bool = False) -> dict[str, Any]:
-    """Fine-tune on `config.finetune.tasks` in `workdir` and return the best validation scores.
-
-    init_from: a pre-training run (a `train.train` workdir or its `checkpoints/`) whose
-    parameters (only; the optimiser state starts fresh) start the run; its model and
-    vocabulary must be `config`'s. None starts from random parameters.
-    Resumes from `workdir/checkpoints` (`restart=True` deletes them). Validates every
-    `finetune.eval_every` steps and at the end, appending to `workdir/eval.jsonl`; train
-    metrics go to `workdir/metrics.jsonl`. Returns {"scores": {task: {metric: value}} (each
-    task's best validation record, the paper's convention), "best_step": {task: step},
-    "steps", "loss" (last train loss; None if no step ran), "wall_s", "compile_s",
-    "compiles" (of the train step), "truncated": {task: training examples cut}}.
-    """
-    started = time.perf_counter()
-    workdir, ft = Path(workdir), config.finetune
-    validate_model_config(config.model)
-    validate_finetune_config(ft)
-    task_list = check_task_names(ft.tasks)
-    source = None if init_from is None else checkpoint_dir(init_from)
-    if source is not None:
-        _require_same(source, config, _PARAMETER_FIELDS, "hold another model or vocabulary")
-    ft_config = finetune_train_config(config)
-
-    def fresh_state(ft_config: ml_collections.ConfigDict, mesh: Mesh) -> train_step.TrainState:
-        if source is None:
-            return train_step.init_state(ft_config, mesh)
-        abstract = train_step.abstract_state(ft_config, mesh).params
-        params = checkpointing.restore_params_only(source, abstract)
-        return train_step.state_from_params(ft_config, mesh, params)
-
-    plan = RunPlan(
-        configs=[ft_config], workdirs=[workdir],
-        make_data=lambda: _TaskData(config, task_list),
-        make_step=lambda mesh: train_step.make_finetune_step(ft_config, mesh),
-        step_args=(train_step.step_key(config.train.seed),),
-        lengths=(ft.inputs_length, ft.targets_length), fresh_state=fresh_state,
-        batch_field="finetune.batch_size",
-        resume_fields=checkpointing.RESUME_FIELDS + _FINETUNE_DATA_FIELDS)
-    with set_up(plan, progress=progress, restart=restart) as run:
-        evaluator = Evaluator(config, run.data.validation, run.data.vocab, run.mesh)
-        log = EvalLog(workdir, run.start)
-
-        def validate(step: int, state: train_step.TrainState) -> None:
-            if step % ft.eval_every == 0 or step == ft.steps:
-                log.add(step, evaluator(state.params))
-
-        records = run_loop(run, validate)
-    summary = summaries(run, records)[0]
-    best = log.best()
-    return {
-        "scores": {task: record["metrics"] for task, record in best.items()},
-        "best_step": {task: record["step"] for task, record in best.items()},
-        "steps": summary["step"], "loss": summary["loss"],
-        "wall_s": time.perf_counter() - started,
-        "compile_s": summary["compile_s"], "compiles": summary["compiles"],
-        "truncated": {s.task.name: s.truncated for s in run.data.train},
-    }

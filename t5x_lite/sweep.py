@@ -24,7 +24,7 @@ The workdir:
                                               process is the one writer (process 0 of a
                                               multi-process run)
   points/<point>/seed<k>/pretrain/            train.train's workdir (checkpoints, metrics.jsonl)
-  points/<point>/seed<k>/finetune/<task>/     evaluation.finetune's workdir
+  points/<point>/seed<k>/finetune/<task>/     finetune.finetune's workdir
   points/<point>/seed<k>/records/<task>.json  a finished task's record, reused on resume
 Re-running skips points whose records are all in results.jsonl (failed ones included: delete
 their lines to retry them) and resumes the others from their checkpoints.
@@ -151,7 +151,7 @@ def config_hash(config: ml_collections.ConfigDict) -> str:
 
 
 # The splits a sweep reads of each task: fine-tuning trains on "train" and scores "validation"
-# (`evaluation.finetune`).
+# (`finetune.finetune`).
 SWEEP_SPLITS = ("train", "validation")
 
 
@@ -364,7 +364,7 @@ def run_chunk(points: Sequence[GridPoint], workdir: str) -> list[dict]:
 def _finetune_tasks(point: GridPoint, workdir: str, started: float) -> list[dict]:
     """After the point's pre-training: fine-tune and evaluate on each task, one record per
     task (a task's saved record is reused; a failing task is recorded as failed)."""
-    from t5x_lite import evaluation
+    from t5x_lite import finetune
 
     config, rundir = point.config, point.directory(workdir)
     base = _base_record(point)
@@ -387,9 +387,9 @@ def _finetune_tasks(point: GridPoint, workdir: str, started: float) -> list[dict
         task_config = copy.deepcopy(config)
         task_config.finetune.tasks = (task,)
         try:
-            result = evaluation.finetune(task_config, str(rundir / "finetune" / task),
-                                         init_from=str(rundir / "pretrain"),
-                                         progress=config.sweep.progress)
+            result = finetune.finetune(task_config, str(rundir / "finetune" / task),
+                                       init_from=str(rundir / "pretrain"),
+                                       progress=config.sweep.progress)
         except Exception as error:  # recorded as failed; the other tasks still run
             records.append(_failed({**base, **history}, task, error))
             continue

@@ -591,7 +591,7 @@ _READY_BATCHES = "ready batches"  # the data kind of fine-tuning programs (no co
 
 def make_finetune_step(config: ml_collections.ConfigDict, mesh: Mesh) -> FinetuneStep:
     """The train step on ready batches (fine-tuning) for `config` on `mesh`; `config.train`
-    holds the fine-tuning optimiser and batch size (see `evaluation.finetune_train_config`)."""
+    holds the fine-tuning optimiser and batch size (see `finetune.finetune_train_config`)."""
     settings = step_settings(config, _READY_BATCHES)
     rows = _rows_sharding(settings, mesh)
     program = _compiled_step(settings, mesh, lambda batch, rng: (batch, {}), rows)

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from t5x_lite import checkpointing, cli, distributed, evaluation, presets, train, train_step
+from t5x_lite import (checkpointing, cli, distributed, evaluation, finetune, presets, train,
+                      train_step)
 from t5x_lite.architectures import names as architecture_names
 from t5x_lite.config import ConfigError, apply_overrides
 from t5x_lite.data import pipeline, tasks
@@ -56,9 +57,9 @@ def data(tmp_path_factory):
     return root / "corpus.txt", root / "cache"
 
 
-def config_for(data, arch="encoder_decoder", **finetune):
+def config_for(data, arch="encoder_decoder", **settings):
     config = tiny_finetune_config(arch, *data)
-    config.finetune.update(**finetune)
+    config.finetune.update(**settings)
     return config
 
 
@@ -94,7 +95,7 @@ def test_pretrain_then_finetune_decodes_and_scores_every_architecture(arch, data
     assert 0 < expected_cut < len(examples)  # 3 letters and EOS do not fit in 3 tokens
 
     with pytest.warns(UserWarning, match=f"truncated {expected_cut} of {len(examples)} examples"):
-        result = evaluation.finetune(config, tmp_path, init_from=str(pretrained(arch)),
+        result = finetune.finetune(config, tmp_path, init_from=str(pretrained(arch)),
                                      progress=False)
 
     assert result["truncated"] == {"test_reverse": expected_cut}
@@ -119,7 +120,7 @@ def test_a_tiny_model_learns_to_reverse_letters_to_95_percent_exact_match(arch, 
     config = config_for(data, arch, steps=300, batch_size=32, learning_rate=3e-3,
                         optimizer="adamw", schedule="linear", warmup_steps=20, eval_every=150,
                         eval_examples=64)
-    result = evaluation.finetune(config, tmp_path, init_from=str(pretrained(arch)),
+    result = finetune.finetune(config, tmp_path, init_from=str(pretrained(arch)),
                                  progress=False)
     assert result["scores"]["test_reverse"]["accuracy"] >= 95.0, result
 
@@ -133,9 +134,9 @@ def test_finetuning_restores_only_the_parameters_and_starts_a_fresh_optimizer(da
     config = config_for(data, steps=1, learning_rate=1e-9)
     config.checkpoint.every = 1
     source = pretrained("encoder_decoder")
-    evaluation.finetune(config, tmp_path, init_from=str(source), progress=False)
+    finetune.finetune(config, tmp_path, init_from=str(source), progress=False)
 
-    ft_config = evaluation.finetune_train_config(config)
+    ft_config = finetune.finetune_train_config(config)
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "model"))
     abstract = train_step.abstract_state(ft_config, mesh)
     with checkpointing.Checkpointer(tmp_path / "checkpoints", every=1, keep=1,
@@ -156,7 +157,7 @@ def test_a_resumed_run_keeps_its_validation_history_and_best_scores(data, pretra
     config = config_for(data, steps=2, eval_every=1)
     config.checkpoint.every = 1
     init_from = str(pretrained("encoder_decoder"))
-    evaluation.finetune(config, tmp_path, init_from=init_from, progress=False)
+    finetune.finetune(config, tmp_path, init_from=init_from, progress=False)
     # A record of a step after the last checkpoint (as a crash would leave) must not count.
     log = tmp_path / "eval.jsonl"
     ghost = {"step": 9, "task": "test_reverse", "loss": 0.0, "token_accuracy": 100.0,
@@ -164,7 +165,7 @@ def test_a_resumed_run_keeps_its_validation_history_and_best_scores(data, pretra
     log.write_text(log.read_text() + json.dumps(ghost) + "\n")
 
     config.finetune.steps = 3
-    result = evaluation.finetune(config, tmp_path, init_from=init_from, progress=False)
+    result = finetune.finetune(config, tmp_path, init_from=init_from, progress=False)
     records = read_jsonl(log)
     assert [r["step"] for r in records] == [1, 2, 3]
     # Best = highest accuracy, the earliest among equals; run 1's records take part.
@@ -200,7 +201,7 @@ def test_bad_finetune_settings_are_rejected_before_any_work(field, value, messag
     config.data.data_dir = str(tmp_path / "cache")
     config.finetune.update_from_flattened_dict({field: value})
     with pytest.raises(ConfigError, match=message):
-        evaluation.finetune(config, tmp_path / "run", init_from=None)
+        finetune.finetune(config, tmp_path / "run", init_from=None)
     assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()
 
 
@@ -224,10 +225,10 @@ def test_a_checkpoint_of_another_model_or_vocabulary_is_rejected_before_training
     config = config_for(data)
     config.update_from_flattened_dict(change)
     with pytest.raises(ConfigError, match=f"hold another model or vocabulary:\n  {message}"):
-        evaluation.finetune(config, tmp_path, init_from=str(pretrained("encoder_decoder")))
+        finetune.finetune(config, tmp_path, init_from=str(pretrained("encoder_decoder")))
     assert not (tmp_path / "checkpoints").exists()
     with pytest.raises(ConfigError, match="holds no t5x_lite checkpoints"):
-        evaluation.finetune(config_for(data), tmp_path, init_from=str(tmp_path))
+        finetune.finetune(config_for(data), tmp_path, init_from=str(tmp_path))
 
 
 def test_eval_command_reads_the_model_and_vocabulary_from_the_checkpoint(

@@ -262,7 +262,7 @@ def test_a_batch_size_the_processes_cannot_share_is_refused_before_any_work(tmp_
     import jax
     from tiny_configs import tiny_sweep_config
 
-    from t5x_lite import evaluation, sweep
+    from t5x_lite import finetune, sweep
     from t5x_lite.config import ConfigError
 
     experiment = tmp_path / "one_point.py"
@@ -275,7 +275,7 @@ def test_a_batch_size_the_processes_cannot_share_is_refused_before_any_work(tmp_
     config.finetune.tasks = ("builtin_reverse",)
     with pytest.raises(ConfigError, match=r"finetune.batch_size=4 must be divisible by the "
                                           r"number of processes \(3\)"):
-        evaluation.finetune(config, tmp_path / "finetune", init_from=None)
+        finetune.finetune(config, tmp_path / "finetune", init_from=None)
     assert not list(tmp_path.glob("sweep*")) and not list(tmp_path.glob("finetune*"))
 
 

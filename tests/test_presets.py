@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from t5x_lite import cli, distributed, evaluation, presets, sweep, train
+from t5x_lite import cli, distributed, evaluation, finetune, presets, sweep, train
 from t5x_lite.config import ConfigError, apply_overrides
 from t5x_lite.data import pipeline, tasks
 
@@ -139,7 +139,7 @@ def _command_config(command, argv, monkeypatch):
     replaced by a stand-in that keeps it; eval's checkpoint reading by the identity)."""
     seen = {}
     monkeypatch.setattr(distributed, "initialize_distributed", lambda: None)
-    monkeypatch.setattr(evaluation, "finetune",
+    monkeypatch.setattr(finetune, "finetune",
                         lambda config, workdir, **kwargs: seen.update(config=config) or {})
     monkeypatch.setattr(evaluation, "evaluate",
                         lambda config, checkpoint, tasks, split: seen.update(

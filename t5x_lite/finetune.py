@@ -1,0 +1,177 @@
+"""Fine-tuning a pre-trained model on downstream tasks: the paper's second stage.
+
+    pre-training checkpoint --params only--> finetune(config, workdir, init_from=...)
+        task examples -> the pre-training vocabulary -> MixtureData batches (f(seed, step))
+        -> train_step.make_finetune_step (the pre-training update on ready batches)
+        every finetune.eval_every steps and at the end: evaluation.Evaluator on the
+        validation split -> workdir/eval.jsonl; the best score per task is reported (the
+        paper's convention)
+
+A fine-tuning run is a run of the one set-up (`run_setup.set_up`, `loop.run_loop`) like
+pre-training; what it brings is its data, its step on ready batches, and its start from the
+checkpoint's parameters only, with a fresh optimiser state, as the paper does. Its own
+checkpoints under `workdir/checkpoints` make it resumable, and `eval.jsonl` keeps the
+validation history that the best scores are taken from, so they survive a resume.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh
+
+from t5x_lite import architectures, checkpointing, train_step
+from t5x_lite.data import pipeline, tasks
+from t5x_lite.evaluation import (PARAMETER_FIELDS, Evaluator, TaskSplit, check_finetune_settings,
+                                 checkpoint_dir, require_same)
+from t5x_lite.loop import keep_records_up_to, run_loop, summaries
+from t5x_lite.run_setup import RunPlan, set_up
+
+EVAL_FILE = "eval.jsonl"
+# Fields a resumed fine-tuning run must share with the run that wrote its checkpoints, besides
+# `checkpointing.RESUME_FIELDS`: they fix which examples the step-indexed batches hold.
+_FINETUNE_DATA_FIELDS = ("finetune.tasks", "finetune.mixing_limit", "finetune.pack",
+                         "finetune.inputs_length", "finetune.targets_length")
+
+
+def finetune_train_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """`config` with `train` set up for fine-tuning: the optimiser, schedule, learning rate,
+    warm-up, steps and batch size of `config.finetune` (the train step reads `config.train`)."""
+    ft = config.finetune
+    derived = copy.deepcopy(config)
+    derived.train.update(optimizer=ft.optimizer, schedule=ft.schedule,
+                         learning_rate=ft.learning_rate, warmup_steps=ft.warmup_steps,
+                         steps=ft.steps, batch_size=ft.batch_size)
+    return derived
+
+
+def _selection_score(metrics: dict[str, float]) -> float:
+    """What 'best' means for a validation record: the mean of the task's metrics (NaN, e.g. a
+    correlation of constant predictions, counts as worst)."""
+    values = [v for v in metrics.values() if not math.isnan(v)]
+    return float(np.mean(values)) if len(values) == len(metrics) else -math.inf
+
+
+class EvalLog:
+    """`workdir/eval.jsonl`: one record per (validation step, task), and the best of them.
+
+    Record: {"step", "task", "loss", "token_accuracy", "metrics": {name: value}}. Opening the
+    log of a run resumed at `start_step` drops the records of later steps (they belong to a
+    trajectory the resumed run replaces), so the best scores are those of the run's history.
+    """
+
+    def __init__(self, workdir: Path, start_step: int):
+        self.path = workdir / EVAL_FILE
+        self.records: list[dict[str, Any]] = []
+        if self.path.exists():
+            if jax.process_index() == 0:  # one writer; the others read what it kept
+                keep_records_up_to(self.path, start_step)
+            if jax.process_count() > 1:  # read only once process 0 rewrote it (cut last line)
+                multihost_utils.sync_global_devices("t5x_lite_eval_log")
+            self.records = [record for record in map(json.loads, self.path.read_text().splitlines())
+                            if record["step"] <= start_step]
+
+    def add(self, step: int, results: dict[str, dict[str, Any]]) -> None:
+        """Append the validation `results` of `step` (only process 0 writes the file)."""
+        new = [{"step": step, "task": task, **result} for task, result in results.items()]
+        self.records.extend(new)
+        if jax.process_index() == 0:
+            with self.path.open("a") as f:
+                f.writelines(json.dumps(record) + "\n" for record in new)
+
+    def best(self) -> dict[str, dict[str, Any]]:
+        """{task: the record with the best selection score (the earliest among equals)}."""
+        best: dict[str, dict[str, Any]] = {}
+        for record in self.records:
+            current = best.get(record["task"])
+            score = _selection_score(record["metrics"])
+            if current is None or score > _selection_score(current["metrics"]):
+                best[record["task"]] = record
+        return best
+
+
+class _TaskData:
+    """Fine-tuning's step-indexed batches (`batch(step)`: `pipeline.MixtureData` of the tasks'
+    train splits) and the splits: `train` (which counts the cut examples) and `validation`,
+    both in `vocab`."""
+
+    def __init__(self, config: ml_collections.ConfigDict, task_list: Sequence[tasks.Task]):
+        ft = config.finetune
+        self.vocab = pipeline.vocabulary_from_config(config)
+        self.train = [TaskSplit(task, "train", config, self.vocab) for task in task_list]
+        self.validation = [TaskSplit(task, "validation", config, self.vocab, ft.eval_examples)
+                           for task in task_list]
+        self.mixture = pipeline.MixtureData(
+            [s.encoded for s in self.train], ft.mixing_limit, ft.batch_size, ft.inputs_length,
+            ft.targets_length, family=architectures.get(config.model.arch).family,
+            pack=ft.pack, seed=config.train.seed, process_index=jax.process_index(),
+            process_count=jax.process_count())
+
+    def batch(self, step: int) -> dict[str, np.ndarray]:
+        return self.mixture.batch(step)
+
+
+def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *, init_from: str | None,
+             progress: bool = True, restart: bool = False) -> dict[str, Any]:
+    """Fine-tune on `config.finetune.tasks` in `workdir` and return the best validation scores.
+
+    init_from: a pre-training run (a `train.train` workdir or its `checkpoints/`) whose
+    parameters (only; the optimiser state starts fresh) start the run; its model and
+    vocabulary must be `config`'s. None starts from random parameters.
+    Resumes from `workdir/checkpoints` (`restart=True` deletes them). Validates every
+    `finetune.eval_every` steps and at the end, appending to `workdir/eval.jsonl`; train
+    metrics go to `workdir/metrics.jsonl`. Returns {"scores": {task: {metric: value}} (each
+    task's best validation record, the paper's convention), "best_step": {task: step},
+    "steps", "loss" (last train loss; None if no step ran), "wall_s", "compile_s",
+    "compiles" (of the train step), "truncated": {task: training examples cut}}.
+    """
+    started = time.perf_counter()
+    workdir, ft = Path(workdir), config.finetune
+    task_list = check_finetune_settings(config, ft.tasks)
+    source = None if init_from is None else checkpoint_dir(init_from)
+    if source is not None:
+        require_same(source, config, PARAMETER_FIELDS, "hold another model or vocabulary")
+    ft_config = finetune_train_config(config)
+
+    def fresh_state(point: ml_collections.ConfigDict, mesh: Mesh) -> train_step.TrainState:
+        if source is None:
+            return train_step.init_state(point, mesh)
+        abstract = train_step.abstract_state(point, mesh).params
+        params = checkpointing.restore_params_only(source, abstract)
+        return train_step.state_from_params(point, mesh, params)
+
+    plan = RunPlan(
+        configs=[ft_config], workdirs=[workdir],
+        make_data=lambda: _TaskData(config, task_list),
+        make_step=lambda mesh: train_step.make_finetune_step(ft_config, mesh),
+        step_args=(train_step.step_key(config.train.seed),),
+        lengths=(ft.inputs_length, ft.targets_length), fresh_state=fresh_state,
+        batch_field="finetune.batch_size",
+        resume_fields=checkpointing.RESUME_FIELDS + _FINETUNE_DATA_FIELDS)
+    with set_up(plan, progress=progress, restart=restart) as run:
+        evaluator = Evaluator(config, run.data.validation, run.data.vocab, run.mesh)
+        log = EvalLog(workdir, run.start)
+
+        def validate(step: int, state: train_step.TrainState) -> None:
+            if step % ft.eval_every == 0 or step == ft.steps:
+                log.add(step, evaluator(state.params))
+
+        records = run_loop(run, validate)
+    summary = summaries(run, records)[0]
+    best = log.best()
+    return {
+        "scores": {task: record["metrics"] for task, record in best.items()},
+        "best_step": {task: record["step"] for task, record in best.items()},
+        "steps": summary["step"], "loss": summary["loss"],
+        "wall_s": time.perf_counter() - started,
+        "compile_s": summary["compile_s"], "compiles": summary["compiles"],
+        "truncated": {s.task.name: s.truncated for s in run.data.train},
+    }
