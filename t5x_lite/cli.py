@@ -81,6 +81,15 @@ def _config_parser(command: str, preset_help: str = "") -> argparse.ArgumentPars
     return parser
 
 
+def _add_run_flags(parser: argparse.ArgumentParser, writes: str) -> None:
+    """--workdir and --restart, which train and finetune share: the run's folder (`writes`:
+    what goes there), resumed from its checkpoints unless --restart."""
+    parser.add_argument("--workdir", required=True, help=f"where {writes} go; re-running "
+                        "resumes from its checkpoints")
+    parser.add_argument("--restart", action="store_true",
+                        help="discard the checkpoints in --workdir and start from step 0")
+
+
 def _config(args: argparse.Namespace, overrides: list[str],
             preset: Callable[[str], ml_collections.ConfigDict] = presets.get_preset,
             ) -> ml_collections.ConfigDict:
@@ -109,13 +118,9 @@ def _train(argv: list[str]) -> None:
     from t5x_lite.train import train
 
     parser = _config_parser("train")
-    parser.add_argument("--workdir", required=True,
-                        help="where metrics.jsonl, checkpoints and TensorBoard events go; "
-                        "re-running resumes from its checkpoints")
+    _add_run_flags(parser, "metrics.jsonl, checkpoints and TensorBoard events")
     parser.add_argument("--steps", type=int, help="train up to this many steps (default: "
                         "config.train.steps)")
-    parser.add_argument("--restart", action="store_true",
-                        help="discard the checkpoints in --workdir and start from step 0")
     args, overrides = _parse(parser, argv)
     config = _config(args, overrides)
     # Joins a multi-host run when the JAX_* / SLURM / TPU VM environment describes one.
@@ -129,13 +134,11 @@ def _finetune(argv: list[str]) -> None:
     from t5x_lite.finetune import finetune
 
     parser = _config_parser("finetune", _FINETUNE_PRESET_HELP)
-    parser.add_argument("--workdir", required=True, help="where eval.jsonl and checkpoints go")
+    _add_run_flags(parser, "eval.jsonl, metrics.jsonl and checkpoints")
     parser.add_argument("--init_from", help="the pre-training workdir whose parameters start "
                         "the run (default: random parameters)")
     parser.add_argument("--tasks", type=_comma_list, help="task names, comma-separated "
                         "(default: config.finetune.tasks, with --preset its sweep's tasks)")
-    parser.add_argument("--restart", action="store_true",
-                        help="discard the checkpoints in --workdir and start from step 0")
     args, overrides = _parse(parser, argv)
     config = _config(args, overrides, presets.finetune_preset)
     if args.tasks:
