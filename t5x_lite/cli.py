@@ -30,6 +30,7 @@ from absl import logging
 from t5x_lite import host_memory, presets
 from t5x_lite.config import (OVERRIDES_HELP, ConfigError, apply_overrides, load_config_file,
                              parse_overrides, split_overrides)
+from t5x_lite.preemption import PREEMPTED_EXIT_STATUS
 from t5x_lite.results import RESULTS_FILE, ResultsError, is_writer
 
 
@@ -43,14 +44,27 @@ class Command(NamedTuple):
 # Parsers: one per command, sharing the help layout and the override handling
 
 
+# What a command that trains does when it is preempted (`preemption`), in its --help.
+_PREEMPTION_HELP = (f"A run stopped by SIGTERM or SIGINT (a preemption) saves its checkpoints at "
+                    f"the step it reached and exits with status {PREEMPTED_EXIT_STATUS}, not 0; "
+                    "the same command resumes it.")
+_TRAINING_COMMANDS = ("train", "finetune", "sweep", "demo")
+
+
+def _indented(text: str) -> str:
+    return textwrap.fill(text, 96, initial_indent="  ", subsequent_indent="  ")
+
+
 def _parser(command: str, sections: ml_collections.ConfigDict | None) -> argparse.ArgumentParser:
     """The parser of `command`; with `sections` (the config it reads), its help explains the
-    `--config.FIELD=VALUE` overrides and names the config's sections."""
+    `--config.FIELD=VALUE` overrides and names the config's sections; a command that trains
+    also says what preemption does."""
     epilog = []
     if sections is not None:
-        epilog += ["config overrides:", textwrap.fill(OVERRIDES_HELP, 96, initial_indent="  ",
-                                                      subsequent_indent="  "),
+        epilog += ["config overrides:", _indented(OVERRIDES_HELP),
                    f"  The config's sections: {', '.join(sections)}.", ""]
+    if command in _TRAINING_COMMANDS:
+        epilog += ["exit status:", _indented(_PREEMPTION_HELP), ""]
     epilog += ["example:", f"  {COMMANDS[command].example}"]
     return argparse.ArgumentParser(
         prog=f"t5x-lite {command}", description=COMMANDS[command].summary,
@@ -417,7 +431,9 @@ def usage() -> str:
     lines += [f"  {name:<{width}}  {command.summary}" for name, command in COMMANDS.items()]
     lines += ["", "`t5x-lite COMMAND --help` prints a command's flags and an example. The",
               "commands that read a config take --config.FIELD=VALUE overrides, e.g.",
-              "--config.train.steps=100. Launching on clusters: launch/README.md."]
+              "--config.train.steps=100. Launching on clusters: launch/README.md.", "",
+              textwrap.fill(f"Preemption ({', '.join(_TRAINING_COMMANDS)}): {_PREEMPTION_HELP}",
+                            78)]
     return "\n".join(lines)
 
 

@@ -131,7 +131,8 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *, init_fro
     metrics go to `workdir/metrics.jsonl`. Returns {"scores": {task: {metric: value}} (each
     task's best validation record, the paper's convention), "best_step": {task: step},
     "steps", "loss" (last train loss; None if no step ran), "wall_s", "compile_s",
-    "compiles" (of the train step), "truncated": {task: training examples cut}}.
+    "compiles" (of the train step), "truncated": {task: training examples cut}}. Preempted,
+    it saves and raises `preemption.Preempted` as pre-training does (`train.train`).
     """
     started = time.perf_counter()
     workdir, ft = Path(workdir), config.finetune

@@ -14,6 +14,9 @@ runtime (`jax.distributed` + XLA SPMD); a sweep's points are spread by something
 
 A launcher only moves points and records: `sweep.run_sweep` calls `launcher.map(run_point,
 points, workdir)` and stays the one writer of results.jsonl, appending records as they arrive.
+A point preempted where it runs raises `preemption.Preempted`, which comes back through `map`
+(from a worker process too) and stops the sweep with its exit status, the point unrecorded,
+so a re-run resumes it; the SLURM script requeues its array task on that status.
 The dependency goes one way: sweep imports this module, this module knows a grid point only
 as a `Point` (its config). `t5x-lite launch` (`cli.py`) is the command line of the TPU and
 SLURM generators.
@@ -35,6 +38,7 @@ from typing import Any, Callable, Iterator, Protocol, Sequence
 import ml_collections
 
 from t5x_lite import host_memory
+from t5x_lite.preemption import PREEMPTED_EXIT_STATUS
 
 
 class Point(Protocol):
@@ -312,8 +316,11 @@ def slurm_script(
     """An sbatch script for a sweep: a job array with one array task per grid point; inside a
     task, `srun` starts one process per GPU on each of `nodes` nodes. Every process joins
     `jax.distributed` from the SLURM environment (distributed.initialize_distributed) and runs the
-    grid point `$SLURM_ARRAY_TASK_ID` (the sweep's `--point_index`). `setup`: shell lines run
-    first (module loads, activating a virtualenv)."""
+    grid point `$SLURM_ARRAY_TASK_ID` (the sweep's `--point_index`). A task whose sweep exits
+    with `PREEMPTED_EXIT_STATUS` (its point saved, not recorded) is put back in the queue
+    (`scontrol requeue`; `--requeue` also lets SLURM requeue it after its own preemption or a
+    node failure), where it resumes the point. `setup`: shell lines run first (module loads,
+    activating a virtualenv)."""
     require_partition(partition)
     for name, value in (("num_points", num_points), ("nodes", nodes),
                         ("gpus_per_node", gpus_per_node)):
@@ -330,9 +337,18 @@ def slurm_script(
         f"# t5x-lite sweep: array task i runs grid point i of {num_points}, one process per GPU on",
         "# every node; a task's processes form one jax.distributed run (coordinator from SLURM).",
         *(f"#SBATCH --{key}={value}" for key, value in options.items() if value is not None),
+        "#SBATCH --requeue",
         "set -eo pipefail",  # not -u: module and virtualenv scripts read unset variables
         *setup,
-        f'srun {command} {POINT_INDEX_FLAG}="$SLURM_ARRAY_TASK_ID"',
+        f"# A preempted grid point saves its checkpoints and exits {PREEMPTED_EXIT_STATUS}: back in "
+        "the queue,",
+        "# the array task resumes it.",
+        "status=0",
+        f'srun {command} {POINT_INDEX_FLAG}="$SLURM_ARRAY_TASK_ID" || status=$?',
+        f'if [ "$status" -eq {PREEMPTED_EXIT_STATUS} ]; then',
+        '  scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
+        "fi",
+        'exit "$status"',
     ]
     return "\n".join(lines) + "\n"
 

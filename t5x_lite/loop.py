@@ -7,8 +7,9 @@ fine-tuning): the compiled step on each step's data; each step's record to every
 `metrics.jsonl` (`MetricsWriter`, mirrored to TensorBoard) and to the progress bar or log
 (`Progress`, with ETA), its speed as tokens/s, TFLOP/s and MFU (`Throughput`); a checkpoint of
 every point on its schedule and at the end; and on preemption (`PreemptionWatch`: SIGTERM /
-SIGINT, or JAX's preemption notice on several processes) a save at the step reached, then a
-stop. Something every run does per step is added here once.
+SIGINT, or JAX's preemption notice on several processes) a save at the step reached, then
+`preemption.Preempted`, a distinct exit status. Something every run does per step is added
+here once.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from jax.sharding import Mesh
 
 from t5x_lite import accounting
 from t5x_lite.checkpointing import Checkpointer
+from t5x_lite.preemption import Preempted
 from t5x_lite.train_step import FinetuneStep, TrainState, TrainStep, unstack_state
 
 try:
@@ -215,6 +217,11 @@ class PreemptionWatch:
         self.signal: int | None = None
         self._previous_handlers: dict[int, Any] = {}
 
+    @property
+    def cause(self) -> str:
+        """What stopped the run, for its message: the signal's name, or the multi-host notice."""
+        return "a preemption notice" if self.signal is None else signal.Signals(self.signal).name
+
     def reached(self, step: int) -> bool:
         """Whether the run should save at `step` and stop."""
         if jax.process_count() > 1:
@@ -307,8 +314,9 @@ def run_loop(run: Run, on_step: Callable[[int, TrainState], None] | None = None
              ) -> list[dict[str, Any]]:
     """Steps `run.start` -> `run.total`: `run.step(state, run.data.batch(step), *step_args)`,
     its record to every point's writer and the progress, `on_step(step, state)` (e.g.
-    fine-tuning's validation), every point's checkpoint when due and at the end; on
-    preemption, saves at the step reached and stops early. Returns the step records.
+    fine-tuning's validation), every point's checkpoint when due and at the end. Returns the
+    step records. On preemption it saves every point at the step reached and raises
+    `preemption.Preempted`, which ends the process with `PREEMPTED_EXIT_STATUS` unless caught.
 
     A record holds the step's metrics as floats, or as lists of K floats for a vmapped run
     (`Run.point_record` picks one point's); a non-finite loss of any point stops the loop
@@ -344,7 +352,11 @@ def run_loop(run: Run, on_step: Callable[[int, TrainState], None] | None = None
             last = time.perf_counter()  # validation time is not step time
         if run.preemption.reached(step):
             _save(run, step, force=True)
-            return records
+            stop = Preempted(step, [point.workdir for point in run.points],
+                             run.preemption.cause)
+            if jax.process_index() == 0:
+                print(stop, file=sys.stderr, flush=True)
+            raise stop  # leaving the run's set-up waits for the saves to finish
         _save(run, step)
     _save(run, step, force=True)
     return records

@@ -27,7 +27,9 @@ The workdir:
   points/<point>/seed<k>/finetune/<task>/     finetune.finetune's workdir
   points/<point>/seed<k>/records/<task>.json  a finished task's record, reused on resume
 Re-running skips points whose records are all in results.jsonl (failed ones included: delete
-their lines to retry them) and resumes the others from their checkpoints.
+their lines to retry them) and resumes the others from their checkpoints. A point preempted
+(SIGTERM / SIGINT) is not failed: it saves, records nothing, and the sweep stops with
+`preemption.Preempted`'s exit status, so that a scheduler re-runs it to resume.
 """
 from __future__ import annotations
 
@@ -320,7 +322,8 @@ def run_point(point: GridPoint, workdir: str) -> list[dict]:
     """Pre-train the point, fine-tune and evaluate on each task; one record per task.
 
     Never raises for a failing or diverging run: its records get status 'failed' and the
-    error. Resumes from the checkpoints under `point.directory(workdir)`; a task whose record
+    error. A preempted run raises `preemption.Preempted` (a `SystemExit`, which the failure
+    handling lets through) and records nothing. Resumes from the checkpoints under `point.directory(workdir)`; a task whose record
     was already written there is not run again.
     """
     from t5x_lite import train

@@ -5,8 +5,9 @@ Both describe the run to the one run set-up (`run_setup.RunPlan`: the pipeline's
 raw tokens, the pre-training step of `t5x_lite.train_step` that corrupts them on the device,
 and the objective spec and step key it takes as data) and run `loop.run_loop` over it: one
 record per step in `workdir/metrics.jsonl` (and TensorBoard events), checkpoints every
-`checkpoint.every` steps and at the end, a clean stop on preemption. Fine-tuning
-(`t5x_lite.finetune`) is the other kind of run of that set-up.
+`checkpoint.every` steps and at the end, and on preemption a save, then
+`preemption.Preempted`. Fine-tuning (`t5x_lite.finetune`) is the other kind of run of that
+set-up.
 """
 
 from __future__ import annotations
@@ -79,8 +80,9 @@ def train(
     Resumes from `workdir/checkpoints` when it holds a checkpoint of a compatible config
     (`restart=True` wipes them; `resume=True` makes a missing checkpoint an error). The data
     position is a function of the step, so the checkpoint is all a resume needs. Appends one
-    record per step to `workdir/metrics.jsonl`; saves every `config.checkpoint.every` steps, at
-    the end, and on SIGTERM / SIGINT. Returns a summary of the run (`loop.summarize`).
+    record per step to `workdir/metrics.jsonl`; saves every `config.checkpoint.every` steps and
+    at the end. Returns a summary of the run (`loop.summarize`). On SIGTERM / SIGINT it saves
+    the step reached and raises `preemption.Preempted` (its exit status, unless caught).
     """
     layout = objectives.layout_from_config(config) if layout is None else layout
     plan = _pretrain_plan([config], [workdir], layout, vmapped=False)

@@ -10,6 +10,7 @@ import pytest
 
 from t5x_lite import cli, presets
 from t5x_lite.config import ConfigError, apply_overrides, load_config_file, parse_overrides
+from t5x_lite.preemption import PREEMPTED_EXIT_STATUS
 
 
 def test_a_preset_or_a_config_file_with_overrides(tmp_path):
@@ -114,6 +115,8 @@ def test_every_command_names_its_flags_and_an_example_in_its_help(capsys):
         assert out.startswith(f"usage: t5x-lite {name}"), name
         assert all(flag in out for flag in flags), (name, out)
         assert f"example:\n  {cli.COMMANDS[name].example}\n" in out, name
+        if name in ("train", "finetune", "sweep", "demo"):  # preempted: saved, resumable
+            assert f"exits with status {PREEMPTED_EXIT_STATUS}, not 0" in " ".join(out.split())
         if name not in ("report", "launch"):  # the commands that read a config
             assert "--config.FIELD=VALUE" in out, name
             sections = "model, objective, sweep" if name in ("sweep", "demo", "preview") else \

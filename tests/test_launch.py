@@ -15,6 +15,7 @@ import ml_collections
 import pytest
 
 from t5x_lite import cli, launchers
+from t5x_lite.preemption import PREEMPTED_EXIT_STATUS, Preempted
 
 DATA = Path(__file__).parent / "data"
 REPO = Path(__file__).resolve().parents[1]
@@ -46,6 +47,12 @@ def fail_on_b(point: FakePoint, workdir: str) -> list[dict]:
     return [{"point": point.point}]
 
 
+def preempt_b(point: FakePoint, workdir: str) -> list[dict]:
+    if point.point == "b":
+        raise Preempted(5, [f"{workdir}/{point.point}"], "SIGTERM")
+    return [{"point": point.point}]
+
+
 def die(point: FakePoint, workdir: str) -> list[dict]:
     os._exit(3)  # as a worker killed by the OOM killer would
 
@@ -73,6 +80,15 @@ def test_parallel_launcher_raises_a_points_error():
     launcher = launchers.LocalParallelLauncher(2, gpus=[])
     with pytest.raises(RuntimeError, match="point b broke"):
         list(launcher.map(fail_on_b, POINTS, "wd"))
+
+
+def test_parallel_launcher_brings_a_preempted_point_back_as_preempted():
+    """Not a failure, not a dead worker: the sweep sees the preemption (and its exit status)."""
+    launcher = launchers.LocalParallelLauncher(1, gpus=[])
+    with pytest.raises(Preempted) as stop:
+        list(launcher.map(preempt_b, POINTS[:2], "wd"))
+    assert (stop.value.step, stop.value.workdirs, stop.value.code) == (
+        5, ["wd/b"], PREEMPTED_EXIT_STATUS)
 
 
 def test_parallel_launcher_raises_when_a_worker_dies():

@@ -1,10 +1,12 @@
 """The loop (`t5x_lite.loop`): a non-finite loss stops it unsaved, metrics.jsonl holds one record
 per step of the trajectory, and a run stopped by SIGTERM / SIGINT, or by a preemption notice
-to one of two processes, saves the step it reached. The signal tests run child processes that
-train a toy state (no model) through the one run set-up and loop."""
+to one of two processes, saves the step it reached and exits with `PREEMPTED_EXIT_STATUS`. The
+signal tests run child processes that train a toy state (no model) through the one run set-up
+and loop."""
 import json
 import os
 import pathlib
+import pickle
 import signal
 import socket
 import subprocess
@@ -21,6 +23,7 @@ from jax.sharding import SingleDeviceSharding
 from t5x_lite import loop
 from t5x_lite.checkpointing import Checkpointer
 from t5x_lite.config import default_config
+from t5x_lite.preemption import PREEMPTED_EXIT_STATUS, Preempted
 from t5x_lite.train_step import TrainState
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -170,10 +173,10 @@ def signal_at_step_3(child: subprocess.Popen, signum: int) -> None:
 
 
 def stopped_at(child: subprocess.Popen) -> int:
-    """The last step the child printed, after checking it stopped cleanly (3 if it printed
-    nothing after the signal at step 3)."""
+    """The last step the child printed, after checking it stopped as a preempted run does (3
+    if it printed nothing after the signal at step 3)."""
     output, _ = child.communicate(timeout=600)  # a hang guard only
-    assert child.returncode == 0
+    assert child.returncode == PREEMPTED_EXIT_STATUS
     return max([3, *(int(line) for line in output.splitlines() if line.strip().isdigit())])
 
 
@@ -191,7 +194,7 @@ def assert_checkpoint_at(workdir: pathlib.Path, step: int) -> None:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
-def test_signal_saves_the_step_reached_and_stops(tmp_path, signum):
+def test_signal_saves_the_step_reached_and_exits_with_the_preempted_status(tmp_path, signum):
     child = spawn(str(tmp_path))
     signal_at_step_3(child, signum)
     reached = stopped_at(child)
@@ -209,3 +212,14 @@ def test_multihost_preemption_notice_to_one_process_stops_all_at_one_step(tmp_pa
     assert reached[0] == reached[1] >= 3
     assert reached[0] < 10_000  # stopped by the notice, not by running out of steps
     assert_checkpoint_at(tmp_path, reached[0])
+
+
+def test_preempted_is_an_exit_with_its_status_that_survives_a_process_boundary():
+    """What a parallel sweep's worker sends back: the step, workdirs and cause stay, and it is
+    a SystemExit (past `except Exception`, the failure handling) with the preempted status."""
+    stop = pickle.loads(pickle.dumps(Preempted(7, [pathlib.Path("runs/a")], "SIGTERM")))
+    assert isinstance(stop, SystemExit) and not isinstance(stop, Exception)
+    assert stop.code == PREEMPTED_EXIT_STATUS
+    assert (stop.step, stop.workdirs, stop.cause) == (7, ["runs/a"], "SIGTERM")
+    assert str(stop).startswith(f"SIGTERM at step 7: stopping with exit status "
+                                f"{PREEMPTED_EXIT_STATUS} once the checkpoints of runs/a")

@@ -1,12 +1,16 @@
-"""A tiny training run killed with SIGKILL at a seeded random step and resumed ends bit-identical
-to an uninterrupted run: same final train state, same loss at every step either run logged.
+"""A tiny training run killed with SIGKILL at a seeded random step, then preempted with SIGTERM a
+few steps after resuming, and resumed again ends bit-identical to an uninterrupted run: same
+final train state, same loss at every step any run logged. The preempted run saves the step it
+reached and exits with `PREEMPTED_EXIT_STATUS`, not 0.
 
-Each run is a child process (`python tests/test_resume.py DATA_DIR WORKDIR KILL_AT`) on a
-2-device mesh. The killed child SIGKILLs itself when the loop asks for batch KILL_AT, i.e. after
-update KILL_AT ran but before it was logged or saved, possibly while an asynchronous checkpoint
-write is in flight. KILL_AT > 2 * EVERY, so at least one checkpoint is complete by then (orbax
-finishes a save before it starts the next). The children share JAX's persistent compilation
-cache, so only the first one compiles the train step.
+Each run is a child process (`python tests/test_resume.py DATA_DIR WORKDIR [KILL|TERM AT]`):
+`t5x-lite train --config=tests/test_resume.py:DATA_DIR` on a 2-device mesh. A child sends
+itself the signal when the loop asks for batch AT, i.e. after update AT ran but before it was
+logged (SIGKILL: possibly while an asynchronous checkpoint write is in flight) or before the
+loop looked for a signal (SIGTERM). KILL_AT > 2 * EVERY, so at least one checkpoint is complete
+by then (orbax finishes a save before it starts the next); TERM_AT is no save step, so its
+checkpoint is the preemption's. The children share JAX's persistent compilation cache, so only
+the first one compiles the train step.
 """
 import json
 import os
@@ -50,19 +54,33 @@ def write_corpus(data_dir: pathlib.Path) -> None:
         (data_dir / "corpus" / f"{i}.txt").write_text("\n".join(lines) + "\n")
 
 
-def run_child(data_dir: pathlib.Path, workdir: pathlib.Path, kill_at: int) -> subprocess.CompletedProcess:
+def get_config(data_dir: str) -> ml_collections.ConfigDict:
+    """The children's config, as `--config=tests/test_resume.py:DATA_DIR` reads it."""
+    return tiny_config(pathlib.Path(data_dir))
+
+
+def run_child(data_dir: pathlib.Path, workdir: pathlib.Path, stop: str = "",
+              at: int = -1) -> subprocess.CompletedProcess:
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
            "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
            "JAX_COMPILATION_CACHE_DIR": str(data_dir / "jax_cache"),
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
-    return subprocess.run([sys.executable, __file__, str(data_dir), str(workdir), str(kill_at)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    command = [sys.executable, __file__, str(data_dir), str(workdir)]
+    return subprocess.run(command + ([stop, str(at)] if stop else []), cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
 
 
 def losses(workdir: pathlib.Path) -> list[tuple[int, float]]:
     lines = (workdir / "metrics.jsonl").read_text().splitlines()
     return [(record["step"], record["loss"]) for record in map(json.loads, lines)]
+
+
+def newest_checkpoint(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> int | None:
+    from t5x_lite.checkpointing import Checkpointer
+
+    with Checkpointer(workdir / "checkpoints", every=EVERY, keep=STEPS, config=config) as ckpt:
+        return ckpt.latest_step()
 
 
 def final_state(config: ml_collections.ConfigDict, workdir: pathlib.Path):
@@ -75,56 +93,67 @@ def final_state(config: ml_collections.ConfigDict, workdir: pathlib.Path):
         return jax.device_get(ckpt.restore(train_step.abstract_state(config, mesh)))
 
 
-@pytest.mark.slow  # three training processes; the first compiles the train step
-def test_killed_and_resumed_run_matches_an_uninterrupted_one(tmp_path):
+@pytest.mark.slow  # four training processes; the first compiles the train step
+def test_killed_and_preempted_run_resumes_to_match_an_uninterrupted_one(tmp_path):
+    from t5x_lite.preemption import PREEMPTED_EXIT_STATUS
+
     data_dir = tmp_path / "data"
     write_corpus(data_dir)
-    kill_at = random.Random(4).randint(2 * EVERY + 1, STEPS - 1)
+    config = tiny_config(data_dir)
+    kill_at = random.Random(4).randint(2 * EVERY + 1, STEPS - 2)
+    term_at = next(step for step in range(kill_at + 1, STEPS) if step % EVERY)
 
-    reference = run_child(data_dir, tmp_path / "reference", kill_at=-1)
+    reference = run_child(data_dir, tmp_path / "reference")
     assert reference.returncode == 0, reference.stderr[-3000:]
 
-    killed = run_child(data_dir, tmp_path / "resumed", kill_at=kill_at)
+    killed = run_child(data_dir, tmp_path / "resumed", "KILL", kill_at)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert [step for step, _ in losses(tmp_path / "resumed")] == list(range(1, kill_at))
-
-    resumed = run_child(data_dir, tmp_path / "resumed", kill_at=-1)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    summary = json.loads(resumed.stdout.splitlines()[-1])
-    # Resumed from the newest checkpoint that was complete when the kill came.
+    # The newest checkpoint that was complete when the kill came is what a resume starts from.
     newest_started = (kill_at - 1) // EVERY * EVERY
-    assert summary["start_step"] in (newest_started - EVERY, newest_started)
-    assert summary["step"] == STEPS
+    assert newest_checkpoint(config, tmp_path / "resumed") in (newest_started - EVERY,
+                                                               newest_started)
 
-    # Every step logged by either attempt (some twice) has the reference's exact loss.
+    preempted = run_child(data_dir, tmp_path / "resumed", "TERM", term_at)
+    assert preempted.returncode == PREEMPTED_EXIT_STATUS, preempted.stderr[-3000:]
+    assert f"SIGTERM at step {term_at}: stopping with exit status" in preempted.stderr
+    assert newest_checkpoint(config, tmp_path / "resumed") == term_at
+    assert [step for step, _ in losses(tmp_path / "resumed")] == list(range(1, term_at + 1))
+
+    resumed = run_child(data_dir, tmp_path / "resumed")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads(resumed.stdout)
+    assert summary["start_step"] == term_at and summary["step"] == STEPS
+
+    # Every step logged by any attempt (some twice) has the reference's exact loss.
     expected = dict(losses(tmp_path / "reference"))
     assert sorted(expected) == list(range(1, STEPS + 1))
     for step, loss in losses(tmp_path / "resumed"):
         assert loss == expected[step], f"step {step}"
 
-    config = tiny_config(data_dir)
     want, got = final_state(config, tmp_path / "reference"), final_state(config, tmp_path / "resumed")
     assert int(got.step) == STEPS
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(want), jax.tree.leaves(got), strict=True):
         np.testing.assert_array_equal(a, b, err_msg=jax.tree_util.keystr(path))
 
 
-def _child_main(data_dir: str, workdir: str, kill_at: int) -> None:
-    from t5x_lite import train
+def _child_main(data_dir: str, workdir: str, stop: str = "", at: str = "-1") -> None:
+    """`t5x-lite train` of the children's config, sending itself SIG`stop` (KILL or TERM)
+    when the loop asks for batch `at`."""
+    from t5x_lite import cli
     from t5x_lite.data.pipeline import PretrainData
 
-    if kill_at >= 0:
-        fetch = PretrainData.batch
+    if stop:
+        fetch, signum = PretrainData.batch, getattr(signal, f"SIG{stop}")
 
-        def batch_or_die(self: PretrainData, step: int) -> np.ndarray:
-            if step == kill_at:
-                os.kill(os.getpid(), signal.SIGKILL)
+        def batch_or_signal(self: PretrainData, step: int) -> np.ndarray:
+            if step == int(at):
+                os.kill(os.getpid(), signum)
             return fetch(self, step)
 
-        PretrainData.batch = batch_or_die
-    summary = train.train(tiny_config(pathlib.Path(data_dir)), workdir, progress=False)
-    print(json.dumps(summary))
+        PretrainData.batch = batch_or_signal
+    cli.main(["t5x-lite", "train", f"--config={__file__}:{data_dir}", f"--workdir={workdir}"])
 
 
 if __name__ == "__main__":
-    _child_main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    _child_main(*sys.argv[1:])

@@ -14,6 +14,7 @@ import pytest
 from t5x_lite import launchers, noise_lengths, results, sweep
 from t5x_lite.config import ConfigError
 from t5x_lite.data import tasks
+from t5x_lite.preemption import Preempted
 
 # A three-point sweep of tiny models: two encoder-decoder points of one parameter structure
 # (so they must share one compiled pre-train step) around a point that fails when it runs: its
@@ -169,6 +170,40 @@ def test_rerun_skips_finished_points(experiment, uninterrupted):
     before = (workdir / "results.jsonl").read_text()
     assert sweep.run_sweep(experiment, "demo", str(workdir)) == records
     assert (workdir / "results.jsonl").read_text() == before
+
+
+def test_a_preempted_point_records_nothing_and_stops_the_sweep(experiment, uninterrupted,
+                                                              tmp_path, monkeypatch):
+    """Preempted in pre-training or in fine-tuning, a point has not failed: the sweep stops with
+    `Preempted` (the preempted exit status), records nothing for it, and a re-run resumes it."""
+    from t5x_lite import finetune, train
+
+    def preempted(*args, **kwargs):
+        raise Preempted(3, ["a workdir"], "SIGTERM")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(train, "train", preempted)
+        with pytest.raises(Preempted):
+            sweep.run_sweep(experiment, "demo", str(tmp_path / "fresh"))
+    assert results.ResultsFile(tmp_path / "fresh").records() == []
+
+    # The first point's record lost, as if its fine-tuning had not finished yet.
+    workdir, records = uninterrupted
+    copy = tmp_path / "sweep"
+    shutil.copytree(workdir, copy)
+    lines = (copy / results.RESULTS_FILE).read_text().splitlines()
+    first = json.loads(lines[0])
+    (copy / results.RESULTS_FILE).write_text("\n".join(lines[1:]) + "\n")
+    saved = copy / "points" / first["point"] / "seed0" / "records" / f"{first['task']}.json"
+    saved.unlink()
+    with monkeypatch.context() as patch:
+        patch.setattr(finetune, "finetune", preempted)
+        with pytest.raises(Preempted):
+            sweep.run_sweep(experiment, "demo", str(copy))
+    assert (copy / results.RESULTS_FILE).read_text().splitlines() == lines[1:]
+    assert not saved.exists()
+    assert _without_timing(sweep.run_sweep(experiment, "demo", str(copy))) == \
+        _without_timing(records)
 
 
 def test_more_seeds_extend_a_finished_sweep_and_other_overrides_are_refused(
