@@ -284,6 +284,23 @@ def test_ray_sweep_writes_the_records_of_a_local_sweep(ray_address, two_point_ex
 
 
 @pytest.mark.slow
+def test_parallel_sweep_runs_two_real_points_at_once_with_the_local_records(
+        two_point_experiment, local_sweep, tmp_path):
+    """`--launcher parallel` on the two real points: two worker processes of two CPU devices
+    each give the default launcher's records, and the points ran at the same time: the spans
+    over which each point's workdir was written overlap."""
+    launcher = launchers.LocalParallelLauncher(2, gpus=[], cpu_devices_per_worker=2)
+    assert _sweep(two_point_experiment, tmp_path, launcher) == local_sweep
+    spans = []
+    for point_dir in sorted((tmp_path / "points").glob("*/*/seed*")):
+        written = [path.stat().st_mtime for path in point_dir.rglob("*") if path.is_file()]
+        spans.append((min(written), max(written)))
+    assert len(spans) == 2, spans
+    (first_start, first_end), (second_start, second_end) = spans
+    assert max(first_start, second_start) < min(first_end, second_end), spans
+
+
+@pytest.mark.slow
 def test_colab_notebook_runs_on_cpu_with_tiny_settings(child_env, tmp_path, monkeypatch):
     nbclient = pytest.importorskip("nbclient", reason="needs the notebook extra: "
                                    "pip install '.[notebook]'")
