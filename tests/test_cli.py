@@ -208,17 +208,42 @@ def test_sweep_rejects_an_unknown_flag_and_a_missing_results_file(tmp_path):
     assert "Traceback" not in missing.stderr
 
 
-def test_demo_runs_table2_with_overrides(monkeypatch, capsys, tmp_path):
-    """`t5x-lite demo` hands its workdir and overrides to `sweep.run_demo` and prints the table
-    it returns (the real demo is the README's command; `test_sweep` runs sweeps end to end)."""
-    from t5x_lite import sweep
+# The README's quick start, shrunk: tiny_sweep_config's sizes, as overrides of the demo preset.
+DEMO_SHRUNK = ("--config.model.d_model=32", "--config.model.d_ff=64", "--config.model.num_heads=2",
+               "--config.model.d_kv=16", "--config.model.num_layers=2",
+               "--config.model.vocab_size=256", "--config.model.num_sentinels=16",
+               "--config.objective.inputs_length=16", "--config.train.steps=4",
+               "--config.train.warmup_steps=1", "--config.finetune.steps=2",
+               "--config.finetune.eval_every=2", "--config.finetune.eval_examples=8",
+               "--config.sweep.progress=False")
 
-    calls = []
-    monkeypatch.setattr(sweep, "run_demo",
-                        lambda workdir, overrides: calls.append((workdir, overrides)) or "TABLE")
-    cli.main(["t5x-lite", "demo", f"--workdir={tmp_path}", "--config.train.steps=3"])
-    assert calls == [(str(tmp_path), ["--config.train.steps=3"])]
-    assert capsys.readouterr().out.strip() == "TABLE"
+
+def test_the_readme_demo_runs_table2_end_to_end_and_resumes(tmp_path):
+    """`t5x-lite demo` itself, in a fresh process: all ten Table 2 points on both built-in
+    tasks (20 records), the comparison table with its findings, the report files; a second run
+    finds everything done and runs nothing."""
+    from t5x_lite import presets
+
+    workdir = tmp_path / "demo"
+    first = _cli("demo", f"--workdir={workdir}", *DEMO_SHRUNK)
+    assert first.returncode == 0, first.stderr[-3000:]
+    results_text = (workdir / "results.jsonl").read_text()
+    records = [json.loads(line) for line in results_text.splitlines()]
+    tasks = presets.sweep_preset("demo").sweep.tasks
+    assert len(tasks) == 2 and len(records) == 20
+    assert {(r["point"], r["task"]) for r in records} == {
+        (point, task) for point in {r["point"] for r in records} for task in tasks}
+    assert all(r["status"] == "ok" for r in records), [r.get("error") for r in records]
+    for row in ("Encoder-decoder", "Enc-dec, shared", "Enc-dec, 6 layers", "Language model",
+                "Prefix LM"):
+        assert re.search(rf"^{re.escape(row)} +Denoising ", first.stdout, re.M), row
+    assert "Findings" in first.stdout
+    assert {"table.md", "table.csv", "table.tex"} <= {p.name for p in (workdir / "report").iterdir()}
+
+    again = _cli("demo", f"--workdir={workdir}", *DEMO_SHRUNK)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "10 done, 0 to run" in again.stderr
+    assert (workdir / "results.jsonl").read_text() == results_text
 
 
 def test_bad_config_override_fails_fast_naming_the_field(tmp_path):
