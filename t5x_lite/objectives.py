@@ -186,6 +186,35 @@ def lengths_for(objective: str, inputs_length: int, noise_density: float,
     return raw, (0 if objective == "lm" else raw + 1), raw + 1
 
 
+def expected_loss_tokens(objective: str, inputs_length: int, noise_density: float,
+                         mean_noise_span_length: float) -> float:
+    """The expected number of target tokens with a loss weight in one example: its targets'
+    non-padding positions (EOS and sentinels included), which is what `batch_format` weights
+    in both families, for an example that fills the objective's raw length R (`lengths_for`;
+    a shorter document has fewer).
+
+    - span_corruption: exactly noise + spans + 1 (its targets length: the spans never merge);
+    - iid_denoising: R p noise tokens, E[runs] = p + (R - 1) p (1 - p) sentinels leading them,
+      the final sentinel and EOS;
+    - drop_corrupted_tokens: R p + 1;
+    - bert_style, mass_style, deshuffling, lm: R + 1 (every token is a target);
+    - prefix_lm: the split is uniform over [1, R - 1] (`random_prefix_split`), so R / 2 + 1.
+    The i.i.d. objectives' rare examples that overflow the layout (share <=
+    `noise_lengths.OVERFLOW_PROBABILITY`) get no loss weights; that is left out.
+    """
+    raw, _, targets = lengths_for(objective, inputs_length, noise_density, mean_noise_span_length)
+    p = float(noise_density)
+    if objective == "span_corruption":
+        return float(targets)
+    if objective == "iid_denoising":
+        return raw * p + p + (raw - 1) * p * (1 - p) + 2
+    if objective == "drop_corrupted_tokens":
+        return raw * p + 1
+    if objective == "prefix_lm":
+        return (raw / 2 if raw >= 2 else max(raw - 1, 0)) + 1
+    return float(raw + 1)
+
+
 # ---------------------------------------------------------------------------------------------
 # Validation and construction from the config (host)
 # ---------------------------------------------------------------------------------------------
