@@ -22,6 +22,11 @@ The table follows the paper's conventions:
   row average (the mean of a row's columns; the paper's side averages the same paper columns,
   or all seven when some of our columns have no paper column, e.g. the built-in tasks).
 
+A compute-matched sweep (`sweep.budget` "tokens" or "flops", `t5x_lite.sweep`) says so in the
+table's title and notes, and a second table, "Pre-training compute", gives each row's derived
+steps, FLOPs, row tokens and expected loss-bearing tokens per step and total pre-training
+FLOPs (also written to compute.csv). The default budget, "steps", leaves the output as it was.
+
 Under the table, the Findings section judges each of the paper's conclusions about the table
 (`t5x_lite.findings`) on our numbers: supports, contradicts, cannot separate (within the spread
 over seeds) or not run, with the numbers behind the verdict and the paper's beside them; they
@@ -147,6 +152,30 @@ class Row:
 
 
 @dataclasses.dataclass(frozen=True)
+class Compute:
+    """A row's pre-training compute in a compute-matched sweep (the sweep's `_budget_fields`)."""
+
+    label: str
+    objective: str | None
+    steps: int
+    flops_per_step: float
+    tokens_per_step: int
+    loss_tokens_per_step: float
+    pretrain_flops: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """What matched the points: `kind` ("tokens" or "flops") of `reference`'s pre-training in
+    its `reference_steps` configured steps, `total` in that unit."""
+
+    kind: str
+    reference: str
+    reference_steps: int
+    total: float
+
+
+@dataclasses.dataclass(frozen=True)
 class Table:
     experiment: str
     preset: str
@@ -155,6 +184,8 @@ class Table:
     rows: tuple[Row, ...]
     tau: dict[str, float | None]  # paper column, or 'average' -> Kendall's tau vs. the paper
     failures: tuple[str, ...]  # one line per failed record: point, seed, task, error
+    budget: Budget | None = None  # None: sweep.budget="steps", each point's configured steps
+    compute: tuple[Compute, ...] = ()  # one per row, in the rows' order, when budget is set
 
 
 def kendall_tau(ours: Sequence[float], paper: Sequence[float]) -> float | None:
@@ -263,7 +294,34 @@ def build_table(records: Sequence[dict]) -> Table:
     failures = tuple(f"{r['point']} seed {r['seed']} {r['task']}: "
                      f"{str(r.get('error') or 'no error message').splitlines()[0]}"
                      for r in records if r["status"] == "failed")
-    return Table(experiment, preset, paper, columns, tuple(rows), _taus(rows, columns), failures)
+    budget, compute = _compute(keys, by_row)
+    return Table(experiment, preset, paper, columns, tuple(rows), _taus(rows, columns), failures,
+                 budget, compute)
+
+
+_COMPUTE_FIELDS = ("pretrain_steps", "flops_per_step", "tokens_per_step", "loss_tokens_per_step",
+                   "pretrain_flops")
+
+
+def _compute(keys: Sequence[tuple[str, str | None]],
+             by_row: dict[tuple[str, str | None], list[dict]]
+             ) -> tuple[Budget | None, tuple[Compute, ...]]:
+    """The budget and each row's compute, from the first record of a row that has them; (None,
+    ()) when no record was compute-matched."""
+    matched = [r for key in keys for r in by_row[key] if r.get("budget")]
+    if not matched:
+        return None, ()
+    first = matched[0]
+    budget = Budget(str(first["budget"]), str(first.get("budget_reference")),
+                    int(first.get("budget_reference_steps") or 0),
+                    float(first.get("budget_total") or 0.0))
+    compute = []
+    for key in keys:
+        record = next((r for r in by_row[key]
+                       if all(_is_number(r.get(f)) for f in _COMPUTE_FIELDS)), None)
+        if record is not None:
+            compute.append(Compute(key[0], key[1], *(record[f] for f in _COMPUTE_FIELDS)))
+    return budget, tuple(compute)
 
 
 # ----------------------------------------------------------------------------- findings
@@ -348,7 +406,46 @@ def _grid(table: Table, bold: Callable[[str], str]) -> list[list[str]]:
 def _title(table: Table) -> str:
     name = (f"Table {table.paper.number}: {table.paper.caption}" if table.paper
             else f"Experiment {table.experiment}")
-    return f"{name} (experiment {table.experiment}, preset {table.preset or '?'})"
+    matched = (f", compute-matched: sweep.budget={table.budget.kind}" if table.budget else "")
+    return f"{name} (experiment {table.experiment}, preset {table.preset or '?'}{matched})"
+
+
+_BUDGET_UNITS = {"flops": "training FLOPs", "tokens": "row tokens"}
+
+
+def _budget_note(table: Table) -> list[str]:
+    """The line saying which budget matched the points (none under sweep.budget="steps")."""
+    budget = table.budget
+    if budget is None:
+        return []
+    return [f"Compute-matched (sweep.budget={budget.kind}): every point pre-trains for the steps "
+            f"that spend what {budget.reference} spends in its {budget.reference_steps} "
+            f"configured steps, {budget.total:.4g} {_BUDGET_UNITS.get(budget.kind, budget.kind)}"
+            " (steps rounded to the nearest whole step); see the pre-training compute table."]
+
+
+COMPUTE_TITLE = "Pre-training compute per point"
+
+
+def _compute_grid(table: Table) -> list[list[str]]:
+    """Header and body of the compute table: a row per table row that recorded its compute."""
+    with_objective = any(row.objective for row in table.compute)
+    header = [table.paper.row_header if table.paper else "Row",
+              *(["Objective"] if with_objective else []), "Steps", "FLOPs/step", "Tokens/step",
+              "Loss tokens/step", "Pre-training FLOPs"]
+    body = [[row.label, *([row.objective or ""] if with_objective else []), str(row.steps),
+             f"{row.flops_per_step:.4g}", str(row.tokens_per_step),
+             f"{row.loss_tokens_per_step:.1f}", f"{row.pretrain_flops:.4g}"]
+            for row in table.compute]
+    return [header, *body]
+
+
+def _compute_notes(table: Table) -> list[str]:
+    return [f"{COMPUTE_TITLE}, matched by sweep.budget={table.budget.kind}. FLOPs: the "
+            "accounting module's training FLOPs (3 x forward matmuls, attention and logits "
+            "included) of a step's rows at the sweep's shared layout; tokens: the row positions "
+            "a step processes (batch x (inputs + targets lengths)); loss tokens: the expected "
+            "target tokens with a loss weight (objectives.expected_loss_tokens)."]
 
 
 def _notes(table: Table, bold_name: str = "Bold") -> list[str]:
@@ -378,7 +475,7 @@ def _notes(table: Table, bold_name: str = "Bold") -> list[str]:
         elif (column,) != tasks:
             notes.append(f"{column} from {', '.join(tasks)}.")
     notes += [f"Failed: {failure}" for failure in table.failures]
-    return notes
+    return notes + _budget_note(table)
 
 
 def to_markdown(table: Table) -> str:
@@ -387,21 +484,36 @@ def to_markdown(table: Table) -> str:
     lines = [f"## {_title(table)}", "", "| " + " | ".join(header) + " |",
              "|" + "---|" * (len(header) - n_scores) + "---:|" * n_scores]
     lines += ["| " + " | ".join(row) + " |" for row in body]
+    compute = []
+    if table.compute:
+        header, *body = _compute_grid(table)
+        compute = ["", f"### {COMPUTE_TITLE} (sweep.budget={table.budget.kind})", "",
+                   "| " + " | ".join(header) + " |",
+                   "|" + "---|" * (len(header) - 5) + "---:|" * 5,
+                   *("| " + " | ".join(row) + " |" for row in body), "", *_compute_notes(table)]
     items = _findings_lines(table, lambda verdict: f"**{verdict}**", "  ")
     section = ["", "### Findings", "", findings.EXPLANATION, "", *items] if items else []
-    return "\n".join([*lines, "", *_notes(table), *section]) + "\n"
+    return "\n".join([*lines, "", *_notes(table), *compute, *section]) + "\n"
+
+
+def _aligned(grid: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in grid) for i in range(len(grid[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in grid]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
 
 
 def to_text(table: Table) -> str:
     """The terminal rendering: aligned columns, bold scores marked with '*'."""
-    grid = _grid(table, lambda s: f"{s}*")
-    widths = [max(len(row[i]) for row in grid) for i in range(len(grid[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in grid]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = _aligned(_grid(table, lambda s: f"{s}*"))
+    compute = []
+    if table.compute:
+        compute = ["", f"{COMPUTE_TITLE} (sweep.budget={table.budget.kind})", "",
+                   *_aligned(_compute_grid(table)), "", *_compute_notes(table)]
     items = _findings_lines(table, lambda verdict: verdict.upper(), "    ")
     section = ["", "Findings", "", findings.EXPLANATION, "", *items] if items else []
     return "\n".join([_title(table), "", *lines, "", *_notes(table, bold_name="*"),
-                      *section]) + "\n"
+                      *compute, *section]) + "\n"
 
 
 _LATEX_SPECIAL = re.compile(r"([&%$#_{}])")
@@ -426,6 +538,14 @@ def to_latex(table: Table) -> str:
              line(header), r"\midrule", *(line(row) for row in body), r"\bottomrule",
              r"\end{tabular}", rf"\caption{{{_latex(_title(table))}. "
              + " ".join(_latex(note) for note in _notes(table)) + "}", r"\end{table}"]
+    if table.compute:
+        header, *body = _compute_grid(table)
+        lines += ["", r"\begin{table}[t]", r"\centering",
+                  rf"\begin{{tabular}}{{{'l' * (len(header) - 5) + 'r' * 5}}}", r"\toprule",
+                  line(header), r"\midrule", *(line(row) for row in body), r"\bottomrule",
+                  r"\end{tabular}",
+                  rf"\caption{{{' '.join(_latex(note) for note in _compute_notes(table))}}}",
+                  r"\end{table}"]
     items = findings_of(table)
     if items:
         lines += ["", r"\paragraph{Findings}", _latex(findings.EXPLANATION), r"\begin{itemize}"]
@@ -451,6 +571,21 @@ def to_csv(table: Table) -> str:
                              "" if cell.mean is None else f"{cell.mean:.4f}",
                              f"{cell.std:.4f}", cell.seeds, int(cell.bold),
                              "" if cell.paper is None else f"{cell.paper:.2f}"])
+    return out.getvalue()
+
+
+def compute_csv(table: Table) -> str:
+    """One line per row of a compute-matched sweep: its budget, steps and compute."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["experiment", "preset", "budget", "budget_reference", "row", "objective",
+                     "steps", "flops_per_step", "tokens_per_step", "loss_tokens_per_step",
+                     "pretrain_flops"])
+    for row in table.compute:
+        writer.writerow([table.experiment, table.preset, table.budget.kind,
+                         table.budget.reference, row.label, row.objective or "", row.steps,
+                         f"{row.flops_per_step:.6g}", row.tokens_per_step,
+                         f"{row.loss_tokens_per_step:.4f}", f"{row.pretrain_flops:.6g}"])
     return out.getvalue()
 
 
@@ -547,15 +682,19 @@ class Report:
 
 def report(workdir: str, *, out_dir: str | None = None) -> Report:
     """Reads `workdir/results.jsonl` and writes table.md, table.csv, table.tex, findings.csv
-    and the PNG plots to `out_dir` (default `workdir/report`). Plots are skipped with a notice
+    (compute.csv too for a compute-matched sweep) and the PNG plots to `out_dir` (default
+    `workdir/report`). Plots are skipped with a notice
     in the text when matplotlib is not installed."""
     records = read_results(str(results_path(workdir)))
     table = build_table(records)
     out_dir = out_dir or os.path.join(workdir, "report")
     os.makedirs(out_dir, exist_ok=True)
     files = []
-    for name, render in (("table.md", to_markdown), ("table.csv", to_csv),
-                         ("table.tex", to_latex), ("findings.csv", findings_csv)):
+    renders = [("table.md", to_markdown), ("table.csv", to_csv), ("table.tex", to_latex),
+               ("findings.csv", findings_csv)]
+    if table.compute:
+        renders.append(("compute.csv", compute_csv))
+    for name, render in renders:
         files.append(os.path.join(out_dir, name))
         with open(files[-1], "w", encoding="utf-8") as f:
             f.write(render(table))

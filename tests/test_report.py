@@ -317,6 +317,47 @@ def _record(**fields):
             "task": "builtin_reverse", "status": "ok", "metrics": {"accuracy": 50.0}, **fields}
 
 
+def _matched(point, row, steps, flops_per_step, **fields):
+    """A record of a flops-matched sweep (the fields `sweep._budget_fields` adds)."""
+    return _record(point=point, row=row, budget="flops", budget_reference="rate_10",
+                   budget_reference_steps=100, budget_total=100 * 3e9, pretrain_steps=steps,
+                   flops_per_step=flops_per_step, tokens_per_step=512,
+                   loss_tokens_per_step=40.5, pretrain_flops=steps * flops_per_step, **fields)
+
+
+def test_a_compute_matched_sweep_gets_a_compute_table_in_every_rendering(tmp_path):
+    _write(tmp_path / "results.jsonl", [
+        _matched("rate_10", "10%", 100, 3e9), _matched("rate_15", "15%", 120, 2.5e9),
+        _matched("rate_15", "15%", 120, 2.5e9, seed=1)])
+    result = report.report(str(tmp_path))
+    table = result.table
+    assert table.budget == report.Budget("flops", "rate_10", 100, 3e11)
+    assert [(c.label, c.steps, c.pretrain_flops) for c in table.compute] == [
+        ("10%", 100, 3e11), ("15%", 120, 3e11)]
+    markdown = (tmp_path / "report" / "table.md").read_text()
+    assert markdown.startswith("## Table 6: ") and "compute-matched: sweep.budget=flops" in \
+        markdown.splitlines()[0]
+    assert "| 15% | 120 | 2.5e+09 | 512 | 40.5 | 3e+11 |" in markdown
+    assert "spend what rate_10 spends in its 100 configured steps, 3e+11 training FLOPs" in markdown
+    compute = result.text[result.text.index("Pre-training compute per point"):].splitlines()
+    assert next(line for line in compute if line.startswith("15%")).split() == [
+        "15%", "120", "2.5e+09", "512", "40.5", "3e+11"]
+    latex = (tmp_path / "report" / "table.tex").read_text()
+    assert latex.count(r"\begin{tabular}") == 2 and r"15\% & 120 & 2.5e+09 & 512" in latex
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "report" / "compute.csv").read_text())))
+    assert [(r["row"], r["steps"], r["budget"]) for r in rows] == [
+        ("10%", "100", "flops"), ("15%", "120", "flops")]
+    # Records of a sweep with the default budget have none of it.
+    default = tmp_path / "default"
+    default.mkdir()
+    _write(default / "results.jsonl", [_record(point="rate_10", row="10%")])
+    result = report.report(str(default))
+    assert result.table.budget is None
+    assert "compute-matched" not in result.text.lower()
+    assert "Pre-training compute" not in result.text
+    assert not (default / "report" / "compute.csv").exists()
+
+
 def test_records_of_two_experiments_are_an_error(tmp_path):
     _write(tmp_path / "results.jsonl",
            [_record(), _record(experiment="table4", row="BERT-style")])
