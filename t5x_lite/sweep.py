@@ -12,6 +12,14 @@ A point's config is: get_config(preset), then the user's overrides, then the row
 (so the grid stays the grid), then `train.seed` = the seed. Each row runs once per seed in
 `sweep.seeds` and is fine-tuned on each task of `sweep.tasks` separately.
 
+Compute-matched sweeps: `sweep.budget` (`BUDGETS`) says what every point's pre-training
+matches. "steps" (the default): each point runs its configured `train.steps`. "tokens" /
+"flops": the budget is what the reference point (`sweep.budget_reference`, a grid row's
+point id; None: the grid's first point) spends in its configured `train.steps`, counted in
+row positions processed or in training FLOPs (`StepCost`), and every point runs
+max(1, round(budget / its cost per step)) steps (`match_budget`, at expansion, so each
+point's config and records carry their derived steps).
+
 Compile sharing: every point gets the one `BatchLayout` of all points with its batch family
 and vocabulary (`objectives.layout_for` over their objective configs), so points with the same
 parameter structure have equal train-step program keys and share one compiled pre-train step.
@@ -52,7 +60,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from t5x_lite import accounting, architectures, launchers, objectives, partitioning, presets
-from t5x_lite.config import (ConfigError, apply_overrides, parse_overrides,
+from t5x_lite.config import (ConfigError, apply_overrides, parse_overrides, require_choice,
                              validate_finetune_config, validate_model_config,
                              validate_train_config)
 from t5x_lite.results import ResultsFile, is_writer
@@ -72,6 +80,51 @@ SWEEP_FILE = "sweep.json"
 # Record fields that measure time or depend on how often a run was interrupted, not on what it
 # computed (a resumed point compiles once per process).
 TIMING_FIELDS = ("wall_s", "compile_s", "compiles", "finetune_compile_s", "finetune_compiles")
+# What `sweep.budget` may match: each point's configured steps, or the reference point's
+# pre-training tokens or FLOPs (see the module docstring and `match_budget`).
+BUDGETS = ("steps", "tokens", "flops")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCost:
+    """What one pre-training step of a point processes, with its shared layout's rows.
+
+    flops: `train.batch_size` x `accounting.train_flops_per_example` at the layout's inputs
+    and targets lengths (attention and logits included, padding too: the step computes it);
+    tokens: row positions, `train.batch_size` x (inputs + targets lengths), what the train loop
+    counts as tokens/s; loss_tokens: the expected target tokens with a loss weight,
+    `train.batch_size` x `objectives.expected_loss_tokens` (the signal the step learns from).
+    """
+
+    flops: float
+    tokens: int
+    loss_tokens: float
+
+    @classmethod
+    def of(cls, config: ml_collections.ConfigDict, layout: objectives.BatchLayout) -> StepCost:
+        batch, objective = config.train.batch_size, config.objective
+        lengths = (layout.inputs_length, layout.targets_length)
+        return cls(
+            flops=batch * accounting.train_flops_per_example(config.model, *lengths),
+            tokens=batch * sum(lengths),
+            loss_tokens=batch * objectives.expected_loss_tokens(
+                objective.name, objective.inputs_length, objective.noise_density,
+                objective.mean_noise_span_length))
+
+    def of_budget(self, kind: str) -> float:
+        """The cost of one step in the unit of `sweep.budget=kind` ("tokens" or "flops")."""
+        return float(self.tokens if kind == "tokens" else self.flops)
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """A compute-matched sweep's budget: `kind` ("tokens" or "flops") of `reference`'s
+    pre-training in its `reference_steps` configured steps, `total` in that unit."""
+
+    kind: str
+    reference: str
+    reference_steps: int
+    total: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +134,8 @@ class GridPoint:
     point: the row's id ("encoder_decoder/denoising"), unique within the experiment; with
     `seed`, it names the run. row / objective: the paper's row label and (Table 2) objective
     label. index: position in `expand`'s list of `num_points`. layout: the batch layout shared
-    by every point of its batch family and vocabulary (see the module docstring).
+    by every point of its batch family and vocabulary (see the module docstring). budget: the
+    budget its steps were derived from, None under `sweep.budget="steps"`.
     """
 
     experiment: str
@@ -94,6 +148,7 @@ class GridPoint:
     index: int
     num_points: int
     layout: objectives.BatchLayout
+    budget: Budget | None = None
 
     @property
     def run_name(self) -> str:
@@ -204,6 +259,69 @@ def _layout_group(config: ml_collections.ConfigDict) -> tuple[str, int, int]:
     return architectures.get(model.arch).family, model.vocab_size, model.num_sentinels
 
 
+def _budget_settings(config: ml_collections.ConfigDict,
+                     grid: Sequence[Mapping[str, Any]]) -> tuple[str, str | None]:
+    """(sweep.budget, sweep.budget_reference) of a point's config, checked: a one-line
+    `ConfigError` naming the field and the allowed values otherwise."""
+    sweep_section = config.get("sweep", {})
+    kind, reference = sweep_section.get("budget", "steps"), sweep_section.get("budget_reference")
+    require_choice("sweep.budget", kind, BUDGETS)
+    if reference is not None:
+        require_choice("sweep.budget_reference", reference, [row["point"] for row in grid])
+    return kind, reference
+
+
+def _match_steps(train: ml_collections.ConfigDict, steps: int) -> None:
+    """Set `train.steps` to `steps` and scale `train.warmup_steps` by the same factor (rounded;
+    at least 1 when the configured warm-up is, at most the steps for linear and cosine), so the
+    warm-up keeps its share of training. The schedules read no other step count: linear and
+    cosine decay to 0 at `train.steps`, rsqrt is `lr / sqrt(max(step, warmup_steps))` (its
+    constant phase scales with the rest), constant reads neither. Step cadences that do not
+    change what is computed (`train.log_every`, `checkpoint.every`) stay."""
+    warmup = round(train.warmup_steps * steps / train.steps)
+    if train.warmup_steps > 0:
+        warmup = max(warmup, 1)
+    if train.schedule in ("linear", "cosine"):
+        warmup = min(warmup, steps)
+    train.update(steps=steps, warmup_steps=warmup)
+
+
+def match_budget(points: Sequence[GridPoint], kind: str,
+                 reference: str | None = None) -> list[GridPoint]:
+    """`points` with the steps that make each spend the reference point's pre-training budget.
+
+    kind "tokens" or "flops": the budget is the reference's configured `train.steps` times its
+    `StepCost` in that unit (the reference: the first point whose id is `reference`, None: the
+    first point; its seeds cost alike). Each point gets `train.steps` = max(1, round(budget /
+    its cost per step)), so it spends the budget to within half a step of its own, and
+    `train.warmup_steps` scaled with it (`_match_steps`); "steps" returns `points` unchanged.
+    A function of the configs and layouts alone, so a resumed sweep derives the same steps.
+    """
+    require_choice("sweep.budget", kind, BUDGETS)
+    if kind == "steps":
+        return list(points)
+    wanted = reference or points[0].point
+    anchor = next((p for p in points if p.point == wanted), None)
+    if anchor is None:
+        raise ConfigError(f"sweep.budget_reference={reference!r} is not a point of the grid; "
+                          f"choose one of {', '.join(dict.fromkeys(p.point for p in points))}")
+    reference_steps = anchor.config.train.steps
+    budget = Budget(kind, anchor.point, reference_steps,
+                    reference_steps * StepCost.of(anchor.config, anchor.layout).of_budget(kind))
+    matched = []
+    for point in points:
+        config = copy.deepcopy(point.config)
+        per_step = StepCost.of(config, point.layout).of_budget(kind)
+        _match_steps(config.train, max(1, round(budget.total / per_step)))
+        try:
+            validate_train_config(config.train)
+        except ConfigError as error:
+            raise ConfigError(f"{point.experiment} point {point.point!r} under sweep.budget="
+                              f"{kind!r}: {error}") from None
+        matched.append(dataclasses.replace(point, config=config, budget=budget))
+    return matched
+
+
 def user_overrides(experiment: str, preset: str,
                    overrides: Sequence[str]) -> list[tuple[str, Any]]:
     """The user's '--config.F=V' (or 'F=V') overrides as (field, value) pairs in the order
@@ -218,7 +336,10 @@ def expand(experiment: str, preset: str, overrides: Sequence[str] = ()) -> list[
     a row after the other; every config is validated (before anything runs: `_validate`, so
     an unknown task, a task without a train or validation split or a missing pre-training
     corpus is a `ConfigError` naming it), and every row of an experiment named after a paper
-    table must be one of that table's rows."""
+    table must be one of that table's rows. Under `sweep.budget` "tokens" or "flops" each
+    point's `train.steps` (and warm-up) are derived from the reference's budget
+    (`match_budget`); a `sweep.budget` or `sweep.budget_reference` that is not allowed is a
+    one-line `ConfigError` naming the field and the allowed values, before any other check."""
     from t5x_lite import paper_results
 
     module = load_experiment(experiment)
@@ -227,11 +348,17 @@ def expand(experiment: str, preset: str, overrides: Sequence[str] = ()) -> list[
         raise ConfigError(
             f"preset={preset!r} does not exist; choose one of {', '.join(presets.PRESETS)}")
     user = dict(user_overrides(experiment, preset, overrides))
-    rows = []
+    rows, budget = [], None
     for row in module.GRID:
         config = module.get_config(preset)
         apply_overrides(config, user)
         apply_overrides(config, row["overrides"])
+        settings = _budget_settings(config, module.GRID)  # checked before anything else
+        if budget not in (None, settings):
+            raise ConfigError(f"{experiment} point {row['point']!r} sets sweep.budget / "
+                              f"sweep.budget_reference={settings}, the grid's first point "
+                              f"{budget}: a sweep has one budget")
+        budget = settings
         for seed in config.sweep.seeds:
             seeded = copy.deepcopy(config)
             seeded.train.seed = seed
@@ -243,12 +370,13 @@ def expand(experiment: str, preset: str, overrides: Sequence[str] = ()) -> list[
         groups.setdefault(_layout_group(config), []).append(config.objective)
     layouts = {key: objectives.layout_for(objs, *key) for key, objs in groups.items()}
     name = Path(experiment).stem
-    return [
+    points = [
         GridPoint(experiment=name, preset=preset, point=row["point"], row=row["row"],
                   objective=row.get("objective"), config=config, seed=config.train.seed,
                   index=index, num_points=len(rows), layout=layouts[_layout_group(config)])
         for index, (row, config) in enumerate(rows)
     ]
+    return match_budget(points, *budget)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -293,6 +421,22 @@ def _base_record(point: GridPoint) -> dict[str, Any]:
         # Raw corpus tokens read, as the paper counts them (2^19 steps x 128 x 512 = 2^35).
         "pretrain_tokens": config.train.steps * config.train.batch_size * raw,
         "finetune_steps": config.finetune.steps, "pretrain_loss": None, "pretrain_curve": [],
+        **_budget_fields(point),
+    }
+
+
+def _budget_fields(point: GridPoint) -> dict[str, Any]:
+    """A compute-matched point's budget and its `StepCost` (none under sweep.budget="steps",
+    whose records stay as they were): pretrain_flops = pretrain_steps x flops_per_step."""
+    if point.budget is None:
+        return {}
+    cost = StepCost.of(point.config, point.layout)
+    return {
+        "budget": point.budget.kind, "budget_reference": point.budget.reference,
+        "budget_reference_steps": point.budget.reference_steps,
+        "budget_total": point.budget.total, "flops_per_step": cost.flops,
+        "tokens_per_step": cost.tokens, "loss_tokens_per_step": cost.loss_tokens,
+        "pretrain_flops": point.config.train.steps * cost.flops,
     }
 
 
@@ -414,9 +558,11 @@ def _finetune_tasks(point: GridPoint, workdir: str, started: float) -> list[dict
 def _without_sweep_settings(identity: dict[str, Any]) -> dict[str, Any]:
     """`identity` less its `sweep.*` overrides (seeds, tasks, progress): a sweep extended by
     seeds or tasks is the same sweep, whose finished records resume (each record is keyed by
-    point, seed and task and checked by its config hash, which leaves out the sweep section)."""
-    return {**identity, "overrides": [item for item in identity["overrides"]
-                                      if not item[0].startswith("sweep.")]}
+    point, seed and task and checked by its config hash, which leaves out the sweep section).
+    `sweep.budget` and `sweep.budget_reference` stay: they change what the points compute."""
+    return {**identity, "overrides": [
+        item for item in identity["overrides"]
+        if not item[0].startswith("sweep.") or item[0].startswith("sweep.budget")]}
 
 
 def _claim_workdir(workdir: Path, identity: dict[str, Any]) -> None:
@@ -469,6 +615,16 @@ def _require_one_view_of_the_workdir(todo: Sequence[GridPoint], workdir: Path) -
             "bucket), not a directory on each host")
 
 
+def _log_budget(points: Sequence[GridPoint]) -> None:
+    """Under a compute-matched budget, one line with the steps derived for each point."""
+    budget = points[0].budget
+    if budget is not None:
+        steps = {p.point: p.config.train.steps for p in points}
+        _log(f"sweep.budget={budget.kind}: every point spends what {budget.reference} spends in "
+             f"{budget.reference_steps} steps ({budget.total:.4g}); pre-training steps: "
+             + ", ".join(f"{point} {count}" for point, count in steps.items()))
+
+
 def vmap_chunks(points: Sequence[GridPoint], size: int) -> list[tuple[GridPoint, ...]]:
     """`points` in chunks of at most `size` that can pre-train in one vmapped step: points
     with the same layout and `train_step.vmap_group_key` (they differ only in objective, seed and
@@ -508,6 +664,7 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
         raise ConfigError(f"vmap={vmap} needs the local or parallel launcher; the ray "
                           "launcher sizes its tasks per point")
     points = expand(experiment, preset, overrides)
+    _log_budget(points)
     if point_index is not None:
         if not 0 <= point_index < len(points):
             raise ConfigError(f"point_index={point_index} must be in [0, {len(points)})")

@@ -342,3 +342,200 @@ def test_bad_inputs(tmp_path, experiment):
     with pytest.raises(ConfigError, match="holds a different sweep.*experiment: 'table6' there"):
         sweep.run_sweep("table4", "demo", str(other))
     assert not (other / results.RESULTS_FILE).exists()
+
+
+# ------------------------------------------------------------------------- compute-matched sweeps
+
+
+def _hand_train_flops(model, li, lt):
+    """Training FLOPs of one example, written out from accounting's documented count (2 per
+    multiply-add, training = 3 x forward): per layer the q, k, v, o projections, scores and
+    weighted values of each attention and the ReLU MLP's two matmuls; the logits at every
+    decoder position."""
+    d, inner, v, layers = model.d_model, model.num_heads * model.d_kv, model.vocab_size, \
+        model.num_layers
+
+    def attention(q, kv):
+        return 2 * d * inner * (2 * q + 2 * kv) + 2 * 2 * q * kv * inner
+
+    def mlp(n):
+        return 2 * 2 * d * model.d_ff * n
+
+    assert model.mlp == "relu"
+    if model.arch in ("language_model", "prefix_lm"):  # one sequence of inputs + targets
+        n = li + lt
+        return 3 * (layers * (attention(n, n) + mlp(n)) + 2 * d * v * n)
+    depth = layers // 2 if model.arch == "encoder_decoder_half" else layers
+    encoder = depth * (attention(li, li) + mlp(li))
+    decoder = depth * (attention(lt, lt) + attention(lt, li) + mlp(lt))
+    return 3 * (encoder + decoder + 2 * d * v * lt)
+
+
+def _hand_cost(point, kind):
+    """A step's cost in the budget's unit, from the point's rows (its layout), by hand."""
+    batch, layout = point.config.train.batch_size, point.layout
+    if kind == "tokens":
+        return batch * (layout.inputs_length + layout.targets_length)
+    return batch * _hand_train_flops(point.config.model, layout.inputs_length,
+                                     layout.targets_length)
+
+
+@pytest.mark.parametrize("kind", ["flops", "tokens"])
+def test_table2_points_spend_the_reference_budget(kind):
+    configured = {p.point: p.config for p in sweep.expand("table2", "demo")}
+    points = sweep.expand("table2", "demo", [f"sweep.budget={kind}"])
+    reference = points[0]
+    budget = configured[reference.point].train.steps * _hand_cost(reference, kind)
+    for point in points:
+        cost, train = _hand_cost(point, kind), point.config.train
+        assert abs(train.steps * cost - budget) <= cost / 2, point.point  # the nearest step
+        before = configured[point.point].train
+        assert train.warmup_steps == max(1, round(before.warmup_steps * train.steps
+                                                  / before.steps))
+        record = sweep._base_record(point)
+        assert record["pretrain_steps"] == train.steps
+        assert (record["budget"], record["budget_reference"]) == (kind, reference.point)
+        assert record["pretrain_flops"] == pytest.approx(
+            train.steps * _hand_cost(point, "flops"), rel=1e-12)
+        assert record["tokens_per_step"] == _hand_cost(point, "tokens")
+    assert points[0].config.train.steps == configured[points[0].point].train.steps
+    steps = {p.point: p.config.train.steps for p in points}
+    if kind == "flops":  # the 6-layer encoder-decoder costs least per step, decoder-only most
+        assert steps["encoder_decoder_half/lm"] > steps["encoder_decoder/lm"] \
+            > steps["language_model/lm"]
+    else:  # every point's rows are the shared layout's 32 + 32 positions
+        assert set(steps.values()) == {configured[points[0].point].train.steps}
+
+
+def test_the_budget_reference_can_be_any_grid_point():
+    points = sweep.expand("table2", "demo", ["sweep.budget=flops",
+                                             "sweep.budget_reference=language_model/lm"])
+    reference = next(p for p in points if p.point == "language_model/lm")
+    assert reference.config.train.steps == 200
+    budget = 200 * _hand_cost(reference, "flops")
+    for point in points:
+        cost = _hand_cost(point, "flops")
+        assert abs(point.config.train.steps * cost - budget) <= cost / 2
+    assert points[0].config.train.steps > 200  # the encoder-decoder is cheaper per step
+
+
+BATCH_GRID = '''
+from tiny_configs import tiny_sweep_config
+
+GRID = tuple(dict(point=f"batch{batch}", row="Encoder-decoder", objective="Denoising",
+                  overrides={"train.batch_size": batch}) for batch in (4, 8, 6, 16))
+
+
+def get_config(preset):
+    return tiny_sweep_config(preset)
+'''
+
+
+def test_a_tokens_budget_gives_bigger_batches_fewer_steps(tmp_path):
+    path = tmp_path / "batch_grid.py"
+    path.write_text(BATCH_GRID)
+    points = sweep.expand(str(path), "demo", ["sweep.budget=tokens", "train.steps=30",
+                                              "train.warmup_steps=10"])
+    # 30 steps of batch 4 read 120 rows; the others read as many, to the nearest step, and
+    # warm up for the same share of their steps.
+    assert [p.config.train.steps for p in points] == [30, 15, 20, 8]
+    assert [p.config.train.warmup_steps for p in points] == [10, 5, 7, 3]
+    # A warm-up scaled below one step keeps one.
+    points = sweep.expand(str(path), "demo", ["sweep.budget=tokens", "train.steps=30",
+                                              "train.warmup_steps=1"])
+    assert [p.config.train.warmup_steps for p in points] == [1, 1, 1, 1]
+
+
+def test_a_steps_budget_leaves_the_configs_and_records_as_they_were():
+    default = sweep.expand("table2", "demo")
+    explicit = sweep.expand("table2", "demo", ["sweep.budget=steps"])
+    assert [p.config.to_dict() for p in explicit] == [p.config.to_dict() for p in default]
+    assert {p.config.train.steps for p in default} == {200}
+    assert all(p.budget is None for p in explicit)
+    record = sweep._base_record(explicit[3])
+    assert not {"budget", "flops_per_step", "pretrain_flops"} & record.keys()
+    assert RECORD_FIELDS - {"task", "wall_s", "compile_s", "compiles", "metrics", "status",
+                            "error"} <= record.keys()
+
+
+def test_bad_budgets_fail_at_expansion_before_any_other_check(tmp_path):
+    from t5x_lite import cli
+
+    # The corpus is missing too; the budget is what the one-line error names.
+    for override, field, allowed in (
+            ("sweep.budget=joules", "sweep.budget='joules'", "steps, tokens, flops"),
+            ("sweep.budget=FLOPS", "sweep.budget='FLOPS'", "steps, tokens, flops"),
+            ("sweep.budget_reference=nope", "sweep.budget_reference='nope'",
+             "encoder_decoder/denoising, encoder_decoder_shared/denoising")):
+        with pytest.raises(ConfigError) as error:
+            sweep.expand("table2", "demo", [override, "data.corpus=/nonexistent/*.txt"])
+        message = str(error.value)
+        assert "\n" not in message
+        assert message.startswith(f"{field} is not allowed; choose one of {allowed}")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["t5x-lite", "sweep", "table2", "--preset=demo", f"--workdir={tmp_path}",
+                  "--config.sweep.budget=joules"])
+    assert str(exit_info.value.code) == (
+        "t5x-lite sweep: invalid config: sweep.budget='joules' is not allowed; choose one of "
+        "steps, tokens, flops")
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+BUDGET_EXPERIMENT = '''
+from tiny_configs import tiny_sweep_config
+
+# Two points of one model and layout whose steps differ in cost by their batch sizes.
+GRID = (
+    dict(point="denoising", row="Encoder-decoder", objective="Denoising",
+         overrides={"objective.name": "span_corruption", "train.batch_size": 4}),
+    dict(point="prefix_lm", row="Encoder-decoder", objective="LM",
+         overrides={"objective.name": "prefix_lm", "train.batch_size": 8}),
+)
+
+
+def get_config(preset):
+    return tiny_sweep_config(preset)
+'''
+
+
+def test_a_flops_matched_sweep_records_and_reports_its_compute(tmp_path):
+    from t5x_lite import report
+
+    path = tmp_path / "budget_grid.py"
+    path.write_text(BUDGET_EXPERIMENT)
+    workdir = tmp_path / "sweep"
+    overrides = ["sweep.budget=flops"]
+    points = {p.point: p for p in sweep.expand(str(path), "demo", overrides)}
+    first, second = points["denoising"], points["prefix_lm"]
+    budget = 6 * _hand_cost(first, "flops")  # the first point's 6 configured steps
+    derived = round(budget / _hand_cost(second, "flops"))
+    assert 1 <= derived < 6  # twice the batch, so more FLOPs per step
+    records = sweep.run_sweep(str(path), "demo", str(workdir), overrides=overrides)
+    by_point = {r["point"]: r for r in records}
+    assert [r["status"] for r in records] == ["ok", "ok"]
+    assert [r["pretrain_steps"] for r in records] == [6, derived]
+    for name, record in by_point.items():
+        assert record["pretrain_curve"][-1][0] == record["pretrain_steps"]  # trained that long
+        assert record["budget"] == "flops" and record["budget_reference"] == "denoising"
+        assert record["budget_total"] == pytest.approx(budget, rel=1e-12)
+        assert record["flops_per_step"] == pytest.approx(_hand_cost(points[name], "flops"),
+                                                         rel=1e-12)
+        assert record["pretrain_flops"] == pytest.approx(
+            record["pretrain_steps"] * record["flops_per_step"], rel=1e-12)
+        assert record["loss_tokens_per_step"] > 0
+    # Resuming derives the same steps: every point is found finished.
+    assert sweep.run_sweep(str(path), "demo", str(workdir), overrides=overrides) == records
+    # The same workdir under another budget is another sweep.
+    with pytest.raises(ConfigError, match="holds a different sweep.*sweep.budget"):
+        sweep.run_sweep(str(path), "demo", str(workdir), overrides=["sweep.budget=tokens"])
+    text = report.report(str(workdir)).text
+    assert "compute-matched: sweep.budget=flops" in text
+    compute = text[text.index("Pre-training compute per point"):]
+    for name, record in by_point.items():
+        line = next(line for line in compute.splitlines()
+                    if line.startswith(f"{record['row']}  ") and record["objective"] in line)
+        assert line.split()[-5:] == [
+            str(record["pretrain_steps"]), f"{record['flops_per_step']:.4g}",
+            str(record["tokens_per_step"]), f"{record['loss_tokens_per_step']:.1f}",
+            f"{record['pretrain_flops']:.4g}"]
+    assert (workdir / "report" / "compute.csv").read_text().count("\n") == 3
