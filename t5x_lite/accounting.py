@@ -1,4 +1,4 @@
-"""Parameter and FLOP accounting for the five Table-2 architectures, and model FLOPs utilisation.
+"""Parameter and FLOP accounting for the registered architectures, and model FLOPs utilisation.
 
 Everything that counts is plain Python arithmetic on a model config and sequence lengths: no
 model is built and nothing is timed, so the ratios behind the paper's Params (P / 2P) and Cost
@@ -9,7 +9,8 @@ the backward pass does two matmuls the size of each forward one):
 - attention: the q, k, v and output projections, the scores q.k^T and the weighted sum of
   values; cross-attention projects q and o over the decoder length, k and v over the encoder's;
 - the MLP (two weight matrices, three for gated-GELU);
-- the logits at every decoder position (tied or untied, the same matmul).
+- the logits at every position of the last stack (the decoder; `encoder_only`'s encoder),
+  tied or untied, the same matmul.
 Masks do not reduce the count: dense attention kernels compute every (query, key) pair and mask
 afterwards, so causal attention is counted at full length. As usual for MFU these are model
 FLOPs: recomputation under rematerialisation is not counted, and neither is the work that is
@@ -94,15 +95,18 @@ def train_flops_per_example(
 
     Each stack runs its part of the batch format's row (`batch_format.row_lengths`): for
     encoder-decoder archs `inputs_length` tokens through the encoder and `targets_length`
-    through the decoder; for decoder-only archs `inputs_length + targets_length` tokens as one
-    sequence. See the module docstring for which terms are counted.
+    through the decoder; for decoder-only and encoder-only archs `inputs_length +
+    targets_length` tokens as one sequence (encoder_only pre-training layouts have
+    targets_length 0: the targets sit at the inputs' positions). See the module docstring for which terms are counted.
     """
     validate_model_config(model_cfg)
     architecture = architectures.get(model_cfg.arch)
     # A decoder-only model trained with the LM objective has no inputs part.
     _require_length("inputs_length", inputs_length,
                     minimum=batch_format.min_inputs_length(architecture.family))
-    _require_length("targets_length", targets_length)
+    # A family that predicts in place pre-trains without target positions of its own.
+    _require_length("targets_length", targets_length,
+                    minimum=0 if batch_format.in_place(architecture.family) else 1)
     d_model, inner = model_cfg.d_model, model_cfg.num_heads * model_cfg.d_kv
     mlp_per_token = 2 * _num_mlp_matrices(model_cfg) * d_model * model_cfg.d_ff
     lengths = batch_format.row_lengths(architecture.family, inputs_length, targets_length)
@@ -113,7 +117,8 @@ def train_flops_per_example(
         if stack.cross_attention:
             per_layer += _attention_flops(d_model, inner, length, lengths["encoder"])
         forward += stack.num_layers(model_cfg.num_layers) * per_layer
-    forward += 2 * d_model * model_cfg.vocab_size * lengths["decoder"]  # logits
+    # The logits, on the last stack's output (the decoder's; encoder_only's one encoder).
+    forward += 2 * d_model * model_cfg.vocab_size * lengths[architecture.stacks[-1].role]
     return 3.0 * forward
 
 

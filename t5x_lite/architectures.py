@@ -3,8 +3,8 @@
 An `Architecture` holds every fact about an architecture that the rest of the library reads,
 so that each is written once, here:
 - `family`: the batch format it consumes (`t5x_lite.batch_format`): `encoder_decoder` rows
-  (inputs to the encoder, targets to the decoder) or `decoder_only` rows (inputs then targets
-  as one sequence);
+  (inputs to the encoder, targets to the decoder), `decoder_only` rows (inputs then targets
+  as one sequence) or `encoder_only` rows (one sequence, its targets predicted in place);
 - `stacks`: the transformer stacks `t5x_lite.models` builds, in the order their parameters
   are drawn: each one's depth as a share of `model.num_layers`, whether it cross-attends to
   the encoder, and whose layers it reuses;
@@ -15,9 +15,12 @@ so that each is written once, here:
   program, the step switching prefix attention off with a traced flag (`t5x_lite.train_step`);
 - `params_label`, `cost_label`: the paper's Params and Cost columns of Table 2 (P: the
   parameters of one L-layer stack; M: what the L + L encoder-decoder costs on an input-target
-  pair; `t5x_lite.accounting` measures the ratios behind them).
+  pair; `t5x_lite.accounting` measures the ratios behind them);
+- `objectives`: the pre-training objectives (`objectives.OBJECTIVES`) it can train on, None
+  for all of them; `require_objective` checks a config against it.
 
-The five architectures of the paper's Table 2 are registered below, in its row order.
+The five architectures of the paper's Table 2 are registered below, in its row order, then
+`encoder_only`, the BERT-style family the paper's section 3.2 starts from (not a Table 2 row).
 `get(name)` raises a one-line `ConfigError` naming `model.arch` and the registered names.
 """
 from __future__ import annotations
@@ -60,6 +63,7 @@ class Architecture:
     cost_label: str  # Table 2's Cost: "M" or "M/2"
     prefix_attention: bool = False
     shares_program_of: str | None = None  # None: its own
+    objectives: tuple[str, ...] | None = None  # None: every pre-training objective
 
     @property
     def program(self) -> str:
@@ -69,6 +73,14 @@ class Architecture:
     def stack(self, role: str) -> Stack | None:
         """The stack with `role`, or None if the architecture has none."""
         return next((stack for stack in self.stacks if stack.role == role), None)
+
+    def require_objective(self, objective: str) -> None:
+        """Raise a one-line `ConfigError` unless the architecture can pre-train on
+        `objective.name=objective`."""
+        if self.objectives is not None and objective not in self.objectives:
+            raise ConfigError(
+                f"objective.name={objective!r} is not allowed for model.arch={self.name!r}; "
+                f"choose one of {', '.join(map(repr, self.objectives))}")
 
     def require_num_layers(self, num_layers: int) -> None:
         """Raise `ConfigError` unless every stack's share of `model.num_layers` is whole."""
@@ -162,3 +174,13 @@ register(Architecture("language_model", "decoder_only", _DECODER_ONLY, "P", "M",
                       shares_program_of="prefix_lm"))
 register(Architecture("prefix_lm", "decoder_only", _DECODER_ONLY, "P", "M",
                       prefix_attention=True))
+
+# ---------------------------------------------------------------------------------------------
+# BERT-style (Devlin et al. 2018; the paper's section 3.2.1): one bidirectional stack whose
+# output predicts, at positions of its own input, the corrupted tokens (pre-training) or a
+# task's target tokens at mask slots (fine-tuning). Its Params are one L-layer stack's (P);
+# its Cost is that of one L-layer stack over inputs + targets, like the decoder-only models (M).
+# Only the objectives whose targets are the inputs' own tokens at the corrupted positions
+# can train it.
+register(Architecture("encoder_only", "encoder_only", (_ENCODER,), "P", "M",
+                      objectives=("bert_style", "mass_style")))

@@ -18,6 +18,25 @@ padded with 0 after. The families (`Architecture.family`):
   right, `decoder_loss_weights` 1 on the targets only, and `inputs_mask` marks the inputs
   plus the position predicting the first target (seqio's PrefixLM convention; all False
   without inputs).
+- `encoder_only`: one sequence `[Li + Lt]` that one bidirectional stack reads and predicts
+  at its own positions (BERT's masked LM; no decoder): `encoder_input_tokens`,
+  `encoder_target_tokens` (the token to predict at each position, 0 where there is none) and
+  `encoder_loss_weights` (1 on the positions to predict). Two kinds of example make it
+  (`in_place`):
+  - a task example (fine-tuning, validation, prediction): the inputs, then `Lt` mask slots
+    (`mask_token`, `<extra_id_0>`, the token `bert_style` masks with); the targets sit at
+    the first slots, with loss weight 1 there, the slots after EOS are left without targets.
+    Always `Lt` slots, however long the targets: a slot count that followed the targets
+    would tell the model the target's length (for label words, often its class), and
+    prediction, which does not know it, could not match it. The prediction is the argmax at
+    every slot, cut at the first EOS (`decoding.decode`). Such rows are never packed
+    (`packable`): an example's row does not end with its own targets.
+  - a pre-training example of an objective with a noise mask (`bert_style`, `mass_style`):
+    inputs (the corrupted tokens, EOS last) and targets (the original tokens) aligned
+    position by position, with `noise`, the positions the objective corrupted: targets there
+    (and only there) get loss weight 1. Its layout has no target positions of its own
+    (`objectives.layout_for` makes Lt 0), so the row is the Li inputs.
+The loss reads `loss_keys(family)`: the targets and weights of the stack that predicts.
 A key belongs to the stack its name starts with (`stack_of`): `encoder_*` to the encoder,
 every other key to the decoder.
 """
@@ -57,12 +76,13 @@ def _shift_right(xp: Any, row: Any) -> Any:
     return xp.concatenate([first, row[..., :-1]], axis=-1)
 
 
-# The builders: (xp, inputs [..., Wi], targets [..., Wt], inputs_length, targets_length) ->
-# the rows [..., length of the key's stack] of every example along the leading axes.
+# The builders: (xp, inputs [..., Wi], targets [..., Wt], inputs_length, targets_length,
+# mask_token, noise) -> the rows [..., length of the key's stack] of every example along the
+# leading axes. Only `encoder_only` reads mask_token and noise.
 
 
 def _encoder_decoder_row(xp: Any, inputs: Any, targets: Any, inputs_length: int,
-                         targets_length: int) -> Row:
+                         targets_length: int, mask_token: Any = None, noise: Any = None) -> Row:
     targets = _gather_or_pad(xp, targets, xp.arange(targets_length))
     return {
         "encoder_input_tokens": _gather_or_pad(xp, inputs, xp.arange(inputs_length)),
@@ -73,7 +93,7 @@ def _encoder_decoder_row(xp: Any, inputs: Any, targets: Any, inputs_length: int,
 
 
 def _decoder_only_row(xp: Any, inputs: Any, targets: Any, inputs_length: int,
-                      targets_length: int) -> Row:
+                      targets_length: int, mask_token: Any = None, noise: Any = None) -> Row:
     num_inputs = xp.sum(inputs != PAD_ID, axis=-1, keepdims=True)
     position = xp.arange(inputs_length + targets_length)
     sequence = xp.where(position < num_inputs, _gather_or_pad(xp, inputs, position),
@@ -85,6 +105,32 @@ def _decoder_only_row(xp: Any, inputs: Any, targets: Any, inputs_length: int,
             xp.float32),
         # seqio's PrefixLM convention: the prefix plus the position predicting the first target.
         "inputs_mask": (position <= num_inputs) & (num_inputs > 0),
+    }
+
+
+def _encoder_only_row(xp: Any, inputs: Any, targets: Any, inputs_length: int,
+                      targets_length: int, mask_token: Any = None, noise: Any = None) -> Row:
+    position = xp.arange(inputs_length + targets_length)
+    if noise is not None:  # pre-training: targets aligned with the inputs, loss on the noise
+        tokens = _gather_or_pad(xp, inputs, position)
+        labels = _gather_or_pad(xp, targets, position)
+        predict = (_gather_or_pad(xp, noise.astype(inputs.dtype), position) > 0) & (
+            labels != PAD_ID)
+    else:  # a task example: the inputs, then targets_length mask slots
+        if mask_token is None:
+            raise ValueError("encoder_only rows of task examples need mask_token (<extra_id_0>)")
+        num_inputs = xp.sum(inputs != PAD_ID, axis=-1, keepdims=True)
+        slot = position - num_inputs  # the slot a position is (< 0: an input)
+        is_slot = (slot >= 0) & (slot < targets_length)
+        slots = xp.where(is_slot, xp.asarray(mask_token, inputs.dtype),
+                         xp.asarray(PAD_ID, inputs.dtype))
+        tokens = xp.where(slot < 0, _gather_or_pad(xp, inputs, position), slots)
+        labels = xp.where(is_slot, _gather_or_pad(xp, targets, slot), PAD_ID).astype(inputs.dtype)
+        predict = labels != PAD_ID
+    return {
+        "encoder_input_tokens": tokens,
+        "encoder_target_tokens": xp.where(predict, labels, PAD_ID).astype(inputs.dtype),
+        "encoder_loss_weights": predict.astype(xp.float32),
     }
 
 
@@ -106,6 +152,15 @@ def _decoder_only_split(row: Row) -> tuple[Any, Any]:
     return sequence[:end], sequence[end:]
 
 
+def _encoder_only_split(row: Row) -> tuple[Any, Any]:
+    # The inputs end at their EOS (the slots, or padding, follow it; objectives never make
+    # an EOS inside the inputs); the targets are the tokens at the positions to predict.
+    tokens = row["encoder_input_tokens"]
+    eos = np.flatnonzero(tokens == EOS_ID)
+    end = int(eos[0]) + 1 if eos.size else len(tokens)
+    return tokens[:end], row["encoder_target_tokens"][row["encoder_loss_weights"] > 0]
+
+
 @dataclasses.dataclass(frozen=True)
 class _Format:
     """One family's row: the length of each stack's part, the builder, and its inverse."""
@@ -114,6 +169,9 @@ class _Format:
     build: Callable[..., Row]  # (xp, inputs, targets, inputs_length, targets_length) -> row
     split: Callable[[Row], tuple[Any, Any]]  # row -> (inputs, targets), padded
     min_inputs_length: int
+    predicts: str = "decoder"  # the stack whose outputs are trained on (its *_target_tokens)
+    in_place: bool = False  # predicts at positions of its own inputs (no decoder)
+    packable: bool = True
 
 
 _FORMATS = {
@@ -121,6 +179,9 @@ _FORMATS = {
                                _encoder_decoder_row, _encoder_decoder_split, 1),
     "decoder_only": _Format(lambda i, t: {"decoder": i + t},
                             _decoder_only_row, _decoder_only_split, 0),
+    "encoder_only": _Format(lambda i, t: {"encoder": i + t},
+                            _encoder_only_row, _encoder_only_split, 1, predicts="encoder",
+                            in_place=True, packable=False),
 }
 FAMILIES = tuple(_FORMATS)
 
@@ -143,13 +204,39 @@ def min_inputs_length(family: str) -> int:
     return _format(family).min_inputs_length
 
 
+def loss_keys(family: str) -> tuple[str, str]:
+    """The batch keys (targets, loss weights) that a `family` row's loss reads: those of
+    the stack whose outputs are the logits (`decoder_*`; `encoder_*` for `encoder_only`)."""
+    stack = _format(family).predicts
+    return f"{stack}_target_tokens", f"{stack}_loss_weights"
+
+
+def in_place(family: str) -> bool:
+    """Whether `family` predicts at positions of its own input sequence (`encoder_only`): its
+    pre-training rows take the objective's noise mask and have no target positions of their
+    own, its task rows end in mask slots, and it has no decoder to generate free text with."""
+    return _format(family).in_place
+
+
+def mask_token(vocab_size: int) -> int:
+    """The mask slot token of `encoder_only` task rows: `<extra_id_0>` = vocab_size - 1, the
+    token `bert_style` and `mass_style` mask with."""
+    return vocab_size - 1
+
+
+def packable(family: str) -> bool:
+    """Whether several examples may share a `family` row (`data.pipeline.pack_examples`)."""
+    return _format(family).packable
+
+
 def stack_of(key: str) -> str:
     """The stack whose part of the row the batch key `key` holds."""
     return "encoder" if key.startswith("encoder_") else "decoder"
 
 
 def example_rows(family: str, xp: Any, inputs: Any, targets: Any, inputs_length: int,
-                 targets_length: int) -> Row:
+                 targets_length: int, *, mask_token: int | None = None,
+                 noise: Any = None) -> Row:
     """The `family` rows of examples, each stack's part as long as `row_lengths` says.
 
     inputs `[..., Wi]`, targets `[..., Wt]`: int32, one example per position of the leading
@@ -160,8 +247,16 @@ def example_rows(family: str, xp: Any, inputs: Any, targets: Any, inputs_length:
     len(inputs), len(targets))` positions of each stack are its own, the same at any longer
     length (what packing puts one after the other); after them come padding's, except that
     the position after the last target is fed that target (EOS), as shifting right does.
+
+    `encoder_only` (see the module docstring) reads two more: `mask_token`, the slot token of
+    task examples (`<extra_id_0>`, vocab_size - 1), and `noise` (bool, aligned with
+    `inputs`), which makes the example a pre-training one predicted in place. The other
+    families ignore both. `encoder_only` rows hold int32 `encoder_input_tokens` and
+    `encoder_target_tokens` and float32 `encoder_loss_weights`; an `encoder_only` example's
+    row is `inputs_length + targets_length` long whatever its own lengths (not `packable`).
     """
-    return _format(family).build(xp, inputs, targets, inputs_length, targets_length)
+    return _format(family).build(xp, inputs, targets, inputs_length, targets_length,
+                                 mask_token, noise)
 
 
 def zeros(family: str, rows: int, inputs_length: int, targets_length: int) -> Row:
@@ -170,7 +265,8 @@ def zeros(family: str, rows: int, inputs_length: int, targets_length: int) -> Ro
     one = np.array([EOS_ID], np.int32)
     lengths = row_lengths(family, inputs_length, targets_length)
     return {key: np.zeros([rows, lengths[stack_of(key)]], value.dtype)
-            for key, value in example_rows(family, np, one, one, 1, 1).items()}
+            for key, value in example_rows(family, np, one, one, 1, 1,
+                                           mask_token=EOS_ID).items()}
 
 
 def row_keys(family: str) -> tuple[str, ...]:

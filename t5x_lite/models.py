@@ -2,15 +2,16 @@
 
 Each architecture's record says which stacks to build (depth, cross-attention, shared layers)
 and which family of network runs them: `EncoderDecoder` (`encoder_decoder`, `_shared`, `_half`
-of Table 2) or `DecoderOnly` (`language_model`, `prefix_lm`: the same class with the same
-parameters; only the mask from `make_masks` differs).
+of Table 2), `DecoderOnly` (`language_model`, `prefix_lm`: the same class with the same
+parameters; only the mask from `make_masks` differs) or `EncoderOnly` (`encoder_only`, the
+LM head on its one bidirectional stack).
 
 `make_masks(batch, arch)` is the only place where the architecture decides what a position
 may see; a model called without masks calls it. (The train step builds an architecture as the
 one whose program it shares, `language_model` as `prefix_lm`, and ANDs `inputs_mask` with a
 traced flag, so they share one compilation; with the flag off, the prefix mask is the causal
 mask.) `model(batch)` returns float32 logits `[B, target_len, vocab]` for encoder-decoders and
-`[B, inputs_len + target_len, vocab]` for decoder-only models.
+`[B, inputs_len + target_len, vocab]` for decoder-only and encoder-only models.
 
 Incremental decoding (`t5x_lite.decoding`) uses two more methods every architecture shares:
 `init_cache` (empty self-attention slots, plus the encoder's cross-attention keys / values)
@@ -44,36 +45,36 @@ Batch = dict[str, jax.Array]
 def make_masks(batch: Batch, arch: str) -> dict[str, jax.Array]:
     """The attention masks (bool `[B, 1, Lq, Lk]`) the architecture `arch` uses on `batch`.
 
-    Encoder-decoder archs get `encoder_mask` (padding, segments), `decoder_mask` (causal,
-    segments, padding) and `cross_mask`; decoder-only archs get `decoder_mask` (causal, or
-    bidirectional over `inputs_mask` with prefix attention; padding, segments). A decoder
-    position is padding iff `decoder_target_tokens` is present and 0 there (Hugging Face T5
-    has no decoder padding mask, so without targets every decoder position is valid).
+    One `{role}_mask` per stack of the record: an encoder's is bidirectional (padding,
+    segments), a decoder's causal or, with prefix attention, bidirectional over
+    `inputs_mask` (and padding, segments); a stack that cross-attends also gets
+    `cross_mask`. So the encoder-decoders get `encoder_mask`, `decoder_mask` and
+    `cross_mask`, the decoder-only models `decoder_mask`, `encoder_only` `encoder_mask`. A
+    decoder position is padding iff `decoder_target_tokens` is present and 0 there (Hugging
+    Face T5 has no decoder padding mask, so without targets every decoder position is valid);
+    an encoder position iff its input token is 0.
     """
     architecture = architectures.get(arch)
-    decoder_tokens = batch["decoder_input_tokens"]
-    if "decoder_target_tokens" in batch:
-        decoder_valid = batch["decoder_target_tokens"] > 0
-    else:
-        decoder_valid = jnp.ones(decoder_tokens.shape, bool)
-    decoder_segments = batch.get("decoder_segment_ids")
-    decoder_self = _padding_and_segments(decoder_valid, decoder_segments)
-
-    if architecture.family == "encoder_decoder":
-        encoder_valid = batch["encoder_input_tokens"] > 0
-        encoder_segments = batch.get("encoder_segment_ids")
-        return {
-            "encoder_mask": _padding_and_segments(encoder_valid, encoder_segments),
-            "decoder_mask": attention.combine_masks(
-                attention.causal_mask(decoder_tokens.shape[1]), decoder_self),
-            "cross_mask": attention.cross_attention_mask(
-                decoder_valid, encoder_valid, decoder_segments, encoder_segments),
-        }
-    if architecture.prefix_attention:
-        visibility = attention.prefix_lm_mask(batch["inputs_mask"])
-    else:
-        visibility = attention.causal_mask(decoder_tokens.shape[1])
-    return {"decoder_mask": attention.combine_masks(visibility, decoder_self)}
+    valid, segments, masks = {}, {}, {}
+    for stack in architecture.stacks:
+        role = stack.role
+        tokens = batch[f"{role}_input_tokens"]
+        if role == "encoder":
+            valid[role] = tokens > 0
+            visibility = None
+        else:
+            targets = batch.get("decoder_target_tokens")
+            valid[role] = jnp.ones(tokens.shape, bool) if targets is None else targets > 0
+            visibility = (attention.prefix_lm_mask(batch["inputs_mask"])
+                          if architecture.prefix_attention
+                          else attention.causal_mask(tokens.shape[1]))
+        segments[role] = batch.get(f"{role}_segment_ids")
+        masks[f"{role}_mask"] = attention.combine_masks(
+            visibility, _padding_and_segments(valid[role], segments[role]))
+        if stack.cross_attention:
+            masks["cross_mask"] = attention.cross_attention_mask(
+                valid[role], valid["encoder"], segments[role], segments["encoder"])
+    return masks
 
 
 def _padding_and_segments(valid: jax.Array, segments: jax.Array | None) -> jax.Array:
@@ -359,8 +360,31 @@ class DecoderOnly(_T5Model):
         return self.logits(x)
 
 
+class EncoderOnly(_T5Model):
+    """The `encoder_only` family (BERT-style): one encoder stack, attending bidirectionally
+    over the real tokens (the mask decides), whose outputs the LM head turns into logits at
+    every position of its own input. No decoder, so nothing to decode incrementally:
+    `decoding.decode` predicts its mask slots in one forward pass."""
+
+    def __call__(
+        self,
+        batch: Batch,
+        masks: dict[str, jax.Array] | None = None,
+        *,
+        dropout_rng: jax.Array | None = None,
+    ) -> jax.Array:
+        """Float32 logits `[B, L, vocab]` for `batch['encoder_input_tokens'] [B, L]`."""
+        masks = make_masks(batch, self.arch) if masks is None else masks
+        x = self.token_embedder(batch["encoder_input_tokens"])
+        positions = _positions(batch, "encoder", "encoder_input_tokens")
+        x, _ = self.encoder(x, positions, masks["encoder_mask"],
+                            dropout_rng=fold_rng(dropout_rng, 0))
+        return self.logits(x)
+
+
 # The network class of each batch family (`Architecture.family`).
-_NETWORKS = {"encoder_decoder": EncoderDecoder, "decoder_only": DecoderOnly}
+_NETWORKS = {"encoder_decoder": EncoderDecoder, "decoder_only": DecoderOnly,
+             "encoder_only": EncoderOnly}
 
 
 def build_model(model_cfg: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:

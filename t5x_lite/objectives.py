@@ -30,6 +30,23 @@ Objectives (Raffel et al. 2020, Tables 4 to 7), for raw tokens x_1..x_n:
 - deshuffling: inputs are the tokens in random order; targets = original.
 - prefix_lm: a random split point; inputs = prefix, targets = continuation.
 - lm: no inputs (an encoder-decoder's encoder gets a lone EOS); targets = the whole span.
+
+The masked language models, and the two definitions of them:
+- BERT (Devlin et al. 2018, arXiv 1810.04805, section 3.1 "Masked LM"): 15% of the token
+  positions are chosen at random; a chosen token is replaced by [MASK] 80% of the time, by a
+  random token 10% and left unchanged 10%; the loss is the cross entropy of predicting the
+  original token at the chosen positions only.
+- T5 (Raffel et al. 2020, section 3.3.1): 15% of the tokens are corrupted; BERT-style
+  replaces 90% of them by the mask token and 10% by a random token (no "unchanged" share),
+  and the target is the whole original sequence; MASS-style replaces all of them by the mask
+  token. An encoder-decoder therefore learns to reproduce every token.
+What runs here is T5's corruption (`bert_style`, `mass_style` above, `noise_density` 0.15
+and `random_token_fraction` 0.1 by default) for every family. The `encoder_only` family
+(`batch_format`), which predicts in place, takes BERT's loss: only at the corrupted (noise
+mask) positions, including those replaced by a random token, not at the tokens left alone;
+the encoder-decoder and decoder-only families keep T5's targets. `encoder_only` can train on
+these two objectives only (`Architecture.objectives`): the others' targets are not the
+inputs' own tokens.
 Inputs and targets always end with EOS. The mask token is `<extra_id_0>` = vocab_size - 1,
 sentinel i is vocab_size - 1 - i, real tokens lie in [3, vocab_size - num_sentinels).
 The i.i.d. objectives' lengths are random: `t5x_lite.noise_lengths` bounds them.
@@ -91,7 +108,8 @@ class BatchLayout:
     The batch holds rows of `family`'s format (`t5x_lite.batch_format`) with room for
     `inputs_length` input and `targets_length` target tokens: encoder-decoder batches have
     encoder inputs [B, inputs_length] and decoder rows [B, targets_length]; decoder-only
-    batches have rows [B, inputs_length + targets_length].
+    batches have rows [B, inputs_length + targets_length]; encoder-only batches (targets_length
+    0: predicted in place) have rows [B, inputs_length].
     """
 
     family: str
@@ -247,14 +265,17 @@ def _validated_lengths(point: Mapping[str, Any]) -> tuple[int, int, int]:
     _require("objective.inputs_length", point["inputs_length"],
              lambda v: isinstance(v, int) and v >= MIN_INPUTS_LENGTH,
              f"an integer >= {MIN_INPUTS_LENGTH} (room for a non-noise token, a sentinel and EOS)")
-    lengths = lengths_for(name, point["inputs_length"], point["noise_density"],
-                          point["mean_noise_span_length"])
+    return lengths_for(name, point["inputs_length"], point["noise_density"],
+                       point["mean_noise_span_length"])
+
+
+def _require_targets_length(point: Mapping[str, Any], lengths: tuple[int, int, int]) -> None:
+    """A point's targets_length (None, or what its targets are padded to) holds its targets."""
     targets_length = point.get("targets_length")
     if targets_length is not None:
         _require("objective.targets_length", targets_length,
                  lambda v: isinstance(v, int) and v >= lengths[2],
                  f"None or an integer >= {lengths[2]}, the targets length of {_describe(point)}")
-    return lengths
 
 
 def _sentinels_needed(point: Mapping[str, Any], raw_length: int) -> tuple[int, str]:
@@ -286,8 +307,9 @@ def spec_from_config(objective_cfg: Mapping[str, Any]) -> ObjectiveSpec:
     """Validate an objective config (`config.objective` or a dict) and build its spec.
 
     Raises `ConfigError` naming the field for an unknown name, noise_density outside (0, 1),
-    mean_noise_span_length < 1, random_token_fraction outside [0, 1], inputs_length < 3, or a
-    targets_length (when not None) shorter than the objective's targets.
+    mean_noise_span_length < 1, random_token_fraction outside [0, 1] or inputs_length < 3.
+    targets_length, which pads the targets of a layout, is checked by `layout_for`, which
+    knows the family (one predicting in place has no target positions to pad).
     """
     raw, _, _ = _validated_lengths(objective_cfg)
     return ObjectiveSpec(
@@ -304,6 +326,9 @@ def layout_for(points: Iterable[Mapping[str, Any]], family: str, vocab_size: int
                num_sentinels: int) -> BatchLayout:
     """The one layout serving every objective config in `points`: the maximum raw, inputs and
     targets lengths over them (a point's targets_length, when set, pads its targets to it).
+    A family that predicts in place (`batch_format.in_place`: `encoder_only`) gets
+    targets_length 0, its targets sitting at the inputs' positions, and ignores the points'
+    targets_length.
 
     Validates every point, the family and the vocabulary, including that the vocabulary has a
     sentinel for every span a span_corruption point makes, and for the runs of noise and the
@@ -318,6 +343,8 @@ def layout_for(points: Iterable[Mapping[str, Any]], family: str, vocab_size: int
     raw = inputs = targets = 0
     for point in points:
         point_raw, point_inputs, point_targets = _validated_lengths(point)
+        if not batch_format.in_place(family):
+            _require_targets_length(point, (point_raw, point_inputs, point_targets))
         raw, inputs = max(raw, point_raw), max(inputs, point_inputs)
         targets = max(targets, point_targets, point.get("targets_length") or 0)
         needed, why = _sentinels_needed(point, point_raw)
@@ -327,13 +354,18 @@ def layout_for(points: Iterable[Mapping[str, Any]], family: str, vocab_size: int
                               "sentinels")
     # The lm objective has no inputs, but still feeds an encoder one EOS (`_lm`).
     inputs = max(inputs, batch_format.min_inputs_length(family))
+    if batch_format.in_place(family):  # the targets sit at the inputs' own positions
+        targets = 0
     return BatchLayout(family, raw, inputs, targets, vocab_size, num_sentinels)
 
 
 def layout_from_config(config: Mapping[str, Any]) -> BatchLayout:
-    """The layout of a single-point run: `config.objective` for `config.model`'s family."""
+    """The layout of a single-point run: `config.objective` for `config.model`'s family
+    (which must be able to train on it: `Architecture.require_objective`)."""
     model = config["model"]
-    return layout_for([config["objective"]], architectures.get(model["arch"]).family,
+    architecture = architectures.get(model["arch"])
+    architecture.require_objective(config["objective"]["name"])
+    return layout_for([config["objective"]], architecture.family,
                       model["vocab_size"], model["num_sentinels"])
 
 
@@ -573,9 +605,11 @@ HAS_NOISE_MASK = {name: name not in _WITHOUT_NOISE_MASK for name in OBJECTIVES}
 def _fits(inputs: jax.Array, targets: jax.Array, sentinels: jax.Array,
           layout: BatchLayout) -> jax.Array:
     """bool: whether an example's inputs and targets (incl. EOS) fit the layout's lengths, and
-    the sentinels it needs the layout's vocabulary."""
+    the sentinels it needs the layout's vocabulary (targets predicted in place: the inputs')."""
+    targets_room = (layout.inputs_length if batch_format.in_place(layout.family)
+                    else layout.targets_length)
     return ((jnp.sum(inputs != PAD_ID) <= layout.inputs_length)
-            & (jnp.sum(targets != PAD_ID) <= layout.targets_length)
+            & (jnp.sum(targets != PAD_ID) <= targets_room)
             & (sentinels <= layout.num_sentinels))
 
 
@@ -604,9 +638,13 @@ def corrupt_with_details(raw_tokens: jax.Array, spec: ObjectiveSpec, rng: jax.Ar
         inputs, targets, noise, sentinels = jax.lax.switch(
             example_spec.objective, branches, tokens, n, example_spec, uniform)
         fits = _fits(inputs, targets, sentinels, layout)
+        # The noise mask, for a family that predicts in place: the loss is on exactly the
+        # corrupted positions (inputs[i] is raw token i for the objectives that allow it).
         example = batch_format.example_rows(layout.family, jnp, inputs, targets,
-                                            layout.inputs_length, layout.targets_length)
-        example["decoder_loss_weights"] = example["decoder_loss_weights"] * fits
+                                            layout.inputs_length, layout.targets_length,
+                                            noise=noise)
+        weights = batch_format.loss_keys(layout.family)[1]
+        example[weights] = example[weights] * fits
         return example, {"noise_mask": noise, "overflow": ~fits}
 
     rngs = jax.random.split(rng, raw_tokens.shape[0])
@@ -626,7 +664,10 @@ def corrupt(raw_tokens: jax.Array, spec: ObjectiveSpec, rng: jax.Array,
     encoder_decoder: encoder_input_tokens [B, inputs_length] and decoder_input_tokens /
     decoder_target_tokens / decoder_loss_weights [B, targets_length]; decoder_only: those three
     decoder keys [B, inputs_length + targets_length] (inputs incl. EOS, then targets incl. EOS,
-    then padding) plus the bool inputs_mask. An example longer than the layout is cut and gets
+    then padding) plus the bool inputs_mask; encoder_only (a layout without target positions):
+    encoder_input_tokens (the corrupted inputs), encoder_target_tokens (the original tokens
+    at the noise mask, 0 elsewhere) and encoder_loss_weights (the noise mask) [B,
+    inputs_length]. An example longer than the layout is cut and gets
     zero loss weights (see `corrupt_with_details`, which also counts them).
     """
     return corrupt_with_details(raw_tokens, spec, rng, layout)[0]

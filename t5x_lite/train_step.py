@@ -35,7 +35,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from t5x_lite import architectures, objectives, partitioning
+from t5x_lite import architectures, batch_format, objectives, partitioning
 from t5x_lite.config import ConfigError, flat_fields
 from t5x_lite.models import build_model, make_masks
 from t5x_lite.optim import learning_rate_schedule, make_optimizer
@@ -224,12 +224,14 @@ def _with_prefix_flag(batch: dict[str, jax.Array], prefix_flag: jax.Array) -> di
 
 def _loss_sums_fn(settings: StepSettings) -> Callable:
     graphdef, arch, train = _graphdef(settings.model), settings.model.arch, settings.train
+    # The targets and weights of the stack the logits come from (the batch format's).
+    targets, weights = batch_format.loss_keys(architectures.get(arch).family)
 
     def loss_sums(params: nnx.State, batch: dict, rng: jax.Array | None) -> dict[str, jax.Array]:
         model = nnx.merge(graphdef, params)
         logits = model(batch, make_masks(batch, arch), dropout_rng=rng)
         return cross_entropy_sums(
-            logits, batch["decoder_target_tokens"], batch["decoder_loss_weights"],
+            logits, batch[targets], batch[weights],
             z_loss=train.z_loss, label_smoothing=train.label_smoothing,
         )
 
@@ -256,6 +258,7 @@ def _step_fn(
     schedule, loss_sums = learning_rate_schedule(train), _loss_sums_fn(settings)
     dropout = settings.model.dropout_rate > 0
     rows = _rows_sharding(settings, mesh)
+    weights_key = batch_format.loss_keys(architectures.get(settings.model.arch).family)[1]
 
     def loss_fn(params: nnx.State, batch: dict, rng: jax.Array, normalizer: jax.Array):
         sums = loss_sums(params, batch, rng if dropout else None)
@@ -268,7 +271,7 @@ def _step_fn(
         batch = _with_prefix_flag(batch, prefix_flag)
         batch = jax.lax.with_sharding_constraint(batch, rows)
         # One normaliser for the whole batch, so summed micro-batch gradients equal the full one.
-        weight_sum = jnp.sum(batch["decoder_loss_weights"].astype(jnp.float32))
+        weight_sum = jnp.sum(batch[weights_key].astype(jnp.float32))
         normalizer = (
             jnp.maximum(weight_sum, 1.0)
             if train.loss_normalizing_factor is None

@@ -43,6 +43,8 @@ HAND_PARAMS = {
     "encoder_decoder_half": EMBEDDING + 2 * STACK + SELF_LAYER + (SELF_LAYER + CROSS),  # 504
     "language_model": EMBEDDING + STACK + 2 * SELF_LAYER,  # 390
     "prefix_lm": EMBEDDING + STACK + 2 * SELF_LAYER,
+    # one bidirectional stack, the (tied) LM head on it: a decoder-only model's tree
+    "encoder_only": EMBEDDING + STACK + 2 * SELF_LAYER,
 }
 
 
@@ -101,6 +103,8 @@ HAND_TRAIN_FLOPS = {  # forward x 3
     "encoder_decoder_half": 3 * (ENCODER_LAYER + DECODER_LAYER + LOGITS),
     "language_model": 3 * (2 * DECODER_ONLY_LAYER + DECODER_ONLY_LOGITS),  # 26496
     "prefix_lm": 3 * (2 * DECODER_ONLY_LAYER + DECODER_ONLY_LOGITS),
+    # a task example: the 5 inputs and 3 mask slots through one encoder stack, logits at all 8
+    "encoder_only": 3 * (2 * DECODER_ONLY_LAYER + DECODER_ONLY_LOGITS),
 }
 
 
@@ -108,6 +112,15 @@ HAND_TRAIN_FLOPS = {  # forward x 3
 def test_train_flops_match_hand_count(arch):
     flops = accounting.train_flops_per_example(small_cfg(arch), INPUTS, TARGETS)
     assert flops == HAND_TRAIN_FLOPS[arch]
+
+
+def test_encoder_only_pretraining_counts_only_its_inputs():
+    """Pre-training predicts in place (targets_length 0): 5 tokens through 2 encoder layers,
+    logits at the 5 positions 2*5*4*10 = 400."""
+    flops = accounting.train_flops_per_example(small_cfg("encoder_only"), INPUTS, 0)
+    assert flops == 3 * (2 * ENCODER_LAYER + 2 * INPUTS * D * V)  # 14400
+    with pytest.raises(ValueError, match="targets_length=0 must be an integer >= 1"):
+        accounting.train_flops_per_example(small_cfg("encoder_decoder"), INPUTS, 0)
 
 
 def test_train_flops_v1_1_adds_only_the_gate_matmul():
@@ -131,6 +144,8 @@ def test_forward_flops_match_xla_count_of_the_model(arch, flavour):
     if architectures.get(arch).family == "encoder_decoder":
         batch = {"encoder_input_tokens": jax.ShapeDtypeStruct((1, inputs), jnp.int32),
                  "decoder_input_tokens": jax.ShapeDtypeStruct((1, targets), jnp.int32)}
+    elif architectures.get(arch).family == "encoder_only":
+        batch = {"encoder_input_tokens": jax.ShapeDtypeStruct((1, inputs + targets), jnp.int32)}
     else:
         batch = {"decoder_input_tokens": jax.ShapeDtypeStruct((1, inputs + targets), jnp.int32),
                  "inputs_mask": jax.ShapeDtypeStruct((1, inputs + targets), jnp.bool_)}
@@ -156,6 +171,7 @@ PAPER_COLUMNS = {
     "encoder_decoder_half": ("P", "M/2"),
     "language_model": ("P", "M"),
     "prefix_lm": ("P", "M"),
+    "encoder_only": ("P", "M"),  # not a Table 2 row: one L-layer stack over inputs + targets
 }
 
 

@@ -1,5 +1,6 @@
-"""architectures.py: the registry holds Table 2's five architectures, refuses records that
-could not be built or could not share their program, and names model.arch in its errors."""
+"""architectures.py: the registry holds Table 2's five architectures and then encoder_only,
+refuses records that could not be built or could not share their program, and names
+model.arch (and objective.name) in its errors."""
 import dataclasses
 
 import pytest
@@ -10,10 +11,12 @@ from t5x_lite.config import ConfigError
 
 TABLE_2 = ("encoder_decoder", "encoder_decoder_shared", "encoder_decoder_half",
            "language_model", "prefix_lm")
+REGISTERED = TABLE_2 + ("encoder_only",)
 
 
-def test_the_registry_holds_table_2_in_its_row_order():
-    assert architectures.names() == TABLE_2
+def test_the_registry_holds_table_2_in_its_row_order_then_encoder_only():
+    assert architectures.names() == REGISTERED
+    assert architectures.names(family="encoder_only") == ("encoder_only",)
     assert architectures.names(family="decoder_only") == ("language_model", "prefix_lm")
     assert architectures.names(program="prefix_lm") == ("language_model", "prefix_lm")
     assert architectures.names(program="encoder_decoder") == ("encoder_decoder",)
@@ -35,13 +38,27 @@ def test_the_records_say_what_table_2_says():
     assert architectures.get("language_model").stack("encoder") is None
     assert architectures.get("language_model").program == "prefix_lm"
     assert [architectures.get(n).prefix_attention for n in TABLE_2] == [False] * 4 + [True]
+    encoder_only = architectures.get("encoder_only")
+    assert [(s.role, s.bidirectional, s.cross_attention) for s in encoder_only.stacks] == [
+        ("encoder", True, False)]
+    assert encoder_only.program == "encoder_only" and not encoder_only.prefix_attention
+
+
+def test_an_objective_the_architecture_cannot_train_on_is_one_line_naming_both():
+    with pytest.raises(ConfigError) as error:
+        architectures.get("encoder_only").require_objective("span_corruption")
+    assert str(error.value) == ("objective.name='span_corruption' is not allowed for "
+                                "model.arch='encoder_only'; choose one of 'bert_style', "
+                                "'mass_style'")
+    architectures.get("encoder_only").require_objective("mass_style")
+    architectures.get("encoder_decoder").require_objective("span_corruption")  # any
 
 
 def test_an_unknown_name_is_one_line_naming_model_arch_and_the_choices():
     with pytest.raises(ConfigError) as error:
         architectures.get("rnn")
     assert str(error.value) == ("model.arch='rnn' is not allowed; choose one of "
-                                + ", ".join(TABLE_2))
+                                + ", ".join(REGISTERED))
 
 
 def test_a_depth_that_does_not_divide_names_the_field():
@@ -82,4 +99,4 @@ _DECODER = Stack("decoder", bidirectional=False, cross_attention=True)
 def test_register_refuses_a_record_that_cannot_work(record, message):
     with pytest.raises(ValueError, match=message):
         architectures.register(record)
-    assert architectures.names() == TABLE_2  # nothing was added
+    assert architectures.names() == REGISTERED  # nothing was added

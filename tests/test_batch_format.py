@@ -142,5 +142,5 @@ def test_decoding_prompts_are_the_start_of_the_training_rows():
 
 def test_an_unknown_family_is_named_with_the_choices():
     with pytest.raises(ConfigError, match=r"^family='causal' is not allowed; choose one of "
-                                          r"encoder_decoder, decoder_only$"):
+                                          r"encoder_decoder, decoder_only, encoder_only$"):
         batch_format.row_lengths("causal", 4, 4)

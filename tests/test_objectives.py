@@ -648,10 +648,21 @@ def objective(**changes):
      r"length of objective.name='iid_denoising' with inputs_length=64, noise_density=0.15$"),
 ])
 def test_bad_objective_config_is_rejected_with_the_field_named(changes, message):
-    with pytest.raises(ConfigError, match=message):
-        spec_from_config(objective(**changes))
+    # targets_length pads a layout's targets: the layout (which knows the family) checks it.
+    if "targets_length" not in changes:
+        with pytest.raises(ConfigError, match=message):
+            spec_from_config(objective(**changes))
     with pytest.raises(ConfigError, match=message):
         layout_for([objective(), objective(**changes)], "encoder_decoder", VOCAB, SENTINELS)
+
+
+def test_a_family_predicting_in_place_has_no_target_positions_and_ignores_targets_length():
+    point = objective(name="bert_style", targets_length=12)  # short of bert_style's 64
+    spec_from_config(point)
+    layout = layout_for([point], "encoder_only", VOCAB, SENTINELS)
+    assert (layout.raw_length, layout.inputs_length, layout.targets_length) == (63, 64, 0)
+    with pytest.raises(ConfigError, match=r"objective.targets_length=12 .* >= 64"):
+        layout_for([point], "encoder_decoder", VOCAB, SENTINELS)
 
 
 def test_bad_vocabulary_family_and_points_are_rejected():

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from t5x_lite import decoding, objectives, partitioning, train_step
+from t5x_lite import batch_format, decoding, objectives, partitioning, train_step
 from t5x_lite import architectures
 from t5x_lite.config import ConfigError, model_config
 from t5x_lite.models import build_model, make_masks, scan_layers
@@ -33,10 +33,10 @@ def batch(arch, rows=2, length=6):
     tokens = np.random.default_rng(0).integers(3, 60, (rows, length)).astype(np.int32)
     tokens[1, -2:] = 0  # a padded row
     batch = {"decoder_input_tokens": tokens, "decoder_target_tokens": tokens,
-             "decoder_loss_weights": (tokens > 0).astype(np.float32)}
-    if architectures.get(arch).family == "encoder_decoder":
-        batch["encoder_input_tokens"] = tokens
-    else:
+             "decoder_loss_weights": (tokens > 0).astype(np.float32),
+             "encoder_input_tokens": tokens, "encoder_target_tokens": tokens,
+             "encoder_loss_weights": (tokens > 0).astype(np.float32)}  # what each family reads
+    if architectures.get(arch).family == "decoder_only":
         batch["inputs_mask"] = np.arange(length)[None] < 3
     return batch
 
@@ -69,7 +69,8 @@ def restacked(unscanned_params):
 def loss(model, arch, rng):
     b = batch(arch)
     logits = model(b, make_masks(b, arch), dropout_rng=rng)
-    return -jnp.sum(jax.nn.log_softmax(logits)[..., 7] * b["decoder_loss_weights"])
+    weights = b[batch_format.loss_keys(architectures.get(arch).family)[1]]
+    return -jnp.sum(jax.nn.log_softmax(logits)[..., 7] * weights)
 
 
 @pytest.mark.parametrize("arch", architectures.names())

@@ -4,7 +4,7 @@ and the sharding check the training tests share.
 A plain module (not a fixture) so `tests/test_multihost.py` can import it when it runs as a
 worker process; the tests directory is on `sys.path` both under pytest and as a script.
 """
-from t5x_lite import presets
+from t5x_lite import architectures, presets
 from t5x_lite.config import default_config
 
 INPUTS_LENGTH = 32
@@ -18,6 +18,9 @@ def tiny_train_config(arch="encoder_decoder", mesh=(-1, 1), **train_fields):
         num_sentinels=32, dropout_rate=0.0,
     )
     config.objective.update(inputs_length=INPUTS_LENGTH, targets_length=None)
+    allowed = architectures.get(arch).objectives  # encoder_only: bert_style or mass_style
+    if allowed is not None and config.objective.name not in allowed:
+        config.objective.name = allowed[0]
     config.train.update(
         batch_size=8, optimizer="adafactor", learning_rate=0.1, warmup_steps=1, steps=100,
         **train_fields,
