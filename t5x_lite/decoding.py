@@ -13,6 +13,13 @@ different positions (`end [B]`).
 So every row's cache holds the sequence training saw, at the same positions (hence the same
 relative position bias).
 
+`encoder_only` models have no decoder and generate nothing token by token: `decode` builds
+the rows fine-tuning trains on (the inputs, then `max_length` mask slots,
+`batch_format.example_rows`), runs the model once and takes the argmax at every slot (never
+the pad id), cut after the first EOS; its score is the sum of those tokens' log-probs. Give
+`max_length` the fine-tuning `targets_length`, the slot count the model was trained with.
+Only 'greedy' is allowed there.
+
 One `decode` call is one jitted program around a `lax.while_loop` that stops as soon as every
 row has finished (EOS). The model goes in as `nnx.split` state, with its graphdef and the
 decoding settings static, so jax's compilation cache reuses the program across the calls of a
@@ -112,8 +119,9 @@ def decode(
 
 def score(model: nnx.Module, batch: dict[str, np.ndarray], *,
           arch: str | None = None) -> np.ndarray:
-    """float32 `[B]`: each row's sum of log p(target token) over the positions where
-    `decoder_loss_weights` is non-zero (weighted by it), teacher-forced in one forward pass.
+    """float32 `[B]`: each row's sum of log p(target token) over the positions where the loss
+    weights (`decoder_loss_weights`; `encoder_loss_weights` for `encoder_only`) are non-zero
+    (weighted by them), teacher-forced in one forward pass.
 
     `batch` is laid out as `data.pipeline.pad_examples` makes it (the batch format of the
     architecture's family); ranking label words by this score classifies.
@@ -134,9 +142,10 @@ def _score_program(graphdef: nnx.GraphDef, state: nnx.State, batch: dict[str, ja
                    arch: str) -> jax.Array:
     model = nnx.merge(graphdef, state)
     log_probs = jax.nn.log_softmax(model(batch, make_masks(batch, arch)))
-    targets = batch["decoder_target_tokens"][..., None]
+    targets_key, weights_key = batch_format.loss_keys(architectures.get(arch).family)
+    targets = batch[targets_key][..., None]
     target_log_probs = jnp.take_along_axis(log_probs, targets, axis=-1)[..., 0]
-    return jnp.sum(target_log_probs * batch["decoder_loss_weights"], axis=-1)
+    return jnp.sum(target_log_probs * batch[weights_key], axis=-1)
 
 
 # ------------------------------------------------------------------------------- checks
@@ -163,6 +172,9 @@ def _check_settings(model: nnx.Module, arch: str | None, method: str, max_length
     if method not in METHODS:
         raise ValueError(f"method={method!r} is not allowed; choose one of "
                          f"{', '.join(map(repr, METHODS))}")
+    if method != "greedy" and batch_format.in_place(model.architecture.family):
+        raise ValueError(f"method={method!r} is not allowed for arch={model.arch!r}: it fills "
+                         "its mask slots in one forward pass; choose 'greedy'")
     require_int("max_length", max_length, 1)
     require_int("num_beams", num_beams, 1)
     require_int("top_k", top_k, 0)
@@ -183,10 +195,34 @@ def _check_settings(model: nnx.Module, arch: str | None, method: str, max_length
 def _decode_program(graphdef: nnx.GraphDef, state: nnx.State, inputs: jax.Array,
                     rng: jax.Array, settings: _Settings) -> DecodeResult:
     model = nnx.merge(graphdef, state)
+    if batch_format.in_place(architectures.get(settings.arch).family):
+        return _fill_slots(model, inputs, settings)
     prompt = _prefill(model, inputs, settings)
     if settings.method == "beam":
         return _beam_search(model, prompt, settings)
     return _sample(model, prompt, settings, rng)
+
+
+def _fill_slots(model: nnx.Module, inputs: jax.Array, settings: _Settings) -> DecodeResult:
+    """`encoder_only`: the argmax at each of `max_length` mask slots after the inputs, in one
+    forward pass (see the module docstring)."""
+    family = architectures.get(settings.arch).family
+    no_targets = jnp.zeros((inputs.shape[0], 0), inputs.dtype)
+    slot_token = batch_format.mask_token(model.token_embedder.embedding.shape[0])
+    row = batch_format.example_rows(family, jnp, inputs, no_targets, inputs.shape[1],
+                                    settings.max_length, mask_token=slot_token)
+    batch = {"encoder_input_tokens": row["encoder_input_tokens"]}
+    log_probs = jax.nn.log_softmax(model(batch, make_masks(batch, settings.arch)))
+    log_probs = log_probs.at[..., PAD_ID].set(-jnp.inf)
+    # The slots start after each row's inputs.
+    slots = jnp.sum(inputs > 0, axis=1, keepdims=True) + jnp.arange(settings.max_length)
+    slot_log_probs = jnp.take_along_axis(log_probs, slots[..., None], axis=1)
+    tokens = jnp.argmax(slot_log_probs, axis=-1).astype(jnp.int32)
+    token_log_probs = jnp.max(slot_log_probs, axis=-1)
+    # Cut after the first EOS: zeros after it, and its score is that of the tokens up to it.
+    ended_before = jnp.cumsum(tokens == EOS_ID, axis=1) - (tokens == EOS_ID) > 0
+    tokens = jnp.where(ended_before, PAD_ID, tokens)
+    return DecodeResult(tokens, jnp.sum(jnp.where(ended_before, 0.0, token_log_probs), axis=1))
 
 
 def _prefill(model: nnx.Module, inputs: jax.Array, settings: _Settings) -> _Prompt:

@@ -25,7 +25,8 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
-from t5x_lite import architectures, checkpointing, decoding, partitioning, train_step
+from t5x_lite import (architectures, batch_format, checkpointing, decoding, partitioning,
+                      train_step)
 from t5x_lite.config import (
     ConfigError,
     validate_finetune_config,
@@ -55,13 +56,40 @@ def check_task_names(names: Sequence[str], field: str = "finetune.tasks") -> lis
     return [tasks.TASKS[name] for name in names]
 
 
+# The metrics of tasks whose targets are free text (translation, summarisation, SQuAD), which
+# only a model that generates token by token can produce.
+FREE_TEXT_METRICS = ("bleu", "rouge", "squad")
+
+
+def not_applicable(arch: str, task: tasks.Task) -> str | None:
+    """Why `task` cannot be fine-tuned and scored with `model.arch=arch`, or None if it can: a
+    family that predicts in place (`encoder_only`) fills a fixed number of mask slots, which
+    suits label words and numbers but not free text (`FREE_TEXT_METRICS`)."""
+    free_text = [name for name in task.metric_names if name in FREE_TEXT_METRICS]
+    if free_text and batch_format.in_place(architectures.get(arch).family):
+        return (f"task {task.name!r} is not applicable to model.arch={arch!r}: its targets are "
+                f"free text (metric {', '.join(free_text)}), which a model predicting mask "
+                "slots in place cannot generate; choose a classification or regression task")
+    return None
+
+
+def require_applicable(arch: str, task_list: Sequence[tasks.Task]) -> None:
+    """Raise a one-line `ConfigError` for the first task `not_applicable` to `arch`."""
+    for task in task_list:
+        reason = not_applicable(arch, task)
+        if reason:
+            raise ConfigError(reason)
+
+
 def check_finetune_settings(config: ml_collections.ConfigDict, task_names: Sequence[str],
                             field: str = "finetune.tasks") -> list[tasks.Task]:
     """The checks fine-tuning and evaluation share before any work: the model, the
-    `finetune` section with `task_names` as its tasks, and the task names themselves (`field`
-    names them in the errors). Returns the tasks."""
+    `finetune` section with `task_names` as its tasks, the task names themselves (`field`
+    names them in the errors) and that each task is applicable to the architecture. Returns
+    the tasks."""
     validate_model_config(config.model)
     task_list = check_task_names(task_names, field)
+    require_applicable(config.model.arch, task_list)
     section = copy.deepcopy(config.finetune)
     section.tasks = tuple(task_names)  # checked above; the other fields matter here
     validate_finetune_config(section)
@@ -183,8 +211,9 @@ class Evaluator:
         family = architectures.get(config.model.arch).family
         lengths = (ft.batch_size, ft.inputs_length, ft.targets_length)
         share = (jax.process_index(), jax.process_count())
+        mask_token = batch_format.mask_token(config.model.vocab_size)
         self.batches = [[pipeline.process_rows(b, *share) for b in pipeline.pad_examples(
-                            s.encoded, *lengths, family=family)]
+                            s.encoded, *lengths, family=family, mask_token=mask_token)]
                         for s in self.splits]
         # Decoding reads the inputs alone, in the encoder layout for every architecture.
         self.inputs = [[pipeline.process_rows(b, *share)["encoder_input_tokens"]

@@ -28,7 +28,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
-from t5x_lite import architectures, checkpointing, train_step
+from t5x_lite import architectures, batch_format, checkpointing, train_step
 from t5x_lite.data import pipeline, tasks
 from t5x_lite.evaluation import (PARAMETER_FIELDS, Evaluator, TaskSplit, check_finetune_settings,
                                  checkpoint_dir, require_same)
@@ -113,7 +113,8 @@ class _TaskData:
             [s.encoded for s in self.train], ft.mixing_limit, ft.batch_size, ft.inputs_length,
             ft.targets_length, family=architectures.get(config.model.arch).family,
             pack=ft.pack, seed=config.train.seed, process_index=jax.process_index(),
-            process_count=jax.process_count())
+            process_count=jax.process_count(),
+            mask_token=batch_format.mask_token(config.model.vocab_size))
 
     def batch(self, step: int) -> dict[str, np.ndarray]:
         return self.mixture.batch(step)

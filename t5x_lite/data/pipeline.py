@@ -334,17 +334,18 @@ def _rows(examples: Sequence[Example], inputs_length: int, targets_length: int,
 
 
 def _example_rows(examples: list[Example], family: str, inputs_length: int,
-                  targets_length: int) -> dict[str, np.ndarray]:
+                  targets_length: int, mask_token: int | None) -> dict[str, np.ndarray]:
     """`batch_format.example_rows` of (already truncated) examples, built in one call."""
     inputs = np.zeros([len(examples), inputs_length], np.int32)
     targets = np.zeros([len(examples), targets_length], np.int32)
     for i, (x, y) in enumerate(examples):
         inputs[i, :len(x)], targets[i, :len(y)] = x, y
-    return batch_format.example_rows(family, np, inputs, targets, inputs_length, targets_length)
+    return batch_format.example_rows(family, np, inputs, targets, inputs_length, targets_length,
+                                     mask_token=mask_token)
 
 
 def _layout(rows: list[list[Example]], inputs_length: int, targets_length: int, family: str,
-            pack: bool) -> dict[str, np.ndarray]:
+            pack: bool, mask_token: int | None) -> dict[str, np.ndarray]:
     """Rows (the empty ones last: padding) -> the batch dict of `family`'s format.
 
     Unpacked, a row is its example's row at the batch's lengths, as pre-training builds it.
@@ -354,15 +355,15 @@ def _layout(rows: list[list[Example]], inputs_length: int, targets_length: int, 
     out = batch_format.zeros(family, len(rows), inputs_length, targets_length)
     examples = [example for row in rows for example in row]
     if not pack:
-        for key, value in _example_rows(examples, family, inputs_length,
-                                        targets_length).items():
+        for key, value in _example_rows(examples, family, inputs_length, targets_length,
+                                        mask_token).items():
             out[key][:len(value)] = value
         return out
     input_lengths = np.array([len(x) for x, _ in examples], np.int64)
     target_lengths = np.array([len(y) for _, y in examples], np.int64)
     # As wide as the longest example needs: an example's own rows do not depend on the width.
     built = _example_rows(examples, family, input_lengths.max(initial=0),
-                          target_lengths.max(initial=0))
+                          target_lengths.max(initial=0), mask_token)
     row_sizes = [len(row) for row in rows]
     row_of = np.repeat(np.arange(len(rows)), row_sizes)  # [examples]
     first_of_row = np.cumsum([0] + row_sizes)[:-1][row_of]  # [examples]: its row's first one
@@ -386,19 +387,21 @@ def _layout(rows: list[list[Example]], inputs_length: int, targets_length: int, 
 
 
 def _batches(examples: Sequence[Example], batch_size: int, inputs_length: int,
-             targets_length: int, family: str, pack: bool) -> list[dict[str, np.ndarray]]:
+             targets_length: int, family: str, pack: bool,
+             mask_token: int | None = None) -> list[dict[str, np.ndarray]]:
+    pack = pack and batch_format.packable(family)
     if batch_size <= 0 or inputs_length <= 0 or targets_length <= 0:
         raise ValueError(f"batch_size={batch_size}, inputs_length={inputs_length} and "
                          f"targets_length={targets_length} must be positive")
     rows = _rows(examples, inputs_length, targets_length, family, pack)
     rows += [[] for _ in range(-len(rows) % batch_size)]  # empty rows fill the last batch
-    return [_layout(rows[start:start + batch_size], inputs_length, targets_length, family, pack)
-            for start in range(0, len(rows), batch_size)]
+    return [_layout(rows[start:start + batch_size], inputs_length, targets_length, family, pack,
+                    mask_token) for start in range(0, len(rows), batch_size)]
 
 
 def pack_examples(examples: Sequence[Example], batch_size: int, inputs_length: int,
-                  targets_length: int,
-                  family: str = "encoder_decoder") -> list[dict[str, np.ndarray]]:
+                  targets_length: int, family: str = "encoder_decoder",
+                  mask_token: int | None = None) -> list[dict[str, np.ndarray]]:
     """Packed batches of `family`'s rows (`t5x_lite.batch_format`): consecutive examples share
     a row while they fit.
 
@@ -408,15 +411,21 @@ def pack_examples(examples: Sequence[Example], batch_size: int, inputs_length: i
     `{encoder,decoder}_segment_ids` (1, 2, ... in a row, 0 = padding) and `_positions`
     (restarting at 0 per example), shape `[batch_size, length]`; the last batch is filled with
     empty rows. Longer examples are truncated (keeping EOS last) with a warning.
+
+    `encoder_only` rows hold the inputs, then `targets_length` mask slots (`mask_token`,
+    needed for that family), one example each: that family is not `batch_format.packable`,
+    so packing it pads.
     """
-    return _batches(examples, batch_size, inputs_length, targets_length, family, True)
+    return _batches(examples, batch_size, inputs_length, targets_length, family, True,
+                    mask_token)
 
 
 def pad_examples(examples: Sequence[Example], batch_size: int, inputs_length: int,
-                 targets_length: int,
-                 family: str = "encoder_decoder") -> list[dict[str, np.ndarray]]:
+                 targets_length: int, family: str = "encoder_decoder",
+                 mask_token: int | None = None) -> list[dict[str, np.ndarray]]:
     """Like `pack_examples` with one example per row and no segment ids or positions."""
-    return _batches(examples, batch_size, inputs_length, targets_length, family, False)
+    return _batches(examples, batch_size, inputs_length, targets_length, family, False,
+                    mask_token)
 
 
 def process_rows(batch: dict[str, np.ndarray], process_index: int,
@@ -455,7 +464,8 @@ class MixtureData:
 
     def __init__(self, tasks: Sequence[Sequence[Example]], mixing_limit: int, batch_size: int,
                  inputs_length: int, targets_length: int, *, family: str, pack: bool,
-                 seed: int, process_index: int = 0, process_count: int = 1):
+                 seed: int, process_index: int = 0, process_count: int = 1,
+                 mask_token: int | None = None):
         if not tasks or any(len(examples) == 0 for examples in tasks):
             raise ValueError("every task of the mixture needs at least one training example")
         if not 0 <= process_index < process_count:
@@ -469,17 +479,17 @@ class MixtureData:
         self.starts = np.concatenate([[0], np.cumsum(self.rates)])
         self.batch_size, self.seed = batch_size, seed
         self.lengths = (inputs_length, targets_length)
-        self.family, self.pack = family, pack
+        self.family, self.mask_token = family, mask_token
+        self.pack = pack and batch_format.packable(family)
         self.examples_per_step = batch_size * (self._examples_per_row() if pack else 1)
         self._permutations: dict[tuple[int, int], np.ndarray] = {}
 
     def _examples_per_row(self) -> int:
         """How many examples of mean length fill a row (at least one)."""
         pairs = [(len(i), len(t)) for examples in self.tasks for i, t in examples]
-        mean_inputs, mean_targets = np.mean(pairs, axis=0)
-        if self.family == "decoder_only":
-            return max(1, int(sum(self.lengths) // (mean_inputs + mean_targets)))
-        return max(1, int(min(self.lengths[0] / mean_inputs, self.lengths[1] / mean_targets)))
+        mean = batch_format.row_lengths(self.family, *np.mean(pairs, axis=0))
+        capacity = batch_format.row_lengths(self.family, *self.lengths)
+        return max(1, int(min(capacity[stack] // mean[stack] for stack in capacity)))
 
     def _permutation(self, stream: int, epoch: int, size: int) -> np.ndarray:
         """Seeded permutation of `size` items for (stream, epoch); stream -1 is the mixture."""
@@ -510,5 +520,6 @@ class MixtureData:
         examples = [self.example(p) for p in range(first, first + self.examples_per_step)]
         # Packed, any rows beyond batch_size are dropped: their examples come round again in
         # the next epoch, in a new order.
-        batch = _batches(examples, self.batch_size, *self.lengths, self.family, self.pack)[0]
+        batch = _batches(examples, self.batch_size, *self.lengths, self.family, self.pack,
+                         self.mask_token)[0]
         return process_rows(batch, self.process_index, self.process_count)
