@@ -51,7 +51,9 @@ from t5x_lite.data.tasks import GLUE_AVERAGE_GROUPS
 from t5x_lite.paper_results import PaperRow, PaperTable
 from t5x_lite.results import numbered_records, results_path
 
-STATUSES = ("ok", "failed")
+# not_applicable: a task the architecture cannot be scored on (a generation task for
+# encoder_only, `evaluation.not_applicable`); the cell shows "n/a", never a number.
+STATUSES = ("ok", "failed", "not_applicable")
 # Fields every record needs and their JSON types; the rest (labels, timings, curve) are optional.
 _REQUIRED = {"experiment": str, "point": str, "row": str, "task": str, "seed": int,
              "status": str}
@@ -119,7 +121,8 @@ def read_results(path: str) -> list[dict]:
 class Cell:
     """One (row, column) of the table.
 
-    status: 'ok'; 'failed' when a record of the cell failed; 'missing' when none ran;
+    status: 'ok'; 'failed' when a record of the cell failed; 'n/a' when a task of the cell
+      is not applicable to the row's architecture; 'missing' when none ran;
       'undefined' when a seed's score is not a number (STS-B's Pearson correlation of constant
       predictions): shown as 'undefined', left out of spreads, bold and findings like a
       missing cell, since an average or a spread with it would be NaN as well.
@@ -217,6 +220,8 @@ def _cell(column: str, tasks: tuple[str, ...], records: list[dict], paper: Paper
     mine = [r for r in records if r["task"] in tasks]
     if any(r["status"] == "failed" for r in mine):
         return Cell("failed", paper=published)
+    if any(r["status"] == "not_applicable" for r in mine):
+        return Cell("n/a", paper=published)
     by_seed: dict[int, dict[str, dict]] = {}
     for record in mine:
         by_seed.setdefault(record["seed"], {})[record["task"]] = record["metrics"]
@@ -371,7 +376,7 @@ def _number(value: float | None) -> str:
 def _cell_text(cell: Cell, bold: Callable[[str], str]) -> str:
     """'61.00 ± 0.50 (83.28)', the score wrapped by `bold` when it is bold."""
     if cell.status != "ok":
-        text = cell.status if cell.status in ("failed", "undefined") else "–"
+        text = cell.status if cell.status in ("failed", "undefined", "n/a") else "–"
     else:
         text = bold(f"{cell.mean:.2f}") if cell.bold else f"{cell.mean:.2f}"
         if cell.seeds > 1:
@@ -659,7 +664,7 @@ def write_plots(table: Table, records: Sequence[dict], out_dir: str) -> list[str
             axes.scatter(*zip(*published), marker="D", color="black", zorder=3, label="paper")
         for i, cell in enumerate(cells):
             if cell.status != "ok":
-                axes.text(i, 0, cell.status if cell.status in ("failed", "undefined")
+                axes.text(i, 0, cell.status if cell.status in ("failed", "undefined", "n/a")
                           else "not run",
                           rotation=90, ha="center", va="bottom")
         axes.set_xticks(x, names, rotation=30, ha="right")

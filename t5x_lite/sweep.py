@@ -242,6 +242,7 @@ def _validate(config: ml_collections.ConfigDict, where: str) -> None:
         partitioning.validate_process_split(config.train.batch_size, "train.batch_size")
         partitioning.validate_process_split(config.finetune.batch_size, "finetune.batch_size")
         objectives.spec_from_config(config.objective)
+        architectures.get(config.model.arch).require_objective(config.objective.name)
         require_sweep_splits(config.sweep.tasks)
         # A missing corpus would fail every point when it runs; it stops the sweep here.
         pipeline.describe_corpus(config)
@@ -528,6 +529,13 @@ def _finetune_tasks(point: GridPoint, workdir: str, started: float) -> list[dict
         saved = rundir / "records" / f"{task}.json"
         if saved.exists():
             records.append(json.loads(saved.read_text()))
+            continue
+        reason = evaluation.not_applicable(config.model.arch, evaluation.tasks.TASKS[task])
+        if reason:  # e.g. a generation task for encoder_only: recorded, not run, not failed
+            record = {"wall_s": None, "compile_s": None, "compiles": None, **base, **history,
+                      "task": task, "metrics": {}, "status": "not_applicable", "error": reason}
+            _write_json(saved, record)
+            records.append(record)
             continue
         _log(f"{point.experiment} {point.run_name}: fine-tuning on {task} "
              f"({config.finetune.steps} steps; {time.perf_counter() - started:.0f} s so far)")
