@@ -195,7 +195,7 @@ def test_markdown_table_matches_the_hand_written_expectation(workdir):
     # named once.
     assert [w.split("results.jsonl ")[1].split(":")[0:2] for w in warned] == [
         ["line 23", " field 'task' is missing or not a str; skipped"],
-        ["line 29", " status 'done' is not one of ok, failed; skipped"],
+        ["line 29", " status 'done' is not one of ok, failed, not_applicable; skipped"],
         ["line 30", " skipping a partly written last line (a killed run's)"],
     ]
     assert "Encoder-decoder  LM         2P      M     56.00 ± 1.41 (79.56)" in result.text
