@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from t5x_lite import (batch_format, decoding, evaluation, layers, objectives, partitioning,
-                      preview, report, sweep, train, train_step)
+from t5x_lite import (batch_format, decoding, evaluation, finetune, layers, objectives,
+                      partitioning, preview, report, sweep, train, train_step)
 from t5x_lite.config import EOS_ID, PAD_ID, ConfigError, model_config
 from t5x_lite.data import pipeline, tasks
 from t5x_lite.data.pipeline import pack_examples, pad_examples
@@ -277,7 +277,7 @@ def test_the_masked_lm_loss_falls_on_the_builtin_corpus(pretrained):
 def test_a_classification_finetune_runs_end_to_end_and_scores_from_the_slots(pretrained,
                                                                                tmp_path):
     config, workdir = pretrained
-    result = evaluation.finetune(config, tmp_path, init_from=str(workdir), progress=False)
+    result = finetune.finetune(config, tmp_path, init_from=str(workdir), progress=False)
     accuracy = result["scores"]["builtin_module"]["accuracy"]
     assert 0.0 <= accuracy <= 100.0 and result["steps"] == 30
     losses = [json.loads(line)["loss"] for line in (tmp_path / "metrics.jsonl").read_text()
@@ -309,7 +309,7 @@ def test_a_generation_task_is_refused_for_a_run_and_na_in_a_sweep(pretrained, tm
     message = (r"^task 'wmt_ende' is not applicable to model.arch='encoder_only': its targets "
                r"are free text \(metric bleu\)")
     with pytest.raises(ConfigError, match=message):
-        evaluation.finetune(generation, tmp_path / "run", init_from=str(workdir))
+        finetune.finetune(generation, tmp_path / "run", init_from=str(workdir))
     with pytest.raises(ConfigError, match=message):
         evaluation.evaluate(generation, str(workdir), ["wmt_ende"])
     assert not (tmp_path / "run").exists()
