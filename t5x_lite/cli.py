@@ -248,8 +248,11 @@ def _sweep(argv: list[str]) -> None:
 
     args, overrides = _parse(_sweep_parser(), argv)
     initialize_distributed()  # a TPU pod's hosts / a SLURM task's processes join one run
-    launcher = launchers.make_launcher(args.launcher, workers=args.workers,
-                                       address=args.address, accelerator=args.accelerator)
+    try:  # a bad or silent Ray address, or Ray not installed: say so, no traceback
+        launcher = launchers.make_launcher(args.launcher, workers=args.workers,
+                                           address=args.address, accelerator=args.accelerator)
+    except (ConnectionError, ImportError, ValueError) as error:
+        raise SystemExit(f"t5x-lite sweep: {error}") from None
     sweep.run_sweep(args.experiment, args.preset, args.workdir, launcher=launcher,
                     overrides=overrides, point_index=args.point_index, vmap=args.vmap)
     if args.point_index is None and is_writer():  # the report writes files

@@ -210,6 +210,20 @@ def test_ray_address_that_does_not_answer_fails_fast(monkeypatch):
         launchers.RayLauncher("headnode")
 
 
+@pytest.mark.parametrize("address, message", [
+    (None, "does not answer"), ("headnode", "must be 'host:port'")])
+def test_sweep_command_with_a_bad_ray_address_says_so_in_one_line(address, message, tmp_path):
+    """`t5x-lite sweep --launcher ray` with an address that does not answer (or is no address)
+    exits with one line naming it before any work: no traceback, nothing in the workdir."""
+    address = address or f"127.0.0.1:{_free_port()}"
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["t5x-lite", "sweep", "table2", "--preset", "demo",
+                  f"--workdir={tmp_path / 'sweep'}", "--launcher", "ray", "--address", address])
+    text = str(stopped.value.code)
+    assert text.startswith("t5x-lite sweep: Ray address") and message in text
+    assert "\n" not in text and not (tmp_path / "sweep").exists()
+
+
 # ---------------------------------------------------------------------------------------------
 # A real sweep through each launcher, and the Colab notebook
 #
