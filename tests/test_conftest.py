@@ -1,5 +1,6 @@
 """The test set-up itself: 8 CPU devices whatever the developer exported, shared-data tests
-that skip locally but fail under CI=true, and the compilation counter other tests rely on."""
+that skip locally but fail under CI=true, and the compilation counter and cold program cache
+other tests rely on."""
 import os
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 
 import conftest
-from compile_events import compilations
+from compile_events import cold_program_cache, compilations
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
@@ -71,3 +72,27 @@ def test_compilations_counts_each_new_program_once():
     with compilations() as compiled:
         step(np.ones(4, np.float32))
     assert compiled == []
+
+
+def test_a_cold_program_cache_hides_the_programs_made_before_and_keeps_the_new_ones():
+    """Nothing here compiles: making a step only looks its program up (or adds it)."""
+    from t5x_lite import objectives, partitioning, train_step
+    from tiny_configs import tiny_train_config
+
+    config, other = tiny_train_config(mesh=(1, 1)), tiny_train_config(mesh=(1, 1))
+    other.train.learning_rate = 0.0123  # keys a program of its own
+    mesh = partitioning.make_mesh(config.mesh)
+    layout = objectives.layout_for([config.objective], "encoder_decoder", 160, 32)
+    warm = train_step.make_train_step(config, layout, mesh).program
+    programs_before = dict(train_step._PROGRAMS)
+    with cold_program_cache():
+        inside = train_step.make_train_step(config, layout, mesh).program
+        assert inside is not warm and inside.compiles == 0 and not inside.executables
+        assert train_step.make_train_step(config, layout, mesh).program is inside
+        train_step.make_train_step(other, layout, mesh)
+        made_inside = dict(train_step._PROGRAMS)
+    assert len(made_inside) == 2
+    assert train_step.make_train_step(config, layout, mesh).program is warm
+    for key, program in made_inside.items():  # kept where the cache had none; else the old one
+        assert train_step._PROGRAMS[key] is programs_before.get(key, program)
+    assert all(train_step._PROGRAMS[key] is p for key, p in programs_before.items())
