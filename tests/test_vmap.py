@@ -12,6 +12,7 @@ import pytest
 
 from t5x_lite import checkpointing, objectives, partitioning, train, train_step
 from t5x_lite.config import ConfigError
+from compile_events import cold_program_cache
 from tiny_configs import tiny_train_config
 
 STEPS = 3
@@ -67,7 +68,10 @@ def sequential(configs, layout, tmp_path_factory):
 @pytest.fixture(scope="module")
 def vmapped(configs, layout, tmp_path_factory):
     workdirs = [tmp_path_factory.mktemp(f"vmapped{k}") for k in range(len(configs))]
-    summaries = train.train_vmapped(configs, workdirs, layout=layout, progress=False)
+    # A cold program cache: the chunk's step compiles here even if another test (e.g. the
+    # restart below) ran this chunk first.
+    with cold_program_cache():
+        summaries = train.train_vmapped(configs, workdirs, layout=layout, progress=False)
     return workdirs, summaries
 
 
