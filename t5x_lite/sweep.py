@@ -512,7 +512,8 @@ def run_chunk(points: Sequence[GridPoint], workdir: str) -> list[dict]:
 def _finetune_tasks(point: GridPoint, workdir: str, started: float) -> list[dict]:
     """After the point's pre-training: fine-tune and evaluate on each task, one record per
     task (a task's saved record is reused; a failing task is recorded as failed)."""
-    from t5x_lite import finetune
+    from t5x_lite import evaluation, finetune
+    from t5x_lite.data import tasks
 
     config, rundir = point.config, point.directory(workdir)
     base = _base_record(point)
@@ -530,7 +531,7 @@ def _finetune_tasks(point: GridPoint, workdir: str, started: float) -> list[dict
         if saved.exists():
             records.append(json.loads(saved.read_text()))
             continue
-        reason = evaluation.not_applicable(config.model.arch, evaluation.tasks.TASKS[task])
+        reason = evaluation.not_applicable(config.model.arch, tasks.TASKS[task])
         if reason:  # e.g. a generation task for encoder_only: recorded, not run, not failed
             record = {"wall_s": None, "compile_s": None, "compiles": None, **base, **history,
                       "task": task, "metrics": {}, "status": "not_applicable", "error": reason}
