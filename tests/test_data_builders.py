@@ -2,7 +2,6 @@
 import concurrent.futures
 import json
 import logging
-import os
 import threading
 
 import pytest
