@@ -26,7 +26,7 @@ from flax import nnx
 
 from t5x_lite import (accounting, architectures, batch_format, convert, decoding, host_memory,
                       loop, objectives, partitioning, train_step)
-from t5x_lite.config import EOS_ID, NUM_RESERVED_IDS
+from t5x_lite.config import EOS_ID, NUM_RESERVED_IDS, ConfigError
 from t5x_lite.models import build_model, make_masks
 
 
@@ -260,6 +260,10 @@ def decode_benchmark(config: ml_collections.ConfigDict, new_tokens: int = 64, *,
     row's EOS.
     """
     arch = config.model.arch
+    if batch_format.in_place(architectures.get(arch).family):
+        raise ConfigError(f"bench --decode times token-by-token decoding, which "
+                          f"model.arch={arch!r} does not do (it fills its mask slots in one "
+                          "forward pass); choose an encoder-decoder or decoder-only arch")
     model = build_model(config.model, nnx.Rngs(config.train.seed))
     # No EOS in the inputs: a random decoder-only model tends to repeat the last input token.
     inputs = jnp.asarray(random_raw_tokens(config, config.objective.inputs_length, seed=1))

@@ -11,6 +11,7 @@ import jax
 import pytest
 
 from t5x_lite import accounting, bench, presets
+from t5x_lite.config import ConfigError
 from tiny_configs import tiny_train_config
 
 
@@ -56,6 +57,12 @@ def test_torch_comparison_needs_the_like_for_like_model():
     config = tiny_train_config(mesh=(1, 1))  # Adafactor: PyTorch has no T5 Adafactor in core
     with pytest.raises(ValueError, match="train.optimizer='adamw'"):
         bench.torch_t5_train_step(config)
+
+
+def test_decode_benchmark_refuses_an_architecture_that_does_not_decode_token_by_token():
+    config = tiny_train_config("encoder_only", mesh=(1, 1))
+    with pytest.raises(ConfigError, match="model.arch='encoder_only' does not do"):
+        bench.decode_benchmark(config, new_tokens=6, steps=1, warmup=0)
 
 
 @pytest.mark.parametrize("arch", ["encoder_decoder", "prefix_lm", "language_model"])
