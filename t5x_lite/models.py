@@ -2,9 +2,9 @@
 
 Each architecture's record says which stacks to build (depth, cross-attention, shared layers)
 and which family of network runs them: `EncoderDecoder` (`encoder_decoder`, `_shared`, `_half`
-of Table 2), `DecoderOnly` (`language_model`, `prefix_lm`: the same class with the same
-parameters; only the mask from `make_masks` differs) or `EncoderOnly` (`encoder_only`, the
-LM head on its one bidirectional stack).
+of Table 2) or `OneStack`, the LM head on a single stack: a decoder (`language_model`,
+`prefix_lm`: the same parameters; only the mask from `make_masks` differs) or an encoder
+(`encoder_only`).
 
 `make_masks(batch, arch)` is the only place where the architecture decides what a position
 may see; a model called without masks calls it. (The train step builds an architecture as the
@@ -267,6 +267,19 @@ class _T5Model(nnx.Module):
             return self.token_embedder.attend(x * self.d_model**-0.5).astype(jnp.float32)
         return self.lm_head(x).astype(jnp.float32)
 
+    def run_stack(self, role: str, batch: Batch, masks: dict[str, jax.Array],
+                  dropout_rng: jax.Array | None = None, **context: jax.Array) -> jax.Array:
+        """`batch[f"{role}_input_tokens"] [B, L]` embedded and run through the `role` stack
+        under `masks[f"{role}_mask"]` -> its final hidden states `[B, L, D]`. context: the
+        decoder's `encoded` and `cross_mask`. Each stack's dropout key folds in its role's
+        index in `architectures.ROLES` (encoder 0, decoder 1)."""
+        tokens_key = f"{role}_input_tokens"
+        site = architectures.ROLES.index(role)
+        x, _ = getattr(self, role)(
+            self.token_embedder(batch[tokens_key]), _positions(batch, role, tokens_key),
+            masks[f"{role}_mask"], dropout_rng=fold_rng(dropout_rng, site), **context)
+        return x
+
     def init_cache(self, batch_size: int, length: int,
                    encoded: jax.Array | None = None) -> Cache:
         """The decoder's empty decoding cache of `length` positions (see
@@ -307,11 +320,7 @@ class EncoderDecoder(_T5Model):
         self, batch: Batch, masks: dict[str, jax.Array], dropout_rng: jax.Array | None = None
     ) -> jax.Array:
         """`batch['encoder_input_tokens'] [B, Le]` -> encoder output `[B, Le, D]`."""
-        x = self.token_embedder(batch["encoder_input_tokens"])
-        positions = _positions(batch, "encoder", "encoder_input_tokens")
-        x, _ = self.encoder(x, positions, masks["encoder_mask"],
-                            dropout_rng=fold_rng(dropout_rng, 0))
-        return x
+        return self.run_stack("encoder", batch, masks, dropout_rng)
 
     def decode(
         self,
@@ -322,11 +331,8 @@ class EncoderDecoder(_T5Model):
     ) -> jax.Array:
         """Encoder output `[B, Le, D]` and `batch['decoder_input_tokens'] [B, Ld]` ->
         float32 logits `[B, Ld, vocab]`."""
-        x = self.token_embedder(batch["decoder_input_tokens"])
-        positions = _positions(batch, "decoder", "decoder_input_tokens")
-        x, _ = self.decoder(x, positions, masks["decoder_mask"], encoded=encoded,
-                            cross_mask=masks["cross_mask"], dropout_rng=fold_rng(dropout_rng, 1))
-        return self.logits(x)
+        return self.logits(self.run_stack("decoder", batch, masks, dropout_rng, encoded=encoded,
+                                          cross_mask=masks["cross_mask"]))
 
     def __call__(
         self,
@@ -340,9 +346,12 @@ class EncoderDecoder(_T5Model):
         return self.decode(self.encode(batch, masks, dropout_rng), batch, masks, dropout_rng)
 
 
-class DecoderOnly(_T5Model):
-    """The `decoder_only` family: one decoder stack without cross-attention, attending
-    causally or, over `inputs_mask`, bidirectionally (the mask decides)."""
+class OneStack(_T5Model):
+    """The families of one stack, read out at every position of its own input (the mask
+    decides what each position sees): `decoder_only`, a decoder without cross-attention
+    attending causally or, over `inputs_mask`, bidirectionally; `encoder_only` (BERT-style),
+    an encoder attending bidirectionally over the real tokens, which has nothing to decode
+    incrementally (`decoding.decode` predicts its mask slots in one forward pass)."""
 
     def __call__(
         self,
@@ -351,40 +360,15 @@ class DecoderOnly(_T5Model):
         *,
         dropout_rng: jax.Array | None = None,
     ) -> jax.Array:
-        """Float32 logits `[B, L, vocab]` for `batch['decoder_input_tokens'] [B, L]`."""
+        """Float32 logits `[B, L, vocab]` for the stack's `{role}_input_tokens [B, L]`."""
         masks = make_masks(batch, self.arch) if masks is None else masks
-        x = self.token_embedder(batch["decoder_input_tokens"])
-        positions = _positions(batch, "decoder", "decoder_input_tokens")
-        x, _ = self.decoder(x, positions, masks["decoder_mask"],
-                            dropout_rng=fold_rng(dropout_rng, 1))
-        return self.logits(x)
-
-
-class EncoderOnly(_T5Model):
-    """The `encoder_only` family (BERT-style): one encoder stack, attending bidirectionally
-    over the real tokens (the mask decides), whose outputs the LM head turns into logits at
-    every position of its own input. No decoder, so nothing to decode incrementally:
-    `decoding.decode` predicts its mask slots in one forward pass."""
-
-    def __call__(
-        self,
-        batch: Batch,
-        masks: dict[str, jax.Array] | None = None,
-        *,
-        dropout_rng: jax.Array | None = None,
-    ) -> jax.Array:
-        """Float32 logits `[B, L, vocab]` for `batch['encoder_input_tokens'] [B, L]`."""
-        masks = make_masks(batch, self.arch) if masks is None else masks
-        x = self.token_embedder(batch["encoder_input_tokens"])
-        positions = _positions(batch, "encoder", "encoder_input_tokens")
-        x, _ = self.encoder(x, positions, masks["encoder_mask"],
-                            dropout_rng=fold_rng(dropout_rng, 0))
-        return self.logits(x)
+        role = self.architecture.stacks[0].role
+        return self.logits(self.run_stack(role, batch, masks, dropout_rng))
 
 
 # The network class of each batch family (`Architecture.family`).
-_NETWORKS = {"encoder_decoder": EncoderDecoder, "decoder_only": DecoderOnly,
-             "encoder_only": EncoderOnly}
+_NETWORKS = {"encoder_decoder": EncoderDecoder, "decoder_only": OneStack,
+             "encoder_only": OneStack}
 
 
 def build_model(model_cfg: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
