@@ -97,7 +97,8 @@ def train_flops_per_example(
     encoder-decoder archs `inputs_length` tokens through the encoder and `targets_length`
     through the decoder; for decoder-only and encoder-only archs `inputs_length +
     targets_length` tokens as one sequence (encoder_only pre-training layouts have
-    targets_length 0: the targets sit at the inputs' positions). See the module docstring for which terms are counted.
+    targets_length 0: the targets sit at the inputs' positions). See the module docstring for
+    which terms are counted.
     """
     validate_model_config(model_cfg)
     architecture = architectures.get(model_cfg.arch)

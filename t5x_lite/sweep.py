@@ -468,8 +468,9 @@ def run_point(point: GridPoint, workdir: str) -> list[dict]:
 
     Never raises for a failing or diverging run: its records get status 'failed' and the
     error. A preempted run raises `preemption.Preempted` (a `SystemExit`, which the failure
-    handling lets through) and records nothing. Resumes from the checkpoints under `point.directory(workdir)`; a task whose record
-    was already written there is not run again.
+    handling lets through) and records nothing. Resumes from the checkpoints under
+    `point.directory(workdir)`; a task whose record was already written there is not run
+    again.
     """
     from t5x_lite import train
 
