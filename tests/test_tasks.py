@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from t5x_lite import presets
 from t5x_lite.data import builtin, tasks
 
 # (task, TFDS-style record, processed input, processed target), each from the paper's appendix D
@@ -416,3 +417,105 @@ def test_builtin_tasks_have_no_test_split(docs_dir):
     with pytest.raises(ValueError, match="built-in tasks have no split 'dev'; "
                                          "choose one of train, validation"):
         builtin.word_sequences("dev", docs_dir, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The `small` preset's local tasks, each read from the real files of ../shared/data.
+
+
+def _head_of_shared_data(shared, root, rows: int = 6) -> None:
+    """`root`: ../shared/data cut to its first `rows` records per file (a header line kept),
+    so TFDS builds each task in a moment. The SQuAD file keeps its first 12 articles with one
+    paragraph each (10 are held out for validation)."""
+    for directory, _, files in os.walk(shared):
+        for name in files:
+            source = os.path.join(directory, name)
+            target = os.path.join(root, os.path.relpath(source, shared))
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            if name.endswith(".json"):
+                with open(source, encoding="utf-8") as f:
+                    squad = json.load(f)
+                squad["data"] = [dict(a, paragraphs=a["paragraphs"][:1])
+                                 for a in squad["data"][:12]]
+                with open(target, "w", encoding="utf-8") as f:
+                    json.dump(squad, f)
+            elif name.endswith((".tsv", ".jsonl", ".en", ".de", ".fr", ".ro")):
+                with open(source, encoding="utf-8") as f:
+                    head = [line for _, line in zip(range(rows + 1), f)]
+                with open(target, "w", encoding="utf-8") as f:
+                    f.writelines(head)
+
+
+def _tsv_rows(path: str, header: bool) -> list[list[str]]:
+    """A GLUE file's rows as GLUE ships them: tab-separated, no quoting, MRPC's byte-order mark
+    dropped."""
+    with open(path, encoding="utf-8-sig") as f:
+        rows = [line.rstrip("\n").split("\t") for line in f]
+    return rows[1:] if header else rows
+
+
+def _first_rows_by_hand(root: str, name: str, split: str) -> tuple[int, str, str]:
+    """(number of records, first inputs, first targets) of `name`'s `split`, transcribed
+    directly from the file's rows with the paper's appendix D templates."""
+    glue = os.path.join(root, "glue")
+    dev_or_train = "dev" if split == "validation" else "train"
+    if name == "local_glue_cola":  # no header: source, label, author's mark, sentence
+        rows = _tsv_rows(os.path.join(glue, "CoLA", f"{dev_or_train}.tsv"), header=False)
+        return len(rows), f"cola sentence: {rows[0][3]}", (
+            "unacceptable", "acceptable")[int(rows[0][1])]
+    if name == "local_glue_sst2":  # sentence, label
+        rows = _tsv_rows(os.path.join(glue, "SST-2", f"{dev_or_train}.tsv"), header=True)
+        return len(rows), f"sst2 sentence: {rows[0][0]}", ("negative", "positive")[int(rows[0][1])]
+    if name == "local_glue_mrpc":  # Quality, #1 ID, #2 ID, #1 String, #2 String
+        rows = _tsv_rows(os.path.join(glue, "MRPC", f"{dev_or_train}.tsv"), header=True)
+        return len(rows), f"mrpc sentence1: {rows[0][3]} sentence2: {rows[0][4]}", (
+            "not_equivalent", "equivalent")[int(rows[0][0])]
+    if name == "local_glue_stsb":  # ..., sentence1, sentence2, score (rounded to a fifth)
+        rows = _tsv_rows(os.path.join(glue, "STS-B", f"{dev_or_train}.tsv"), header=True)
+        return len(rows), f"stsb sentence1: {rows[0][7]} sentence2: {rows[0][8]}", (
+            f"{round(float(rows[0][9]) * 5) / 5:.1f}")
+    if name == "local_glue_rte":  # index, sentence1, sentence2, label
+        rows = _tsv_rows(os.path.join(glue, "RTE", f"{dev_or_train}.tsv"), header=True)
+        return len(rows), f"rte sentence1: {rows[0][1]} sentence2: {rows[0][2]}", rows[0][3]
+    if name == "local_squad":  # the last 10 articles validate, the others train
+        with open(os.path.join(root, "squad", "dev-v1.1.json"), encoding="utf-8") as f:
+            articles = json.load(f)["data"]
+        articles = articles[-10:] if split == "validation" else articles[:-10]
+        questions = [(qa, p["context"]) for a in articles for p in a["paragraphs"]
+                     for qa in p["qas"]]
+        qa, context = questions[0]
+        return len(questions), " ".join(
+            f"question: {qa['question']} context: {context}".split()), qa["answers"][0]["text"]
+    if name == "local_dialogsum":
+        with open(os.path.join(root, "summarization", "dialogsum", f"{dev_or_train}.jsonl"),
+                  encoding="utf-8") as f:
+            records = [json.loads(line) for line in f]
+        return len(records), f"summarize: {records[0]['dialogue']}", records[0]["summary"]
+    directory, target, language, stem = {
+        "local_multi30k_ende": ("multi30k", "de", "German", "val"),
+        "local_multi30k_enfr": ("multi30k", "fr", "French", "val"),
+        "local_rosts_enro": ("en-ro_ro-sts", "ro", "Romanian", "dev"),
+    }[name]
+    stem = stem if split == "validation" else "train"
+    lines = {}
+    for code in ("en", target):
+        with open(os.path.join(root, "translation", directory, f"{stem}.{code}"),
+                  encoding="utf-8") as f:
+            lines[code] = f.read().splitlines()
+    return len(lines["en"]), f"translate English to {language}: {lines['en'][0]}", lines[target][0]
+
+
+@pytest.mark.parametrize("name", presets.LOCAL_TASKS)
+def test_every_local_task_of_the_small_preset_reads_its_shared_files(name, shared_data,
+                                                                     tmp_path):
+    """Each task the `small` preset fine-tunes on reads its train and validation records from
+    the real files (their first rows), formatted as the paper formats the task."""
+    shared = shared_data()  # skips (fails under CI=true) without ../shared/data
+    root = str(tmp_path / "root")
+    _head_of_shared_data(shared, root)
+    task = tasks.get_task(name)
+    for split in ("train", "validation"):
+        examples = task.examples(split, str(tmp_path / "build"), root)
+        count, inputs, targets = _first_rows_by_hand(root, name, split)
+        assert len(examples) == count > 0, split
+        assert (examples[0].inputs, examples[0].targets) == (inputs, targets), split
