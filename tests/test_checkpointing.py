@@ -228,3 +228,13 @@ def test_restore_params_only(tmp_path, config, mesh):
     other.objective.name = "prefix_lm"  # fine-tuning may change everything but the model
     with pytest.raises(ConfigError, match=r"different model:\n  model\.num_layers: saved 2 != now 4$"):
         restore_params_only(tmp_path, target, config=other)
+
+
+def test_a_scanned_run_does_not_resume_an_unscanned_checkpoint(tmp_path, config):
+    """The README's promise: the two layouts of the layer parameters are not interchangeable,
+    and the refusal names the field."""
+    save_steps(tmp_path, config, {1: make_state()})
+    scanned = config.copy_and_resolve_references()
+    scanned.model.scan_layers = True
+    with pytest.raises(ConfigError, match=r"model\.scan_layers: saved False != now True"):
+        Checkpointer(tmp_path, every=1, keep=5, config=scanned)

@@ -11,6 +11,7 @@ from flax import nnx
 
 from t5x_lite.config import ConfigError, validate_model_config
 from t5x_lite.convert import from_hf_t5
+from t5x_lite.models import scan_layers
 
 V1_0 = dict(  # ReLU, tied and scaled logits, d_kv != d_model / num_heads
     vocab_size=128, d_model=64, d_ff=128, num_heads=4, d_kv=24, num_layers=2,
@@ -54,6 +55,17 @@ def _padded_batch(vocab_size: int) -> dict[str, np.ndarray]:
     return dict(encoder_input_tokens=encoder, decoder_input_tokens=decoder)
 
 
+def _hf_logits(hf_model: transformers.T5ForConditionalGeneration,
+               batch: dict[str, np.ndarray]) -> np.ndarray:
+    """transformers' logits of `batch` (padding masked out of the encoder)."""
+    with torch.no_grad():
+        return hf_model(
+            input_ids=torch.from_numpy(batch["encoder_input_tokens"]).long(),
+            attention_mask=torch.from_numpy(batch["encoder_input_tokens"] > 0),
+            decoder_input_ids=torch.from_numpy(batch["decoder_input_tokens"]).long(),
+        ).logits.numpy()
+
+
 @pytest.mark.parametrize(
     "overrides, separate_head, tied",
     [
@@ -69,12 +81,7 @@ def test_logits_match_transformers_on_padded_batches(overrides, separate_head, t
     config, model = from_hf_t5(hf_model)
     assert config.model.tie_embeddings is tied
     batch = _padded_batch(config.model.vocab_size)
-    with torch.no_grad():
-        expected = hf_model(
-            input_ids=torch.from_numpy(batch["encoder_input_tokens"]).long(),
-            attention_mask=torch.from_numpy(batch["encoder_input_tokens"] > 0),
-            decoder_input_ids=torch.from_numpy(batch["decoder_input_tokens"]).long(),
-        ).logits.numpy()
+    expected = _hf_logits(hf_model, batch)
     logits = np.asarray(_logits(model, batch))
     assert logits.dtype == np.float32
     assert logits.shape == expected.shape == (len(ENCODER_LENGTHS), DECODER_LENGTH, 128)
@@ -123,3 +130,16 @@ def test_a_parameter_without_an_hf_weight_is_reported(monkeypatch):
         entry for entry in full_map(*args) if entry[1] != ("decoder", "final_norm", "scale")))
     with pytest.raises(ValueError, match="no HF weight converts to.*'decoder', 'final_norm'"):
         from_hf_t5(_hf_t5(**V1_0))
+
+
+def test_a_converted_model_scanned_over_its_layers_keeps_the_transformers_logits():
+    """The README's route to a scanned run from Hugging Face weights: `models.scan_layers` on
+    the converted model stacks its layers (one program layer per stack) and changes nothing."""
+    hf_model = _hf_t5(**V1_1)
+    config, model = from_hf_t5(hf_model)
+    scan_layers(model)
+    query = model.encoder.layers.self_attention.query
+    assert query.shape[0] == config.model.num_layers  # the stacked layers axis
+    batch = _padded_batch(config.model.vocab_size)
+    np.testing.assert_allclose(np.asarray(_logits(model, batch)), _hf_logits(hf_model, batch),
+                               atol=1e-4, rtol=0)
