@@ -1,8 +1,9 @@
 """The one run set-up: pre-training, vmapped pre-training and fine-tuning all start here.
 
     RunPlan (what a kind of run brings: configs, workdirs, data, step, step arguments, lengths)
-      --set_up--> settings -> mesh -> batch split -> preemption watch -> data -> checkpointers -> step
-                  -> restore or initialise -> metrics writers -> progress
+      --set_up--> settings -> mesh -> batch split -> preemption watch -> data
+                  -> checkpointers -> step -> restore or initialise -> metrics writers
+                  -> progress
       --> loop.Run --loop.run_loop--> records
 
 `train.train` (one point), `train.train_vmapped` (K points in one vmapped step) and

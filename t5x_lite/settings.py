@@ -93,15 +93,15 @@ def check_objective(point: Mapping[str, Any]) -> None:
     random_token_fraction outside [0, 1] or inputs_length < MIN_INPUTS_LENGTH."""
     require_choice("objective.name", point["name"], OBJECTIVES)
     require_number("objective.noise_density", point["noise_density"], lambda v: 0 < v < 1,
-                    "a number in (0, 1)")
+                   "a number in (0, 1)")
     require_number("objective.mean_noise_span_length", point["mean_noise_span_length"],
-                    lambda v: v >= 1, "a number >= 1")
+                   lambda v: v >= 1, "a number >= 1")
     require_number("objective.random_token_fraction", point.get("random_token_fraction", 0.1),
-                    lambda v: 0 <= v <= 1, "a number in [0, 1]")
+                   lambda v: 0 <= v <= 1, "a number in [0, 1]")
     require_number("objective.inputs_length", point["inputs_length"],
-                    lambda v: isinstance(v, int) and v >= MIN_INPUTS_LENGTH,
-                    f"an integer >= {MIN_INPUTS_LENGTH} (room for a non-noise token, a sentinel "
-                    "and EOS)")
+                   lambda v: isinstance(v, int) and v >= MIN_INPUTS_LENGTH,
+                   f"an integer >= {MIN_INPUTS_LENGTH} (room for a non-noise token, a sentinel "
+                   "and EOS)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,7 +122,8 @@ def _is_a(value: Any, hint: Any) -> bool:
         item = typing.get_args(hint)[0]  # every tuple here is tuple[X, ...]
         return isinstance(value, tuple) and all(_is_a(v, item) for v in value)
     if hint in (int, float):
-        return not isinstance(value, bool) and isinstance(value, int if hint is int else (int, float))
+        kinds = int if hint is int else (int, float)
+        return isinstance(value, kinds) and not isinstance(value, bool)
     return value is None if hint is type(None) else isinstance(value, hint)
 
 
@@ -359,7 +360,7 @@ class Decode(_Section):
 class Finetune(_Section):
     """`config.finetune`: fine-tuning and validation (`finetune.finetune`,
     `evaluation.evaluate`). `tasks` may be empty (a pre-training config fine-tunes nothing);
-    where tasks are used they must be registered, and some (`evaluation.check_task_names`)."""
+    where tasks are used, `evaluation.check_task_names` requires some, all registered."""
 
     NAME: ClassVar[str] = "finetune"
 
