@@ -132,13 +132,16 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+_S = typing.TypeVar("_S", bound="_Section")
+
+
 class _Section:
     """What every section shares: reading it from its ConfigDict (`from_config`)."""
 
     NAME: ClassVar[str]  # the section's path in the config, as the errors name it
 
     @classmethod
-    def from_config(cls, section: ml_collections.ConfigDict | Mapping[str, Any]) -> Any:
+    def from_config(cls: type[_S], section: ml_collections.ConfigDict | Mapping[str, Any]) -> _S:
         """The section's settings; `ConfigError` naming the field for an unknown or missing
         field, a value that cannot work or one that is not of the field's type."""
         if not isinstance(section, Mapping | ml_collections.ConfigDict):
