@@ -42,23 +42,24 @@ import jax.numpy as jnp
 import ml_collections
 
 from t5x_lite import architectures, batch_format
-from t5x_lite.config import validate_model_config
+from t5x_lite.settings import Model, model_settings
 
 # The yardstick of the paper's P and M (see the module docstring).
 _REFERENCE_ARCH = "language_model"
 
 
-def _num_mlp_matrices(model_cfg: ml_collections.ConfigDict) -> int:
+def _num_mlp_matrices(model_cfg: Model) -> int:
     """wi and wo for ReLU; wi_0, wi_1 and wo for gated-GELU."""
     return 3 if model_cfg.mlp == "gated-gelu" else 2
 
 
-def param_count(model_cfg: ml_collections.ConfigDict) -> int:
-    """Exact number of parameters in the tree `models.build_model(model_cfg)` creates.
+def param_count(model: Model | ml_collections.ConfigDict) -> int:
+    """Exact number of parameters in the tree `models.build_model(model)` creates (the model
+    settings, or a `config.model` section, read and validated first).
 
     Parameters shared between stacks (`encoder_decoder_shared`) are counted once.
     """
-    validate_model_config(model_cfg)
+    model_cfg = model_settings(model)
     num_layers = model_cfg.num_layers
     d_model, inner = model_cfg.d_model, model_cfg.num_heads * model_cfg.d_kv
     attention = 4 * d_model * inner  # query, key, value [embed, heads, kv]; out [heads, kv, embed]
@@ -89,7 +90,7 @@ def _attention_flops(d_model: int, inner: int, q_len: int, kv_len: int) -> int:
 
 
 def train_flops_per_example(
-    model_cfg: ml_collections.ConfigDict, inputs_length: int, targets_length: int
+    model: Model | ml_collections.ConfigDict, inputs_length: int, targets_length: int
 ) -> float:
     """Training FLOPs (forward + backward = 3 x forward matmul FLOPs) for one example.
 
@@ -100,7 +101,7 @@ def train_flops_per_example(
     targets_length 0: the targets sit at the inputs' positions). See the module docstring for
     which terms are counted.
     """
-    validate_model_config(model_cfg)
+    model_cfg = model_settings(model)
     architecture = architectures.get(model_cfg.arch)
     # A decoder-only model trained with the LM objective has no inputs part.
     _require_length("inputs_length", inputs_length,
@@ -140,11 +141,12 @@ class Table2Columns:
 
 
 def table2_columns(
-    model_cfg: ml_collections.ConfigDict, inputs_length: int, targets_length: int
+    model: Model | ml_collections.ConfigDict, inputs_length: int, targets_length: int
 ) -> Table2Columns:
-    """The Params (P / 2P) and Cost (M / M/2) labels of `model_cfg.arch`, with the measured
+    """The Params (P / 2P) and Cost (M / M/2) labels of `model.arch`, with the measured
     parameter and training-FLOP ratios behind them."""
-    reference = ml_collections.ConfigDict({**model_cfg.to_dict(), "arch": _REFERENCE_ARCH})
+    model_cfg = model_settings(model)
+    reference = dataclasses.replace(model_cfg, arch=_REFERENCE_ARCH)
     params = param_count(model_cfg)
     flops = train_flops_per_example(model_cfg, inputs_length, targets_length)
     architecture = architectures.get(model_cfg.arch)

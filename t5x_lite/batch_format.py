@@ -49,7 +49,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_lite.config import EOS_ID, PAD_ID, require_choice
+from t5x_lite.config import EOS_ID, PAD_ID
+from t5x_lite.errors import require_choice
 
 Row = dict[str, Any]  # key -> one row's array, numpy or jax
 

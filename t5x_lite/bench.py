@@ -28,6 +28,7 @@ from t5x_lite import (accounting, architectures, batch_format, convert, decoding
                       loop, objectives, partitioning, train_step)
 from t5x_lite.config import EOS_ID, NUM_RESERVED_IDS, ConfigError
 from t5x_lite.models import build_model, make_masks
+from t5x_lite.settings import Settings
 
 
 def median_seconds(*fns: Callable[[], Any], steps: int, warmup: int) -> list[float]:
@@ -175,6 +176,7 @@ def run_benchmarks(config: ml_collections.ConfigDict, *, steps: int = 10, warmup
     PyTorch step are timed in turns within one loop, so their ratios (speed-up, MFU) hold even
     when the machine's speed drifts.
     """
+    Settings.from_config(config)  # a bad value is a ConfigError before anything compiles
     jax_run, info = jax_train_step(config)
     mesh = info["mesh"]
     runs = {"step": jax_run, "corruption": corruption_only(config)}
@@ -259,14 +261,15 @@ def decode_benchmark(config: ml_collections.ConfigDict, new_tokens: int = 64, *,
     it ran (a random model rarely emits EOS), and `tokens_match` that both agree up to each
     row's EOS.
     """
-    arch = config.model.arch
+    settings = Settings.from_config(config)  # a bad value is a ConfigError before any array
+    arch = settings.model.arch
     if batch_format.in_place(architectures.get(arch).family):
         raise ConfigError(f"bench --decode times token-by-token decoding, which "
                           f"model.arch={arch!r} does not do (it fills its mask slots in one "
                           "forward pass); choose an encoder-decoder or decoder-only arch")
-    model = build_model(config.model, nnx.Rngs(config.train.seed))
+    model = build_model(settings.model, nnx.Rngs(settings.train.seed))
     # No EOS in the inputs: a random decoder-only model tends to repeat the last input token.
-    inputs = jnp.asarray(random_raw_tokens(config, config.objective.inputs_length, seed=1))
+    inputs = jnp.asarray(random_raw_tokens(config, settings.objective.inputs_length, seed=1))
 
     def cached() -> jax.Array:
         return decoding.decode(model, inputs, max_length=new_tokens, arch=arch).tokens

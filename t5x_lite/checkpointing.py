@@ -39,6 +39,7 @@ from etils import epath
 from orbax.checkpoint import checkpoint_managers as policies
 
 from t5x_lite.config import ConfigError, flat_fields
+from t5x_lite.settings import require_integer
 
 log = logging.getLogger(__name__)
 
@@ -166,9 +167,9 @@ class Checkpointer:
         require_existing: bool = False,
         resume_fields: Sequence[str] = RESUME_FIELDS,
     ) -> None:
-        for field, value in (("checkpoint.every", every), ("checkpoint.keep", keep)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{field}={value!r} must be an integer >= 1")
+        # The arguments, whoever passes them, checked as `settings.Checkpoint` checks the config.
+        require_integer("checkpoint.every", every, 1)
+        require_integer("checkpoint.keep", keep, 1)
         if restart and require_existing:
             raise ConfigError(
                 "restart=True deletes the checkpoints that require_existing=True asks to "

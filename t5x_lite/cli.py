@@ -108,9 +108,13 @@ def _config(args: argparse.Namespace, overrides: list[str],
             preset: Callable[[str], ml_collections.ConfigDict] = presets.get_preset,
             ) -> ml_collections.ConfigDict:
     """The config named by --config / --preset (default: the tiny preset, made by `preset`),
-    overridden."""
+    overridden and validated (`Settings.from_config`): a bad value is reported before a
+    multi-host run is joined or JAX does anything."""
+    from t5x_lite.settings import Settings  # imports jax, as the commands do: not at start
+
     config = load_config_file(args.config) if args.config else preset(args.preset or "tiny")
     apply_overrides(config, parse_overrides(config, overrides))
+    Settings.from_config(config)
     return config
 
 

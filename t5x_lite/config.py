@@ -1,11 +1,13 @@
-"""The one configuration tree every command reads, and its validation.
+"""The one configuration tree every command reads, and its `--config.F=V` overrides.
 
 A config is an `ml_collections.ConfigDict` with the sections `model`, `objective`, `train`,
-`mesh`, `data`, `checkpoint` and `finetune`. `default_config()` returns the whole tree with T5 v1.0
-defaults; presets (`t5x_lite.presets`) start from it and change a few fields.
+`mesh`, `data`, `checkpoint` and `finetune` (and `sweep` in sweep presets). `default_config()`
+returns the whole tree with T5 v1.0 defaults; presets (`t5x_lite.presets`) start from it and
+change a few fields.
 
-`validate_model_config` / `validate_config` reject a config that cannot work before any
-array is built, with a `ConfigError` that names the field and the allowed values.
+The ConfigDict is the user interface; `t5x_lite.settings.Settings.from_config` turns it into
+typed, validated settings once, where a command starts, with a `ConfigError` that names the
+field and the allowed values.
 """
 from __future__ import annotations
 
@@ -18,10 +20,9 @@ from typing import Any, Mapping, Sequence
 
 import ml_collections
 
-from t5x_lite import architectures
-# Defined in a leaf module so that the architecture registry can raise it too; every other
-# module imports them from here.
-from t5x_lite.errors import ConfigError, require_choice
+# Defined in a leaf module so that the architecture registry can raise it too; other modules
+# import it from here.
+from t5x_lite.errors import ConfigError
 
 MLP_KINDS = ("relu", "gated-gelu")
 DTYPES = ("float32", "bfloat16")
@@ -29,6 +30,22 @@ ATTENTION_IMPLS = ("auto", "xla", "cudnn", "einsum")
 OPTIMIZERS = ("adafactor", "adamw")
 SCHEDULES = ("rsqrt", "linear", "cosine", "constant")
 DECODE_METHODS = ("greedy", "sample", "beam")
+# The pre-training objectives (`t5x_lite.objectives`); a spec's objective id is an index here.
+OBJECTIVES = (
+    "span_corruption",
+    "drop_corrupted_tokens",
+    "bert_style",
+    "mass_style",
+    "deshuffling",
+    "prefix_lm",
+    "lm",
+    "iid_denoising",  # appended, so that the others keep their ids
+)
+# Inputs must hold at least one non-noise token, one sentinel and EOS.
+MIN_INPUTS_LENGTH = 3
+# What `sweep.budget` may match (`t5x_lite.sweep`): each point's configured steps, or the
+# reference point's pre-training tokens or FLOPs.
+BUDGETS = ("steps", "tokens", "flops")
 # Token ids shared by the vocabulary, the objectives and the model.
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 NUM_RESERVED_IDS = 3
@@ -157,126 +174,6 @@ def finetune_config() -> ml_collections.ConfigDict:
     config.eval_examples = ml_collections.config_dict.placeholder(int)  # None: all of them
     config.decode.max_length = ml_collections.config_dict.placeholder(int)  # None: targets_length
     return config
-
-
-def require_positive(field: str, value: Any) -> None:
-    """Raise `ConfigError` unless `value` is a positive int or float (not a bool)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ConfigError(f"{field}={value!r} must be a positive number")
-
-
-def require_vocab_room(vocab_size: int, num_sentinels: int) -> None:
-    """Raise `ConfigError` unless the vocabulary holds pad, eos, unk, one real token and the
-    sentinels."""
-    if vocab_size < num_sentinels + NUM_RESERVED_IDS + 1:
-        raise ConfigError(
-            f"model.vocab_size={vocab_size} is too small for model.num_sentinels="
-            f"{num_sentinels}: it must be at least num_sentinels + "
-            f"{NUM_RESERVED_IDS + 1} (pad, eos, unk and one real token)"
-        )
-
-
-def require_integer(field: str, value: Any, minimum: int) -> None:
-    """Raise `ConfigError` unless `value` is an int (not a bool) of at least `minimum`."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{field}={value!r} must be an integer >= {minimum}")
-
-
-def require_warmup(section: str, schedule: str, warmup_steps: int, steps: int) -> None:
-    """Raise `ConfigError` unless `{section}.warmup_steps` suits `{section}.schedule`."""
-    if warmup_steps < (1 if schedule == "rsqrt" else 0):
-        raise ConfigError(
-            f"{section}.warmup_steps={warmup_steps} must be >= 1 for {section}.schedule='rsqrt' "
-            "(it divides by sqrt(max(step, warmup_steps))) and >= 0 otherwise"
-        )
-    if schedule in ("linear", "cosine") and warmup_steps > steps:
-        raise ConfigError(
-            f"{section}.warmup_steps={warmup_steps} must be <= {section}.steps={steps}"
-        )
-
-
-def validate_train_config(train: ml_collections.ConfigDict) -> None:
-    """Raise `ConfigError` naming the field if `config.train` cannot run."""
-    require_choice("train.optimizer", train.optimizer, OPTIMIZERS)
-    require_choice("train.schedule", train.schedule, SCHEDULES)
-    for field in ("learning_rate", "batch_size", "steps", "microbatches", "log_every"):
-        require_positive(f"train.{field}", train[field])
-    for field in ("batch_size", "steps", "microbatches", "log_every", "warmup_steps"):
-        if isinstance(train[field], bool) or not isinstance(train[field], int):
-            raise ConfigError(f"train.{field}={train[field]!r} must be an integer")
-    require_warmup("train", train.schedule, train.warmup_steps, train.steps)
-    if train.z_loss < 0 or train.weight_decay < 0:
-        raise ConfigError(
-            f"train.z_loss={train.z_loss} and train.weight_decay={train.weight_decay} must be >= 0"
-        )
-    if not 0.0 <= train.label_smoothing < 1.0:
-        raise ConfigError(f"train.label_smoothing={train.label_smoothing} must be in [0, 1)")
-    factor = train.loss_normalizing_factor
-    if factor is not None and (
-        isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 0
-    ):
-        raise ConfigError(
-            f"train.loss_normalizing_factor={factor!r} must be None (divide by the number of "
-            "target tokens) or a positive number"
-        )
-
-
-def validate_finetune_config(finetune: ml_collections.ConfigDict) -> None:
-    """Raise `ConfigError` naming the field if `config.finetune` cannot run.
-
-    Task names are checked against the registry where they are used (`t5x_lite.evaluation`),
-    since the registry imports the data stack.
-    """
-    if isinstance(finetune.tasks, str) or not finetune.tasks:
-        raise ConfigError(
-            f"finetune.tasks={finetune.tasks!r} must be a non-empty list of task names"
-        )
-    require_choice("finetune.optimizer", finetune.optimizer, OPTIMIZERS)
-    require_choice("finetune.schedule", finetune.schedule, SCHEDULES)
-    require_choice("finetune.decode.method", finetune.decode.method, DECODE_METHODS)
-    require_positive("finetune.learning_rate", finetune.learning_rate)
-    for field in ("steps", "batch_size", "inputs_length", "targets_length", "eval_every",
-                  "mixing_limit"):
-        require_integer(f"finetune.{field}", finetune[field], 1)
-    require_integer("finetune.warmup_steps", finetune.warmup_steps, 0)
-    require_integer("finetune.decode.num_beams", finetune.decode.num_beams, 1)
-    for field, value in (("eval_examples", finetune.eval_examples),
-                         ("decode.max_length", finetune.decode.max_length)):
-        if value is not None:
-            require_integer(f"finetune.{field}", value, 1)
-    if finetune.decode.alpha < 0:
-        raise ConfigError(f"finetune.decode.alpha={finetune.decode.alpha} must be >= 0")
-    require_bool("finetune.pack", finetune.pack)
-    require_warmup("finetune", finetune.schedule, finetune.warmup_steps, finetune.steps)
-
-
-def require_bool(field: str, value: Any) -> None:
-    """Raise `ConfigError` unless `value` is True or False."""
-    if not isinstance(value, bool):
-        raise ConfigError(f"{field}={value!r} must be True or False")
-
-
-def validate_model_config(model: ml_collections.ConfigDict) -> None:
-    """Raise `ConfigError` naming the field if the model settings cannot build a network."""
-    architecture = architectures.get(model.arch)
-    require_choice("model.mlp", model.mlp, MLP_KINDS)
-    require_choice("model.dtype", model.dtype, DTYPES)
-    require_choice("model.attention_impl", model.attention_impl, ATTENTION_IMPLS)
-    for field in ("vocab_size", "d_model", "d_ff", "num_heads", "d_kv", "num_layers",
-                  "relpos_buckets", "relpos_max_distance", "layer_norm_epsilon"):
-        require_positive(f"model.{field}", model[field])
-    for field in ("vocab_size", "d_model", "d_ff", "num_heads", "d_kv", "num_layers",
-                  "relpos_buckets", "relpos_max_distance", "num_sentinels"):
-        if not isinstance(model[field], int) or isinstance(model[field], bool):
-            raise ConfigError(f"model.{field}={model[field]!r} must be an integer")
-    for field in ("tie_embeddings", "remat", "scan_layers"):
-        require_bool(f"model.{field}", model[field])
-    if model.num_sentinels < 0:
-        raise ConfigError(f"model.num_sentinels={model.num_sentinels} must be >= 0")
-    if not 0.0 <= model.dropout_rate < 1.0:
-        raise ConfigError(f"model.dropout_rate={model.dropout_rate} must be in [0, 1)")
-    require_vocab_room(model.vocab_size, model.num_sentinels)
-    architecture.require_num_layers(model.num_layers)
 
 
 # ---------------------------------------------------------------------------------------------

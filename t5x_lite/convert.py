@@ -24,14 +24,9 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from t5x_lite.config import (
-    MLP_KINDS,
-    NUM_RESERVED_IDS,
-    ConfigError,
-    default_config,
-    validate_model_config,
-)
+from t5x_lite.config import MLP_KINDS, NUM_RESERVED_IDS, ConfigError, default_config
 from t5x_lite.models import build_model
+from t5x_lite.settings import Model
 
 # (HF projection name, our projection name) per sub-block kind.
 _ATTENTION_PROJECTIONS = (("q", "query"), ("k", "key"), ("v", "value"), ("o", "out"))
@@ -138,7 +133,7 @@ def _model_config(hf_config: Any, *, tie_embeddings: bool) -> ml_collections.Con
         dropout_rate=float(hf_config.dropout_rate),
         layer_norm_epsilon=float(hf_config.layer_norm_epsilon),
     )
-    validate_model_config(model)
+    Model.from_config(model)  # a ConfigError naming the field, before any array is built
     return model
 
 

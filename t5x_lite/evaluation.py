@@ -27,13 +27,10 @@ from jax.sharding import Mesh
 
 from t5x_lite import (architectures, batch_format, checkpointing, decoding, partitioning,
                       train_step)
-from t5x_lite.config import (
-    ConfigError,
-    validate_finetune_config,
-    validate_model_config,
-)
+from t5x_lite.config import ConfigError
 from t5x_lite.data import pipeline, tasks
 from t5x_lite.data.vocabulary import Vocabulary
+from t5x_lite.settings import Finetune, Model
 
 # Fields a checkpoint must share with the config that reads its parameters: the network, and
 # the vocabulary that gives its token ids their meaning.
@@ -83,16 +80,14 @@ def require_applicable(arch: str, task_list: Sequence[tasks.Task]) -> None:
 
 def check_finetune_settings(config: ml_collections.ConfigDict, task_names: Sequence[str],
                             field: str = "finetune.tasks") -> list[tasks.Task]:
-    """The checks fine-tuning and evaluation share before any work: the model, the
-    `finetune` section with `task_names` as its tasks, the task names themselves (`field`
-    names them in the errors) and that each task is applicable to the architecture. Returns
-    the tasks."""
-    validate_model_config(config.model)
+    """The checks fine-tuning and evaluation share before any work: the model and `finetune`
+    sections (`settings.Model`, `settings.Finetune`), the task names (`field` names them in
+    the errors: `task_names` need not be `finetune.tasks`) and that each task is applicable
+    to the architecture. Returns the tasks."""
+    model = Model.from_config(config.model)
     task_list = check_task_names(task_names, field)
-    require_applicable(config.model.arch, task_list)
-    section = copy.deepcopy(config.finetune)
-    section.tasks = tuple(task_names)  # checked above; the other fields matter here
-    validate_finetune_config(section)
+    require_applicable(model.arch, task_list)
+    Finetune.from_config(config.finetune)
     return task_list
 
 

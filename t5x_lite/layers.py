@@ -18,7 +18,6 @@ import math
 import flax
 import jax
 import jax.numpy as jnp
-import ml_collections
 from flax import nnx
 
 from t5x_lite.attention import (
@@ -26,6 +25,7 @@ from t5x_lite.attention import (
     relative_position_bucket,
     resolve_implementation,
 )
+from t5x_lite.settings import Model
 
 
 def normal_param(
@@ -356,7 +356,7 @@ class TransformerLayer(nnx.Module):
 
     def __init__(
         self,
-        cfg: ml_collections.ConfigDict,
+        cfg: Model,
         *,
         cross_attention: bool,
         share_with: TransformerLayer | None = None,

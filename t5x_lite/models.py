@@ -25,7 +25,6 @@ import ml_collections
 from flax import nnx
 
 from t5x_lite import architectures, attention
-from t5x_lite.config import validate_model_config
 from t5x_lite.layers import (
     Cache,
     Embed,
@@ -38,6 +37,7 @@ from t5x_lite.layers import (
     dropout,
     fold_rng,
 )
+from t5x_lite.settings import Model, model_settings
 
 Batch = dict[str, jax.Array]
 
@@ -128,7 +128,7 @@ class TransformerStack(nnx.Module):
 
     def __init__(
         self,
-        cfg: ml_collections.ConfigDict,
+        cfg: Model,
         num_layers: int,
         *,
         bidirectional: bool,
@@ -241,7 +241,7 @@ class _T5Model(nnx.Module):
     """What every architecture has: the token embedding, the output projection, and the
     stacks its record lists, each an attribute named by its role (`encoder`, `decoder`)."""
 
-    def __init__(self, cfg: ml_collections.ConfigDict, rngs: nnx.Rngs):
+    def __init__(self, cfg: Model, rngs: nnx.Rngs):
         dtype = jnp.dtype(cfg.dtype)
         self.arch = cfg.arch
         self.d_model = cfg.d_model
@@ -371,12 +371,13 @@ _NETWORKS = {"encoder_decoder": EncoderDecoder, "decoder_only": OneStack,
              "encoder_only": OneStack}
 
 
-def build_model(model_cfg: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
-    """Validate `model_cfg` (raising `ConfigError` before any array exists) and build it."""
-    validate_model_config(model_cfg)
-    model = _NETWORKS[architectures.get(model_cfg.arch).family](model_cfg, rngs)
+def build_model(model: Model | ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
+    """Build the network of the model settings `model` (a `config.model` section is read and
+    validated first: a `ConfigError` before any array exists)."""
+    cfg = model_settings(model)
+    network = _NETWORKS[architectures.get(cfg.arch).family](cfg, rngs)
     # Built layer by layer first, so a seed gives the same parameters scanned or not.
-    return scan_layers(model) if model_cfg.scan_layers else model
+    return scan_layers(network) if cfg.scan_layers else network
 
 
 def scan_layers(model: nnx.Module) -> nnx.Module:

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 import flax.struct
 import jax
@@ -63,22 +63,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5x_lite import architectures, batch_format, noise_lengths
-from t5x_lite.config import (
-    EOS_ID, NUM_RESERVED_IDS, PAD_ID, ConfigError, require_choice, require_vocab_room,
-)
-
-OBJECTIVES = (
-    "span_corruption",
-    "drop_corrupted_tokens",
-    "bert_style",
-    "mass_style",
-    "deshuffling",
-    "prefix_lm",
-    "lm",
-    "iid_denoising",  # appended, so that the others keep their ids
-)
-# Inputs must hold at least one non-noise token, one sentinel and EOS.
-MIN_INPUTS_LENGTH = 3
+# OBJECTIVES (the objective ids) lives with the config's other allowed values, which
+# `t5x_lite.settings` checks a config against.
+from t5x_lite.config import EOS_ID, NUM_RESERVED_IDS, OBJECTIVES, PAD_ID, ConfigError
+from t5x_lite.errors import require_choice
+from t5x_lite.settings import check_objective, require_number, require_vocab_room
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,11 +227,6 @@ def expected_loss_tokens(objective: str, inputs_length: int, noise_density: floa
 # ---------------------------------------------------------------------------------------------
 
 
-def _require(field: str, value: Any, ok: Callable[[Any], bool], allowed: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
-        raise ConfigError(f"{field}={value!r} is not allowed; it must be {allowed}")
-
-
 def _describe(point: Mapping[str, Any]) -> str:
     """The settings that decide a point's lengths, for error messages."""
     text = (f"objective.name={point['name']!r} with inputs_length={point['inputs_length']}, "
@@ -253,19 +237,10 @@ def _describe(point: Mapping[str, Any]) -> str:
 
 
 def _validated_lengths(point: Mapping[str, Any]) -> tuple[int, int, int]:
-    """Check one objective config (a ConfigDict or dict) and return its `lengths_for`."""
-    name = point["name"]
-    require_choice("objective.name", name, OBJECTIVES)
-    _require("objective.noise_density", point["noise_density"], lambda v: 0 < v < 1,
-             "a number in (0, 1)")
-    _require("objective.mean_noise_span_length", point["mean_noise_span_length"],
-             lambda v: v >= 1, "a number >= 1")
-    _require("objective.random_token_fraction", point.get("random_token_fraction", 0.1),
-             lambda v: 0 <= v <= 1, "a number in [0, 1]")
-    _require("objective.inputs_length", point["inputs_length"],
-             lambda v: isinstance(v, int) and v >= MIN_INPUTS_LENGTH,
-             f"an integer >= {MIN_INPUTS_LENGTH} (room for a non-noise token, a sentinel and EOS)")
-    return lengths_for(name, point["inputs_length"], point["noise_density"],
+    """Check one objective config (a ConfigDict or dict: `settings.check_objective`) and
+    return its `lengths_for`."""
+    check_objective(point)
+    return lengths_for(point["name"], point["inputs_length"], point["noise_density"],
                        point["mean_noise_span_length"])
 
 
@@ -273,9 +248,10 @@ def _require_targets_length(point: Mapping[str, Any], lengths: tuple[int, int, i
     """A point's targets_length (None, or what its targets are padded to) holds its targets."""
     targets_length = point.get("targets_length")
     if targets_length is not None:
-        _require("objective.targets_length", targets_length,
-                 lambda v: isinstance(v, int) and v >= lengths[2],
-                 f"None or an integer >= {lengths[2]}, the targets length of {_describe(point)}")
+        require_number("objective.targets_length", targets_length,
+                       lambda v: isinstance(v, int) and v >= lengths[2],
+                       f"None or an integer >= {lengths[2]}, the targets length of "
+                       f"{_describe(point)}")
 
 
 def _sentinels_needed(point: Mapping[str, Any], raw_length: int) -> tuple[int, str]:

@@ -22,9 +22,9 @@ import ml_collections
 import numpy as np
 
 from t5x_lite import batch_format, objectives, presets, sweep
-from t5x_lite.config import (EOS_ID, PAD_ID, ConfigError, apply_overrides, parse_overrides,
-                             validate_model_config, validate_train_config)
+from t5x_lite.config import EOS_ID, PAD_ID, ConfigError, apply_overrides, parse_overrides
 from t5x_lite.data.vocabulary import Vocabulary
+from t5x_lite.settings import Settings
 from t5x_lite.train_step import batch_and_dropout_keys, step_key
 
 # How an EOS id shows in text: T5's piece for it. Raw chunks hold one at every document end.
@@ -68,8 +68,7 @@ def previewed_run(experiment: str | None, point: str | None, preset: str = "tiny
         config = presets.get_preset(preset)
         apply_overrides(config, parse_overrides(config, overrides))
         config.train.seed = seed
-        validate_model_config(config.model)
-        validate_train_config(config.train)
+        Settings.from_config(config)  # every bad value, before any data or array is built
         return PreviewedRun(config, objectives.layout_from_config(config), preset)
     points = sweep.expand(experiment, preset, overrides)
     ids = list(dict.fromkeys(p.point for p in points))  # a point once, whatever its seeds

@@ -1,8 +1,9 @@
 """The one run set-up: pre-training, vmapped pre-training and fine-tuning all start here.
 
     RunPlan (what a kind of run brings: configs, workdirs, data, step, step arguments, lengths)
-      --set_up--> mesh -> checks -> preemption watch -> data -> checkpointers -> step
-                  -> restore or initialise -> metrics writers -> progress
+      --set_up--> settings -> mesh -> batch split -> preemption watch -> data
+                  -> checkpointers -> step -> restore or initialise -> metrics writers
+                  -> progress
       --> loop.Run --loop.run_loop--> records
 
 `train.train` (one point), `train.train_vmapped` (K points in one vmapped step) and
@@ -24,6 +25,7 @@ import ml_collections
 from jax.sharding import Mesh
 
 from t5x_lite import partitioning
+from t5x_lite.settings import Settings
 from t5x_lite.checkpointing import RESUME_FIELDS, Checkpointer
 from t5x_lite.config import ConfigError
 from t5x_lite.loop import MetricsWriter, Point, PreemptionWatch, Progress, Run, Throughput
@@ -35,7 +37,6 @@ from t5x_lite.train_step import (
     init_state,
     require_one_group,
     stack_states,
-    validate_config,
 )
 
 
@@ -128,8 +129,13 @@ def set_up(plan: RunPlan, *, steps: int | None = None, progress: bool = True,
     points started apart) pre-trains them all again from step 0, with a warning.
     """
     config = plan.configs[0]
+    # Every point's config, typed and validated before JAX does anything (a bad value is
+    # reported first); the ConfigDicts still flow on to the components below.
+    settings = [Settings.from_config(point) for point in plan.configs]
     mesh = partitioning.make_mesh(config.mesh)
-    validate_config(config, mesh, plan.batch_field)
+    train = settings[0].train  # the points share one step (`RunPlan` checks it)
+    partitioning.validate_batch_split(train.batch_size, train.microbatches, mesh,
+                                      dict(settings[0].mesh.rules), plan.batch_field)
     with contextlib.ExitStack() as stack:
         # Watched from the start: a signal during the set-up stops the run after one step.
         preemption = stack.enter_context(PreemptionWatch())

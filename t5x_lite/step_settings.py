@@ -1,9 +1,10 @@
 """What a compiled train step reads, as one frozen value: the key of its program cache.
 
-`step_settings(config, data_kind)` extracts a `StepSettings` from the ml_collections config,
-once; the functions that build a step (`t5x_lite.train_step`, `t5x_lite.optim`) receive only
-it, never the config, so whatever they read is in the settings, and two configs share a
-compiled program exactly when their settings (and mesh) are equal.
+`step_settings(config, data_kind)` extracts a `StepSettings` from the config's typed settings
+(`t5x_lite.settings.Settings.from_config`), once; the functions that build a step
+(`t5x_lite.train_step`, `t5x_lite.optim`) receive only it, never the config, so whatever they
+read is in the settings, and two configs share a compiled program exactly when their settings
+(and mesh) are equal.
 
 Every leaf of the config sections a step reads (`STEP_SECTIONS`) is either copied into the
 settings or listed in `NOT_IN_THE_PROGRAM` with the reason; `tests/test_step_settings.py` fails
@@ -19,8 +20,7 @@ from typing import Any
 
 import ml_collections
 
-from t5x_lite import architectures, partitioning
-from t5x_lite.config import validate_model_config, validate_train_config
+from t5x_lite import architectures, partitioning, settings
 
 # The schedules that end at train.steps (see `optim.learning_rate_schedule`); the others leave
 # it out of the settings, so runs of any length share a program.
@@ -36,34 +36,10 @@ NOT_IN_THE_PROGRAM = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class ModelSettings:
-    """`config.model` as the program builds it: `arch` is the architecture whose program the
-    config's runs (`Architecture.program`: language_model is built as prefix_lm, one program
-    for both; the step's traced flag switches prefix attention off)."""
-
-    arch: str
-    vocab_size: int
-    num_sentinels: int
-    d_model: int
-    d_ff: int
-    num_heads: int
-    d_kv: int
-    num_layers: int
-    mlp: str
-    tie_embeddings: bool
-    relpos_buckets: int
-    relpos_max_distance: int
-    dropout_rate: float
-    layer_norm_epsilon: float
-    dtype: str
-    attention_impl: str
-    remat: bool
-    scan_layers: bool
-
-    def as_config(self) -> ml_collections.ConfigDict:
-        """These fields, and no others, as the ConfigDict `models.build_model` takes."""
-        return ml_collections.ConfigDict(dataclasses.asdict(self))
+# `config.model` as the program builds it: the model settings, with `arch` the architecture
+# whose program the config's runs (`Architecture.program`: language_model is built as
+# prefix_lm, one program for both; the step's traced flag switches prefix attention off).
+ModelSettings = settings.Model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,21 +84,15 @@ class StepSettings:
                 "mesh.rules": self.mesh_rules}
 
 
-def _read(cls: type, section: ml_collections.ConfigDict) -> Any:
-    """`cls` filled from the fields of `section` with the names of its dataclass fields."""
-    return cls(**{field.name: section[field.name] for field in dataclasses.fields(cls)})
-
-
 def step_settings(config: ml_collections.ConfigDict, data_kind: Hashable = None) -> StepSettings:
     """The settings of `config`'s step on `data_kind` (see `StepSettings`).
 
-    Raises `ConfigError` naming the field if the model or train settings cannot run."""
-    validate_model_config(config.model)
-    validate_train_config(config.train)
-    model = _read(ModelSettings, config.model)
-    model = dataclasses.replace(model, arch=architectures.get(model.arch).program)
-    train = _read(TrainSettings, config.train)
+    Raises `ConfigError` naming the field if the config cannot run (`Settings.from_config`)."""
+    typed = settings.Settings.from_config(config)
+    model = dataclasses.replace(typed.model, arch=architectures.get(typed.model.arch).program)
+    train = TrainSettings(**{field.name: getattr(typed.train, field.name)
+                             for field in dataclasses.fields(TrainSettings)})
     if train.schedule not in _ENDS_AT_STEPS:
         train = dataclasses.replace(train, steps=None)
-    rules = tuple(partitioning.normalize_rules(config.mesh.rules).items())
-    return StepSettings(model=model, train=train, mesh_rules=rules, data_kind=data_kind)
+    return StepSettings(model=model, train=train, mesh_rules=typed.mesh.rules,
+                        data_kind=data_kind)

@@ -60,10 +60,10 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from t5x_lite import accounting, architectures, launchers, objectives, partitioning, presets
-from t5x_lite.config import (ConfigError, apply_overrides, parse_overrides, require_choice,
-                             validate_finetune_config, validate_model_config,
-                             validate_train_config)
+from t5x_lite.config import BUDGETS, ConfigError, apply_overrides, parse_overrides
+from t5x_lite.errors import require_choice
 from t5x_lite.results import ResultsFile, is_writer
+from t5x_lite.settings import Settings, Sweep, Train
 
 
 def _experiments_dir() -> Path:
@@ -80,9 +80,6 @@ SWEEP_FILE = "sweep.json"
 # Record fields that measure time or depend on how often a run was interrupted, not on what it
 # computed (a resumed point compiles once per process).
 TIMING_FIELDS = ("wall_s", "compile_s", "compiles", "finetune_compile_s", "finetune_compiles")
-# What `sweep.budget` may match: each point's configured steps, or the reference point's
-# pre-training tokens or FLOPs (see the module docstring and `match_budget`).
-BUDGETS = ("steps", "tokens", "flops")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,22 +230,20 @@ def require_sweep_splits(task_names: Sequence[str]) -> None:
 
 def _validate(config: ml_collections.ConfigDict, where: str) -> None:
     """Every check that can run before training, with `where` (the grid point) in the message:
-    the settings, each task's splits and that the pre-training corpus exists."""
+    the typed settings (`Settings.from_config`: every section, the sweep's included), the
+    batch split over processes, the objective against the architecture, each task's splits
+    and that the pre-training corpus exists."""
     from t5x_lite.data import pipeline
 
     try:
-        validate_model_config(config.model)
-        validate_train_config(config.train)
-        partitioning.validate_process_split(config.train.batch_size, "train.batch_size")
-        partitioning.validate_process_split(config.finetune.batch_size, "finetune.batch_size")
-        objectives.spec_from_config(config.objective)
-        architectures.get(config.model.arch).require_objective(config.objective.name)
-        require_sweep_splits(config.sweep.tasks)
+        settings = Settings.from_config(config)
+        partitioning.validate_process_split(settings.train.batch_size, "train.batch_size")
+        partitioning.validate_process_split(settings.finetune.batch_size,
+                                            "finetune.batch_size")
+        architectures.get(settings.model.arch).require_objective(settings.objective.name)
+        require_sweep_splits(settings.sweep.tasks)
         # A missing corpus would fail every point when it runs; it stops the sweep here.
         pipeline.describe_corpus(config)
-        finetune = copy.deepcopy(config.finetune)
-        finetune.tasks = config.sweep.tasks  # each is fine-tuned alone; check them together
-        validate_finetune_config(finetune)
     except ConfigError as error:
         raise ConfigError(f"{where}: {error}") from None
 
@@ -262,11 +257,11 @@ def _layout_group(config: ml_collections.ConfigDict) -> tuple[str, int, int]:
 
 def _budget_settings(config: ml_collections.ConfigDict,
                      grid: Sequence[Mapping[str, Any]]) -> tuple[str, str | None]:
-    """(sweep.budget, sweep.budget_reference) of a point's config, checked: a one-line
-    `ConfigError` naming the field and the allowed values otherwise."""
-    sweep_section = config.get("sweep", {})
-    kind, reference = sweep_section.get("budget", "steps"), sweep_section.get("budget_reference")
-    require_choice("sweep.budget", kind, BUDGETS)
+    """(sweep.budget, sweep.budget_reference) of a point's config, checked (the section by
+    `settings.Sweep`, the reference against the grid): a one-line `ConfigError` naming the
+    field and the allowed values otherwise."""
+    sweep_section = Sweep.from_config(config.sweep)
+    kind, reference = sweep_section.budget, sweep_section.budget_reference
     if reference is not None:
         require_choice("sweep.budget_reference", reference, [row["point"] for row in grid])
     return kind, reference
@@ -315,7 +310,7 @@ def match_budget(points: Sequence[GridPoint], kind: str,
         per_step = StepCost.of(config, point.layout).of_budget(kind)
         _match_steps(config.train, max(1, round(budget.total / per_step)))
         try:
-            validate_train_config(config.train)
+            Train.from_config(config.train)
         except ConfigError as error:
             raise ConfigError(f"{point.experiment} point {point.point!r} under sweep.budget="
                               f"{kind!r}: {error}") from None

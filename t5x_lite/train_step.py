@@ -125,7 +125,7 @@ def _optimizer(settings: StepSettings) -> optax.GradientTransformation:
 def _init_fn(settings: StepSettings) -> Callable[[jax.Array], TrainState]:
     """seed key -> a fresh train state. The key is an argument, not a constant, so one
     compiled init serves every seed."""
-    model_cfg, tx = settings.model.as_config(), _optimizer(settings)
+    model_cfg, tx = settings.model, _optimizer(settings)
 
     def init(seed_key: jax.Array) -> TrainState:
         rngs = nnx.Rngs(jax.random.fold_in(seed_key, _INIT_STREAM))
@@ -137,7 +137,7 @@ def _init_fn(settings: StepSettings) -> Callable[[jax.Array], TrainState]:
 
 def _graphdef(model: ModelSettings) -> nnx.GraphDef:
     graphdef, _ = nnx.split(
-        nnx.eval_shape(lambda: build_model(model.as_config(), nnx.Rngs(0))), nnx.Param)
+        nnx.eval_shape(lambda: build_model(model, nnx.Rngs(0))), nnx.Param)
     return graphdef
 
 
@@ -427,13 +427,6 @@ def _validate_batch_split(settings: StepSettings, mesh: Mesh,
                           field: str = "train.batch_size") -> None:
     partitioning.validate_batch_split(
         settings.train.batch_size, settings.train.microbatches, mesh, settings.rules, field)
-
-
-def validate_config(config: ml_collections.ConfigDict, mesh: Mesh,
-                    batch_field: str = "train.batch_size") -> None:
-    """Every check that needs no arrays: model, train settings, batch split over the mesh;
-    `batch_field` names the batch size in the errors (fine-tuning's is finetune.batch_size)."""
-    _validate_batch_split(step_settings(config), mesh, batch_field)
 
 
 def _stacked(sharding: NamedSharding) -> NamedSharding:

@@ -9,9 +9,10 @@ import torch
 import transformers
 from flax import nnx
 
-from t5x_lite.config import ConfigError, validate_model_config
+from t5x_lite.config import ConfigError
 from t5x_lite.convert import from_hf_t5
 from t5x_lite.models import scan_layers
+from t5x_lite.settings import Settings
 
 V1_0 = dict(  # ReLU, tied and scaled logits, d_kv != d_model / num_heads
     vocab_size=128, d_model=64, d_ff=128, num_heads=4, d_kv=24, num_layers=2,
@@ -100,8 +101,7 @@ def test_config_mirrors_the_hf_config():
     assert (model.dropout_rate, model.layer_norm_epsilon) == (0.25, 1e-5)
     # 40 ids cannot hold the default 100 sentinels: 3 reserved + 1 real token leave 36.
     assert model.num_sentinels == 36
-    validate_model_config(model)
-    assert "train" in config and "objective" in config  # a whole config tree
+    Settings.from_config(config)  # a whole config tree, and a valid one
 
 
 def test_heads_times_d_kv_must_match_the_attention_weights():

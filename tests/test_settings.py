@@ -1,0 +1,162 @@
+"""The typed settings are the whole config: every field typed, every bad value named.
+
+A config field added without a settings field (or the other way round) fails
+`test_every_preset_maps_to_the_settings_and_back`; nothing here builds an array.
+"""
+import dataclasses
+import re
+import typing
+
+import ml_collections
+import pytest
+
+from t5x_lite import partitioning, presets, settings
+from t5x_lite.config import ConfigError, default_config
+from t5x_lite.settings import Settings
+
+
+def _configs():
+    yield "default", default_config()
+    for name in presets.PRESETS:
+        yield name, presets.get_preset(name)
+        yield f"sweep_preset({name})", presets.sweep_preset(name)
+        yield f"finetune_preset({name})", presets.finetune_preset(name)
+
+
+CONFIGS = dict(_configs())
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_preset_maps_to_the_settings_and_back(name):
+    config = CONFIGS[name]
+    typed = dataclasses.asdict(Settings.from_config(config))
+    if typed["sweep"] is None:
+        del typed["sweep"]  # only sweep presets have the section
+    expected = config.to_dict()
+    # The one field the settings normalise: every rule's target a tuple of mesh axes.
+    expected["mesh"]["rules"] = tuple(partitioning.normalize_rules(expected["mesh"]["rules"])
+                                      .items())
+    assert typed == expected
+
+
+def _sections(cls):
+    """(path, section class) of `cls` and of the sections inside it."""
+    for field in dataclasses.fields(cls):
+        hint = typing.get_type_hints(cls)[field.name]
+        hint = next((h for h in typing.get_args(hint) if h is not type(None)), hint)
+        if dataclasses.is_dataclass(hint):
+            yield hint
+            yield from _sections(hint)
+
+
+def test_every_field_is_annotated_with_a_type_the_checks_know():
+    # An annotation `_is_a` cannot read would reject every value, or accept any.
+    for section in _sections(Settings):
+        for field in dataclasses.fields(section):
+            hint = typing.get_type_hints(section)[field.name]
+            options = typing.get_args(hint) if typing.get_origin(hint) is not tuple else [hint]
+            for option in options or [hint]:
+                origin = typing.get_origin(option) or option
+                assert origin in (int, float, bool, str, tuple, type(None)) or \
+                    dataclasses.is_dataclass(origin), (section.NAME, field.name, hint)
+
+
+@pytest.mark.parametrize("path, value, message", [
+    ("model.arch", "rnn", "model.arch='rnn' is not allowed; choose one of encoder_decoder"),
+    ("model.d_model", 0, "model.d_model=0 must be a positive number"),
+    ("model.num_sentinels", -1, "model.num_sentinels=-1 must be >= 0"),
+    ("model.dropout_rate", 1.0, r"model.dropout_rate=1.0 must be in \[0, 1\)"),
+    ("model.scan_layers", None, "model.scan_layers=None must be True or False"),
+    ("model.vocab_size", 50, "model.vocab_size=50 is too small for model.num_sentinels=100"),
+    ("objective.name", "mlm", "objective.name='mlm' is not allowed; choose one of "
+                              "span_corruption"),
+    ("objective.noise_density", 1.5, r"objective.noise_density=1.5 is not allowed; it must be "
+                                     r"a number in \(0, 1\)"),
+    ("objective.inputs_length", 2, "objective.inputs_length=2 is not allowed; it must be an "
+                                   "integer >= 3"),
+    ("objective.targets_length", "long", "objective.targets_length='long' must be of type "
+                                         "int | None"),
+    ("train.optimizer", "sgd", "train.optimizer='sgd' is not allowed; choose one of adafactor, "
+                               "adamw"),
+    ("train.learning_rate", 0.0, "train.learning_rate=0.0 must be a positive number"),
+    ("train.warmup_steps", 3000, "train.warmup_steps=3000 must be <= train.steps=2000"),
+    ("train.label_smoothing", 1.0, r"train.label_smoothing=1.0 must be in \[0, 1\)"),
+    ("train.seed", None, "train.seed=None must be of type int"),
+    ("mesh.rules", (("batch", "data"), ("nope", None)), "mesh.rules names unknown logical "
+                                                        "axis 'nope'"),
+    ("mesh.shape", None, "mesh.shape=None must be of type tuple"),
+    ("data.tasks", ("a", 1), r"data.tasks=\('a', 1\) must be of type tuple\[str, ...\]"),
+    ("data.corpus", None, "data.corpus=None must be of type str"),
+    ("checkpoint.every", 0, "checkpoint.every=0 must be an integer >= 1"),
+    ("checkpoint.keep", 1.5, r"checkpoint.keep=1.5 must be an integer >= 1"),
+    ("finetune.steps", 0, "finetune.steps=0 must be an integer >= 1"),
+    ("finetune.schedule", "rsqrt", "finetune.warmup_steps=0 must be >= 1 for "
+                                   "finetune.schedule='rsqrt'"),
+    ("finetune.eval_examples", 0, "finetune.eval_examples=0 must be an integer >= 1"),
+    ("finetune.pack", None, "finetune.pack=None must be True or False"),
+    ("finetune.decode.method", "nucleus", "finetune.decode.method='nucleus' is not allowed; "
+                                          "choose one of greedy, sample, beam"),
+    ("finetune.decode.alpha", -1.0, "finetune.decode.alpha=-1.0 must be >= 0"),
+    ("sweep.budget", "joules", "sweep.budget='joules' is not allowed; choose one of steps, "
+                               "tokens, flops"),
+    ("sweep.tasks", (), r"sweep.tasks=\(\) must be a non-empty list of task names"),
+    ("sweep.seeds", (0, "1"), r"sweep.seeds=\(0, '1'\) must be of type tuple\[int, ...\]"),
+])
+def test_a_bad_value_is_a_one_line_error_naming_the_field(path, value, message):
+    # Not type-safe: as a config read back from JSON, whose fields take values of any type.
+    config = ml_collections.ConfigDict(presets.sweep_preset("tiny").to_dict(), type_safe=False)
+    config.update_from_flattened_dict({path: value})
+    with pytest.raises(ConfigError, match=f"^{message}") as error:
+        Settings.from_config(config)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("section", ["model", "objective", "train", "mesh", "data", "checkpoint",
+                                     "finetune", "finetune.decode", "sweep"])
+def test_an_unknown_or_missing_field_is_an_error_naming_it(section):
+    config = presets.sweep_preset("tiny")
+    node = config
+    for part in section.split("."):
+        node = node[part]
+    node.surplus = 1
+    with pytest.raises(ConfigError, match=rf"^{re.escape(section)}.surplus is not a field of "
+                                          rf"the config; the {re.escape(section)} section has "):
+        Settings.from_config(config)
+    del node["surplus"]
+    first = next(iter(node.keys()))
+    del node[first]
+    with pytest.raises(ConfigError, match=rf"^{re.escape(section)}.{first} is missing from the "
+                                          "config$"):
+        Settings.from_config(config)
+
+
+def test_an_unknown_or_missing_section_is_an_error_naming_it():
+    config = default_config()
+    config.extra = {"x": 1}
+    with pytest.raises(ConfigError, match="^extra is not a section of the config"):
+        Settings.from_config(config)
+    del config["extra"], config["checkpoint"]
+    with pytest.raises(ConfigError, match="^the config has no checkpoint section$"):
+        Settings.from_config(config)
+
+
+def test_settings_are_hashable_and_equal_for_equal_configs():
+    config = presets.sweep_preset("tiny")
+    same = presets.sweep_preset("tiny")
+    # Lists, as a config read back from JSON holds them, read as the tuples they were.
+    same.mesh.rules = [list(rule) for rule in same.mesh.rules]
+    same.data.tasks = []
+    assert Settings.from_config(config) == Settings.from_config(same)
+    assert hash(Settings.from_config(config)) == hash(Settings.from_config(same))
+    same.train.seed = 1
+    assert Settings.from_config(config) != Settings.from_config(same)
+    distinct = {c.to_json_best_effort(sort_keys=True) for c in CONFIGS.values()}
+    assert len({Settings.from_config(c) for c in CONFIGS.values()}) == len(distinct)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Settings.from_config(config).train.seed = 2
+
+
+def test_a_section_reads_a_plain_mapping_and_the_model_settings_pass_through():
+    model = settings.Model.from_config(default_config().model.to_dict())
+    assert settings.model_settings(model) is model
+    assert settings.model_settings(default_config().model) == model
