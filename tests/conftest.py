@@ -1,26 +1,35 @@
 """Test-wide set-up: 8 simulated CPU devices for the sharding tests, float32, hypothesis profile,
 and `shared_data`, the one way a test asks for ../shared/data."""
 import os
-import re
+import shutil
+import tempfile
 
 import pytest
+from hypothesis import settings
+
+from xla_env import with_device_count
 
 # Must be set before jax is imported anywhere. Forced, not defaulted: a developer who exports
 # JAX_PLATFORMS=cuda or XLA_FLAGS=--xla_force_host_platform_device_count=1 would otherwise get
-# fewer devices and failing mesh tests. The user's other XLA flags are kept.
+# fewer devices and failing mesh tests. The user's other XLA flags are kept; the fast-compile
+# flags are added (xla_env.py says why).
 DEVICE_COUNT = 8
-_DEVICE_COUNT_FLAG = re.compile(r"--xla_force_host_platform_device_count(=\S*)?")
-
-
-def _with_device_count(flags: str, count: int) -> str:
-    kept = _DEVICE_COUNT_FLAG.sub("", flags).split()
-    return " ".join(kept + [f"--xla_force_host_platform_device_count={count}"])
-
-
-os.environ["XLA_FLAGS"] = _with_device_count(os.environ.get("XLA_FLAGS", ""), DEVICE_COUNT)
+os.environ["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", ""), DEVICE_COUNT)
 os.environ["JAX_PLATFORMS"] = "cpu"
+# One persistent compilation cache for the session (xla_env.py): made here by the first process
+# (pytest itself, before xdist starts its workers, which inherit the variable), removed by it.
+_OWN_CACHE = None
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _OWN_CACHE = tempfile.mkdtemp(prefix="t5x_lite_tests_jax_cache_")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_CACHE
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
-from hypothesis import settings  # noqa: E402
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE is not None and not hasattr(config, "workerinput"):
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
+
 
 settings.register_profile("t5x_lite", deadline=None, max_examples=40, derandomize=True)
 settings.load_profile("t5x_lite")

@@ -2,7 +2,6 @@
 MFU, compile time and the config it ran. Nothing here checks a speed (benchmarks, not tests);
 it checks that every number is there, is consistent with the others and is JSON."""
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import pytest
 from t5x_lite import accounting, bench, presets
 from t5x_lite.config import ConfigError
 from tiny_configs import tiny_train_config
+from xla_env import child_env
 
 
 def test_bench_command_prints_one_consistent_json_object():
@@ -20,7 +20,7 @@ def test_bench_command_prints_one_consistent_json_object():
     process on one CPU device: one JSON object whose numbers agree with each other and with
     the accounting module, for the config the overrides made."""
     # One CPU device, as on a laptop; with XLA's freed host memory kept (`host_memory`).
-    env = {**os.environ, "XLA_FLAGS": "", "T5X_LITE_RETAIN_HOST_MEMORY": "1"}
+    env = child_env(1, T5X_LITE_RETAIN_HOST_MEMORY="1")
     done = subprocess.run(
         [sys.executable, "-m", "t5x_lite.cli", "bench", "--preset", "tiny", "--json",
          "--bench_steps", "2", "--config.model.num_layers=1", "--config.model.d_ff=256",

@@ -11,6 +11,7 @@ import pytest
 from t5x_lite import cli, presets
 from t5x_lite.config import ConfigError, apply_overrides, load_config_file, parse_overrides
 from t5x_lite.preemption import PREEMPTED_EXIT_STATUS
+from xla_env import child_env
 
 
 def test_a_preset_or_a_config_file_with_overrides(tmp_path):
@@ -164,7 +165,7 @@ def get_config(preset):
 
 def _cli(*args: str, hang_guard_s: int = 600) -> subprocess.CompletedProcess:
     # One CPU device, as on a laptop; tests/ on the path for the test experiment's configs.
-    env = {**os.environ, "XLA_FLAGS": "", "PYTHONPATH": os.path.dirname(__file__)}
+    env = child_env(1, PYTHONPATH=os.path.dirname(__file__))
     return subprocess.run([sys.executable, "-m", "t5x_lite.cli", *args], env=env,
                           capture_output=True, text=True, timeout=hang_guard_s)
 

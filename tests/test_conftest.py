@@ -1,6 +1,7 @@
-"""The test set-up itself: 8 CPU devices whatever the developer exported, shared-data tests
-that skip locally but fail under CI=true, and the compilation counter and cold program cache
-other tests rely on."""
+"""The test set-up itself: 8 CPU devices whatever the developer exported, children on their
+own device counts sharing the session's compilation cache, shared-data tests that skip locally
+but fail under CI=true, and the compilation counter and cold program cache other tests rely
+on."""
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import pytest
 
 import conftest
 from compile_events import cold_program_cache, compilations
+from xla_env import FAST_COMPILE_FLAGS, child_env, with_device_count
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
@@ -20,15 +22,20 @@ def test_the_session_has_eight_cpu_devices():
     assert [d.platform for d in jax.devices()] == ["cpu"] * 8
 
 
+FAST = " ".join(FAST_COMPILE_FLAGS)
+
+
 @pytest.mark.parametrize("flags, expected", [
-    ("", "--xla_force_host_platform_device_count=8"),
+    ("", f"{FAST} --xla_force_host_platform_device_count=8"),
     ("--xla_force_host_platform_device_count=1",
+     f"{FAST} --xla_force_host_platform_device_count=8"),
+    (f"--xla_cpu_enable_fast_math=false --xla_force_host_platform_device_count=2 {FAST} "
+     "--xla_dump_to=/d",
+     f"--xla_cpu_enable_fast_math=false --xla_dump_to=/d {FAST} "
      "--xla_force_host_platform_device_count=8"),
-    ("--xla_cpu_enable_fast_math=false --xla_force_host_platform_device_count=2 --xla_dump_to=/d",
-     "--xla_cpu_enable_fast_math=false --xla_dump_to=/d --xla_force_host_platform_device_count=8"),
 ])
 def test_the_device_count_flag_is_replaced_and_other_flags_kept(flags, expected):
-    assert conftest._with_device_count(flags, 8) == expected
+    assert with_device_count(flags, 8) == expected
 
 
 def test_exported_platform_and_device_count_are_overridden():
@@ -39,8 +46,23 @@ def test_exported_platform_and_device_count_are_overridden():
             "print(os.environ['XLA_FLAGS']); print(jax.device_count(), jax.default_backend())")
     out = subprocess.run([sys.executable, "-c", code, TESTS], env=env, capture_output=True,
                          text=True, check=True).stdout.splitlines()
-    assert out == ["--xla_cpu_enable_fast_math=false --xla_force_host_platform_device_count=8",
-                   "8 cpu"]
+    assert out == [f"--xla_cpu_enable_fast_math=false {FAST} "
+                   "--xla_force_host_platform_device_count=8", "8 cpu"]
+
+
+def test_children_get_their_device_count_and_the_session_compilation_cache():
+    """A child on 2 devices compiles with the test flags into this session's cache, which the
+    next child (and this process) can load from."""
+    cache = os.environ["JAX_COMPILATION_CACHE_DIR"]
+    assert os.path.isdir(cache) and cache == jax.config.jax_compilation_cache_dir
+    code = ("import jax, jax.numpy as jnp, os; print(jax.device_count()); "
+            "print(jax.config.jax_compilation_cache_dir); "
+            "jax.jit(lambda x: x * 3 + 1)(jnp.arange(7.0)).block_until_ready()")
+    before = set(os.listdir(cache))
+    out = subprocess.run([sys.executable, "-c", code], env=child_env(2), capture_output=True,
+                         text=True, check=True).stdout.splitlines()
+    assert out == ["2", cache]
+    assert set(os.listdir(cache)) > before  # the child wrote its program there
 
 
 def test_missing_shared_data_skips_locally(monkeypatch, tmp_path):

@@ -16,6 +16,7 @@ import pytest
 
 from t5x_lite import cli, launchers
 from t5x_lite.preemption import PREEMPTED_EXIT_STATUS, Preempted
+from xla_env import with_device_count
 
 DATA = Path(__file__).parent / "data"
 REPO = Path(__file__).resolve().parents[1]
@@ -138,14 +139,11 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def child_env(tmp_path_factory):
-    """For every child process of this module: two CPU devices, and a shared persistent
-    compilation cache (see the sweep tests below)."""
+def child_env():
+    """For every child process of this module: two CPU devices with the test flags (and the
+    session's compilation cache, which they inherit; see the sweep tests below)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
-        patch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path_factory.mktemp("jax_cache")))
-        patch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-        patch.setenv("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+        patch.setenv("XLA_FLAGS", with_device_count("", 2))
         yield
 
 

@@ -4,7 +4,6 @@ to one of two processes, saves the step it reached and exits with `PREEMPTED_EXI
 signal tests run child processes that train a toy state (no model) through the one run set-up
 and loop."""
 import json
-import os
 import pathlib
 import pickle
 import signal
@@ -25,6 +24,7 @@ from t5x_lite.checkpointing import Checkpointer
 from t5x_lite.config import default_config
 from t5x_lite.preemption import PREEMPTED_EXIT_STATUS, Preempted
 from t5x_lite.train_step import TrainState
+from xla_env import child_env
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -159,8 +159,7 @@ CHILD = textwrap.dedent(
 
 
 def spawn(*args: str) -> subprocess.Popen:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    env = child_env(1)
     return subprocess.Popen([sys.executable, "-c", CHILD, *args], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, text=True)
 

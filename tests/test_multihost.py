@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from tiny_configs import tiny_train_config as tiny_config
+from xla_env import child_env
 
 STEPS = 3
 PROCESSES = 2
@@ -64,18 +65,15 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-# The workers skip XLA's slow CPU optimisations: compiling, not running, dominates here.
-_FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 _TESTS = Path(__file__).resolve().parent
 
 
 def _environment(devices: int, **variables: str) -> dict[str, str]:
-    """A worker's environment: CPU with `devices` devices, this checkout (and tiny_configs)
-    importable, no multi-process settings but `variables`."""
+    """A worker's environment: CPU with `devices` devices and the session's compilation cache,
+    this checkout (and tiny_configs) importable, no multi-process settings but `variables`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "SLURM_", "TPU_"))}
-    return dict(env, JAX_PLATFORMS="cpu", PYTHONPATH=f"{_TESTS.parent}{os.pathsep}{_TESTS}",
-                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {_FAST_COMPILE}",
-                **variables)
+    return child_env(devices, env, PYTHONPATH=f"{_TESTS.parent}{os.pathsep}{_TESTS}",
+                     **variables)
 
 
 def _run_together(commands: list[list[str]], envs: list[dict[str, str]]) -> list[tuple[int, str]]:

@@ -3,7 +3,6 @@ batch, span corruption keeps the clean tokens in the inputs and moves the noise 
 and bad requests fail in one line. Every in-process preview uses Table 6's grid under the demo
 preset, whose points share one layout, so the corruption compiles once."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,13 +16,14 @@ import t5x_lite
 from t5x_lite import cli, objectives, partitioning, preview, train_step
 from t5x_lite.config import EOS_ID
 from t5x_lite.step_settings import step_settings
+from xla_env import child_env
 
 REPO_ROOT = Path(t5x_lite.__file__).resolve().parents[1]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     # One CPU device; this checkout's package, whatever is installed.
-    env = {**os.environ, "XLA_FLAGS": "", "PYTHONPATH": str(REPO_ROOT)}
+    env = child_env(1, PYTHONPATH=str(REPO_ROOT))
     return subprocess.run([sys.executable, "-m", "t5x_lite.cli", "preview", *args], env=env,
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
 

@@ -9,8 +9,8 @@ itself the signal when the loop asks for batch AT, i.e. after update AT ran but 
 logged (SIGKILL: possibly while an asynchronous checkpoint write is in flight) or before the
 loop looked for a signal (SIGTERM). KILL_AT > 2 * EVERY, so at least one checkpoint is complete
 by then (orbax finishes a save before it starts the next); TERM_AT is no save step, so its
-checkpoint is the preemption's. The children share JAX's persistent compilation cache, so only
-the first one compiles the train step.
+checkpoint is the preemption's. The children share the session's persistent compilation cache
+(xla_env.py), so only the first one compiles the train step.
 """
 import json
 import os
@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 from t5x_lite.config import default_config
+from xla_env import child_env
 
 STEPS, EVERY = 12, 3
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -61,11 +62,7 @@ def get_config(data_dir: str) -> ml_collections.ConfigDict:
 
 def run_child(data_dir: pathlib.Path, workdir: pathlib.Path, stop: str = "",
               at: int = -1) -> subprocess.CompletedProcess:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
-           "JAX_COMPILATION_CACHE_DIR": str(data_dir / "jax_cache"),
-           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-           "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+    env = child_env(2)
     command = [sys.executable, __file__, str(data_dir), str(workdir)]
     return subprocess.run(command + ([stop, str(at)] if stop else []), cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
