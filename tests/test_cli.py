@@ -16,9 +16,14 @@ from xla_env import child_env
 
 def test_a_preset_or_a_config_file_with_overrides(tmp_path):
     args, overrides = cli._parse(cli._config_parser("train"),
-                                 ["--preset", "demo", "--config.train.steps=3"])
+                                 ["--preset", "demo", "--config.train.steps=30"])
     config = cli._config(args, overrides)
-    assert config.train.steps == 3 and config.model.d_model == presets.demo().model.d_model
+    assert config.train.steps == 30 and config.model.d_model == presets.demo().model.d_model
+    # The overridden config is validated: the demo's 20 warm-up steps cannot fit in 3.
+    args, overrides = cli._parse(cli._config_parser("train"),
+                                 ["--preset", "demo", "--config.train.steps=3"])
+    with pytest.raises(ConfigError, match=r"train.warmup_steps=20 must be <= train.steps=3"):
+        cli._config(args, overrides)
     args, overrides = cli._parse(cli._config_parser("train"), [
         f"--config={os.path.abspath(presets.__file__)}:small", "--config.train.learning_rate=1"])
     config = cli._config(args, overrides)

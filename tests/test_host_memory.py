@@ -1,6 +1,7 @@
 """`host_memory.retain_freed_memory`: XLA:CPU's freed temporaries are reused, not faulted in
 again; only when asked for, and only for one CPU device."""
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -8,7 +9,6 @@ import sys
 import pytest
 
 from t5x_lite import host_memory
-from xla_env import child_env
 
 # A fresh process (malloc settings are process-wide and must precede JAX's threads) runs a
 # program with a 133 MB temporary 30 times and prints the page faults of each call.
@@ -35,8 +35,11 @@ glibc_only = pytest.mark.skipif(
 
 
 def _faults_per_call(mode: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", _FAULTS_PER_CALL, mode], env=child_env(1),
-                         check=True, capture_output=True, text=True).stdout
+    # One device and XLA's default flags: the program runs 30 times and compiles once, so the
+    # tests' fast-compile flags (xla_env.py) would only make it slower (54 s -> 191 s).
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+    out = subprocess.run([sys.executable, "-c", _FAULTS_PER_CALL, mode], env=env, check=True,
+                         capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 

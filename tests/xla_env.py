@@ -9,7 +9,8 @@ Tests compile far more than they run (tiny models, a few steps), so:
   worker or child process is loaded by the others: a killed run and its resumption, a sweep run
   twice, the same tiny step in several files. The cache key holds the flags and the device
   count, so a child with other devices never loads another's program.
-A test that starts a child gives it `child_env(devices)`, never its own XLA_FLAGS.
+A test that starts a child gives it `child_env(devices)`, never its own XLA_FLAGS, unless the
+child runs far more than it compiles (test_host_memory.py).
 """
 from __future__ import annotations
 
