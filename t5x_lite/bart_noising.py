@@ -43,10 +43,12 @@ def num_to_mask(length: Any, noise_density: Any, xp: Any = jnp) -> Any:
     return xp.ceil(product).astype(xp.int32)
 
 
-def _ranks(uniform: jax.Array, eligible: jax.Array) -> jax.Array:
-    """int32 rank of each eligible draw among the eligible draws (the others rank last): the
-    positions ranked below k are a uniformly random k-subset of the eligible ones."""
-    return jnp.argsort(jnp.argsort(jnp.where(eligible, uniform, 2.0))).astype(jnp.int32)
+def _smallest(uniform: jax.Array, eligible: jax.Array, count: jax.Array) -> jax.Array:
+    """bool: the `count` eligible positions with the smallest draws, a uniformly random
+    count-subset of the eligible ones (one sort and a scatter: the rank of order[j] is j)."""
+    order = jnp.argsort(jnp.where(eligible, uniform, 2.0))  # the others rank last
+    chosen = jnp.arange(uniform.shape[0]) < count
+    return jnp.zeros(uniform.shape[0], bool).at[order].set(chosen) & eligible
 
 
 def _uniform_index(uniform: jax.Array, count: jax.Array) -> jax.Array:
@@ -58,7 +60,7 @@ def exact_count_mask(uniform: jax.Array, noise_density: Any, valid_length: Any) 
     """bool[R]: exactly `num_to_mask(valid_length, noise_density)` of the first valid_length
     positions, chosen uniformly without replacement, from uniform draws float32[R]."""
     valid = jnp.arange(uniform.shape[0]) < valid_length
-    return valid & (_ranks(uniform, valid) < num_to_mask(valid_length, noise_density))
+    return _smallest(uniform, valid, num_to_mask(valid_length, noise_density))
 
 
 def rotation_start(uniform: jax.Array, valid_length: Any) -> jax.Array:
@@ -122,7 +124,7 @@ def infilling_plan(draws: jax.Array, noise_density: Any, poisson_lambda: Any,
     # A uniformly random interleaving of the K spans and the clean tokens: K of the slots.
     num_used = valid_length - budget + num_spans
     in_sequence = slot < num_used
-    is_span = in_sequence & (_ranks(draws[num_slots:2 * num_slots], in_sequence) < num_spans)
+    is_span = _smallest(draws[num_slots:2 * num_slots], in_sequence, num_spans)
     # Spans take the draws in a cyclic order from a uniform offset: the draws before the cut
     # one are exchangeable, so this orders all K uniformly at random (the cut one, shorter on
     # average, is not always last).
