@@ -40,6 +40,11 @@ OBJECTIVES = (
     "prefix_lm",
     "lm",
     "iid_denoising",  # appended, so that the others keep their ids
+    # BART's noising functions (Lewis et al. 2019, section 2.2), appended likewise.
+    "token_masking",
+    "token_deletion",
+    "text_infilling",
+    "document_rotation",
 )
 # Inputs must hold at least one non-noise token, one sentinel and EOS.
 MIN_INPUTS_LENGTH = 3

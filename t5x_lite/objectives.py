@@ -31,6 +31,31 @@ Objectives (Raffel et al. 2020, Tables 4 to 7), for raw tokens x_1..x_n:
 - prefix_lm: a random split point; inputs = prefix, targets = continuation.
 - lm: no inputs (an encoder-decoder's encoder gets a lone EOS); targets = the whole span.
 
+BART's noising functions (Lewis et al. 2019, arXiv 1910.13461, section 2.2 and Table 1;
+`t5x_lite.bart_noising`); "the decoder reconstructs the document": each one's targets are the
+original x_1..x_n + EOS. m = ceil(n * noise_density) tokens are corrupted, counted as fairseq's
+`DenoisingDataset` counts them (float32; fairseq's `mask` ratio is noise_density):
+- token_masking: "following BERT, random tokens are sampled and replaced with [MASK]
+  elements": exactly m positions, uniformly without replacement, become the mask token
+  (mass_style with fairseq's exact count instead of T5's i.i.d. noise; random_token_fraction
+  is ignored, as BART masks only).
+- token_deletion: "random tokens are deleted from the input; ... the model must decide which
+  positions are missing inputs": the same m positions (the same draw: one rng masks and deletes
+  the same tokens) are removed.
+- text_infilling: "a number of text spans are sampled, with span lengths drawn from a Poisson
+  distribution (lambda = 3); each span is replaced with a single [MASK] token; 0-length spans
+  correspond to the insertion of [MASK] tokens". lambda = mean_noise_span_length (3, the
+  paper's, by default). Span lengths are drawn until they cover m tokens, the last cut to the
+  budget (fairseq's `add_whole_word_mask` with `replace_length=1`); the spans and the clean
+  tokens are interleaved uniformly at random, so spans never overlap and exactly m tokens are
+  noise (fairseq draws distinct span starts and lets spans that overlap merge and spans that
+  reach the document's end stop there, so it can mask fewer).
+- document_rotation: "a token is chosen uniformly at random, and the document is rotated so
+  that it begins with that token" (any of the n, the first included, as fairseq's
+  `add_rolling_noise`); no noise mask, noise_density is ignored.
+Sentence permutation and text infilling + sentence permutation are not here: they need the
+sentence boundaries, which the token chunks do not keep.
+
 The masked language models, and the two definitions of them:
 - BERT (Devlin et al. 2018, arXiv 1810.04805, section 3.1 "Masked LM"): 15% of the token
   positions are chosen at random; a chosen token is replaced by [MASK] 80% of the time, by a
@@ -49,7 +74,8 @@ these two objectives only (`Architecture.objectives`): the others' targets are n
 inputs' own tokens.
 Inputs and targets always end with EOS. The mask token is `<extra_id_0>` = vocab_size - 1,
 sentinel i is vocab_size - 1 - i, real tokens lie in [3, vocab_size - num_sentinels).
-The i.i.d. objectives' lengths are random: `t5x_lite.noise_lengths` bounds them.
+The i.i.d. objectives' lengths are random: `t5x_lite.noise_lengths` bounds them; text
+infilling's inputs too: `bart_noising.infilling_raw_length` bounds them.
 """
 from __future__ import annotations
 
@@ -62,7 +88,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_lite import architectures, batch_format, noise_lengths
+from t5x_lite import architectures, bart_noising, batch_format, noise_lengths
 # OBJECTIVES (the objective ids) lives with the config's other allowed values, which
 # `t5x_lite.settings` checks a config against.
 from t5x_lite.config import EOS_ID, NUM_RESERVED_IDS, OBJECTIVES, PAD_ID, ConfigError
@@ -179,8 +205,14 @@ def lengths_for(objective: str, inputs_length: int, noise_density: float,
       `noise_lengths.iid_lengths` chooses the largest raw and the smallest targets that an
       example exceeds with probability <= noise_lengths.OVERFLOW_PROBABILITY; inputs =
       inputs_length (mean_noise_span_length is ignored).
-    - bert_style, mass_style, deshuffling, prefix_lm: raw = inputs_length - 1, and inputs and
-      targets are at most raw + EOS (for prefix_lm each part is shorter, raw + EOS bounds both).
+    - bert_style, mass_style, deshuffling, prefix_lm, token_masking, document_rotation:
+      raw = inputs_length - 1, and inputs and targets are at most raw + EOS (for prefix_lm each
+      part is shorter, raw + EOS bounds both).
+    - token_deletion: raw = inputs_length - 1, targets = raw + EOS, inputs = the longest
+      n - ceil(n * noise_density) + EOS (`bart_noising.token_deletion_inputs_length`).
+    - text_infilling: raw = `bart_noising.infilling_raw_length` (<= inputs_length - 1: the
+      largest whose inputs overflow with probability <= noise_lengths.OVERFLOW_PROBABILITY),
+      inputs = inputs_length, targets = raw + EOS.
     - lm: raw = inputs_length - 1, no inputs, targets = raw + EOS.
     """
     if objective == "span_corruption":
@@ -189,7 +221,13 @@ def lengths_for(objective: str, inputs_length: int, noise_density: float,
     if objective in noise_lengths.COUNTS:
         lengths = noise_lengths.iid_lengths(objective, inputs_length, noise_density)
         return lengths.raw_length, lengths.inputs_length, lengths.targets_length
+    if objective == "text_infilling":
+        raw = bart_noising.infilling_raw_length(inputs_length, float(noise_density),
+                                                float(mean_noise_span_length))
+        return raw, inputs_length, raw + 1
     raw = inputs_length - 1
+    if objective == "token_deletion":
+        return raw, bart_noising.token_deletion_inputs_length(raw, noise_density), raw + 1
     return raw, (0 if objective == "lm" else raw + 1), raw + 1
 
 
@@ -204,10 +242,11 @@ def expected_loss_tokens(objective: str, inputs_length: int, noise_density: floa
     - iid_denoising: R p noise tokens, E[runs] = p + (R - 1) p (1 - p) sentinels leading them,
       the final sentinel and EOS;
     - drop_corrupted_tokens: R p + 1;
-    - bert_style, mass_style, deshuffling, lm: R + 1 (every token is a target);
+    - bert_style, mass_style, deshuffling, lm and BART's token_masking, token_deletion,
+      text_infilling, document_rotation: R + 1 (every token is a target);
     - prefix_lm: the split is uniform over [1, R - 1] (`random_prefix_split`), so R / 2 + 1.
-    The i.i.d. objectives' rare examples that overflow the layout (share <=
-    `noise_lengths.OVERFLOW_PROBABILITY`) get no loss weights; that is left out.
+    The rare examples of the i.i.d. objectives and text_infilling that overflow the layout
+    (share <= `noise_lengths.OVERFLOW_PROBABILITY`) get no loss weights; that is left out.
     """
     raw, _, targets = lengths_for(objective, inputs_length, noise_density, mean_noise_span_length)
     p = float(noise_density)
@@ -240,8 +279,13 @@ def _validated_lengths(point: Mapping[str, Any]) -> tuple[int, int, int]:
     """Check one objective config (a ConfigDict or dict: `settings.check_objective`) and
     return its `lengths_for`."""
     check_objective(point)
-    return lengths_for(point["name"], point["inputs_length"], point["noise_density"],
-                       point["mean_noise_span_length"])
+    lengths = lengths_for(point["name"], point["inputs_length"], point["noise_density"],
+                          point["mean_noise_span_length"])
+    if lengths[0] < 1:  # only text_infilling's raw length shrinks with its overflow risk
+        raise ConfigError(f"objective.inputs_length={point['inputs_length']} is too small for "
+                          f"{_describe(point)}: even a one-token document's inputs would "
+                          f"overflow it with probability > {noise_lengths.OVERFLOW_PROBABILITY}")
+    return lengths
 
 
 def _require_targets_length(point: Mapping[str, Any], lengths: tuple[int, int, int]) -> None:
@@ -435,19 +479,46 @@ def random_prefix_split(valid_length: Any, rng: jax.Array) -> jax.Array:
 
 # ---------------------------------------------------------------------------------------------
 # Encoders (device; one example). Each takes tokens int32[R], the valid length n, the spec,
-# uniform draws float32[3, R] and the layout; it returns (inputs, targets, noise, sentinels):
-# inputs and targets int32[_packed_width(R)], the tokens packed at the front, EOS after them,
-# then zero padding; noise bool[R], the tokens it corrupted (all False for an objective without
-# a noise mask: deshuffling, prefix_lm, lm); sentinels int32, how many sentinel ids
-# (<extra_id_0> up) it needs, which the layout must hold.
+# uniform draws float32[_uniform_rows(layout), R] (`_example_draws`) and the layout; it
+# returns (inputs, targets, noise, sentinels): inputs and targets int32[_packed_width], the
+# tokens packed at the front, EOS after them, then zero padding; noise bool[R], the tokens it
+# corrupted (all False for an objective without a noise mask: deshuffling, prefix_lm, lm,
+# document_rotation); sentinels int32, how many sentinel ids (<extra_id_0> up) it needs, which
+# the layout must hold.
 # ---------------------------------------------------------------------------------------------
 
 
-def _packed_width(tokens: jax.Array) -> int:
-    """R + 3 for R raw tokens: the longest output of any objective, iid_denoising's targets
-    (noise + runs <= R + 1, as every run but the last is followed by a clean token, plus the
-    final sentinel and EOS). One width for all, as `lax.switch` needs equal shapes."""
-    return tokens.shape[0] + 3
+def _packed_width(layout: BatchLayout) -> int:
+    """max(R + 3, inputs_length + 1) for R = layout.raw_length. R + 3 is the longest output of
+    the T5 objectives, iid_denoising's targets (noise + runs <= R + 1, as every run but the
+    last is followed by a clean token, plus the final sentinel and EOS); text infilling's
+    inputs are unbounded (zero-length spans insert masks), and a width past inputs_length
+    makes any that do not fit count as overflow (`_fits`) instead of being cut silently. One
+    width for all, as `lax.switch` needs equal shapes."""
+    return max(layout.raw_length + 3, layout.inputs_length + 1)
+
+
+def _uniform_rows(layout: BatchLayout) -> int:
+    """Rows of R uniform draws per example: 3 for the T5 objectives, then enough for text
+    infilling's 2 * width + 1 (`bart_noising.infilling_plan`)."""
+    return 3 + -(-(2 * _packed_width(layout) + 1) // max(layout.raw_length, 1))
+
+
+def _example_draws(rng: jax.Array, layout: BatchLayout) -> jax.Array:
+    """float32[_uniform_rows(layout), R]: one example's uniform draws. The first 3 rows are
+    one draw from `rng` as before text infilling existed (the T5 objectives' corruption keeps
+    its values for a given rng); text infilling's rows come from a key folded off it."""
+    length = layout.raw_length
+    first = jax.random.uniform(rng, (3, length))
+    more = jax.random.uniform(jax.random.fold_in(rng, 1), (_uniform_rows(layout) - 3, length))
+    return jnp.concatenate([first, more])
+
+
+def example_draws(rng: jax.Array, batch_size: int, layout: BatchLayout) -> jax.Array:
+    """float32[batch_size, rows, R]: the uniform draws `corrupt_with_details` gives each
+    example of a batch corrupted with `rng` (for tests that re-derive an objective's noise)."""
+    return jax.vmap(functools.partial(_example_draws, layout=layout))(
+        jax.random.split(rng, batch_size))
 
 
 def _pack_with_eos(values: jax.Array, keep: jax.Array, width: int) -> jax.Array:
@@ -485,7 +556,7 @@ def _no_noise(tokens: jax.Array) -> jax.Array:
 
 
 def _span_corruption(tokens, n, spec, uniform, layout):
-    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(tokens)
+    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(layout)
     noise = _spans_mask(uniform[:2], spec.noise_density, spec.mean_noise_span_length, n)
     inputs = _pack_with_eos(*_spans_to_sentinels(tokens, noise, valid, layout), width)
     targets = _pack_with_eos(*_spans_to_sentinels(tokens, valid & ~noise, valid, layout), width)
@@ -493,7 +564,7 @@ def _span_corruption(tokens, n, spec, uniform, layout):
 
 
 def _iid_denoising(tokens, n, spec, uniform, layout):
-    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(tokens)
+    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(layout)
     noise = _iid_mask(uniform[0], spec.noise_density, n)
     inputs = _pack_with_eos(*_spans_to_sentinels(tokens, noise, valid, layout), width)
     # Targets: each noise token, led by its run's sentinel where a run starts (a pair of slots
@@ -508,7 +579,7 @@ def _iid_denoising(tokens, n, spec, uniform, layout):
 
 
 def _drop_corrupted_tokens(tokens, n, spec, uniform, layout):
-    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(tokens)
+    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(layout)
     # The same draw as iid_denoising: with one rng both objectives corrupt the same tokens.
     noise = _iid_mask(uniform[0], spec.noise_density, n)
     return (_pack_with_eos(tokens, valid & ~noise, width), _pack_with_eos(tokens, noise, width),
@@ -517,7 +588,7 @@ def _drop_corrupted_tokens(tokens, n, spec, uniform, layout):
 
 def _mask_or_random_tokens(tokens, n, noise_density, random_token_fraction, uniform, layout):
     """Shared by bert_style and mass_style: i.i.d. noise tokens -> mask token or random token."""
-    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(tokens)
+    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(layout)
     noise = _iid_mask(uniform[0], noise_density, n)
     use_random = uniform[1] < random_token_fraction
     first_sentinel = layout.vocab_size - layout.num_sentinels
@@ -538,14 +609,14 @@ def _mass_style(tokens, n, spec, uniform, layout):
 
 
 def _deshuffling(tokens, n, spec, uniform, layout):
-    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(tokens)
+    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(layout)
     order = jnp.argsort(jnp.where(valid, uniform[0], 2.0))  # a random order of the valid tokens
     return (_pack_with_eos(tokens[order], valid, width), _pack_with_eos(tokens, valid, width),
             _no_noise(tokens), jnp.int32(0))
 
 
 def _prefix_lm(tokens, n, spec, uniform, layout):
-    position, width = jnp.arange(tokens.shape[0]), _packed_width(tokens)
+    position, width = jnp.arange(tokens.shape[0]), _packed_width(layout)
     split = _prefix_split(uniform[0, 0], n)
     return (_pack_with_eos(tokens, position < split, width),
             _pack_with_eos(tokens, (position >= split) & (position < n), width), _no_noise(tokens),
@@ -553,7 +624,7 @@ def _prefix_lm(tokens, n, spec, uniform, layout):
 
 
 def _lm(tokens, n, spec, uniform, layout):
-    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(tokens)
+    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(layout)
     # No inputs; a family whose rows need an input token (an encoder's) gets a lone EOS.
     if batch_format.min_inputs_length(layout.family):
         inputs = _pack_with_eos(tokens, _no_noise(tokens), width)
@@ -562,14 +633,53 @@ def _lm(tokens, n, spec, uniform, layout):
     return inputs, _pack_with_eos(tokens, valid, width), _no_noise(tokens), jnp.int32(0)
 
 
+# BART's noising (`t5x_lite.bart_noising`): every target is the original document + EOS.
+
+
+def _token_masking(tokens, n, spec, uniform, layout):
+    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(layout)
+    noise = bart_noising.exact_count_mask(uniform[0], spec.noise_density, n)
+    masked = jnp.where(noise, layout.vocab_size - 1, tokens)  # <extra_id_0>
+    return (_pack_with_eos(masked, valid, width), _pack_with_eos(tokens, valid, width), noise,
+            jnp.int32(1))
+
+
+def _token_deletion(tokens, n, spec, uniform, layout):
+    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(layout)
+    # The same draw as token_masking: with one rng both corrupt the same tokens.
+    noise = bart_noising.exact_count_mask(uniform[0], spec.noise_density, n)
+    return (_pack_with_eos(tokens, valid & ~noise, width), _pack_with_eos(tokens, valid, width),
+            noise, jnp.int32(0))
+
+
+def _text_infilling(tokens, n, spec, uniform, layout):
+    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(layout)
+    plan = bart_noising.infilling_plan(uniform[3:].ravel(), spec.noise_density,
+                                       spec.mean_noise_span_length, n, tokens.shape[0], width)
+    clean = tokens[jnp.clip(plan.raw_start, 0, max(tokens.shape[0] - 1, 0))]
+    slots = jnp.where(plan.is_span, layout.vocab_size - 1, clean)  # a span: <extra_id_0>
+    return (_pack_with_eos(slots, plan.in_sequence, width), _pack_with_eos(tokens, valid, width),
+            plan.noise, jnp.int32(1))
+
+
+def _document_rotation(tokens, n, spec, uniform, layout):
+    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(layout)
+    start = bart_noising.rotation_start(uniform[0, 0], n)
+    rotated = tokens[(start + jnp.arange(tokens.shape[0])) % jnp.maximum(n, 1)]
+    return (_pack_with_eos(rotated, valid, width), _pack_with_eos(tokens, valid, width),
+            _no_noise(tokens), jnp.int32(0))
+
+
 # In the order of OBJECTIVES: the objective id indexes this tuple.
 _ENCODERS = (_span_corruption, _drop_corrupted_tokens, _bert_style, _mass_style, _deshuffling,
-             _prefix_lm, _lm, _iid_denoising)
-# The objectives whose noise mask depends on objective.mean_noise_span_length (random spans).
-READS_MEAN_SPAN_LENGTH = ("span_corruption",)
+             _prefix_lm, _lm, _iid_denoising, _token_masking, _token_deletion, _text_infilling,
+             _document_rotation)
+# The objectives whose noise depends on objective.mean_noise_span_length: random spans, and
+# text infilling's span lengths, Poisson(lambda = mean_noise_span_length).
+READS_MEAN_SPAN_LENGTH = ("span_corruption", "text_infilling")
 # Whether an objective corrupts chosen tokens (its `noise_mask` means something); by name, not
 # by position beside OBJECTIVES, so an appended objective cannot shift the flags.
-_WITHOUT_NOISE_MASK = ("deshuffling", "prefix_lm", "lm")
+_WITHOUT_NOISE_MASK = ("deshuffling", "prefix_lm", "lm", "document_rotation")
 HAS_NOISE_MASK = {name: name not in _WITHOUT_NOISE_MASK for name in OBJECTIVES}
 
 
@@ -609,7 +719,7 @@ def corrupt_with_details(raw_tokens: jax.Array, spec: ObjectiveSpec, rng: jax.Ar
     def one_example(tokens, example_spec, example_rng):
         in_range = jnp.arange(tokens.shape[0]) < example_spec.raw_length
         n = jnp.sum(in_range & (tokens != PAD_ID)).astype(jnp.int32)
-        uniform = jax.random.uniform(example_rng, (3, tokens.shape[0]))
+        uniform = _example_draws(example_rng, layout)
         branches = [functools.partial(encode, layout=layout) for encode in _ENCODERS]
         inputs, targets, noise, sentinels = jax.lax.switch(
             example_spec.objective, branches, tokens, n, example_spec, uniform)

@@ -157,6 +157,8 @@ def _header(run: PreviewedRun) -> list[str]:
         settings = f": noise_density {objective.noise_density}"
         if objective.name in objectives.READS_MEAN_SPAN_LENGTH:
             settings += f", mean_noise_span_length {objective.mean_noise_span_length}"
+            if objective.name == "text_infilling":  # BART's Poisson span lengths
+                settings += " (the Poisson lambda of its span lengths)"
     return [
         f"{where}, seed {run.seed}",
         f"objective {objective.name}{settings}; model.arch {config.model.arch}",

@@ -243,7 +243,9 @@ def test_lengths_for_follows_each_objectives_rule(name):
         bounds = noise_lengths.iid_lengths(name, 128, 0.15)
         assert (raw, inputs, targets) == (bounds.raw_length, 128, bounds.targets_length)
         assert raw >= 127  # inputs are at most raw + EOS
-    else:
+    elif name == "token_deletion":  # ceil(127 * 0.15) = 20 tokens deleted, exactly
+        assert (raw, inputs, targets) == (127, 127 - 20 + 1, 128)
+    else:  # text_infilling too: its 20 masked tokens rarely (~1e-10) come in over 20 spans
         assert (raw, inputs, targets) == (127, 0 if name == "lm" else 128, 128)
 
 
@@ -450,9 +452,14 @@ def test_iid_denoising_without_noise_keeps_the_text_and_targets_the_final_sentin
 def test_outputs_use_only_real_tokens_eos_and_their_own_special_ids(name, density, span, fraction,
                                                                     lengths, seed):
     tokens = raw_tokens(seed, lengths)  # rows end in padding: each uses its real tokens only
-    batch = corrupt_jit(tokens, make_spec(name, density, span, RAW, fraction), jax.random.key(seed),
-                        WIDE["encoder_decoder"])
+    batch, details = corrupt_with_details_jit(tokens, make_spec(name, density, span, RAW, fraction),
+                                              jax.random.key(seed), WIDE["encoder_decoder"])
+    overflow = np.asarray(details["overflow"])
+    # WIDE holds every output but text infilling's with many zero-length spans (flagged).
+    assert name == "text_infilling" or not overflow.any()
     for i, n in enumerate(lengths):
+        if overflow[i]:
+            continue
         original = tokens[i, :n].tolist()
         inputs = unpad(batch["encoder_input_tokens"][i])
         targets = unpad(batch["decoder_target_tokens"][i])
@@ -473,6 +480,16 @@ def test_outputs_use_only_real_tokens_eos_and_their_own_special_ids(name, densit
             assert targets == original and sorted(inputs) == sorted(original)
         elif name == "prefix_lm":
             assert 1 <= len(inputs) <= n - 1 and inputs + targets == original
+        elif name in ("token_masking", "text_infilling"):
+            assert targets == original
+            assert all(REAL_LOW <= t < REAL_HIGH or t == VOCAB - 1 for t in inputs)
+            assert len(inputs) == n if name == "token_masking" else VOCAB - 1 in inputs
+        elif name == "token_deletion":
+            assert targets == original and all(REAL_LOW <= t < REAL_HIGH for t in inputs)
+            assert len(inputs) == n - int(np.ceil(np.float32(n) * np.float32(density)))
+        elif name == "document_rotation":
+            assert targets == original and any(inputs == original[k:] + original[:k]
+                                               for k in range(n))
         else:  # lm: the encoder gets a lone EOS
             assert inputs == [] and targets == original
 
@@ -542,8 +559,11 @@ def test_outputs_fit_the_lengths_the_arithmetic_promises(name, inputs_length, de
     # derandomized, these 25 x 8 examples are within them.
     assert input_lengths.max() <= max(inputs_bound, 1) <= inputs_length
     assert target_lengths.max() <= targets_bound
-    if name in ("span_corruption", "lm"):
+    if name in ("lm", "token_masking", "token_deletion", "text_infilling", "document_rotation"):
         assert target_lengths.min() == targets_bound, "these objectives' lengths are exact"
+    if name == "span_corruption":  # exact too, but for noise spans that merge (fewer sentinels)
+        num_noise, num_spans = expected_counts(raw, density, span)
+        assert (target_lengths == num_noise + num_spans + 1).all()
 
 
 @given(name=st.sampled_from(OBJECTIVES), density=densities, span=span_lengths,
@@ -551,10 +571,12 @@ def test_outputs_fit_the_lengths_the_arithmetic_promises(name, inputs_length, de
 def test_decoder_only_row_is_inputs_then_targets(name, density, span, raw_length, seed):
     tokens, rng = raw_tokens(seed), jax.random.key(seed)
     spec = make_spec(name, density, span, raw_length)
-    pair = corrupt_jit(tokens, spec, rng, WIDE["encoder_decoder"])
+    pair, details = corrupt_with_details_jit(tokens, spec, rng, WIDE["encoder_decoder"])
     row = corrupt_jit(tokens, spec, rng, WIDE["decoder_only"])
     assert row["decoder_target_tokens"].shape == (BATCH, 2 * RAW + 4)
-    for i in range(BATCH):
+    # Only text infilling can overflow WIDE; each family cuts an overflowing example its way.
+    assert name == "text_infilling" or not np.asarray(details["overflow"]).any()
+    for i in np.flatnonzero(~np.asarray(details["overflow"])):
         inputs = [] if name == "lm" else unpad(pair["encoder_input_tokens"][i])
         targets = unpad(pair["decoder_target_tokens"][i])
         sequence = np.asarray(row["decoder_target_tokens"][i])
@@ -715,7 +737,7 @@ def test_details_noise_mask_is_what_the_objective_corrupted(name):
         # Every clean token reaches the inputs unchanged and in order; no noise token survives
         # where the objective replaces or drops it.
         clean = row[~mask].tolist()
-        if name in ("bert_style", "mass_style"):
+        if name in ("bert_style", "mass_style", "token_masking"):
             assert out[:RAW][~mask].tolist() == clean
         else:
             assert [t for t in unpad(out) if REAL_LOW <= t < REAL_HIGH] == clean

@@ -160,3 +160,35 @@ def test_an_unknown_point_lists_the_grid_without_a_traceback():
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert ("point='encoder_decoder/iid' is not a point of table2; choose one of "
             "encoder_decoder/denoising, encoder_decoder_shared/denoising") in result.stderr
+
+
+@pytest.mark.parametrize("name", ["token_masking", "token_deletion", "text_infilling",
+                                  "document_rotation"])
+def test_preview_shows_each_bart_objective(name):
+    """BART's noising: the targets are the document itself; the inputs are what the objective
+    makes of it, shown as text and named in each example's `objective`."""
+    run = preview.previewed_run(None, None, "demo", seed=2,
+                                overrides=[f"--config.objective.name={name}"])
+    examples = preview.corrupted_examples(run, count=2)
+    mask = run.layout.vocab_size - 1  # <extra_id_0>
+    for example in examples:
+        assert example["objective"] == name and not example["overflow"]
+        raw, inputs = np.array(example["raw"]), np.array(example["inputs"][:-1])
+        assert example["targets"] == example["raw"] + [EOS_ID]
+        if name == "document_rotation":
+            assert example["noise_mask"] is None
+            assert any((np.roll(raw, -k) == inputs).all() for k in range(len(raw)))
+            continue
+        noise = np.array(example["noise_mask"], bool)
+        assert noise.sum() == np.ceil(np.float32(len(raw)) * np.float32(0.15))
+        if name == "token_masking":
+            np.testing.assert_array_equal(inputs, np.where(noise, mask, raw))
+        elif name == "token_deletion":
+            np.testing.assert_array_equal(inputs, raw[~noise])
+        else:  # text infilling: the clean tokens in order, a mask for each span
+            np.testing.assert_array_equal(inputs[inputs != mask], raw[~noise])
+            assert example["inputs_text"].count("<extra_id_0>") == np.sum(inputs == mask) > 0
+    text = preview.format_text(run, examples)
+    if name == "text_infilling":
+        assert "mean_noise_span_length 3.0 (the Poisson lambda of its span lengths)" in text
+    assert f"objective {name}" in text and f"  inputs:  {examples[0]['inputs_text']}" in text
