@@ -25,10 +25,10 @@ import ml_collections
 from jax.sharding import Mesh
 
 from t5x_lite import partitioning
-from t5x_lite.settings import Settings
 from t5x_lite.checkpointing import RESUME_FIELDS, Checkpointer
 from t5x_lite.config import ConfigError
 from t5x_lite.loop import MetricsWriter, Point, PreemptionWatch, Progress, Run, Throughput
+from t5x_lite.settings import Settings
 from t5x_lite.train_step import (
     FinetuneStep,
     TrainState,
