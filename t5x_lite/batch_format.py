@@ -220,8 +220,9 @@ def in_place(family: str) -> bool:
 
 
 def mask_token(vocab_size: int) -> int:
-    """The mask slot token of `encoder_only` task rows: `<extra_id_0>` = vocab_size - 1, the
-    token `bert_style` and `mass_style` mask with."""
+    """The mask token, `<extra_id_0>` = vocab_size - 1: what `bert_style`, `mass_style` and
+    BART's token masking and text infilling mask with, and the slot of `encoder_only` task
+    rows."""
     return vocab_size - 1
 
 

@@ -593,7 +593,7 @@ def _mask_or_random_tokens(tokens, n, noise_density, random_token_fraction, unif
     use_random = uniform[1] < random_token_fraction
     first_sentinel = layout.vocab_size - layout.num_sentinels
     random_tokens = _uniform_int(uniform[2], NUM_RESERVED_IDS, first_sentinel)
-    mask_token = layout.vocab_size - 1  # <extra_id_0>
+    mask_token = batch_format.mask_token(layout.vocab_size)
     corrupted = jnp.where(noise, jnp.where(use_random, random_tokens, mask_token), tokens)
     return (_pack_with_eos(corrupted, valid, width), _pack_with_eos(tokens, valid, width), noise,
             jnp.int32(1))
@@ -639,7 +639,7 @@ def _lm(tokens, n, spec, uniform, layout):
 def _token_masking(tokens, n, spec, uniform, layout):
     valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(layout)
     noise = bart_noising.exact_count_mask(uniform[0], spec.noise_density, n)
-    masked = jnp.where(noise, layout.vocab_size - 1, tokens)  # <extra_id_0>
+    masked = jnp.where(noise, batch_format.mask_token(layout.vocab_size), tokens)
     return (_pack_with_eos(masked, valid, width), _pack_with_eos(tokens, valid, width), noise,
             jnp.int32(1))
 
@@ -657,7 +657,7 @@ def _text_infilling(tokens, n, spec, uniform, layout):
     plan = bart_noising.infilling_plan(uniform[3:].ravel(), spec.noise_density,
                                        spec.mean_noise_span_length, n, tokens.shape[0], width)
     clean = tokens[jnp.clip(plan.raw_start, 0, max(tokens.shape[0] - 1, 0))]
-    slots = jnp.where(plan.is_span, layout.vocab_size - 1, clean)  # a span: <extra_id_0>
+    slots = jnp.where(plan.is_span, batch_format.mask_token(layout.vocab_size), clean)  # a span
     return (_pack_with_eos(slots, plan.in_sequence, width), _pack_with_eos(tokens, valid, width),
             plan.noise, jnp.int32(1))
 
