@@ -53,6 +53,13 @@ def _runs_on_cpu() -> bool:
     return all(importlib.util.find_spec(name) is None for name in ("jax_plugins", "libtpu"))
 
 
+def with_cpu_device_count(xla_flags: str, count: int) -> str:
+    """`xla_flags` (an XLA_FLAGS value) with its CPU device count (`DEVICE_COUNT_FLAG`) set to
+    `count`, the other flags kept in order."""
+    kept = [flag for flag in xla_flags.split() if not flag.startswith(DEVICE_COUNT_FLAG)]
+    return " ".join(kept + [f"{DEVICE_COUNT_FLAG}={count}"])
+
+
 def _simulated_cpu_devices() -> int:
     """The CPU device count XLA_FLAGS forces (`DEVICE_COUNT_FLAG`), or 1."""
     counts = re.findall(rf"{DEVICE_COUNT_FLAG}=(\d+)", os.environ.get("XLA_FLAGS", ""))

@@ -111,9 +111,7 @@ def worker_environments(
             {"CUDA_VISIBLE_DEVICES": ",".join(gpus[bounds[i]:bounds[i + 1]])}
             for i in range(workers)
         ]
-    count_flag = host_memory.DEVICE_COUNT_FLAG
-    kept = [flag for flag in xla_flags.split() if not flag.startswith(count_flag)]
-    flags = " ".join(kept + [f"{count_flag}={cpu_devices_per_worker}"])
+    flags = host_memory.with_cpu_device_count(xla_flags, cpu_devices_per_worker)
     return [{"XLA_FLAGS": flags} for _ in range(workers)]
 
 

@@ -15,11 +15,11 @@ child runs far more than it compiles (test_host_memory.py).
 from __future__ import annotations
 
 import os
-import re
+
+from t5x_lite.host_memory import with_cpu_device_count
 
 FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0",
                       "--xla_llvm_disable_expensive_passes=true")
-_DEVICE_COUNT_FLAG = re.compile(r"--xla_force_host_platform_device_count(=\S*)?")
 # The persistent cache's variables (the directory is conftest's); every program is cached.
 COMPILATION_CACHE_VARIABLES = ("JAX_COMPILATION_CACHE_DIR",
                                "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
@@ -29,8 +29,8 @@ COMPILATION_CACHE_VARIABLES = ("JAX_COMPILATION_CACHE_DIR",
 def with_device_count(flags: str, count: int) -> str:
     """`flags` with the CPU device count set to `count` and the fast-compile flags added; the
     other flags are kept."""
-    kept = [f for f in _DEVICE_COUNT_FLAG.sub("", flags).split() if f not in FAST_COMPILE_FLAGS]
-    return " ".join(kept + [*FAST_COMPILE_FLAGS, f"--xla_force_host_platform_device_count={count}"])
+    kept = [flag for flag in flags.split() if flag not in FAST_COMPILE_FLAGS]
+    return with_cpu_device_count(" ".join(kept + list(FAST_COMPILE_FLAGS)), count)
 
 
 def child_env(devices: int, base: dict[str, str] | None = None, **variables: str) -> dict[str, str]:
