@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from conftest import require_shared_data
 from t5x_lite import presets
 from t5x_lite.data import builtin, tasks
 
@@ -505,14 +506,21 @@ def _first_rows_by_hand(root: str, name: str, split: str) -> tuple[int, str, str
     return len(lines["en"]), f"translate English to {language}: {lines['en'][0]}", lines[target][0]
 
 
+@pytest.fixture(scope="module")
+def shared_data_head(tmp_path_factory):
+    """The first rows of ../shared/data (`_head_of_shared_data`), cut once for the module;
+    skips (fails under CI=true) without ../shared/data."""
+    root = str(tmp_path_factory.mktemp("shared_data_head"))
+    _head_of_shared_data(require_shared_data(), root)
+    return root
+
+
 @pytest.mark.parametrize("name", presets.LOCAL_TASKS)
-def test_every_local_task_of_the_small_preset_reads_its_shared_files(name, shared_data,
+def test_every_local_task_of_the_small_preset_reads_its_shared_files(name, shared_data_head,
                                                                      tmp_path):
     """Each task the `small` preset fine-tunes on reads its train and validation records from
     the real files (their first rows), formatted as the paper formats the task."""
-    shared = shared_data()  # skips (fails under CI=true) without ../shared/data
-    root = str(tmp_path / "root")
-    _head_of_shared_data(shared, root)
+    root = shared_data_head
     task = tasks.get_task(name)
     for split in ("train", "validation"):
         examples = task.examples(split, str(tmp_path / "build"), root)
