@@ -2,7 +2,8 @@
 
 Corruption runs on the device inside the jitted train step. The objective, the corruption
 rate and the span length live in an `ObjectiveSpec` of traced arrays, so changing them
-changes data, not the compiled program; only the `BatchLayout` (static shapes) is baked in.
+changes data, not the compiled program; only the `BatchLayout` (static shapes, and the
+objectives of its grid, the only ones the program compiles) is baked in.
 
     layout = layout_for(points, "encoder_decoder", vocab_size, num_sentinels)  # host, once
     spec = spec_from_config(config.objective)                                 # host, per point
@@ -125,6 +126,10 @@ class BatchLayout:
     encoder inputs [B, inputs_length] and decoder rows [B, targets_length]; decoder-only
     batches have rows [B, inputs_length + targets_length]; encoder-only batches (targets_length
     0: predicted in place) have rows [B, inputs_length].
+
+    `objectives`: the names (in `OBJECTIVES` order) the program can run, the branches of its
+    objective switch: a grid's own, so a step compiles only the corruption its points use
+    (`layout_for`); every spec fed with the layout must name one of them (`require_objective`).
     """
 
     family: str
@@ -133,6 +138,13 @@ class BatchLayout:
     targets_length: int
     vocab_size: int
     num_sentinels: int
+    objectives: tuple[str, ...] = OBJECTIVES
+
+    def require_objective(self, name: str) -> None:
+        """Raise a one-line `ConfigError` unless this layout's program runs `name`."""
+        if name not in self.objectives:
+            raise ConfigError(f"objective.name={name!r} is not in the batch layout of this run, "
+                              f"which serves {', '.join(map(repr, self.objectives))}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -376,7 +388,9 @@ def layout_for(points: Iterable[Mapping[str, Any]], family: str, vocab_size: int
     inputs = max(inputs, batch_format.min_inputs_length(family))
     if batch_format.in_place(family):  # the targets sit at the inputs' own positions
         targets = 0
-    return BatchLayout(family, raw, inputs, targets, vocab_size, num_sentinels)
+    names = {point["name"] for point in points}
+    return BatchLayout(family, raw, inputs, targets, vocab_size, num_sentinels,
+                       tuple(name for name in OBJECTIVES if name in names))
 
 
 def layout_from_config(config: Mapping[str, Any]) -> BatchLayout:
@@ -499,8 +513,10 @@ def _packed_width(layout: BatchLayout) -> int:
 
 
 def _uniform_rows(layout: BatchLayout) -> int:
-    """Rows of R uniform draws per example: 3 for the T5 objectives, then enough for text
-    infilling's 2 * width + 1 (`bart_noising.infilling_plan`)."""
+    """Rows of R uniform draws per example: 3 for the T5 objectives, then, when the layout
+    runs text infilling, enough for its 2 * width + 1 (`bart_noising.infilling_plan`)."""
+    if "text_infilling" not in layout.objectives:
+        return 3
     return 3 + -(-(2 * _packed_width(layout) + 1) // max(layout.raw_length, 1))
 
 
@@ -720,9 +736,8 @@ def corrupt_with_details(raw_tokens: jax.Array, spec: ObjectiveSpec, rng: jax.Ar
         in_range = jnp.arange(tokens.shape[0]) < example_spec.raw_length
         n = jnp.sum(in_range & (tokens != PAD_ID)).astype(jnp.int32)
         uniform = _example_draws(example_rng, layout)
-        branches = [functools.partial(encode, layout=layout) for encode in _ENCODERS]
         inputs, targets, noise, sentinels = jax.lax.switch(
-            example_spec.objective, branches, tokens, n, example_spec, uniform)
+            branch_of[example_spec.objective], branches, tokens, n, example_spec, uniform)
         fits = _fits(inputs, targets, sentinels, layout)
         # The noise mask, for a family that predicts in place: the loss is on exactly the
         # corrupted positions (inputs[i] is raw token i for the objectives that allow it).
@@ -733,6 +748,12 @@ def corrupt_with_details(raw_tokens: jax.Array, spec: ObjectiveSpec, rng: jax.Ar
         example[weights] = example[weights] * fits
         return example, {"noise_mask": noise, "overflow": ~fits}
 
+    # Only the layout's objectives are compiled; branch_of maps an OBJECTIVES index to its
+    # branch (an objective outside the layout, which the host refuses, would run branch 0).
+    ids = [OBJECTIVES.index(name) for name in layout.objectives]
+    branches = [functools.partial(_ENCODERS[i], layout=layout) for i in ids]
+    branch_of = jnp.zeros(len(OBJECTIVES), jnp.int32).at[jnp.asarray(ids)].set(
+        jnp.arange(len(ids), dtype=jnp.int32))
     rngs = jax.random.split(rng, raw_tokens.shape[0])
     # Scalar spec fields stay unbatched so the objective switch is a real branch, not a select.
     spec_axes = jax.tree.map(lambda field: 0 if jnp.ndim(field) else None, spec)

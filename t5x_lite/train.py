@@ -35,6 +35,8 @@ def _pretrain_plan(configs: Sequence[ml_collections.ConfigDict],
                    vmapped: bool) -> RunPlan:
     """Pre-training `configs` (one, or K vmapped points) into `workdirs`, batches in `layout`."""
     configs = list(configs)
+    for config in configs:
+        layout.require_objective(config.objective.name)
     specs = [objectives.spec_from_config(config.objective) for config in configs]
     keys = [step_key(config.train.seed) for config in configs]
 

@@ -617,6 +617,30 @@ def test_a_grid_shares_one_layout_and_one_compilation(family):
                 assert unpad(row)[-1] == 1, f"{point}: EOS cut off {key}"
 
 
+def test_a_layout_compiles_only_its_grids_objectives_and_corrupts_as_the_full_one():
+    points = [dict(name=name, noise_density=0.15, mean_noise_span_length=3.0, inputs_length=24)
+              for name in ("text_infilling", "span_corruption", "lm")]
+    layout = layout_for(points, "encoder_decoder", VOCAB, SENTINELS)
+    assert layout.objectives == ("span_corruption", "lm", "text_infilling")  # OBJECTIVES order
+    full = dataclasses.replace(layout, objectives=OBJECTIVES)
+    tokens = np.random.default_rng(9).integers(REAL_LOW, REAL_HIGH, (3, layout.raw_length),
+                                               np.int32)
+    for i, point in enumerate(points):
+        spec, rng = spec_from_config(point), jax.random.key(i)
+        subset, every = corrupt_jit(tokens, spec, rng, layout), corrupt_jit(tokens, spec, rng, full)
+        for key in every:
+            np.testing.assert_array_equal(subset[key], every[key], err_msg=f"{point['name']} {key}")
+    # The lowered program holds one branch per objective of its layout, and no switch for one.
+    def branches(layout):
+        text = jax.jit(corrupt, static_argnums=3).lower(
+            tokens, spec_from_config(points[0]), jax.random.key(0), layout).as_text()
+        return text.count("stablehlo.case")
+    assert branches(layout) >= 1
+    assert branches(layout_for(points[1:2], "encoder_decoder", VOCAB, SENTINELS)) == 0
+    with pytest.raises(ConfigError, match=r"objective.name='bert_style' is not in the batch layout"):
+        layout.require_objective("bert_style")
+
+
 def test_per_example_specs_and_a_vmapped_sweep_match_single_specs():
     tokens, rng, layout = raw_tokens(6), jax.random.key(6), WIDE["encoder_decoder"]
     names = [OBJECTIVES[i % len(OBJECTIVES)] for i in range(BATCH)]
@@ -639,7 +663,8 @@ def test_spec_and_layout_from_the_presets():
     layout = layout_for([tiny.objective], "encoder_decoder", tiny.model.vocab_size,
                         tiny.model.num_sentinels)
     # The preset's targets_length (32) pads the 29 targets span corruption needs.
-    assert dataclasses.astuple(layout) == ("encoder_decoder", 141, 128, 32, 8192, 100)
+    assert dataclasses.astuple(layout) == ("encoder_decoder", 141, 128, 32, 8192, 100,
+                                           ("span_corruption",))
 
 
 # ------------------------------------------------------------------------------------------
