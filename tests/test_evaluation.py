@@ -164,6 +164,38 @@ def test_a_tiny_model_learns_to_reverse_letter_sequences_it_never_saw(arch, data
     assert result["scores"]["test_reverse"]["accuracy"] >= LEARNERS[arch], result
 
 
+def test_a_two_task_mixture_trains_on_each_task_at_its_capped_rate(data, pretrained, tmp_path,
+                                                                  monkeypatch):
+    """The paper's examples-proportional mixing with rate limit K, end to end: task t fills
+    min(len(train_t), K) of every sum-over-tasks slots. With 2,000 reverse examples, 40 copy
+    examples and K = 56, 12 steps of 8 rows are one mixture epoch: 56 reverse rows and each
+    copy example exactly once (without the limit copy would get 40 / 2,040 of the rows)."""
+    copies = [" ".join(letters) for letters in itertools.permutations(LETTERS, 3)][:40]
+    task = tasks.Task("test_copy", lambda split, data_dir, data_root: [
+        {"letters": x} for x in (copies if split == "train" else copies[:4])],
+        lambda r: tasks.Example(f"copy: {r['letters']}", r["letters"], (r["letters"],)),
+        ("accuracy",), {"train": "train", "validation": "validation"})
+    monkeypatch.setitem(tasks.TASKS, task.name, task)
+    config = config_for(data, tasks=("test_reverse", "test_copy"), mixing_limit=56, steps=12,
+                        pack=False, eval_every=12)
+    fed = []  # the real batches the run trains on, recorded on their way to the step
+    real_batch = finetune._TaskData.batch
+    monkeypatch.setattr(finetune._TaskData, "batch",
+                        lambda self, step: fed.append(real_batch(self, step)) or fed[-1])
+    result = finetune.finetune(config, tmp_path, init_from=str(pretrained("encoder_decoder")),
+                               progress=False)
+
+    vocab = pipeline.vocabulary_from_config(config)
+    inputs = [vocab.decode(row[row > 1]) for batch in fed for row in batch["encoder_input_tokens"]]
+    assert len(fed) == 12 and len(inputs) == 96
+    copied = sorted(text for text in inputs if text.startswith("copy:"))
+    assert sorted(f"copy: {x}" for x in copies) == copied
+    assert sum(text.startswith("reverse:") for text in inputs) == 56
+    assert set(result["scores"]) == {"test_reverse", "test_copy"}
+    assert {(r["step"], r["task"]) for r in read_jsonl(tmp_path / "eval.jsonl")} == {
+        (12, "test_reverse"), (12, "test_copy")}
+
+
 def register_known_targets(name, inputs, targets):
     """Register a made-up task `name` whose validation split pairs `inputs` with `targets`."""
     task = tasks.Task(name, lambda split, data_dir, data_root: [
