@@ -41,8 +41,7 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
-from t5x_lite import (architectures, checkpointing, evaluation, partitioning,
-                      train_step)
+from t5x_lite import architectures, checkpointing, evaluation, partitioning, train_step
 from t5x_lite.config import EOS_ID, PAD_ID, ConfigError, default_config
 from t5x_lite.convert import ATTENTION_PROJECTIONS, MLP_PROJECTIONS
 from t5x_lite.data import hf_tokenizer, pipeline
@@ -201,8 +200,8 @@ def save_hf_t5(config: ml_collections.ConfigDict, model: nnx.Module, vocab: Voca
     hf_config, weights = to_hf_t5(config, model)
     generation = {"decoder_start_token_id": PAD_ID, "eos_token_id": EOS_ID,
                   "pad_token_id": PAD_ID}
-    files = {name: json.dumps(data, indent=2).encode()
-             for name, data in ((HF_CONFIG_FILE, hf_config), (GENERATION_CONFIG_FILE, generation))}
+    files = {name: json.dumps(data, indent=2).encode() for name, data in (
+        (HF_CONFIG_FILE, hf_config), (GENERATION_CONFIG_FILE, generation))}
     files.update(hf_tokenizer.tokenizer_files(vocab))
     parent = out.absolute().parent
     parent.mkdir(parents=True, exist_ok=True)
@@ -222,8 +221,8 @@ def save_hf_t5(config: ml_collections.ConfigDict, model: nnx.Module, vocab: Voca
 
 def _require_free(out: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"the export directory {out} exists and is not empty; give a new "
-                          "path (or an empty folder)")
+        raise ConfigError(f"the export directory {out} exists and is not an empty folder; give "
+                          "a new path (or an empty folder)")
 
 
 def _saved_config(directory: Path) -> ml_collections.ConfigDict:

@@ -46,9 +46,9 @@ def _config(arch="encoder_decoder", **model):
 def _model(config, seed=0):
     """A random model of `config`, drawn in numpy (no program to compile): normal weights of
     the scale of T5's initialisation (d_model**-0.5, so float32 sums stay as accurate as in a
-    real model), layer-norm scales from [0.5, 1.5), and the pad id's output row zero: a trained model
-    never predicts the pad id (it is never a target), and greedy decoding should not meet it,
-    as ours never emits it."""
+    real model), layer-norm scales from [0.5, 1.5), and the pad id's output row zero: a
+    trained model never predicts the pad id (it is never a target), and greedy decoding should
+    not meet it, as ours never emits it."""
     graphdef, abstract = nnx.split(nnx.eval_shape(lambda: build_model(config.model,
                                                                       nnx.Rngs(0))))
     rng = np.random.default_rng(seed)
@@ -281,8 +281,8 @@ def test_the_command_exports_a_trained_checkpoint(run, tmp_path):
     # Exporting again into the now full directory is refused, and leaves it as it was.
     before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
     message = _export("--checkpoint", workdir, "--out", out)
-    assert message == (f"t5x-lite export: the export directory {out} exists and is not empty; "
-                       "give a new path (or an empty folder)")
+    assert message == (f"t5x-lite export: the export directory {out} exists and is not an "
+                       "empty folder; give a new path (or an empty folder)")
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
 
 

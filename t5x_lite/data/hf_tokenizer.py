@@ -2,7 +2,7 @@
 
 `tokenizer_files(vocab)` returns the files `AutoTokenizer.from_pretrained(DIR)` reads:
 
-    spiece.model           the SentencePiece model without sentinels (what T5Tokenizer and seqio read)
+    spiece.model           the SentencePiece model without sentinels (T5Tokenizer, seqio)
     tokenizer.json         the `tokenizers` pipeline below, which AutoTokenizer loads as it is
     tokenizer_config.json  its class (PreTrainedTokenizerFast) and special tokens
 
