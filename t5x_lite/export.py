@@ -176,14 +176,17 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
     found it: its `data.vocab` file, or the one trained on its corpus, cached under its
     `data.data_dir`). Before any work, a one-line `ConfigError` refuses an `out` that exists
     and is not empty, a `checkpoint` that holds no t5x_lite checkpoint, and an architecture
-    transformers has no class for.
+    transformers has no class for; a checkpoint folder without a saved step raises
+    `FileNotFoundError` before anything is written.
     """
     _require_free(Path(out))
     directory = evaluation.checkpoint_dir(checkpoint)
     config = _saved_config(directory)
     require_exportable(config.model.arch)
-    vocab = pipeline.vocabulary_from_config(config)
-    return save_hf_t5(config, _restore(config, directory), vocab, out)
+    # FileNotFoundError if the folder holds a config but no saved step, before the
+    # vocabulary (which may be trained from the corpus) is made.
+    model = _restore(config, directory)
+    return save_hf_t5(config, model, pipeline.vocabulary_from_config(config), out)
 
 
 def save_hf_t5(config: ml_collections.ConfigDict, model: nnx.Module, vocab: Vocabulary,

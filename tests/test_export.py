@@ -17,7 +17,7 @@ import torch
 import transformers
 from flax import nnx
 
-from t5x_lite import checkpointing, cli, decoding, partitioning, train_step
+from t5x_lite import checkpointing, cli, decoding, export, partitioning, train_step
 from t5x_lite.config import EOS_ID, UNK_ID, ConfigError
 from t5x_lite.convert import from_hf_t5
 from t5x_lite.data import hf_tokenizer, pipeline
@@ -301,4 +301,22 @@ def test_bad_checkpoints_are_refused_before_any_work(tmp_path):
     message = _export("--checkpoint", lm_run.parent, "--out", tmp_path / "out")
     assert message.startswith("t5x-lite export: model.arch='prefix_lm' cannot be exported: ")
     assert "\n" not in message
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["lm_run", "not_a_run"]
+    # An exportable run that has saved no step yet.
+    fresh = tmp_path / "fresh_run" / "checkpoints"
+    with checkpointing.Checkpointer(fresh, every=1, keep=1, config=_config()):
+        pass
+    message = _export("--checkpoint", fresh.parent, "--out", tmp_path / "out")
+    assert message == f"t5x-lite export: no checkpoint to restore in {fresh}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh_run", "lm_run", "not_a_run"]
+
+
+def test_a_failed_write_leaves_nothing_behind(exported, vocab, monkeypatch, tmp_path):
+    config, model, _, _ = exported("v1.0")
+
+    def disk_full(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(export, "save_file", disk_full)  # the last file written
+    with pytest.raises(OSError, match="No space left"):
+        save_hf_t5(config, model, vocab, tmp_path / "hf")
+    assert list(tmp_path.iterdir()) == []
