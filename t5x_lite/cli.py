@@ -2,7 +2,7 @@
 
 `t5x-lite --help` lists the commands (`COMMANDS`); `t5x-lite COMMAND --help` prints that
 command's flags, how `--config.FIELD=VALUE` overrides work and an example. Every command is an
-argparse parser; every command that reads a config (all but report and launch) takes the
+argparse parser; every command that reads a config (all but report, launch and export) takes the
 overrides, which `config.split_overrides` takes out of the arguments and
 `config.parse_overrides` reads, each value as the type of the field it sets, in every command
 alike (the launch command re-parses its sweep's arguments with the sweep's own parser).
@@ -11,9 +11,9 @@ train / finetune / eval / bench read one config: a preset (`--preset tiny`, the 
 ml_collections file (`--config=configs/tiny.py`). finetune / eval read a preset with its sweep's
 fine-tuning settings and tasks (`presets.finetune_preset`), so they fine-tune and score as a
 sweep point of that preset does; eval takes the model and vocabulary from the checkpoint's saved
-config (`evaluation.config_from_checkpoint`). sweep / demo / preview read an experiment's
-config under a preset (`presets.sweep_preset`, with the `sweep` section); there the overrides
-apply to every grid point.
+config (`evaluation.config_from_checkpoint`); export takes both from the checkpoint alone.
+sweep / demo / preview read an experiment's config under a preset (`presets.sweep_preset`,
+with the `sweep` section); there the overrides apply to every grid point.
 """
 from __future__ import annotations
 
@@ -216,6 +216,24 @@ def _bench(argv: list[str]) -> None:
     for key, value in result.items():
         if key != "config":
             print(f"{key:>28}: {value}")
+
+
+def _export(argv: list[str]) -> None:
+    parser = _parser("export", None)
+    parser.add_argument("--checkpoint", required=True,
+                        help="a train or finetune workdir (or its checkpoints/); its newest "
+                        "checkpoint, model and vocabulary are exported")
+    parser.add_argument("--out", required=True, help="the Hugging Face directory to write "
+                        "(must not exist, or be empty)")
+    args = parser.parse_args(argv)
+    from t5x_lite.export import export_checkpoint
+
+    try:  # a bad path or architecture: the message names it, no traceback
+        out = export_checkpoint(args.checkpoint, args.out)
+    except (ConfigError, FileNotFoundError) as error:
+        raise SystemExit(f"t5x-lite export: {error}") from None
+    print(f"exported {args.checkpoint} to {out}: load it with "
+          f"T5ForConditionalGeneration.from_pretrained({str(out)!r}) and AutoTokenizer")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -421,6 +439,9 @@ COMMANDS: dict[str, Command] = {
         "A sweep on a TPU pod (gcloud commands) or a SLURM cluster (sbatch script).",
         "t5x-lite launch tpu --tpu my-v4-32 --zone us-central2-b --repo "
         "https://github.com/ORG/t5x_lite -- table2 --preset paper --workdir runs/table2", _launch),
+    "export": Command("Write a checkpoint as a Hugging Face T5 directory (transformers).",
+                      "t5x-lite export --checkpoint runs/tiny_ft --out runs/tiny_ft_hf",
+                      _export),
     "bench": Command("Time the train step (or decoding) of a config.",
                      "t5x-lite bench --preset tiny --json --compare_torch", _bench),
     "demo": Command("Table 2 with a small model on the built-in corpus and tasks, then its "

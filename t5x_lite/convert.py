@@ -29,8 +29,8 @@ from t5x_lite.models import build_model
 from t5x_lite.settings import Model
 
 # (HF projection name, our projection name) per sub-block kind.
-_ATTENTION_PROJECTIONS = (("q", "query"), ("k", "key"), ("v", "value"), ("o", "out"))
-_MLP_PROJECTIONS = {
+ATTENTION_PROJECTIONS = (("q", "query"), ("k", "key"), ("v", "value"), ("o", "out"))
+MLP_PROJECTIONS = {
     "relu": (("wi", "wi"), ("wo", "wo")),
     "gated-gelu": (("wi_0", "wi_0"), ("wi_1", "wi_1"), ("wo", "wo")),
 }
@@ -149,10 +149,10 @@ def _weight_map(num_layers: int, mlp: str) -> Iterator[tuple[str, Path, int]]:
         yield relpos, (stack, "relpos", "embedding"), 0
         yield f"{stack}.final_layer_norm.weight", (stack, "final_norm", "scale"), 0
         # HF numbers a block's sub-layers: self-attention, [cross-attention,] feed-forward.
-        sublayers = [("SelfAttention", "self_attention", _ATTENTION_PROJECTIONS)]
+        sublayers = [("SelfAttention", "self_attention", ATTENTION_PROJECTIONS)]
         if stack == "decoder":
-            sublayers.append(("EncDecAttention", "cross_attention", _ATTENTION_PROJECTIONS))
-        sublayers.append(("DenseReluDense", "mlp", _MLP_PROJECTIONS[mlp]))
+            sublayers.append(("EncDecAttention", "cross_attention", ATTENTION_PROJECTIONS))
+        sublayers.append(("DenseReluDense", "mlp", MLP_PROJECTIONS[mlp]))
         for i in range(num_layers):
             for j, (hf_block, ours, projections) in enumerate(sublayers):
                 hf_prefix, path = f"{stack}.block.{i}.layer.{j}", (stack, "layers", i)

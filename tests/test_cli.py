@@ -100,6 +100,7 @@ COMMAND_FLAGS = {
     "train": ["--preset", "--config", "--workdir", "--steps", "--restart"],
     "finetune": ["--preset", "--config", "--workdir", "--init_from", "--tasks", "--restart"],
     "eval": ["--preset", "--config", "--checkpoint", "--tasks", "--split"],
+    "export": ["--checkpoint", "--out"],
     "bench": ["--preset", "--config", "--json", "--compare_torch", "--pipeline", "--decode",
               "--bench_steps"],
     "sweep": ["experiment", "--preset", "--workdir", "--launcher", "--workers", "--address",
@@ -123,7 +124,7 @@ def test_every_command_names_its_flags_and_an_example_in_its_help(capsys):
         assert f"example:\n  {cli.COMMANDS[name].example}\n" in out, name
         if name in ("train", "finetune", "sweep", "demo"):  # preempted: saved, resumable
             assert f"exits with status {PREEMPTED_EXIT_STATUS}, not 0" in " ".join(out.split())
-        if name not in ("report", "launch"):  # the commands that read a config
+        if name not in ("report", "launch", "export"):  # the commands that read a config
             assert "--config.FIELD=VALUE" in out, name
             sections = "model, objective, sweep" if name in ("sweep", "demo", "preview") else \
                 "model, objective, train"
