@@ -643,6 +643,32 @@ def vmap_chunks(points: Sequence[GridPoint], size: int) -> list[tuple[GridPoint,
             for group in groups.values() for start in range(0, len(group), size)]
 
 
+def _steps_of(point: GridPoint) -> int:
+    """The optimiser steps a run takes: its pre-training and each task's fine-tuning."""
+    return point.config.train.steps + point.config.finetune.steps * len(point.config.sweep.tasks)
+
+
+def _clock(seconds: float) -> str:
+    """'1h 02m', '3m 05s', '42s'."""
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m" if hours else f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
+
+
+def progress_line(finished_steps: Sequence[int], left_steps: Sequence[int],
+                  elapsed: float) -> str:
+    """The sweep's progress after a run finishes, from the steps (`_steps_of`) of the runs
+    finished in this invocation and of those left: runs done and left, the time so far and the
+    time left, estimated as the steps left at the rate measured so far (steps differ between
+    the points of a compute-matched sweep; a parallel launcher's rate includes its
+    parallelism)."""
+    done, left = len(finished_steps), len(left_steps)
+    text = f"sweep: {done} of {done + left} runs done, {left} left; {_clock(elapsed)} elapsed"
+    if left and sum(finished_steps):
+        text += f", about {_clock(elapsed / sum(finished_steps) * sum(left_steps))} left"
+    return text
+
+
 def run_sweep(experiment: str, preset: str, workdir: str, *,
               launcher: launchers.Launcher | None = None,
               overrides: Sequence[str] = (), point_index: int | None = None,
@@ -692,7 +718,7 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
     _log(f"sweep {points[0].experiment} --preset {preset}: {len(points)} runs x "
          f"{len(points[0].config.sweep.tasks)} tasks; {len(points) - len(todo)} done, "
          f"{len(todo)} to run; records in {results.path}")
-    started, finished = time.perf_counter(), 0
+    started, finished = time.perf_counter(), set()
     launcher = launcher if launcher is not None else launchers.LocalLauncher()
     work = (launcher.map(run_chunk, vmap_chunks(todo, vmap), str(workdir_path)) if vmap > 1
             else launcher.map(run_point, todo, str(workdir_path)))
@@ -704,9 +730,11 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
             runs.setdefault((record["point"], record["seed"]), []).append(
                 f"{record['task']} {record['status']}")
         for (point, seed), statuses in runs.items():
-            finished += 1
-            _log(f"done {point} (seed {seed}): {', '.join(statuses)}; {finished} of "
-                 f"{len(todo)} runs finished, {time.perf_counter() - started:.0f} s elapsed")
+            finished.add((point, seed))
+            steps = {key: [_steps_of(p) for p in todo if ((p.point, p.seed) in finished) == key]
+                     for key in (True, False)}
+            _log(f"done {point} (seed {seed}): {', '.join(statuses)}")
+            _log(progress_line(steps[True], steps[False], time.perf_counter() - started))
     wanted = {(p.point, p.seed) for p in points}
     return [r for r in results.records() if (r["point"], r["seed"]) in wanted]
 

@@ -1,5 +1,6 @@
 """Sweeps: the experiment grids, a tiny sweep end to end, kill-and-rerun, failures, bad input."""
 import json
+import re
 import os
 import signal
 import shutil
@@ -128,10 +129,21 @@ def test_overrides_apply_to_every_point_and_the_rows_win():
     assert [p.config.objective.noise_density for p in points] == [0.10, 0.15, 0.25, 0.50]
 
 
-def test_point_index_runs_one_point(experiment, tmp_path):
+def test_point_index_runs_one_point(experiment, tmp_path, capsys):
     records = sweep.run_sweep(experiment, "demo", str(tmp_path), point_index=1)
     assert [(r["point"], r["status"]) for r in records] == [("broken", "failed")]
     assert len((tmp_path / results.RESULTS_FILE).read_text().splitlines()) == 1
+    assert re.search(r"^sweep: 1 of 1 runs done, 0 left; \d+s elapsed$", capsys.readouterr().err,
+                     re.MULTILINE)
+
+
+def test_the_progress_line_estimates_the_time_left_from_the_steps_left():
+    # 2 runs of 100 steps took 20 s: 0.1 s a step, so 300 + 50 steps left take 35 s.
+    assert sweep.progress_line([100, 100], [300, 50], 20.0) == (
+        "sweep: 2 of 4 runs done, 2 left; 20s elapsed, about 35s left")
+    assert sweep.progress_line([10], [10] * 40, 185.0) == (
+        "sweep: 1 of 41 runs done, 40 left; 3m 05s elapsed, about 2h 03m left")
+    assert sweep.progress_line([100], [], 7.4) == "sweep: 1 of 1 runs done, 0 left; 7s elapsed"
 
 
 def test_sweep_end_to_end(uninterrupted):
