@@ -366,16 +366,23 @@ class OneStack(_T5Model):
         return self.logits(self.run_stack(role, batch, masks, dropout_rng))
 
 
-# The network class of each batch family (`Architecture.family`).
-_NETWORKS = {"encoder_decoder": EncoderDecoder, "decoder_only": OneStack,
-             "encoder_only": OneStack}
+def network_class(architecture: architectures.Architecture) -> type[_T5Model]:
+    """The network an architecture's stacks make: an encoder and a cross-attending decoder are
+    an `EncoderDecoder`, a single stack (whatever its role) is a `OneStack`."""
+    if len(architecture.stacks) == 1:
+        return OneStack
+    if [stack.role for stack in architecture.stacks] == ["encoder", "decoder"] and (
+            architecture.stacks[1].cross_attention):
+        return EncoderDecoder
+    raise ValueError(f"architecture {architecture.name!r}: no network has the stacks "
+                     f"{[stack.role for stack in architecture.stacks]}")
 
 
 def build_model(model: Model | ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
     """Build the network of the model settings `model` (a `config.model` section is read and
     validated first: a `ConfigError` before any array exists)."""
     cfg = model_settings(model)
-    network = _NETWORKS[architectures.get(cfg.arch).family](cfg, rngs)
+    network = network_class(architectures.get(cfg.arch))(cfg, rngs)
     # Built layer by layer first, so a seed gives the same parameters scanned or not.
     return scan_layers(network) if cfg.scan_layers else network
 

@@ -22,10 +22,17 @@ def test_the_registry_holds_table_2_in_its_row_order_then_encoder_only():
     assert architectures.names(program="encoder_decoder") == ("encoder_decoder",)
 
 
-def test_every_family_has_a_batch_format_and_a_network():
+def test_every_architecture_has_a_batch_format_and_the_network_of_its_stacks():
+    expected = {"encoder_decoder": models.EncoderDecoder, "decoder_only": models.OneStack,
+                "encoder_only": models.OneStack}
     for name in architectures.names():
-        family = architectures.get(name).family
-        assert family in batch_format.FAMILIES and family in models._NETWORKS, name
+        architecture = architectures.get(name)
+        assert architecture.family in batch_format.FAMILIES, name
+        assert models.network_class(architecture) is expected[architecture.family], name
+    two_encoders = dataclasses.replace(architectures.get("encoder_only"),
+                                       stacks=(architectures.get("encoder_only").stacks[0],) * 2)
+    with pytest.raises(ValueError, match="no network has the stacks"):
+        models.network_class(two_encoders)
 
 
 def test_the_records_say_what_table_2_says():
