@@ -124,7 +124,8 @@ def torch_t5(config: ml_collections.ConfigDict) -> tuple[Any, Any, Any, Any]:
     import torch
     import transformers
 
-    model_cfg, layout = config.model, objectives.layout_from_config(config)
+    model_cfg = Settings.from_config(config).model
+    layout = objectives.layout_from_config(config)
     if model_cfg.arch != convert.HF_T5_ARCH or config.train.optimizer != "adamw":
         raise ValueError(f"the PyTorch comparison needs model.arch={convert.HF_T5_ARCH!r} and "
                          "train.optimizer='adamw'")

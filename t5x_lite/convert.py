@@ -262,7 +262,7 @@ def _read_json(path: FilePath) -> dict[str, Any]:
     return data
 
 
-def read_hf_t5_config(path: str | FilePath) -> dict[str, Any]:
+def _read_hf_config(path: str | FilePath) -> dict[str, Any]:
     """The T5Config fields of the checkpoint directory `path` (its config.json); a
     `ConfigError` unless it is a T5 checkpoint with a weight file, before any weight is read."""
     directory = FilePath(path)
@@ -330,7 +330,7 @@ def from_hf_t5_dir(path: str | FilePath) -> tuple[ml_collections.ConfigDict, nnx
     (naming it and both shapes).
     """
     directory = FilePath(path)
-    fields = {**_T5_CONFIG_DEFAULTS, **read_hf_t5_config(directory)}
+    fields = {**_T5_CONFIG_DEFAULTS, **_read_hf_config(directory)}
     vocab_size = num_sentinels = None
     spiece = directory / SPIECE_FILE
     if spiece.is_file():
@@ -354,9 +354,9 @@ def from_hf_t5_dir(path: str | FilePath) -> tuple[ml_collections.ConfigDict, nnx
     return config, model
 
 
-# Where --init_from_hf takes a field from the checkpoint: the model section and, with a
-# SentencePiece model, the vocabulary.
-_HF_FIELDS = ("model", "data.vocab")
+# Model fields a checkpoint directory does not describe (how to compute, not what): they stay
+# the user's config's.
+_COMPUTE_FIELDS = ("model.dtype", "model.attention_impl", "model.remat", "model.scan_layers")
 
 
 def with_hf_t5(config: ml_collections.ConfigDict, path: str | FilePath,
@@ -365,21 +365,22 @@ def with_hf_t5(config: ml_collections.ConfigDict, path: str | FilePath,
     directory `path` (`from_hf_t5_dir`), and its parameters in that config's layout (stacked
     when `model.scan_layers`).
 
-    `overrides` are the user's ({dotted field: value}, already applied to `config`): one of a
-    parameter-neutral model field (`checkpointing.PARAMETER_NEUTRAL_FIELDS`) or of
-    `model.scan_layers` wins over the checkpoint's; one of another model field, or of
-    data.vocab when the checkpoint has a tokenizer, is a one-line `ConfigError`.
+    The compute settings (`model.dtype`, `attention_impl`, `remat`, `scan_layers`) stay
+    `config`'s. `overrides` are the user's ({dotted field: value}, already applied to
+    `config`): one of `model.dropout_rate` wins over config.json's; one of another model field,
+    or of data.vocab when the checkpoint has a tokenizer, that differs from the checkpoint's is
+    a one-line `ConfigError`.
     """
     hf_config, model = from_hf_t5_dir(path)
     derived = copy.deepcopy(config)
-    kept = set(PARAMETER_NEUTRAL_FIELDS) | {"model.scan_layers"}
-    taken = {f"model.{name}": value for name, value in hf_config.model.items()}
+    taken = {f"model.{name}": value for name, value in hf_config.model.items()
+             if f"model.{name}" not in _COMPUTE_FIELDS}
     if hf_config.data.vocab:
         taken["data.vocab"] = hf_config.data.vocab
     for field, value in taken.items():
         section, name = field.split(".")
-        if field in overrides and field in kept:
-            continue
+        if field in overrides and field in PARAMETER_NEUTRAL_FIELDS:
+            continue  # dropout_rate: the others are compute fields, never taken
         if field in overrides and overrides[field] != value:
             raise ConfigError(f"--config.{field}={overrides[field]!r} contradicts {path}'s "
                               f"{field}={value!r}; --init_from_hf takes the model and "

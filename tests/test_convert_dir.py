@@ -13,7 +13,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from t5x_lite import cli, convert
+from t5x_lite import cli, convert, decoding
 from t5x_lite.config import ConfigError, sentinel_id
 from t5x_lite.data.vocabulary import load_vocabulary, train_vocabulary
 from tests.test_convert import V1_0, V1_1, _hf_logits, _hf_t5, _logits, _padded_batch
@@ -25,13 +25,15 @@ _TEXT = ["the quick brown fox jumps over the lazy dog", "a stitch in time saves 
 
 
 def _write(hf_model, directory, *, weights="model.safetensors", hub_v1_1=False,
-           spiece=None):
+           spiece=None, dtype=torch.float32):
     """`hf_model` as a checkpoint directory: transformers' config.json (or, `hub_v1_1`, the
-    public v1.1 form with its own lm_head.weight), the state dict in `weights` and, given,
-    `spiece` (a Vocabulary) as spiece.model with its sentinel count in tokenizer_config.json."""
+    public v1.1 form with its own lm_head.weight), the state dict in `weights` as `dtype` and,
+    given, `spiece` (a Vocabulary) as spiece.model with its sentinel count in
+    tokenizer_config.json."""
     directory.mkdir()
     hf_model.config.save_pretrained(directory)
-    state = {name: tensor.detach().clone() for name, tensor in hf_model.state_dict().items()}
+    state = {name: tensor.detach().to(dtype).clone()
+             for name, tensor in hf_model.state_dict().items()}
     if hub_v1_1:
         fields = json.loads((directory / "config.json").read_text())
         fields.pop("scale_decoder_outputs", None)
@@ -56,16 +58,19 @@ def vocab(tmp_path_factory):
                             str(tmp_path_factory.mktemp("spm")))
 
 
-@pytest.mark.parametrize("overrides, separate_head, weights, hub_v1_1", [
-    (V1_0, False, "model.safetensors", False),
-    (V1_1, True, "pytorch_model.bin", True),  # untied, buckets 16 / distance 20
+@pytest.mark.parametrize("overrides, separate_head, weights, hub_v1_1, dtype", [
+    (V1_0, False, "model.safetensors", False, torch.float32),
+    (V1_1, True, "pytorch_model.bin", True, torch.float32),  # untied, buckets 16 / distance 20
     (dict(V1_0, relative_attention_num_buckets=7, relative_attention_max_distance=9,
-          num_decoder_layers=3), False, "model.safetensors", False),
-], ids=["v1.0-safetensors", "v1.1-untied-bin", "odd-buckets-uneven-depth"])
+          num_decoder_layers=3), False, "model.safetensors", False, torch.bfloat16),
+], ids=["v1.0-safetensors", "v1.1-untied-bin", "odd-buckets-uneven-depth-bfloat16"])
 def test_a_checkpoint_directory_keeps_the_transformers_logits(overrides, separate_head, weights,
-                                                              hub_v1_1, tmp_path):
+                                                              hub_v1_1, dtype, tmp_path):
     hf_model = _hf_t5(separate_head, **overrides)
-    directory = _write(hf_model, tmp_path / "hf", weights=weights, hub_v1_1=hub_v1_1)
+    # Weights stored in bfloat16 are read as float32: compare with the rounded model.
+    hf_model = hf_model.to(dtype).float()
+    directory = _write(hf_model, tmp_path / "hf", weights=weights, hub_v1_1=hub_v1_1,
+                       dtype=dtype)
     config, model = convert.from_hf_t5_dir(directory)
     assert config.model.tie_embeddings is not separate_head
     assert config.model.embedding_rows is None and config.data.vocab == ""
@@ -90,6 +95,12 @@ def test_padded_embedding_rows_load_with_the_sentinels_where_t5_puts_them(vocab,
     logits = np.asarray(_logits(model, batch))
     assert logits.shape[-1] == ROWS
     np.testing.assert_allclose(logits, _hf_logits(hf_model, batch), atol=1e-4, rtol=0)
+    # Decoding never picks a padding row, even where one has the largest logit.
+    head = model.lm_head.kernel
+    head.set_value(head.get_value().at[:, -1].set(100.0))
+    assert (np.asarray(_logits(model, batch)).argmax(-1) == ROWS - 1).any()
+    decoded = decoding.decode(model, batch["encoder_input_tokens"], max_length=4)
+    assert np.asarray(decoded.tokens).max() < config.model.vocab_size
 
 
 def test_what_is_not_a_t5_checkpoint_is_one_line_naming_the_directory(tmp_path):
