@@ -8,12 +8,13 @@ model.safetensors or pytorch_model.bin, and a tiny SentencePiece model as spiece
 """
 import json
 
+import jax
 import numpy as np
 import pytest
 import safetensors.torch
 import torch
 
-from t5x_lite import cli, convert, decoding
+from t5x_lite import cli, convert, decoding, partitioning, presets, train_step
 from t5x_lite.config import ConfigError, sentinel_id
 from t5x_lite.data.vocabulary import load_vocabulary, train_vocabulary
 from tests.test_convert import V1_0, V1_1, _hf_logits, _hf_t5, _logits, _padded_batch
@@ -154,3 +155,26 @@ def test_eval_scores_a_checkpoint_directory_from_the_command_line(vocab, tmp_pat
     with pytest.raises(SystemExit, match="invalid config: --config.model.d_model=32 "
                                          "contradicts"):
         cli.main([*args, "--config.model.d_model=32"])
+
+
+def test_init_from_hf_gives_the_run_its_model_and_parameters_in_the_run_layout(vocab, tmp_path):
+    """What `train` / `finetune --init_from_hf` start from: the preset's compute settings
+    (scanned layers, bfloat16), the directory's model and vocabulary, an overridden dropout
+    rate, and parameters that become a step-0 train state of that config."""
+    directory = _write(_hf_t5(**dict(V1_1, vocab_size=ROWS)), tmp_path / "hf", spiece=vocab)
+    config = presets.tiny()
+    config.model.update(scan_layers=True, dtype="bfloat16", dropout_rate=0.0)
+    derived, params = convert.with_hf_t5(config, directory, {"model.dropout_rate": 0.0})
+    model = derived.model
+    assert (model.d_model, model.num_layers, model.embedding_rows) == (64, 2, ROWS)
+    assert (model.scan_layers, model.dtype, model.dropout_rate) == (True, "bfloat16", 0.0)
+    assert derived.data.vocab == str(directory / "spiece.model")
+    mesh = partitioning.make_mesh(derived.mesh)
+    state = train_step.state_from_params(derived, mesh, params)
+    expected = train_step.abstract_state(derived, mesh).params
+    assert jax.tree.map(lambda a: a.shape, state.params) == jax.tree.map(lambda a: a.shape,
+                                                                         expected)
+    assert int(state.step) == 0
+    np.testing.assert_array_equal(
+        np.asarray(state.params["token_embedder"]["embedding"][...]),
+        np.asarray(params["token_embedder"]["embedding"][...]))
