@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import json
+import pickle
 from pathlib import Path as FilePath
 from typing import Any, Iterator, Mapping
 
@@ -272,8 +273,8 @@ def _read_hf_config(path: str | FilePath) -> dict[str, Any]:
     fields = _read_json(directory / "config.json")
     if fields.get("model_type") not in HF_MODEL_TYPES:
         raise ConfigError(f"{directory}/config.json has model_type={fields.get('model_type')!r}; "
-                          f"only {', '.join(map(repr, HF_MODEL_TYPES))} checkpoints (T5ForCondi"
-                          "tionalGeneration) convert")
+                          f"only {', '.join(map(repr, HF_MODEL_TYPES))} checkpoints "
+                          "(T5ForConditionalGeneration's architecture) convert")
     _weight_files(directory)
     return fields
 
@@ -299,19 +300,26 @@ def _load_weights(files: list[FilePath]) -> dict[str, np.ndarray]:
         if not file.is_file():
             raise ConfigError(f"{file} is missing (its index lists it)")
         if file.name.endswith(".safetensors"):
-            from safetensors import safe_open
+            from safetensors import SafetensorError, safe_open
 
             # The flax reader knows bfloat16, which numpy has no dtype for; on the host CPU.
-            with jax.default_device(jax.devices("cpu")[0]), safe_open(file, "flax") as f:
-                weights.update({name: np.asarray(f.get_tensor(name), np.float32)
-                                for name in f.keys()})
+            try:
+                with jax.default_device(jax.devices("cpu")[0]), safe_open(file, "flax") as f:
+                    weights.update({name: np.asarray(f.get_tensor(name), np.float32)
+                                    for name in f.keys()})
+            except SafetensorError as error:
+                raise ConfigError(f"{file} is not a readable safetensors file: {error}") from None
             continue
         try:
             import torch
         except ImportError:
             raise ConfigError(f"reading {file} needs torch (pip install torch), or save the "
                               "checkpoint as model.safetensors") from None
-        state = torch.load(file, map_location="cpu", weights_only=True)
+        try:  # weights_only: tensors, never code, from the pickle
+            state = torch.load(file, map_location="cpu", weights_only=True)
+        except (RuntimeError, EOFError, pickle.UnpicklingError) as error:
+            raise ConfigError(f"{file} is not a readable torch state dict: "
+                              f"{str(error).splitlines()[0]}") from None
         weights.update({name: tensor.float().numpy() for name, tensor in state.items()})
     return weights
 

@@ -117,6 +117,9 @@ def test_what_is_not_a_t5_checkpoint_is_one_line_naming_the_directory(tmp_path):
     (bart / "config.json").write_text(json.dumps({"model_type": "t5"}))
     with pytest.raises(ConfigError, match=f"{bart} holds no weights: none of model.safetensors"):
         convert.from_hf_t5_dir(bart)
+    (bart / "model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(ConfigError, match="model.safetensors is not a readable safetensors file"):
+        convert.from_hf_t5_dir(bart)
 
 
 def test_weights_that_disagree_with_config_json_name_the_tensor_and_both_shapes(tmp_path):
