@@ -60,20 +60,19 @@ def param_count(model: Model | ml_collections.ConfigDict) -> int:
     Parameters shared between stacks (`encoder_decoder_shared`) are counted once.
     """
     model_cfg = model_settings(model)
-    num_layers = model_cfg.num_layers
     d_model, inner = model_cfg.d_model, model_cfg.num_heads * model_cfg.d_kv
     attention = 4 * d_model * inner  # query, key, value [embed, heads, kv]; out [heads, kv, embed]
     mlp = _num_mlp_matrices(model_cfg) * d_model * model_cfg.d_ff
-    total = model_cfg.vocab_size * d_model  # token embedding
+    total = model_cfg.num_embeddings * d_model  # token embedding
     if not model_cfg.tie_embeddings:
-        total += d_model * model_cfg.vocab_size  # lm_head
+        total += d_model * model_cfg.num_embeddings  # lm_head
     for stack in architectures.get(model_cfg.arch).stacks:
         total += model_cfg.relpos_buckets * model_cfg.num_heads + d_model  # relpos, final norm
         shared = stack.shares_layers_of is not None
         per_layer = 0 if shared else (d_model + attention) + (d_model + mlp)
         if stack.cross_attention:
             per_layer += d_model + attention
-        total += stack.num_layers(num_layers) * per_layer
+        total += stack.num_layers(model_cfg) * per_layer
     return total
 
 
@@ -118,9 +117,9 @@ def train_flops_per_example(
         per_layer = _attention_flops(d_model, inner, length, length) + mlp_per_token * length
         if stack.cross_attention:
             per_layer += _attention_flops(d_model, inner, length, lengths["encoder"])
-        forward += stack.num_layers(model_cfg.num_layers) * per_layer
+        forward += stack.num_layers(model_cfg) * per_layer
     # The logits, on the last stack's output (the decoder's; encoder_only's one encoder).
-    forward += 2 * d_model * model_cfg.vocab_size * lengths[architecture.stacks[-1].role]
+    forward += 2 * d_model * model_cfg.num_embeddings * lengths[architecture.stacks[-1].role]
     return 3.0 * forward
 
 
@@ -146,7 +145,8 @@ def table2_columns(
     """The Params (P / 2P) and Cost (M / M/2) labels of `model.arch`, with the measured
     parameter and training-FLOP ratios behind them."""
     model_cfg = model_settings(model)
-    reference = dataclasses.replace(model_cfg, arch=_REFERENCE_ARCH)
+    # One L-layer stack, whatever depth this model's decoder has.
+    reference = dataclasses.replace(model_cfg, arch=_REFERENCE_ARCH, num_decoder_layers=None)
     params = param_count(model_cfg)
     flops = train_flops_per_example(model_cfg, inputs_length, targets_length)
     architecture = architectures.get(model_cfg.arch)

@@ -6,8 +6,9 @@ so that each is written once, here:
   (inputs to the encoder, targets to the decoder), `decoder_only` rows (inputs then targets
   as one sequence) or `encoder_only` rows (one sequence, its targets predicted in place);
 - `stacks`: the transformer stacks `t5x_lite.models` builds, in the order their parameters
-  are drawn: each one's depth as a share of `model.num_layers`, whether it cross-attends to
-  the encoder, and whose layers it reuses;
+  are drawn: each one's depth as a share of `model.num_layers` (a decoder of its own:
+  `model.num_decoder_layers` when set), whether it cross-attends to the encoder, and whose
+  layers it reuses;
 - `prefix_attention`: whether a decoder-only row's inputs (its `inputs_mask`) are attended
   bidirectionally, rather than causally like the targets;
 - `program`: the architecture whose network and compiled train step it runs. An architecture
@@ -26,6 +27,7 @@ The five architectures of the paper's Table 2 are registered below, in its row o
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from t5x_lite.errors import ConfigError, require_choice
 
@@ -42,14 +44,23 @@ class Stack:
     # Relative-position buckets that tell earlier from later keys; what a position may see is
     # the mask's business, not this.
     bidirectional: bool
-    depth_divisor: int = 1  # the stack has model.num_layers // depth_divisor layers
+    # The stack has depth // depth_divisor layers, depth being model.num_layers, or for the
+    # decoder of a model with both stacks model.num_decoder_layers when that is set.
+    depth_divisor: int = 1
     cross_attention: bool = False  # its layers also attend to the encoder's output
     # The role of an earlier stack whose self-attention and MLP parameters its layers reuse.
     shares_layers_of: str | None = None
 
-    def num_layers(self, num_layers: int) -> int:
-        """The stack's depth for `model.num_layers`."""
-        return num_layers // self.depth_divisor
+    def depth_field(self, num_decoder_layers: int | None) -> str:
+        """The model field that sets this stack's depth: `num_decoder_layers` for a
+        cross-attending decoder when it is set (not None), else `num_layers`."""
+        own = self.cross_attention and num_decoder_layers is not None
+        return "num_decoder_layers" if own else "num_layers"
+
+    def num_layers(self, model: Any) -> int:
+        """The stack's depth for the model settings `model` (a `settings.Model` or a
+        `config.model` section: anything with `num_layers` and `num_decoder_layers`)."""
+        return getattr(model, self.depth_field(model.num_decoder_layers)) // self.depth_divisor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,13 +93,24 @@ class Architecture:
                 f"objective.name={objective!r} is not allowed for model.arch={self.name!r}; "
                 f"choose one of {', '.join(map(repr, self.objectives))}")
 
-    def require_num_layers(self, num_layers: int) -> None:
-        """Raise `ConfigError` unless every stack's share of `model.num_layers` is whole."""
+    def require_num_layers(self, num_layers: int, num_decoder_layers: int | None = None) -> None:
+        """Raise `ConfigError` unless every stack's share of its depth field is whole, and
+        `model.num_decoder_layers` is None or sets the depth of a decoder of its own."""
+        decoder = self.stack("decoder")
+        if num_decoder_layers is not None and (
+                decoder is None or not decoder.cross_attention
+                or decoder.shares_layers_of is not None):
+            raise ConfigError(
+                f"model.num_decoder_layers={num_decoder_layers} must be None for model.arch="
+                f"{self.name!r}: only an encoder-decoder whose decoder has layers of its own "
+                "(encoder_decoder, encoder_decoder_half) can be deeper or shallower")
+        depths = {"num_layers": num_layers, "num_decoder_layers": num_decoder_layers}
         for stack in self.stacks:
-            if num_layers % stack.depth_divisor:
+            field = stack.depth_field(num_decoder_layers)
+            if depths[field] % stack.depth_divisor:
                 raise ConfigError(
-                    f"model.num_layers={num_layers} must be a multiple of {stack.depth_divisor} "
-                    f"for model.arch={self.name!r} (its {stack.role} has num_layers/"
+                    f"model.{field}={depths[field]} must be a multiple of {stack.depth_divisor} "
+                    f"for model.arch={self.name!r} (its {stack.role} has {field}/"
                     f"{stack.depth_divisor} layers)")
 
 

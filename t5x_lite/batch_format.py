@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_lite.config import EOS_ID, PAD_ID
+from t5x_lite.config import EOS_ID, PAD_ID, sentinel_id
 from t5x_lite.errors import require_choice
 
 Row = dict[str, Any]  # key -> one row's array, numpy or jax
@@ -220,10 +220,10 @@ def in_place(family: str) -> bool:
 
 
 def mask_token(vocab_size: int) -> int:
-    """The mask token, `<extra_id_0>` = vocab_size - 1: what `bert_style`, `mass_style` and
-    BART's token masking and text infilling mask with, and the slot of `encoder_only` task
-    rows."""
-    return vocab_size - 1
+    """The mask token, `<extra_id_0>` (`config.sentinel_id`) of a vocabulary of `vocab_size`
+    ids: what `bert_style`, `mass_style` and BART's token masking and text infilling mask with,
+    and the slot of `encoder_only` task rows."""
+    return sentinel_id(vocab_size, 0)
 
 
 def packable(family: str) -> bool:

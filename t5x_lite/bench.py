@@ -26,7 +26,7 @@ from flax import nnx
 
 from t5x_lite import (accounting, architectures, batch_format, convert, decoding, host_memory,
                       loop, objectives, partitioning, train_step)
-from t5x_lite.config import EOS_ID, NUM_RESERVED_IDS, ConfigError
+from t5x_lite.config import EOS_ID, NUM_RESERVED_IDS, ConfigError, sentinel_id
 from t5x_lite.models import build_model, make_masks
 from t5x_lite.settings import Settings
 
@@ -68,7 +68,7 @@ class _PeakMatmul:
 
 def random_raw_tokens(config: ml_collections.ConfigDict, raw_length: int, seed: int = 0) -> np.ndarray:
     """int32 [batch_size, raw_length] of ids from the real-token range (no pad, no sentinel)."""
-    high = config.model.vocab_size - config.model.num_sentinels
+    high = sentinel_id(config.model.vocab_size, config.model.num_sentinels - 1)
     return np.random.default_rng(seed).integers(
         NUM_RESERVED_IDS, high, (config.train.batch_size, raw_length), dtype=np.int32)
 
@@ -124,15 +124,17 @@ def torch_t5(config: ml_collections.ConfigDict) -> tuple[Any, Any, Any, Any]:
     import torch
     import transformers
 
-    model_cfg, layout = config.model, objectives.layout_from_config(config)
+    model_cfg = Settings.from_config(config).model
+    layout = objectives.layout_from_config(config)
     if model_cfg.arch != convert.HF_T5_ARCH or config.train.optimizer != "adamw":
         raise ValueError(f"the PyTorch comparison needs model.arch={convert.HF_T5_ARCH!r} and "
                          "train.optimizer='adamw'")
     torch.manual_seed(0)
     torch.set_num_threads(os.cpu_count() or 1)
     hf_config = transformers.T5Config(
-        vocab_size=model_cfg.vocab_size, d_model=model_cfg.d_model, d_kv=model_cfg.d_kv,
+        vocab_size=model_cfg.num_embeddings, d_model=model_cfg.d_model, d_kv=model_cfg.d_kv,
         d_ff=model_cfg.d_ff, num_layers=model_cfg.num_layers, num_heads=model_cfg.num_heads,
+        num_decoder_layers=model_cfg.num_decoder_layers,
         relative_attention_num_buckets=model_cfg.relpos_buckets,
         relative_attention_max_distance=model_cfg.relpos_max_distance,
         dropout_rate=model_cfg.dropout_rate, feed_forward_proj=model_cfg.mlp,
@@ -141,7 +143,7 @@ def torch_t5(config: ml_collections.ConfigDict) -> tuple[Any, Any, Any, Any]:
     model = transformers.T5ForConditionalGeneration(hf_config).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.learning_rate, weight_decay=0.0)
     rng = np.random.default_rng(0)
-    high = model_cfg.vocab_size - model_cfg.num_sentinels
+    high = sentinel_id(model_cfg.vocab_size, model_cfg.num_sentinels - 1)
     batch = config.train.batch_size
     inputs = torch.from_numpy(rng.integers(NUM_RESERVED_IDS, high, (batch, layout.inputs_length)))
     labels = torch.from_numpy(rng.integers(NUM_RESERVED_IDS, high, (batch, layout.targets_length)))

@@ -59,6 +59,9 @@ RESUME_FIELDS = (
 PARAMETER_NEUTRAL_FIELDS = ("model.dtype", "model.attention_impl", "model.dropout_rate",
                             "model.remat")
 _ABSENT = "<absent>"
+# Model fields added after checkpoints had been written without them: their None is the
+# behaviour those checkpoints were trained with, so a saved config lacking one means None.
+ADDED_MODEL_FIELDS = ("model.num_decoder_layers", "model.embedding_rows")
 
 
 def _config_as_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -72,9 +75,13 @@ def config_differences(
     """One line 'field: saved ... != now ...' per differing field under one of `fields`.
 
     `saved` and `current` are configs as JSON data; `fields` are dotted names of sections
-    ("model") or single fields ("train.seed"). Parameter-neutral model fields are ignored.
+    ("model") or single fields ("train.seed"). Parameter-neutral model fields are ignored;
+    one of `ADDED_MODEL_FIELDS` that `saved` lacks counts as None there.
     """
     saved, current = flat_fields(saved), flat_fields(current)
+    for key in ADDED_MODEL_FIELDS:
+        if key in current:
+            saved.setdefault(key, None)
 
     def relevant(key: str) -> bool:
         under = any(key == field or key.startswith(field + ".") for field in fields)

@@ -12,8 +12,10 @@ ml_collections file (`--config=configs/tiny.py`). finetune / eval read a preset 
 fine-tuning settings and tasks (`presets.finetune_preset`), so they fine-tune and score as a
 sweep point of that preset does; eval takes the model and vocabulary from the checkpoint's saved
 config (`evaluation.config_from_checkpoint`); export takes both from the checkpoint alone.
-sweep / demo / preview read an experiment's config under a preset (`presets.sweep_preset`,
-with the `sweep` section); there the overrides apply to every grid point.
+train / finetune / eval also start from a local Hugging Face T5 directory (`--init_from_hf DIR`,
+`convert.with_hf_t5`): its model, vocabulary and parameters. sweep / demo / preview read an
+experiment's config under a preset (`presets.sweep_preset`, with the `sweep` section); there the
+overrides apply to every grid point.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import json
 import sys
 import textwrap
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import ml_collections
 from absl import logging
@@ -127,6 +129,26 @@ def _comma_list(text: str) -> list[str]:
     return [item for item in text.split(",") if item]
 
 
+# --init_from_hf, as train / finetune / eval take it.
+_HF_HELP = ("a local Hugging Face T5 checkpoint directory (config.json, model.safetensors or "
+            "pytorch_model.bin, spiece.model when present; nothing is downloaded): its model, "
+            "vocabulary and parameters replace the config's")
+
+
+def _hf_start(config: ml_collections.ConfigDict, hf_dir: str | None,
+              overrides: list[str]) -> tuple[ml_collections.ConfigDict, Any]:
+    """(config, parameters) for `--init_from_hf hf_dir` (`convert.with_hf_t5`), checked
+    before any run starts; (config, None) without it."""
+    if hf_dir is None:
+        return config, None
+    from t5x_lite.convert import with_hf_t5
+    from t5x_lite.settings import Settings
+
+    config, params = with_hf_t5(config, hf_dir, parse_overrides(config, overrides))
+    Settings.from_config(config)
+    return config, params
+
+
 # ---------------------------------------------------------------------------------------------
 # train / finetune / eval / bench: one config
 
@@ -139,11 +161,14 @@ def _train(argv: list[str]) -> None:
     _add_run_flags(parser, "metrics.jsonl, checkpoints and TensorBoard events")
     parser.add_argument("--steps", type=int, help="train up to this many steps (default: "
                         "config.train.steps)")
+    parser.add_argument("--init_from_hf", metavar="DIR", help=f"{_HF_HELP}; pre-training "
+                        "continues from its parameters (default: random parameters)")
     args, overrides = _parse(parser, argv)
-    config = _config(args, overrides)
+    config, params = _hf_start(_config(args, overrides), args.init_from_hf, overrides)
     # Joins a multi-host run when the JAX_* / SLURM / TPU VM environment describes one.
     initialize_distributed()
-    summary = train(config, args.workdir, steps=args.steps, restart=args.restart)
+    summary = train(config, args.workdir, steps=args.steps, restart=args.restart,
+                    init_params=params)
     print(json.dumps(summary, indent=2))
 
 
@@ -153,19 +178,24 @@ def _finetune(argv: list[str]) -> None:
 
     parser = _config_parser("finetune", _FINETUNE_PRESET_HELP)
     _add_run_flags(parser, "eval.jsonl, metrics.jsonl and checkpoints")
-    parser.add_argument("--init_from", help="the pre-training workdir whose parameters start "
-                        "the run (default: random parameters)")
+    start = parser.add_mutually_exclusive_group()
+    start.add_argument("--init_from", help="the pre-training workdir whose parameters start "
+                       "the run (default: random parameters)")
+    start.add_argument("--init_from_hf", metavar="DIR", help=f"{_HF_HELP}; its parameters "
+                       "start the run")
     parser.add_argument("--tasks", type=_comma_list, help="task names, comma-separated "
                         "(default: config.finetune.tasks, with --preset its sweep's tasks)")
     args, overrides = _parse(parser, argv)
-    config = _config(args, overrides, presets.finetune_preset)
+    config, params = _hf_start(_config(args, overrides, presets.finetune_preset),
+                               args.init_from_hf, overrides)
     if args.tasks:
         config.finetune.tasks = tuple(args.tasks)
     initialize_distributed()
-    if args.init_from is None:
-        print("finetune: no --init_from given, so fine-tuning starts from random parameters.",
-              file=sys.stderr)
-    summary = finetune(config, args.workdir, init_from=args.init_from, restart=args.restart)
+    if args.init_from is None and params is None:
+        print("finetune: no --init_from or --init_from_hf given, so fine-tuning starts from "
+              "random parameters.", file=sys.stderr)
+    summary = finetune(config, args.workdir, init_from=args.init_from or params,
+                       restart=args.restart)
     print(json.dumps(summary, indent=2))
 
 
@@ -174,20 +204,26 @@ def _eval(argv: list[str]) -> None:
     from t5x_lite.evaluation import config_from_checkpoint, evaluate
 
     parser = _config_parser("eval", _FINETUNE_PRESET_HELP)
-    parser.add_argument("--checkpoint", required=True,
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint",
                         help="a train or finetune workdir (or its checkpoints/); the model and "
                         "vocabulary settings are read from its saved config")
+    source.add_argument("--init_from_hf", metavar="DIR", help=f"{_HF_HELP}; it is scored")
     parser.add_argument("--tasks", type=_comma_list, help="task names, comma-separated "
                         "(default: config.finetune.tasks, with --preset its sweep's tasks)")
     parser.add_argument("--split", default="validation", help="the split to score")
     args, overrides = _parse(parser, argv)
     initialize_distributed()
     config = _config(args, overrides, presets.finetune_preset)
-    config = config_from_checkpoint(config, args.checkpoint, parse_overrides(config, overrides))
+    config, params = _hf_start(config, args.init_from_hf, overrides)
+    if params is None:
+        config = config_from_checkpoint(config, args.checkpoint,
+                                        parse_overrides(config, overrides))
     tasks = args.tasks or list(config.finetune.tasks)
     if not tasks:
         parser.error("--tasks is needed (config.finetune.tasks is empty)")
-    print(json.dumps(evaluate(config, args.checkpoint, tasks, args.split), indent=2))
+    scores = evaluate(config, args.checkpoint if params is None else params, tasks, args.split)
+    print(json.dumps(scores, indent=2))
 
 
 def _bench(argv: list[str]) -> None:

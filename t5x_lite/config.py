@@ -56,13 +56,21 @@ PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 NUM_RESERVED_IDS = 3
 
 
+def sentinel_id(vocab_size: int, index: Any) -> Any:
+    """The id of `<extra_id_index>` in a vocabulary of `vocab_size` ids: the sentinels are its
+    top ids, `<extra_id_0>` = vocab_size - 1 counting down (T5's layout; with public T5's
+    32000 pieces + 100 sentinels, `<extra_id_0>` = 32099). `index` may be an int or an int
+    array (the objectives number their spans on the device)."""
+    return vocab_size - 1 - index
+
+
 def model_config() -> ml_collections.ConfigDict:
     """T5 v1.0 base-sized model settings (the paper's baseline, one stack)."""
-    return ml_collections.ConfigDict(
+    config = ml_collections.ConfigDict(
         dict(
             arch="encoder_decoder",  # a name of t5x_lite.architectures
-            vocab_size=32000,
-            num_sentinels=100,  # <extra_id_0> = vocab_size - 1, counting down
+            vocab_size=32000,  # the vocabulary's ids: SentencePiece pieces + sentinels
+            num_sentinels=100,  # <extra_id_0> = vocab_size - 1, counting down (`sentinel_id`)
             d_model=768,
             d_ff=3072,
             num_heads=12,
@@ -82,6 +90,12 @@ def model_config() -> ml_collections.ConfigDict:
             scan_layers=False,  # run each stack's layers with jax.lax.scan (compile once per stack)
         )
     )
+    # None: as deep as the encoder (num_layers); e.g. the t5-efficient checkpoints differ.
+    config.num_decoder_layers = ml_collections.config_dict.placeholder(int)
+    # None: vocab_size. More rows than ids pad the embedding and the logits, as public T5's
+    # 32128 rows for 32000 pieces + 100 sentinels; no id maps to a padding row.
+    config.embedding_rows = ml_collections.config_dict.placeholder(int)
+    return config
 
 
 def default_config() -> ml_collections.ConfigDict:

@@ -14,18 +14,35 @@ Layout differences it bridges:
 
 Neither side scales attention scores by 1/sqrt(d_kv), so no weight needs rescaling for that.
 transformers is not imported here: the model is read through its `config` and `state_dict()`.
+
+`from_hf_t5_dir(path)` reads the same from a local checkpoint directory instead
+(`config.json`; `model.safetensors` or `pytorch_model.bin`, or their sharded index; and
+`spiece.model` when present), without transformers; `with_hf_t5(config, path, overrides)`
+is what `--init_from_hf` runs: the user's config with the checkpoint's model and vocabulary,
+and its parameters. With a SentencePiece model the vocabulary is its pieces plus
+`extra_ids` sentinels (tokenizer_config.json, default 100) and the embedding may have up to
+`MAX_EMBEDDING_PADDING - 1` more rows (`model.embedding_rows`): public T5 has 32128 rows for
+32000 + 100 ids, and `<extra_id_0>` is id 32099, as in T5.
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+import copy
+import json
+import pickle
+from pathlib import Path as FilePath
+from typing import Any, Iterator, Mapping
 
+import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from flax import nnx
 
+from t5x_lite import architectures
+from t5x_lite.checkpointing import PARAMETER_NEUTRAL_FIELDS
 from t5x_lite.config import MLP_KINDS, NUM_RESERVED_IDS, ConfigError, default_config
-from t5x_lite.models import build_model
+from t5x_lite.data.vocabulary import load_vocabulary
+from t5x_lite.models import build_model, scan_layers
 from t5x_lite.settings import Model
 
 # (HF projection name, our projection name) per sub-block kind.
@@ -36,7 +53,7 @@ MLP_PROJECTIONS = {
 }
 # Our logical axis -> the config field that sets its size (for error messages).
 _AXIS_FIELDS = {
-    "vocab": "model.vocab_size",
+    "vocab": "model.embedding_rows",
     "embed": "model.d_model",
     "heads": "model.num_heads",
     "kv": "model.d_kv",
@@ -45,8 +62,25 @@ _AXIS_FIELDS = {
 }
 
 Path = tuple[Any, ...]
-# The architecture of Hugging Face's T5ForConditionalGeneration: L + L layers, nothing shared.
+# The architecture of Hugging Face's T5ForConditionalGeneration: two stacks, nothing shared.
 HF_T5_ARCH = "encoder_decoder"
+# config.json's model_type of the checkpoints that are T5ForConditionalGeneration's
+# architecture (mT5 is T5 v1.1 with another vocabulary).
+HF_MODEL_TYPES = ("t5", "mt5")
+# transformers' T5Config defaults, for the fields an older config.json leaves out.
+_T5_CONFIG_DEFAULTS = dict(
+    vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_decoder_layers=None,
+    num_heads=8, relative_attention_num_buckets=32, relative_attention_max_distance=128,
+    dropout_rate=0.1, layer_norm_epsilon=1e-6, feed_forward_proj="relu",
+    tie_word_embeddings=True,
+)
+# The weight files a checkpoint directory may hold, in the order they are looked for; each
+# may also be sharded, listed by `<name>.index.json`.
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+SPIECE_FILE = "spiece.model"
+# More embedding rows than vocabulary ids count as padding below this many (T5 rounds its
+# embedding up to a multiple of 128); a larger gap means another tokenizer.
+MAX_EMBEDDING_PADDING = 128
 
 
 def from_hf_t5(hf_model: Any) -> tuple[ml_collections.ConfigDict, nnx.Module]:
@@ -55,37 +89,56 @@ def from_hf_t5(hf_model: Any) -> tuple[ml_collections.ConfigDict, nnx.Module]:
     `config` is `default_config()` with the model section read from `hf_model.config`
     (arch 'encoder_decoder'); `model(batch)` on `encoder_input_tokens` / `decoder_input_tokens`
     returns the same float32 logits [batch, target_len, vocab] as the HF model in eval mode
-    (call it without `dropout_rng`). `model.num_sentinels` keeps its default (100) unless the
-    vocabulary is too small for it; then it is lowered to the most the vocabulary allows, so the
-    config validates.
+    (call it without `dropout_rng`). Without a tokenizer every embedding row is a vocabulary
+    id; `model.num_sentinels` keeps its default (100) unless the vocabulary is too small for
+    it; then it is lowered to the most the vocabulary allows, so the config validates. A
+    decoder deeper or shallower than the encoder sets `model.num_decoder_layers`.
 
     Raises `ConfigError` naming the field if the HF model has no t5x_lite equivalent
-    (unsupported `feed_forward_proj`, `num_decoder_layers` != `num_layers`) or a weight's shape
-    disagrees with its config (e.g. `num_heads * d_kv` against the attention weights), before any
-    of our arrays is built.
+    (unsupported `feed_forward_proj`) or a weight's shape disagrees with its config (e.g.
+    `num_heads * d_kv` against the attention weights), before any of our arrays is built.
     """
     weights = {
         name: tensor.detach().cpu().float().numpy()
         for name, tensor in hf_model.state_dict().items()
     }
+    return _convert_t5(hf_model.config.to_dict(), weights, "the HF model", vocab_size=None)
+
+
+def _convert_t5(hf_config: Mapping[str, Any], weights: Mapping[str, np.ndarray], source: str,
+                vocab_size: int | None, num_sentinels: int | None = None,
+                ) -> tuple[ml_collections.ConfigDict, nnx.Module]:
+    """`(config, model)` of a T5Config's fields and the state dict's float32 arrays.
+
+    vocab_size: the tokenizer's ids (None: one per embedding row), num_sentinels its
+    sentinels (None: the default, lowered to what the vocabulary allows). `source` names
+    the weights in the errors.
+    """
     # transformers >= 5 records v1.0's d_model**-0.5 logit scaling in `scale_decoder_outputs`
     # (and ties head and embedding even for v1.1 configs); older versions used
-    # `tie_word_embeddings` for both. Tied means: scaled, and the same weights.
-    hf_config = hf_model.config
-    scale_logits = getattr(hf_config, "scale_decoder_outputs", hf_config.tie_word_embeddings)
-    head = weights["lm_head.weight"]
-    tied = bool(scale_logits) and np.array_equal(head, weights["shared.weight"])
+    # `tie_word_embeddings` for both. Tied means: scaled, and the same weights (a checkpoint
+    # saved tied may leave the head out).
+    fields = {**_T5_CONFIG_DEFAULTS, **hf_config}
+    scale_logits = fields.get("scale_decoder_outputs", fields["tie_word_embeddings"])
+    embedding = _tensor(weights, "shared.weight", source, "encoder.embed_tokens.weight")
+    head = weights.get("lm_head.weight", embedding)
+    tied = bool(scale_logits) and np.array_equal(head, embedding)
     config = default_config()
-    config.model = _model_config(hf_config, tie_embeddings=tied)
+    config.model = _model_config(fields, tie_embeddings=tied, vocab_size=vocab_size,
+                                 num_sentinels=num_sentinels)
 
     # The model's structure without allocating it: parameter paths, shapes and logical axes.
     abstract_model = nnx.eval_shape(lambda: build_model(config.model, nnx.Rngs(0)))
     graphdef, abstract_state = nnx.split(abstract_model)
     targets = dict(nnx.to_flat_state(abstract_state))
+    depths = {stack.role: stack.num_layers(config.model)
+              for stack in architectures.get(HF_T5_ARCH).stacks}
     params = {
-        path: _convert(weights[hf_name], hf_name, targets[path], linear_inputs)
-        for hf_name, path, linear_inputs in _weight_map(config.model.num_layers, config.model.mlp)
+        path: _convert(_tensor(weights, hf_name, source), hf_name, targets[path], linear_inputs)
+        for hf_name, path, linear_inputs in _weight_map(depths, config.model.mlp)
     }
+    params[("token_embedder", "embedding")] = _convert(
+        embedding, "shared.weight", targets[("token_embedder", "embedding")], 0)
     if not tied:
         head = head * (config.model.d_model**-0.5 if scale_logits else 1.0)
         head_path = ("lm_head", "kernel")
@@ -99,51 +152,53 @@ def from_hf_t5(hf_model: Any) -> tuple[ml_collections.ConfigDict, nnx.Module]:
     return config, nnx.merge(graphdef, state)
 
 
-def _model_config(hf_config: Any, *, tie_embeddings: bool) -> ml_collections.ConfigDict:
-    """Our validated model section for an HF `T5Config`."""
+def _model_config(fields: Mapping[str, Any], *, tie_embeddings: bool, vocab_size: int | None,
+                  num_sentinels: int | None) -> ml_collections.ConfigDict:
+    """Our validated model section for the fields of an HF `T5Config` (defaults filled in)."""
     # HF's feed_forward_proj names for our two MLPs are ours (config.MLP_KINDS).
-    if hf_config.feed_forward_proj not in MLP_KINDS:
+    if fields["feed_forward_proj"] not in MLP_KINDS:
         raise ConfigError(
-            f"feed_forward_proj={hf_config.feed_forward_proj!r} is not supported; "
+            f"feed_forward_proj={fields['feed_forward_proj']!r} is not supported; "
             f"choose one of {', '.join(MLP_KINDS)}"
         )
-    if hf_config.num_decoder_layers != hf_config.num_layers:
-        raise ConfigError(
-            f"num_decoder_layers={hf_config.num_decoder_layers} must equal num_layers="
-            f"{hf_config.num_layers}: t5x_lite's encoder_decoder has as many decoder as "
-            "encoder layers"
-        )
+    rows = fields["vocab_size"]
+    ids = rows if vocab_size is None else vocab_size
     model = default_config().model
+    if num_sentinels is None:
+        # Validation wants vocab_size >= num_sentinels + reserved ids + one real token.
+        num_sentinels = min(model.num_sentinels, max(ids - NUM_RESERVED_IDS - 1, 0))
+    decoder_layers = fields["num_decoder_layers"]
     model.update(
         arch=HF_T5_ARCH,
-        vocab_size=hf_config.vocab_size,
-        # Validation wants vocab_size >= num_sentinels + reserved ids + one real token.
-        num_sentinels=min(
-            model.num_sentinels, max(hf_config.vocab_size - NUM_RESERVED_IDS - 1, 0)
-        ),
-        d_model=hf_config.d_model,
-        d_ff=hf_config.d_ff,
-        num_heads=hf_config.num_heads,
-        d_kv=hf_config.d_kv,
-        num_layers=hf_config.num_layers,
-        mlp=hf_config.feed_forward_proj,
+        vocab_size=ids,
+        num_sentinels=num_sentinels,
+        d_model=fields["d_model"],
+        d_ff=fields["d_ff"],
+        num_heads=fields["num_heads"],
+        d_kv=fields["d_kv"],
+        num_layers=fields["num_layers"],
+        # None when equal: the config then reads as one of ours with both stacks alike.
+        num_decoder_layers=None if decoder_layers in (None, fields["num_layers"])
+        else decoder_layers,
+        mlp=fields["feed_forward_proj"],
         tie_embeddings=tie_embeddings,
-        relpos_buckets=hf_config.relative_attention_num_buckets,
-        relpos_max_distance=hf_config.relative_attention_max_distance,
-        dropout_rate=float(hf_config.dropout_rate),
-        layer_norm_epsilon=float(hf_config.layer_norm_epsilon),
+        relpos_buckets=fields["relative_attention_num_buckets"],
+        relpos_max_distance=fields["relative_attention_max_distance"],
+        dropout_rate=float(fields["dropout_rate"]),
+        layer_norm_epsilon=float(fields["layer_norm_epsilon"]),
+        embedding_rows=None if rows == ids else rows,
     )
     Model.from_config(model)  # a ConfigError naming the field, before any array is built
     return model
 
 
-def _weight_map(num_layers: int, mlp: str) -> Iterator[tuple[str, Path, int]]:
-    """(HF tensor name, our parameter path, linear_inputs) for every weight but the LM head.
+def _weight_map(depths: Mapping[str, int], mlp: str) -> Iterator[tuple[str, Path, int]]:
+    """(HF tensor name, our parameter path, linear_inputs) for every weight of the stacks,
+    `depths[stack]` layers each (the embedding and the LM head are the caller's).
 
-    linear_inputs is 0 for tensors stored alike on both sides (embeddings, norms, relpos tables);
-    for a torch Linear weight it is how many leading axes of our kernel are its input axes.
+    linear_inputs is 0 for tensors stored alike on both sides (norms, relpos tables); for a
+    torch Linear weight it is how many leading axes of our kernel are its input axes.
     """
-    yield "shared.weight", ("token_embedder", "embedding"), 0
     for stack in ("encoder", "decoder"):
         relpos = f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
         yield relpos, (stack, "relpos", "embedding"), 0
@@ -153,7 +208,7 @@ def _weight_map(num_layers: int, mlp: str) -> Iterator[tuple[str, Path, int]]:
         if stack == "decoder":
             sublayers.append(("EncDecAttention", "cross_attention", ATTENTION_PROJECTIONS))
         sublayers.append(("DenseReluDense", "mlp", MLP_PROJECTIONS[mlp]))
-        for i in range(num_layers):
+        for i in range(depths[stack]):
             for j, (hf_block, ours, projections) in enumerate(sublayers):
                 hf_prefix, path = f"{stack}.block.{i}.layer.{j}", (stack, "layers", i)
                 yield f"{hf_prefix}.layer_norm.weight", (*path, f"{ours}_norm", "scale"), 0
@@ -182,3 +237,163 @@ def _convert(
             "the HF config disagrees with its weights"
         )
     return weight.T.reshape(shape) if linear_inputs else weight
+
+
+def _tensor(weights: Mapping[str, np.ndarray], name: str, source: str,
+            alias: str | None = None) -> np.ndarray:
+    """`weights[name]` (or `weights[alias]`); a `ConfigError` naming both when it is missing."""
+    for key in (name, alias):
+        if key in weights:
+            return weights[key]
+    raise ConfigError(f"{source} has no tensor {name}, which its config.json needs; the "
+                      "config disagrees with its weights")
+
+
+# ---------------------------------------------------------------------------------------------
+# A Hugging Face checkpoint directory
+
+
+def _read_json(path: FilePath) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ConfigError(f"{path} is not readable JSON ({error})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a JSON object")
+    return data
+
+
+def _read_hf_config(path: str | FilePath) -> dict[str, Any]:
+    """The T5Config fields of the checkpoint directory `path` (its config.json); a
+    `ConfigError` unless it is a T5 checkpoint with a weight file, before any weight is read."""
+    directory = FilePath(path)
+    if not (directory / "config.json").is_file():
+        raise ConfigError(f"{directory} is not a Hugging Face checkpoint directory: it has no "
+                          "config.json")
+    fields = _read_json(directory / "config.json")
+    if fields.get("model_type") not in HF_MODEL_TYPES:
+        raise ConfigError(f"{directory}/config.json has model_type={fields.get('model_type')!r}; "
+                          f"only {', '.join(map(repr, HF_MODEL_TYPES))} checkpoints "
+                          "(T5ForConditionalGeneration's architecture) convert")
+    _weight_files(directory)
+    return fields
+
+
+def _weight_files(directory: FilePath) -> list[FilePath]:
+    """The files holding the checkpoint's weights: the first of `WEIGHT_FILES` present, or
+    the shards its index lists."""
+    for name in WEIGHT_FILES:
+        if (directory / name).is_file():
+            return [directory / name]
+        index = directory / f"{name}.index.json"
+        if index.is_file():
+            shards = _read_json(index).get("weight_map", {}).values()
+            return [directory / shard for shard in sorted(set(shards))]
+    raise ConfigError(f"{directory} holds no weights: none of {', '.join(WEIGHT_FILES)} (or "
+                      "their .index.json) is there")
+
+
+def _load_weights(files: list[FilePath]) -> dict[str, np.ndarray]:
+    """Every tensor of `files` as float32 numpy, by name; safetensors without torch."""
+    weights: dict[str, np.ndarray] = {}
+    for file in files:
+        if not file.is_file():
+            raise ConfigError(f"{file} is missing (its index lists it)")
+        if file.name.endswith(".safetensors"):
+            from safetensors import SafetensorError, safe_open
+
+            # The flax reader knows bfloat16, which numpy has no dtype for; on the host CPU.
+            try:
+                with jax.default_device(jax.devices("cpu")[0]), safe_open(file, "flax") as f:
+                    weights.update({name: np.asarray(f.get_tensor(name), np.float32)
+                                    for name in f.keys()})
+            except SafetensorError as error:
+                raise ConfigError(f"{file} is not a readable safetensors file: {error}") from None
+            continue
+        try:
+            import torch
+        except ImportError:
+            raise ConfigError(f"reading {file} needs torch (pip install torch), or save the "
+                              "checkpoint as model.safetensors") from None
+        try:  # weights_only: tensors, never code, from the pickle
+            state = torch.load(file, map_location="cpu", weights_only=True)
+        except (RuntimeError, EOFError, pickle.UnpicklingError) as error:
+            raise ConfigError(f"{file} is not a readable torch state dict: "
+                              f"{str(error).splitlines()[0]}") from None
+        weights.update({name: tensor.float().numpy() for name, tensor in state.items()})
+    return weights
+
+
+def from_hf_t5_dir(path: str | FilePath) -> tuple[ml_collections.ConfigDict, nnx.Module]:
+    """`from_hf_t5` of a local checkpoint directory, read without transformers: its
+    config.json, its weights (`WEIGHT_FILES`, float16 / bfloat16 read as float32) and, when
+    there, its SentencePiece model (`SPIECE_FILE`).
+
+    With a SentencePiece model, `config.data.vocab` is that file, `model.vocab_size` its
+    pieces plus `extra_ids` sentinels (tokenizer_config.json, default 100, `num_sentinels`),
+    and the embedding's extra rows, fewer than `MAX_EMBEDDING_PADDING`, `model.embedding_rows`.
+    Without one, every row is an id (as `from_hf_t5`). Raises a one-line `ConfigError` for a
+    directory that is not a T5 checkpoint, a tokenizer whose size disagrees with the embedding
+    beyond padding (before reading weights) and a tensor whose shape disagrees with config.json
+    (naming it and both shapes).
+    """
+    directory = FilePath(path)
+    fields = {**_T5_CONFIG_DEFAULTS, **_read_hf_config(directory)}
+    vocab_size = num_sentinels = None
+    spiece = directory / SPIECE_FILE
+    if spiece.is_file():
+        tokenizer = directory / "tokenizer_config.json"
+        num_sentinels = _read_json(tokenizer).get("extra_ids", 100) if tokenizer.is_file() else 100
+        try:
+            vocab_size = load_vocabulary(str(spiece), num_sentinels).vocab_size
+        except (ValueError, RuntimeError) as error:  # not SentencePiece, or T5's ids differ
+            raise ConfigError(f"{spiece} is not a usable SentencePiece model: {error}") from None
+        padding = fields["vocab_size"] - vocab_size
+        if not 0 <= padding < MAX_EMBEDDING_PADDING:
+            raise ConfigError(
+                f"{spiece} has {vocab_size - num_sentinels} pieces + {num_sentinels} sentinels = "
+                f"{vocab_size} ids, but config.json has vocab_size={fields['vocab_size']} "
+                f"embedding rows; the rows may pad the ids by 0 to {MAX_EMBEDDING_PADDING - 1}, "
+                "so this tokenizer belongs to another model")
+    weights = _load_weights(_weight_files(directory))
+    config, model = _convert_t5(fields, weights, f"{directory}", vocab_size, num_sentinels)
+    if vocab_size is not None:
+        config.data.vocab = str(spiece)
+    return config, model
+
+
+# Model fields a checkpoint directory does not describe (how to compute, not what): they stay
+# the user's config's.
+_COMPUTE_FIELDS = ("model.dtype", "model.attention_impl", "model.remat", "model.scan_layers")
+
+
+def with_hf_t5(config: ml_collections.ConfigDict, path: str | FilePath,
+               overrides: Mapping[str, Any]) -> tuple[ml_collections.ConfigDict, nnx.State]:
+    """`--init_from_hf`: a copy of `config` with the model and vocabulary of the checkpoint
+    directory `path` (`from_hf_t5_dir`), and its parameters in that config's layout (stacked
+    when `model.scan_layers`).
+
+    The compute settings (`model.dtype`, `attention_impl`, `remat`, `scan_layers`) stay
+    `config`'s. `overrides` are the user's ({dotted field: value}, already applied to
+    `config`): one of `model.dropout_rate` wins over config.json's; one of another model field,
+    or of data.vocab when the checkpoint has a tokenizer, that differs from the checkpoint's is
+    a one-line `ConfigError`.
+    """
+    hf_config, model = from_hf_t5_dir(path)
+    derived = copy.deepcopy(config)
+    taken = {f"model.{name}": value for name, value in hf_config.model.items()
+             if f"model.{name}" not in _COMPUTE_FIELDS}
+    if hf_config.data.vocab:
+        taken["data.vocab"] = hf_config.data.vocab
+    for field, value in taken.items():
+        section, name = field.split(".")
+        if field in overrides and field in PARAMETER_NEUTRAL_FIELDS:
+            continue  # dropout_rate: the others are compute fields, never taken
+        if field in overrides and overrides[field] != value:
+            raise ConfigError(f"--config.{field}={overrides[field]!r} contradicts {path}'s "
+                              f"{field}={value!r}; --init_from_hf takes the model and "
+                              "vocabulary from the checkpoint, so drop the override")
+        derived[section][name] = value
+    if derived.model.scan_layers:
+        scan_layers(model)
+    return derived, nnx.state(model, nnx.Param)

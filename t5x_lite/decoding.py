@@ -208,12 +208,11 @@ def _fill_slots(model: nnx.Module, inputs: jax.Array, settings: _Settings) -> De
     forward pass (see the module docstring)."""
     family = architectures.get(settings.arch).family
     no_targets = jnp.zeros((inputs.shape[0], 0), inputs.dtype)
-    slot_token = batch_format.mask_token(model.token_embedder.embedding.shape[0])
+    slot_token = batch_format.mask_token(model.vocab_size)
     row = batch_format.example_rows(family, jnp, inputs, no_targets, inputs.shape[1],
                                     settings.max_length, mask_token=slot_token)
     batch = {"encoder_input_tokens": row["encoder_input_tokens"]}
-    log_probs = jax.nn.log_softmax(model(batch, make_masks(batch, settings.arch)))
-    log_probs = log_probs.at[..., PAD_ID].set(-jnp.inf)
+    log_probs = _log_probs(model(batch, make_masks(batch, settings.arch)), model.vocab_size)
     # The slots start after each row's inputs.
     slots = jnp.sum(inputs > 0, axis=1, keepdims=True) + jnp.arange(settings.max_length)
     slot_log_probs = jnp.take_along_axis(log_probs, slots[..., None], axis=1)
@@ -274,7 +273,7 @@ def _sample(model: nnx.Module, prompt: _Prompt, settings: _Settings,
     def step(carry):
         t, tokens, last, cache, done, scores = carry
         logits, cache = _step(model, prompt, cache, last, prompt.end + t)
-        log_probs = _log_probs(logits)
+        log_probs = _log_probs(logits, model.vocab_size)
         token = jnp.where(done, PAD_ID, _choose(log_probs, settings, jax.random.fold_in(rng, t)))
         token_log_prob = jnp.take_along_axis(log_probs, token[:, None], axis=1)[:, 0]
         scores = scores + jnp.where(done, 0.0, token_log_prob)
@@ -288,9 +287,13 @@ def _sample(model: nnx.Module, prompt: _Prompt, settings: _Settings,
     return DecodeResult(tokens, scores)
 
 
-def _log_probs(logits: jax.Array) -> jax.Array:
-    """Logits `[N, vocab]` -> the model's log-probs, with -inf for the pad id (never chosen)."""
-    return jax.nn.log_softmax(logits).at[:, PAD_ID].set(-jnp.inf)
+def _log_probs(logits: jax.Array, vocab_size: int) -> jax.Array:
+    """Logits `[..., rows]` -> the model's log-probs, with -inf (never chosen) for the pad id
+    and for the rows past the vocabulary's `vocab_size` ids (a padded embedding's), which no
+    text has."""
+    ids = jnp.arange(logits.shape[-1])
+    never = (ids == PAD_ID) | (ids >= vocab_size)
+    return jnp.where(never, -jnp.inf, jax.nn.log_softmax(logits))
 
 
 def _choose(log_probs: jax.Array, settings: _Settings, key: jax.Array) -> jax.Array:
@@ -341,7 +344,8 @@ def _beam_search(model: nnx.Module, prompt: _Prompt, settings: _Settings) -> Dec
         t, live_tokens, live_log_probs, finished_tokens, finished_scores, last, cache = carry
         logits, cache = _step(model, beams, cache, last, beams.end + t)
         vocab = logits.shape[-1]
-        log_probs = live_log_probs[..., None] + _log_probs(logits).reshape(batch_size, k, vocab)
+        log_probs = live_log_probs[..., None] + _log_probs(logits, model.vocab_size).reshape(
+            batch_size, k, vocab)
         top_log_probs, top_index = jax.lax.top_k(log_probs.reshape(batch_size, k * vocab), 2 * k)
         parent, token = top_index // vocab, top_index % vocab
         top_tokens = _take_rows(live_tokens, parent).at[:, :, t].set(token)

@@ -91,7 +91,7 @@ def to_hf_t5(config: ml_collections.ConfigDict,
     hf_config = {
         "architectures": ["T5ForConditionalGeneration"],
         "model_type": "t5",
-        "vocab_size": cfg.vocab_size,
+        "vocab_size": cfg.num_embeddings,  # the rows; padding past the tokenizer's ids included
         "d_model": cfg.d_model,
         "d_kv": cfg.d_kv,
         "d_ff": cfg.d_ff,

@@ -25,6 +25,7 @@ from typing import Any, Sequence
 import jax
 import ml_collections
 import numpy as np
+from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
@@ -120,13 +121,15 @@ class _TaskData:
         return self.mixture.batch(step)
 
 
-def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *, init_from: str | None,
-             progress: bool = True, restart: bool = False) -> dict[str, Any]:
+def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
+             init_from: str | nnx.State | None, progress: bool = True,
+             restart: bool = False) -> dict[str, Any]:
     """Fine-tune on `config.finetune.tasks` in `workdir` and return the best validation scores.
 
     init_from: a pre-training run (a `train.train` workdir or its `checkpoints/`) whose
     parameters (only; the optimiser state starts fresh) start the run; its model and
-    vocabulary must be `config`'s. None starts from random parameters.
+    vocabulary must be `config`'s; or parameters of `config`'s model (`nnx.State`, e.g. a
+    Hugging Face checkpoint's from `convert.with_hf_t5`). None starts from random parameters.
     Resumes from `workdir/checkpoints` (`restart=True` deletes them). Validates every
     `finetune.eval_every` steps and at the end, appending to `workdir/eval.jsonl`; train
     metrics go to `workdir/metrics.jsonl`. Returns {"scores": {task: {metric: value}} (each
@@ -138,14 +141,17 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *, init_fro
     started = time.perf_counter()
     workdir, ft = Path(workdir), config.finetune
     task_list = check_finetune_settings(config, ft.tasks)
-    source = None if init_from is None else checkpoint_dir(init_from)
-    if source is not None:
+    source = init_from if init_from is None or isinstance(init_from, nnx.State) else (
+        checkpoint_dir(init_from))
+    if isinstance(source, Path):
         require_same(source, config, PARAMETER_FIELDS, "hold another model or vocabulary")
     ft_config = finetune_train_config(config)
 
     def fresh_state(point: ml_collections.ConfigDict, mesh: Mesh) -> train_step.TrainState:
         if source is None:
             return train_step.init_state(point, mesh)
+        if isinstance(source, nnx.State):
+            return train_step.state_from_params(point, mesh, source)
         abstract = train_step.abstract_state(point, mesh).params
         params = checkpointing.restore_params_only(source, abstract)
         return train_step.state_from_params(point, mesh, params)

@@ -245,13 +245,16 @@ class _T5Model(nnx.Module):
         dtype = jnp.dtype(cfg.dtype)
         self.arch = cfg.arch
         self.d_model = cfg.d_model
-        self.token_embedder = Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, rngs=rngs)
+        # The ids past the vocabulary's (padding rows) are never inputs; decoding never picks
+        # them (`decoding`), though the logits, like transformers', cover every row.
+        self.vocab_size = cfg.vocab_size
+        self.token_embedder = Embed(cfg.num_embeddings, cfg.d_model, dtype=dtype, rngs=rngs)
         self.lm_head = (None if cfg.tie_embeddings
-                        else LMHead(cfg.d_model, cfg.vocab_size, dtype=dtype, rngs=rngs))
+                        else LMHead(cfg.d_model, cfg.num_embeddings, dtype=dtype, rngs=rngs))
         # In the record's order, which is the order their parameters are drawn in.
         for stack in self.architecture.stacks:
             setattr(self, stack.role, TransformerStack(
-                cfg, stack.num_layers(cfg.num_layers), bidirectional=stack.bidirectional,
+                cfg, stack.num_layers(cfg), bidirectional=stack.bidirectional,
                 cross_attention=stack.cross_attention,
                 share_with=_shared_stack(self, stack), rngs=rngs))
 

@@ -74,7 +74,8 @@ the encoder-decoder and decoder-only families keep T5's targets. `encoder_only` 
 these two objectives only (`Architecture.objectives`): the others' targets are not the
 inputs' own tokens.
 Inputs and targets always end with EOS. The mask token is `<extra_id_0>` = vocab_size - 1,
-sentinel i is vocab_size - 1 - i, real tokens lie in [3, vocab_size - num_sentinels).
+sentinel i is vocab_size - 1 - i (`config.sentinel_id`), real tokens lie in [3, the lowest
+sentinel).
 The i.i.d. objectives' lengths are random: `t5x_lite.noise_lengths` bounds them; text
 infilling's inputs too: `bart_noising.infilling_raw_length` bounds them.
 """
@@ -92,7 +93,8 @@ import numpy as np
 from t5x_lite import architectures, bart_noising, batch_format, noise_lengths
 # OBJECTIVES (the objective ids) lives with the config's other allowed values, which
 # `t5x_lite.settings` checks a config against.
-from t5x_lite.config import EOS_ID, NUM_RESERVED_IDS, OBJECTIVES, PAD_ID, ConfigError
+from t5x_lite.config import (EOS_ID, NUM_RESERVED_IDS, OBJECTIVES, PAD_ID, ConfigError,
+                             sentinel_id)
 from t5x_lite.errors import require_choice
 from t5x_lite.settings import check_objective, require_number, require_vocab_room
 
@@ -552,10 +554,10 @@ def _run_starts(mask: jax.Array) -> jax.Array:
 
 
 def _sentinel(index: jax.Array, layout: BatchLayout) -> jax.Array:
-    """The id of <extra_id_index>, vocab_size - 1 - index. An index past the vocabulary's
+    """The id of <extra_id_index> (`config.sentinel_id`). An index past the vocabulary's
     sentinels gets the last sentinel instead of a real token's id; its example needs more
     sentinels than the layout holds and is left out of the loss (`_fits`)."""
-    return layout.vocab_size - 1 - jnp.minimum(index, layout.num_sentinels - 1)
+    return sentinel_id(layout.vocab_size, jnp.minimum(index, layout.num_sentinels - 1))
 
 
 def _spans_to_sentinels(tokens: jax.Array, spans: jax.Array, valid: jax.Array,
@@ -607,8 +609,8 @@ def _mask_or_random_tokens(tokens, n, noise_density, random_token_fraction, unif
     valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(layout)
     noise = _iid_mask(uniform[0], noise_density, n)
     use_random = uniform[1] < random_token_fraction
-    first_sentinel = layout.vocab_size - layout.num_sentinels
-    random_tokens = _uniform_int(uniform[2], NUM_RESERVED_IDS, first_sentinel)
+    lowest_sentinel = sentinel_id(layout.vocab_size, layout.num_sentinels - 1)
+    random_tokens = _uniform_int(uniform[2], NUM_RESERVED_IDS, lowest_sentinel)
     mask_token = batch_format.mask_token(layout.vocab_size)
     corrupted = jnp.where(noise, jnp.where(use_random, random_tokens, mask_token), tokens)
     return (_pack_with_eos(corrupted, valid, width), _pack_with_eos(tokens, valid, width), noise,

@@ -187,6 +187,7 @@ class Model(_Section):
     num_heads: int
     d_kv: int
     num_layers: int
+    num_decoder_layers: int | None  # None: num_layers
     mlp: str
     tie_embeddings: bool
     relpos_buckets: int
@@ -197,6 +198,13 @@ class Model(_Section):
     attention_impl: str
     remat: bool
     scan_layers: bool
+    embedding_rows: int | None  # None: vocab_size
+
+    @property
+    def num_embeddings(self) -> int:
+        """The rows of the token embedding and of the logits: `embedding_rows`, which may pad
+        the vocabulary's `vocab_size` ids, or `vocab_size` itself."""
+        return self.vocab_size if self.embedding_rows is None else self.embedding_rows
 
     def _check(self) -> None:
         architecture = architectures.get(self.arch)
@@ -218,7 +226,14 @@ class Model(_Section):
         if not 0.0 <= self.dropout_rate < 1.0:
             raise ConfigError(f"model.dropout_rate={self.dropout_rate} must be in [0, 1)")
         require_vocab_room(self.vocab_size, self.num_sentinels)
-        architecture.require_num_layers(self.num_layers)
+        for field in ("num_decoder_layers", "embedding_rows"):
+            if getattr(self, field) is not None:
+                require_integer(f"model.{field}", getattr(self, field), 1)
+        if self.num_embeddings < self.vocab_size:
+            raise ConfigError(
+                f"model.embedding_rows={self.embedding_rows} must be None or >= model.vocab_size"
+                f"={self.vocab_size} (every id needs an embedding row; more rows pad it)")
+        architecture.require_num_layers(self.num_layers, self.num_decoder_layers)
 
 
 def model_settings(model: Model | ml_collections.ConfigDict) -> Model:

@@ -60,6 +60,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from t5x_lite import accounting, architectures, launchers, objectives, partitioning, presets
+from t5x_lite.checkpointing import ADDED_MODEL_FIELDS
 from t5x_lite.config import BUDGETS, ConfigError, apply_overrides, parse_overrides
 from t5x_lite.errors import require_choice
 from t5x_lite.results import ResultsFile, is_writer
@@ -197,6 +198,11 @@ def config_hash(config: ml_collections.ConfigDict) -> str:
     so equal runs have equal hashes."""
     plain = json.loads(config.to_json_best_effort(sort_keys=True))
     plain.pop("sweep", None)
+    # A model field added later hashes at None as before it existed, so that the records of
+    # sweeps run before still match.
+    for name in (field.removeprefix("model.") for field in ADDED_MODEL_FIELDS):
+        if name in plain["model"] and plain["model"][name] is None:
+            del plain["model"][name]
     return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -22,18 +22,20 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from flax import nnx
 
 from t5x_lite import objectives
 from t5x_lite.loop import run_loop, summaries
 from t5x_lite.run_setup import RunPlan, set_up
-from t5x_lite.train_step import (TrainStep, make_train_step, make_vmapped_train_step,
-                                 stack_specs, step_key)
+from t5x_lite.train_step import (TrainStep, init_state, make_train_step,
+                                 make_vmapped_train_step, stack_specs, state_from_params, step_key)
 
 
 def _pretrain_plan(configs: Sequence[ml_collections.ConfigDict],
                    workdirs: Sequence[str | os.PathLike], layout: objectives.BatchLayout,
-                   vmapped: bool) -> RunPlan:
-    """Pre-training `configs` (one, or K vmapped points) into `workdirs`, batches in `layout`."""
+                   vmapped: bool, init_params: nnx.State | None = None) -> RunPlan:
+    """Pre-training `configs` (one, or K vmapped points) into `workdirs`, batches in `layout`,
+    from `init_params` (one point) or from each config's seed."""
     configs = list(configs)
     for config in configs:
         layout.require_objective(config.objective.name)
@@ -61,7 +63,9 @@ def _pretrain_plan(configs: Sequence[ml_collections.ConfigDict],
         configs=configs, workdirs=[Path(workdir) for workdir in workdirs], make_data=make_data,
         make_step=make_step,
         step_args=(stack_specs(specs), jnp.stack(keys)) if vmapped else (specs[0], keys[0]),
-        lengths=(layout.inputs_length, layout.targets_length), vmapped=vmapped)
+        lengths=(layout.inputs_length, layout.targets_length), vmapped=vmapped,
+        fresh_state=init_state if init_params is None else (
+            lambda point, mesh: state_from_params(point, mesh, init_params)))
 
 
 def train(
@@ -73,11 +77,14 @@ def train(
     restart: bool = False,
     resume: bool = False,
     layout: objectives.BatchLayout | None = None,
+    init_params: nnx.State | None = None,
 ) -> dict[str, Any]:
     """Pre-train `config` in `workdir` up to `steps` updates (default `config.train.steps`).
 
     `layout` defaults to `objectives.layout_from_config(config)`; a sweep passes the layout of
     its whole grid, so that every run of an architecture family shares one compiled program.
+    `init_params` (e.g. `convert.with_hf_t5`'s) start a run without a checkpoint, with a fresh
+    optimiser state, instead of `train.seed`'s random parameters: continued pre-training.
 
     Resumes from `workdir/checkpoints` when it holds a checkpoint of a compatible config
     (`restart=True` wipes them; `resume=True` makes a missing checkpoint an error). The data
@@ -87,7 +94,7 @@ def train(
     the step reached and raises `preemption.Preempted` (its exit status, unless caught).
     """
     layout = objectives.layout_from_config(config) if layout is None else layout
-    plan = _pretrain_plan([config], [workdir], layout, vmapped=False)
+    plan = _pretrain_plan([config], [workdir], layout, vmapped=False, init_params=init_params)
     with set_up(plan, steps=steps, progress=progress, restart=restart,
                 require_existing=resume) as run:
         records = run_loop(run)

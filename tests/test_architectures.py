@@ -2,6 +2,7 @@
 refuses records that could not be built or could not share their program, and names
 model.arch (and objective.name) in its errors."""
 import dataclasses
+import types
 
 import pytest
 
@@ -37,7 +38,10 @@ def test_every_architecture_has_a_batch_format_and_the_network_of_its_stacks():
 
 def test_the_records_say_what_table_2_says():
     half = architectures.get("encoder_decoder_half")
-    assert [stack.num_layers(12) for stack in half.stacks] == [6, 6]
+    depths = types.SimpleNamespace(num_layers=12, num_decoder_layers=None)
+    assert [stack.num_layers(depths) for stack in half.stacks] == [6, 6]
+    depths.num_decoder_layers = 4  # a decoder of its own depth, halved too
+    assert [stack.num_layers(depths) for stack in half.stacks] == [6, 2]
     assert (half.params_label, half.cost_label) == ("P", "M/2")
     shared = architectures.get("encoder_decoder_shared").stack("decoder")
     assert (shared.shares_layers_of, shared.cross_attention) == ("encoder", True)
@@ -73,6 +77,16 @@ def test_a_depth_that_does_not_divide_names_the_field():
                                           r"model.arch='encoder_decoder_half'"):
         architectures.get("encoder_decoder_half").require_num_layers(3)
     architectures.get("encoder_decoder_half").require_num_layers(4)
+    with pytest.raises(ConfigError, match=r"model.num_decoder_layers=3 must be a multiple of 2"):
+        architectures.get("encoder_decoder_half").require_num_layers(4, 3)
+    architectures.get("encoder_decoder_half").require_num_layers(4, 2)
+
+
+@pytest.mark.parametrize("arch", ["encoder_decoder_shared", "language_model", "encoder_only"])
+def test_a_decoder_depth_of_its_own_needs_an_unshared_decoder(arch):
+    with pytest.raises(ConfigError, match=rf"model.num_decoder_layers=2 must be None for "
+                                          rf"model.arch='{arch}'"):
+        architectures.get(arch).require_num_layers(4, 2)
 
 
 _ENCODER = Stack("encoder", bidirectional=True)

@@ -238,3 +238,18 @@ def test_a_scanned_run_does_not_resume_an_unscanned_checkpoint(tmp_path, config)
     scanned.model.scan_layers = True
     with pytest.raises(ConfigError, match=r"model\.scan_layers: saved False != now True"):
         Checkpointer(tmp_path, every=1, keep=5, config=scanned)
+
+
+def test_a_saved_config_without_the_later_model_fields_reads_as_their_none():
+    """Checkpoints written before model.num_decoder_layers / embedding_rows existed resume
+    under a config that leaves them None, and only under such a config."""
+    from t5x_lite.checkpointing import config_differences
+
+    current = default_config()
+    saved = current.to_dict()
+    for name in ("num_decoder_layers", "embedding_rows"):
+        del saved["model"][name]
+    assert config_differences(saved, current.to_dict(), RESUME_FIELDS) == []
+    current.model.num_decoder_layers = 4
+    assert config_differences(saved, current.to_dict(), RESUME_FIELDS) == [
+        "model.num_decoder_layers: saved None != now 4"]

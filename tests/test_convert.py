@@ -9,6 +9,7 @@ import torch
 import transformers
 from flax import nnx
 
+from t5x_lite import accounting
 from t5x_lite.config import ConfigError
 from t5x_lite.convert import from_hf_t5
 from t5x_lite.models import scan_layers
@@ -117,9 +118,19 @@ def test_unsupported_feed_forward_proj_is_rejected(proj):
         from_hf_t5(_hf_t5(**dict(V1_0, feed_forward_proj=proj)))
 
 
-def test_unequal_decoder_depth_is_rejected():
-    with pytest.raises(ConfigError, match="num_decoder_layers=3"):
-        from_hf_t5(_hf_t5(**dict(V1_0, num_decoder_layers=3)))
+@pytest.mark.parametrize("decoder_layers", [3, 1])
+def test_a_decoder_deeper_or_shallower_than_the_encoder_keeps_the_logits(decoder_layers):
+    """t5-efficient's uneven depths: `model.num_decoder_layers` builds, counts and converts
+    the decoder's own depth."""
+    hf_model = _hf_t5(**dict(V1_1, num_decoder_layers=decoder_layers))
+    config, model = from_hf_t5(hf_model)
+    assert (config.model.num_layers, config.model.num_decoder_layers) == (2, decoder_layers)
+    assert (len(model.encoder.layers), len(model.decoder.layers)) == (2, decoder_layers)
+    hf_params = sum(p.numel() for p in hf_model.parameters())  # the head counted once
+    assert accounting.param_count(config.model) == hf_params + hf_model.lm_head.weight.numel()
+    batch = _padded_batch(config.model.vocab_size)
+    np.testing.assert_allclose(np.asarray(_logits(model, batch)), _hf_logits(hf_model, batch),
+                               atol=1e-4, rtol=0)
 
 
 def test_a_parameter_without_an_hf_weight_is_reported(monkeypatch):

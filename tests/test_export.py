@@ -19,7 +19,7 @@ from flax import nnx
 
 from t5x_lite import checkpointing, cli, decoding, export, partitioning, train_step
 from t5x_lite.config import EOS_ID, UNK_ID, ConfigError
-from t5x_lite.convert import from_hf_t5
+from t5x_lite.convert import from_hf_t5, from_hf_t5_dir
 from t5x_lite.data import hf_tokenizer, pipeline
 from t5x_lite.data.vocabulary import sentinel_text, train_vocabulary
 from t5x_lite.export import save_hf_t5, to_hf_t5
@@ -184,6 +184,25 @@ def test_from_hf_t5_undoes_to_hf_t5(name, exported):
                   "tie_embeddings", "relpos_buckets", "relpos_max_distance",
                   "layer_norm_epsilon", "dropout_rate"):
         assert back_config.model[field] == config.model[field], field
+    ours, theirs = _params(model), _params(back)
+    assert ours.keys() == theirs.keys()
+    for path in ours:
+        np.testing.assert_array_equal(theirs[path], ours[path], err_msg=str(path))
+
+
+def test_an_uneven_model_with_padded_rows_exports_and_loads_back_from_disk(vocab, tmp_path):
+    """A decoder shallower than the encoder and embedding rows past the vocabulary (as public
+    T5's 32128 rows for 32100 ids) export as such, and `from_hf_t5_dir` reads them back."""
+    config = _config(num_layers=2, num_decoder_layers=1, embedding_rows=168)
+    model = _model(config)
+    out = save_hf_t5(config, model, vocab, tmp_path / "hf")
+    hf_model = _load(out)
+    assert (hf_model.config.num_layers, hf_model.config.num_decoder_layers,
+            hf_model.config.vocab_size) == (2, 1, 168)
+    _assert_same_logits(model, hf_model, config.model.vocab_size)
+    back_config, back = from_hf_t5_dir(out)
+    assert (back_config.model.vocab_size, back_config.model.embedding_rows,
+            back_config.model.num_decoder_layers) == (160, 168, 1)
     ours, theirs = _params(model), _params(back)
     assert ours.keys() == theirs.keys()
     for path in ours:

@@ -160,3 +160,14 @@ def test_a_section_reads_a_plain_mapping_and_the_model_settings_pass_through():
     model = settings.Model.from_config(default_config().model.to_dict())
     assert settings.model_settings(model) is model
     assert settings.model_settings(default_config().model) == model
+
+
+def test_embedding_rows_may_pad_the_vocabulary_but_not_cut_it():
+    config = default_config()
+    config.model.embedding_rows = 32128  # public T5: 32000 pieces + 100 sentinels, padded
+    model = Settings.from_config(config).model
+    assert (model.num_embeddings, model.vocab_size) == (32128, 32000)
+    config.model.embedding_rows = 31999
+    with pytest.raises(ConfigError, match=r"model.embedding_rows=31999 must be None or >= "
+                                          r"model.vocab_size=32000"):
+        Settings.from_config(config)

@@ -28,6 +28,10 @@ _CHOICES = {"model.arch": architectures.names(), "model.mlp": MLP_KINDS, "model.
             "train.schedule": SCHEDULES}
 
 
+# Integer fields that default to None, and a valid value for the base config instead.
+_INSTEAD_OF_NONE = {"model.num_decoder_layers": 3, "model.embedding_rows": 192}
+
+
 def _base():
     # A schedule that ends at train.steps, so that every train field is read.
     return tiny_train_config(mesh=(1, 1), schedule="linear")
@@ -44,7 +48,7 @@ def _other_value(path, value):
     if isinstance(value, float):
         return value / 2 + 0.01
     if value is None:
-        return 2.0
+        return _INSTEAD_OF_NONE.get(path, 2.0)
     if isinstance(value, (tuple, list)):
         return tuple(value)[:-1]
     return f"{value}_other"

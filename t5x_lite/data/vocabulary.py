@@ -16,7 +16,7 @@ from typing import Iterable, Sequence
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
-from t5x_lite.config import EOS_ID, NUM_RESERVED_IDS, PAD_ID, UNK_ID
+from t5x_lite.config import EOS_ID, NUM_RESERVED_IDS, PAD_ID, UNK_ID, sentinel_id
 
 # Byte fallback needs 256 byte pieces; below this many pieces they would crowd out subwords.
 _MIN_PIECES_FOR_BYTE_FALLBACK = 1024
@@ -67,10 +67,10 @@ class Vocabulary:
         return self._model_proto
 
     def sentinel_id(self, i: int) -> int:
-        """Id of `<extra_id_i>`: vocab_size - 1 - i."""
+        """Id of `<extra_id_i>` (`config.sentinel_id`: vocab_size - 1 - i)."""
         if not 0 <= i < self.num_extra_ids:
             raise ValueError(f"sentinel index {i} must be in [0, {self.num_extra_ids})")
-        return self.vocab_size - 1 - i
+        return sentinel_id(self.vocab_size, i)
 
     def encode(self, text: str) -> list[int]:
         """Ids of `text` (no EOS appended)."""
