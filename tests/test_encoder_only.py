@@ -289,7 +289,7 @@ def test_a_classification_finetune_runs_end_to_end_and_scores_from_the_slots(pre
     vocab = pipeline.vocabulary_from_config(config)
     split = evaluation.TaskSplit(tasks.TASKS["builtin_module"], "validation", config, vocab,
                                  config.finetune.eval_examples)
-    params = evaluation._params_of(config, str(tmp_path), mesh)
+    params = evaluation.params_of(config, str(tmp_path), mesh)
     model = nnx.merge(train_step.model_graphdef(config), params)
     inputs = np.stack([np.pad(x, (0, config.finetune.inputs_length - len(x)))
                        for x, _ in split.encoded])
