@@ -7,6 +7,7 @@ is registered for the module; its targets are whatever a model ranks first, foun
 scoring each (example, option) row on its own.
 """
 import json
+import shutil
 
 import jax
 import numpy as np
@@ -132,3 +133,87 @@ def test_glue_and_builtin_classification_tasks_carry_their_label_words():
     assert tasks.TASKS["builtin_module"].label_options == ("asyncio", "email", "logging", "xml")
     for name in ("glue_stsb", "builtin_reverse", "squad", "wmt_ende"):
         assert zero_shot.not_applicable(tasks.TASKS[name])
+
+
+# --- the sweep stage ---------------------------------------------------------------------------
+
+# One decoder-only point (Wang et al.'s zero-shot winner), a classification and a generation
+# task.
+SWEEP_EXPERIMENT = '''
+from tiny_configs import tiny_sweep_config
+
+GRID = (dict(point="lm", row="Language model", objective="LM",
+             overrides={"model.arch": "language_model", "objective.name": "lm"}),)
+
+
+def get_config(preset):
+    return tiny_sweep_config(preset)
+'''
+ZERO_SHOT_SWEEP = ["sweep.tasks=builtin_module,builtin_reverse", "sweep.zero_shot=True",
+                   "train.steps=2", "finetune.steps=1", "finetune.eval_every=1",
+                   "finetune.eval_examples=4"]
+
+
+@pytest.fixture(scope="module")
+def zero_shot_sweep(tmp_path_factory):
+    """(experiment path, workdir, records) of the one-point sweep with the zero-shot stage."""
+    root = tmp_path_factory.mktemp("zero_shot_sweep")
+    (root / "zs_grid.py").write_text(SWEEP_EXPERIMENT)
+    experiment, workdir = str(root / "zs_grid.py"), root / "sweep"
+    return experiment, workdir, sweep.run_sweep(experiment, "demo", str(workdir),
+                                                overrides=ZERO_SHOT_SWEEP)
+
+
+def test_a_zero_shot_sweep_records_the_pretrained_models_scores_beside_the_finetuned(
+        zero_shot_sweep):
+    experiment, workdir, records = zero_shot_sweep
+    by_task = {r["task"]: r for r in records}
+    assert [r["status"] for r in records] == ["ok", "ok"]
+    module, reverse = by_task["builtin_module"], by_task["builtin_reverse"]
+    assert module["zero_shot"]["status"] == "ok" and module["zero_shot"]["error"] is None
+    assert set(module["zero_shot"]["metrics"]) == {"accuracy"}
+    assert reverse["zero_shot"]["status"] == "not_applicable"
+    assert "no label options" in reverse["zero_shot"]["error"]
+    # The stage scored the pre-training checkpoint, not the fine-tuned model.
+    point, = sweep.expand(experiment, "demo", ZERO_SHOT_SWEEP)
+    pretrain = point.directory(workdir) / "pretrain"
+    assert zero_shot.evaluate(point.config, str(pretrain), ["builtin_module"]) == {
+        "builtin_module": module["zero_shot"]["metrics"]}
+    text = report.report(str(workdir)).text
+    zero_part = text[text.index(report.ZERO_SHOT_TITLE):]
+    row = next(line for line in zero_part.splitlines() if line.startswith("Language model"))
+    assert f"{module['zero_shot']['metrics']['accuracy']:.2f}" in row
+    assert "builtin_module: best zero-shot Language model (LM)" in zero_part
+    assert "builtin_reverse zero-shot" not in zero_part  # a generation task has no column
+    assert (workdir / "report" / "zero_shot.csv").read_text().count("\n") == 3  # header, 2
+
+
+def test_a_resumed_zero_shot_sweep_does_not_score_again(zero_shot_sweep, tmp_path,
+                                                       monkeypatch):
+    experiment, workdir, records = zero_shot_sweep
+    copy = tmp_path / "sweep"
+    shutil.copytree(workdir, copy)
+    # As if killed after the zero-shot stage: no task recorded, zero_shot.json written.
+    (copy / "results.jsonl").unlink()
+    shutil.rmtree(copy / "points" / "lm" / "seed0" / "records")
+
+    def scored_again(self, params):
+        raise AssertionError("the zero-shot stage ran again")
+
+    monkeypatch.setattr(zero_shot.ZeroShotScorer, "__call__", scored_again)
+    resumed = sweep.run_sweep(experiment, "demo", str(copy), overrides=ZERO_SHOT_SWEEP)
+    assert [r["zero_shot"] for r in resumed] == [r["zero_shot"] for r in records]
+    # A workdir swept with zero-shot scores is not resumed without them, nor the other way.
+    with pytest.raises(ConfigError, match="holds a different sweep.*sweep.zero_shot"):
+        sweep.run_sweep(experiment, "demo", str(copy),
+                        overrides=[o for o in ZERO_SHOT_SWEEP if "zero_shot" not in o])
+
+
+def test_a_zero_shot_sweep_needs_a_task_with_label_options(zero_shot_sweep):
+    experiment, _, _ = zero_shot_sweep
+    with pytest.raises(ConfigError, match=r"point 'lm': sweep.zero_shot=True needs a task with "
+                                          r"label options.*has none$"):
+        sweep.expand(experiment, "demo", ["sweep.zero_shot=True", "sweep.tasks=builtin_reverse"])
+    assert sweep.expand(experiment, "demo")[0].config.sweep.zero_shot is False  # the default
+    with pytest.raises(ConfigError, match=r"sweep.zero_shot[^\n]*$"):
+        sweep.expand(experiment, "demo", ["sweep.zero_shot=3"])
