@@ -164,6 +164,7 @@ def zero_shot_sweep(tmp_path_factory):
                                                 overrides=ZERO_SHOT_SWEEP)
 
 
+@pytest.mark.slow  # the sweep fixture: a pre-training and two fine-tunings to compile
 def test_a_zero_shot_sweep_records_the_pretrained_models_scores_beside_the_finetuned(
         zero_shot_sweep):
     experiment, workdir, records = zero_shot_sweep
@@ -188,6 +189,7 @@ def test_a_zero_shot_sweep_records_the_pretrained_models_scores_beside_the_finet
     assert (workdir / "report" / "zero_shot.csv").read_text().count("\n") == 3  # header, 2
 
 
+@pytest.mark.slow
 def test_a_resumed_zero_shot_sweep_does_not_score_again(zero_shot_sweep, tmp_path,
                                                        monkeypatch):
     experiment, workdir, records = zero_shot_sweep
