@@ -581,7 +581,8 @@ def _finetune_tasks(point: GridPoint, workdir: str, started: float) -> list[dict
     pretrain_wall_s = history.pop("pretrain_wall_s")
     pending = [task for task in config.sweep.tasks
                if not (rundir / "records" / f"{task}.json").exists()]
-    zero_shot = _zero_shot_stage(point, rundir, pending) if config.sweep.zero_shot else {}
+    zero_shot = (_zero_shot_stage(point, rundir, pending)  # {task: entry}
+                 if config.sweep.zero_shot else {})
     records = []
     for task in config.sweep.tasks:
         saved = rundir / "records" / f"{task}.json"
