@@ -6,7 +6,6 @@ A made-up classification task, `test_letters` ("pick: c a f" -> one of three lab
 is registered for the module; its targets are whatever a model ranks first, found here by
 scoring each (example, option) row on its own.
 """
-import json
 import shutil
 
 import jax
@@ -65,12 +64,13 @@ def option_by_option(config, model):
     vocab = pipeline.vocabulary_from_config(config)
     ft = config.finetune
     family = architectures.get(config.model.arch).family
+    mask_token = batch_format.mask_token(config.model.vocab_size)
     table = np.zeros((len(INPUTS), len(OPTIONS)))
     for i, text in enumerate(INPUTS):
         for k, option in enumerate(OPTIONS):
             pair = (vocab.encode(text) + [EOS_ID], vocab.encode(option) + [EOS_ID])
             batch, = pipeline.pad_examples([pair], 1, ft.inputs_length, ft.targets_length,
-                                           family=family, mask_token=batch_format.mask_token(config.model.vocab_size))
+                                           family=family, mask_token=mask_token)
             table[i, k] = decoding.score(model, batch)[0]
     return table
 
