@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 
 from t5x_lite import architectures, attention, batch_format
 from t5x_lite.config import EOS_ID, PAD_ID
@@ -124,7 +125,9 @@ def score(model: nnx.Module, batch: dict[str, np.ndarray], *,
     (weighted by them), teacher-forced in one forward pass.
 
     `batch` is laid out as `data.pipeline.pad_examples` makes it (the batch format of the
-    architecture's family); ranking label words by this score classifies.
+    architecture's family); ranking label words by this score classifies (`t5x_lite.zero_shot`).
+    Its arrays may be global arrays whose rows are spread over several processes; every
+    process then gets all `B` scores.
     """
     arch = _check_arch(model, arch)
     required = batch_format.row_keys(architectures.get(arch).family)
@@ -132,9 +135,13 @@ def score(model: nnx.Module, batch: dict[str, np.ndarray], *,
     if missing:
         raise ValueError(f"score() needs batch keys {', '.join(required)} for arch={arch!r}; "
                          f"missing {', '.join(missing)}")
-    batch = {key: jnp.asarray(value) for key, value in batch.items()}
+    batch = {key: value if isinstance(value, jax.Array) else jnp.asarray(value)
+             for key, value in batch.items()}
     graphdef, state = nnx.split(model)
-    return np.asarray(_score_program(graphdef, state, batch, arch))
+    scores = _score_program(graphdef, state, batch, arch)
+    if not scores.is_fully_addressable:  # rows on other processes: gather them all
+        scores = multihost_utils.process_allgather(scores, tiled=True)
+    return np.asarray(scores)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "arch"))

@@ -249,7 +249,7 @@ class Evaluator:
         return texts
 
 
-def _params_of(config: ml_collections.ConfigDict, source: Any, mesh: Mesh) -> nnx.State:
+def params_of(config: ml_collections.ConfigDict, source: Any, mesh: Mesh) -> nnx.State:
     """Parameters from a checkpoint folder (path), an `nnx.Module` (e.g. `convert.from_hf_t5`'s)
     or an `nnx.State` of parameters."""
     if isinstance(source, (str, Path)):
@@ -281,7 +281,7 @@ def evaluate(config: ml_collections.ConfigDict, params_or_checkpoint: Any,
     partitioning.validate_batch_split(config.finetune.batch_size, 1, mesh,
                                       partitioning.normalize_rules(config.mesh.rules),
                                       "finetune.batch_size")
-    params = _params_of(config, params_or_checkpoint, mesh)
+    params = params_of(config, params_or_checkpoint, mesh)
     vocab = pipeline.vocabulary_from_config(config)
     splits = [TaskSplit(task, split, config, vocab, config.finetune.eval_examples)
               for task in task_list]

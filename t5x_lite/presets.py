@@ -206,8 +206,10 @@ def finetune_preset(name: str) -> ml_collections.ConfigDict:
 def sweep_preset(name: str) -> ml_collections.ConfigDict:
     """The preset `name` plus its fine-tuning settings (`apply_finetune_settings`) and the
     sweep section: `sweep.tasks` (fine-tuned one at a time), `sweep.seeds` (each grid point
-    runs once per seed), `sweep.progress` (train progress), and `sweep.budget` /
-    `sweep.budget_reference` (what the points' pre-training steps match: `sweep.BUDGETS`).
+    runs once per seed), `sweep.progress` (train progress), `sweep.budget` /
+    `sweep.budget_reference` (what the points' pre-training steps match: `sweep.BUDGETS`) and
+    `sweep.zero_shot` (default False; True also scores each classification task zero-shot
+    on the pre-trained model, before fine-tuning: `t5x_lite.zero_shot`).
 
     The data root (and the corpus derived from it) is the preset's own, so `t5x-lite train
     --preset NAME` and a sweep of NAME read the same data."""
@@ -216,7 +218,8 @@ def sweep_preset(name: str) -> ml_collections.ConfigDict:
     apply_finetune_settings(config, name)
     config.objective.targets_length = None  # each objective's own; the sweep's layout pads
     config.sweep = ml_collections.ConfigDict(
-        dict(tasks=settings.tasks, seeds=settings.seeds, progress=True, budget="steps"))
+        dict(tasks=settings.tasks, seeds=settings.seeds, progress=True, budget="steps",
+             zero_shot=False))
     # None: the grid's first point (`sweep.expand`, "Compute-matched sweeps").
     config.sweep.budget_reference = ml_collections.config_dict.placeholder(str)
     return config

@@ -27,6 +27,12 @@ table's title and notes, and a second table, "Pre-training compute", gives each 
 steps, FLOPs, row tokens and expected loss-bearing tokens per step and total pre-training
 FLOPs (also written to compute.csv). The default budget, "steps", leaves the output as it was.
 
+A sweep with zero-shot scores (`sweep.zero_shot`, records with a `zero_shot` entry) gets a
+"Zero-shot vs fine-tuned" table: for each task scored zero-shot, each row's zero-shot score
+(the pre-trained model ranking the label options, `t5x_lite.zero_shot`) beside its fine-tuned
+one, bold by the same rule per column, and a note per task naming the best row in each regime
+(Wang et al. 2022's comparison); also written to zero_shot.csv.
+
 Under the table, the Findings section judges each of the paper's conclusions about the table
 (`t5x_lite.findings`) on our numbers: supports, contradicts, cannot separate (within the spread
 over seeds) or not run, with the numbers behind the verdict and the paper's beside them; they
@@ -75,6 +81,13 @@ def _problem(record: Any) -> str | None:
     if record["status"] == "ok" and not (
             isinstance(metrics, dict) and metrics and all(map(_is_number, metrics.values()))):
         return "status 'ok' without a non-empty 'metrics' object of numbers"
+    zero_shot = record.get("zero_shot")
+    if zero_shot is not None and not (
+            isinstance(zero_shot, dict) and zero_shot.get("status") in STATUSES
+            and isinstance(zero_shot.get("metrics"), dict)
+            and all(map(_is_number, zero_shot["metrics"].values()))
+            and (zero_shot["status"] != "ok" or zero_shot["metrics"])):
+        return "'zero_shot' is not an object with a status and a 'metrics' object of numbers"
     curve = record.get("pretrain_curve") or []
     if not (isinstance(curve, list) and all(
             isinstance(p, list) and len(p) == 2 and all(map(_is_number, p)) for p in curve)):
@@ -179,6 +192,17 @@ class Budget:
 
 
 @dataclasses.dataclass(frozen=True)
+class ZeroShotRow:
+    """A row of the zero-shot table: per task scored zero-shot, its zero-shot cell (the
+    pre-trained model, `sweep.zero_shot`) and its fine-tuned cell."""
+
+    label: str
+    objective: str | None
+    zero_shot: dict[str, Cell]  # task -> cell, in the table's task order
+    finetuned: dict[str, Cell]
+
+
+@dataclasses.dataclass(frozen=True)
 class Table:
     experiment: str
     preset: str
@@ -189,6 +213,7 @@ class Table:
     failures: tuple[str, ...]  # one line per failed record: point, seed, task, error
     budget: Budget | None = None  # None: sweep.budget="steps", each point's configured steps
     compute: tuple[Compute, ...] = ()  # one per row, in the rows' order, when budget is set
+    zero_shot: tuple[ZeroShotRow, ...] = ()  # one per row, when some record has zero-shot scores
 
 
 def kendall_tau(ours: Sequence[float], paper: Sequence[float]) -> float | None:
@@ -301,7 +326,41 @@ def build_table(records: Sequence[dict]) -> Table:
                      for r in records if r["status"] == "failed")
     budget, compute = _compute(keys, by_row)
     return Table(experiment, preset, paper, columns, tuple(rows), _taus(rows, columns), failures,
-                 budget, compute)
+                 budget, compute, _zero_shot_rows(keys, by_row))
+
+
+def _as_zero_shot(record: dict) -> dict | None:
+    """`record` with its zero-shot entry as its status and metrics; a record without one is
+    failed when its pre-training failed (no stage ran), else None (a sweep without it)."""
+    entry = record.get("zero_shot")
+    if entry is None:
+        return {**record, "metrics": {}} if record["status"] == "failed" else None
+    return {**record, "status": entry["status"], "metrics": entry["metrics"]}
+
+
+def _with_bold(cells: dict[tuple, dict[str, Cell]], tasks: Sequence[str]) -> None:
+    """Set the bold flags of `cells` ({row key: {task: cell}}) per task column, in place."""
+    for task in tasks:
+        column = [row[task] for row in cells.values()]
+        for row, flag in zip(cells.values(), bold_flags([c.mean for c in column],
+                                                        pooled_std(column))):
+            row[task] = dataclasses.replace(row[task], bold=flag)
+
+
+def _zero_shot_rows(keys: Sequence[tuple[str, str | None]],
+                    by_row: dict[tuple[str, str | None], list[dict]]) -> tuple[ZeroShotRow, ...]:
+    """Each row's zero-shot and fine-tuned cells of the tasks some record scored zero-shot
+    (those with label options); () when no record holds zero-shot scores."""
+    zero = {key: [z for z in map(_as_zero_shot, by_row[key]) if z is not None] for key in keys}
+    tasks = list(dict.fromkeys(r["task"] for key in keys for r in by_row[key]
+                               if (r.get("zero_shot") or {}).get("status") in ("ok", "failed")))
+    if not tasks:
+        return ()
+    zero_cells = {key: {t: _cell(t, (t,), zero[key], None) for t in tasks} for key in keys}
+    tuned_cells = {key: {t: _cell(t, (t,), by_row[key], None) for t in tasks} for key in keys}
+    _with_bold(zero_cells, tasks)
+    _with_bold(tuned_cells, tasks)
+    return tuple(ZeroShotRow(key[0], key[1], zero_cells[key], tuned_cells[key]) for key in keys)
 
 
 _COMPUTE_FIELDS = ("pretrain_steps", "flops_per_step", "tokens_per_step", "loss_tokens_per_step",
@@ -430,6 +489,45 @@ def _budget_note(table: Table) -> list[str]:
 
 
 COMPUTE_TITLE = "Pre-training compute per point"
+ZERO_SHOT_TITLE = "Zero-shot vs fine-tuned"
+
+
+def _zero_shot_grid(table: Table, bold: Callable[[str], str]) -> list[list[str]]:
+    """Header and body of the zero-shot table: per task, a zero-shot and a fine-tuned column."""
+    with_objective = any(row.objective for row in table.zero_shot)
+    tasks = list(table.zero_shot[0].zero_shot)
+    header = [table.paper.row_header if table.paper else "Row",
+              *(["Objective"] if with_objective else []),
+              *(f"{task} {regime}" for task in tasks for regime in ("zero-shot", "fine-tuned"))]
+    body = [[row.label, *([row.objective or ""] if with_objective else []),
+             *(_cell_text(cells[task], bold) for task in tasks
+               for cells in (row.zero_shot, row.finetuned))]
+            for row in table.zero_shot]
+    return [header, *body]
+
+
+def _best_rows(rows: Sequence[ZeroShotRow], cells_of: Callable[[ZeroShotRow], Cell]) -> str:
+    """The rows with the best mean score of a column, or 'none scored'."""
+    scored = [(cells_of(row).mean, _row_name(row.label, row.objective)) for row in rows
+              if cells_of(row).status == "ok"]
+    if not scored:
+        return "none scored"
+    best = max(mean for mean, _ in scored)
+    return " / ".join(name for mean, name in scored if mean == best) + f" ({best:.2f})"
+
+
+def _zero_shot_notes(table: Table) -> list[str]:
+    notes = [f"{ZERO_SHOT_TITLE}: zero-shot is the pre-trained model, not fine-tuned, predicting "
+             "the label option with the highest summed log-likelihood (EOS included; Wang et "
+             "al. 2022, arXiv 2204.05832), scored with the task's own metrics; fine-tuned is the "
+             "same task's score after fine-tuning. Bold: within two standard deviations of the "
+             "column's best (spread over seeds)."]
+    for task in table.zero_shot[0].zero_shot:
+        notes.append(
+            f"{task}: best zero-shot "
+            f"{_best_rows(table.zero_shot, lambda row: row.zero_shot[task])}; best fine-tuned "
+            f"{_best_rows(table.zero_shot, lambda row: row.finetuned[task])}.")
+    return notes
 
 
 def _compute_grid(table: Table) -> list[list[str]]:
@@ -496,9 +594,17 @@ def to_markdown(table: Table) -> str:
                    "| " + " | ".join(header) + " |",
                    "|" + "---|" * (len(header) - 5) + "---:|" * 5,
                    *("| " + " | ".join(row) + " |" for row in body), "", *_compute_notes(table)]
+    zero_shot = []
+    if table.zero_shot:
+        header, *body = _zero_shot_grid(table, lambda s: f"**{s}**")
+        scores = 2 * len(table.zero_shot[0].zero_shot)
+        zero_shot = ["", f"### {ZERO_SHOT_TITLE}", "", "| " + " | ".join(header) + " |",
+                     "|" + "---|" * (len(header) - scores) + "---:|" * scores,
+                     *("| " + " | ".join(row) + " |" for row in body), "",
+                     *_zero_shot_notes(table)]
     items = _findings_lines(table, lambda verdict: f"**{verdict}**", "  ")
     section = ["", "### Findings", "", findings.EXPLANATION, "", *items] if items else []
-    return "\n".join([*lines, "", *_notes(table), *compute, *section]) + "\n"
+    return "\n".join([*lines, "", *_notes(table), *compute, *zero_shot, *section]) + "\n"
 
 
 def _aligned(grid: list[list[str]]) -> list[str]:
@@ -515,10 +621,14 @@ def to_text(table: Table) -> str:
     if table.compute:
         compute = ["", f"{COMPUTE_TITLE} (sweep.budget={table.budget.kind})", "",
                    *_aligned(_compute_grid(table)), "", *_compute_notes(table)]
+    zero_shot = []
+    if table.zero_shot:
+        zero_shot = ["", ZERO_SHOT_TITLE, "", *_aligned(_zero_shot_grid(table, lambda s: f"{s}*")),
+                     "", *_zero_shot_notes(table)]
     items = _findings_lines(table, lambda verdict: verdict.upper(), "    ")
     section = ["", "Findings", "", findings.EXPLANATION, "", *items] if items else []
     return "\n".join([_title(table), "", *lines, "", *_notes(table, bold_name="*"),
-                      *compute, *section]) + "\n"
+                      *compute, *zero_shot, *section]) + "\n"
 
 
 _LATEX_SPECIAL = re.compile(r"([&%$#_{}])")
@@ -550,6 +660,15 @@ def to_latex(table: Table) -> str:
                   line(header), r"\midrule", *(line(row) for row in body), r"\bottomrule",
                   r"\end{tabular}",
                   rf"\caption{{{' '.join(_latex(note) for note in _compute_notes(table))}}}",
+                  r"\end{table}"]
+    if table.zero_shot:
+        header, *body = _zero_shot_grid(table, lambda s: f"\x00{s}\x01")
+        scores = 2 * len(table.zero_shot[0].zero_shot)
+        lines += ["", r"\begin{table}[t]", r"\centering",
+                  rf"\begin{{tabular}}{{{'l' * (len(header) - scores) + 'r' * scores}}}",
+                  r"\toprule", line(header), r"\midrule", *(line(row) for row in body),
+                  r"\bottomrule", r"\end{tabular}",
+                  rf"\caption{{{' '.join(_latex(note) for note in _zero_shot_notes(table))}}}",
                   r"\end{table}"]
     items = findings_of(table)
     if items:
@@ -591,6 +710,23 @@ def compute_csv(table: Table) -> str:
                          table.budget.reference, row.label, row.objective or "", row.steps,
                          f"{row.flops_per_step:.6g}", row.tokens_per_step,
                          f"{row.loss_tokens_per_step:.4f}", f"{row.pretrain_flops:.6g}"])
+    return out.getvalue()
+
+
+def zero_shot_csv(table: Table) -> str:
+    """One line per (row, task scored zero-shot, regime): mean, spread, seeds, status, bold."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["experiment", "preset", "row", "objective", "task", "regime", "status",
+                     "mean", "std", "seeds", "bold"])
+    for row in table.zero_shot:
+        for task in row.zero_shot:
+            for regime, cell in (("zero-shot", row.zero_shot[task]),
+                                 ("fine-tuned", row.finetuned[task])):
+                writer.writerow([table.experiment, table.preset, row.label, row.objective or "",
+                                 task, regime, cell.status,
+                                 "" if cell.mean is None else f"{cell.mean:.4f}",
+                                 f"{cell.std:.4f}", cell.seeds, int(cell.bold)])
     return out.getvalue()
 
 
@@ -688,8 +824,9 @@ class Report:
 
 def report(workdir: str, *, out_dir: str | None = None) -> Report:
     """Reads `workdir/results.jsonl` and writes table.md, table.csv, table.tex, findings.csv
-    (compute.csv too for a compute-matched sweep) and the PNG plots to `out_dir` (default
-    `workdir/report`). Nothing interactive opens: the plots are drawn off screen."""
+    (compute.csv too for a compute-matched sweep, zero_shot.csv for one with zero-shot
+    scores) and the PNG plots to `out_dir` (default `workdir/report`). Nothing interactive
+    opens: the plots are drawn off screen."""
     records = read_results(str(results_path(workdir)))
     table = build_table(records)
     out_dir = out_dir or os.path.join(workdir, "report")
@@ -699,6 +836,8 @@ def report(workdir: str, *, out_dir: str | None = None) -> Report:
                ("findings.csv", findings_csv)]
     if table.compute:
         renders.append(("compute.csv", compute_csv))
+    if table.zero_shot:
+        renders.append(("zero_shot.csv", zero_shot_csv))
     for name, render in renders:
         files.append(os.path.join(out_dir, name))
         with open(files[-1], "w", encoding="utf-8") as f:

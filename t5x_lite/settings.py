@@ -418,9 +418,9 @@ class Finetune(_Section):
 @dataclasses.dataclass(frozen=True)
 class Sweep(_Section):
     """`config.sweep`, which only sweep presets have (`presets.sweep_preset`): the tasks each
-    grid point is fine-tuned on, its seeds, progress display and compute budget
-    (`t5x_lite.sweep`, which checks the tasks' splits and budget_reference against the
-    grid)."""
+    grid point is fine-tuned on, its seeds, progress display, compute budget and whether the
+    pre-trained model is scored zero-shot before fine-tuning (`t5x_lite.sweep`, which checks
+    the tasks' splits, budget_reference and label options against the grid)."""
 
     NAME: ClassVar[str] = "sweep"
 
@@ -429,9 +429,11 @@ class Sweep(_Section):
     progress: bool
     budget: str
     budget_reference: str | None  # None: the grid's first point
+    zero_shot: bool  # rank label options with the pre-trained model (`t5x_lite.zero_shot`)
 
     def _check(self) -> None:
         require_choice("sweep.budget", self.budget, BUDGETS)
+        require_bool("sweep.zero_shot", self.zero_shot)
         if isinstance(self.tasks, str) or not self.tasks:
             raise ConfigError(f"sweep.tasks={self.tasks!r} must be a non-empty list of task "
                               "names")

@@ -1,5 +1,6 @@
-"""Sweeps: expand an experiment's grid, run every grid point (pre-train -> fine-tune on each task
--> evaluate) and append one record per (grid point, seed, task) to `workdir/results.jsonl`.
+"""Sweeps: expand an experiment's grid, run every grid point (pre-train -> [zero-shot] ->
+fine-tune on each task -> evaluate) and append one record per (grid point, seed, task) to
+`workdir/results.jsonl`.
 
     points = expand("table2", "tiny")                   # validated before anything runs
     records = run_sweep("table2", "tiny", "runs/table2", overrides=["train.steps=100"])
@@ -11,6 +12,13 @@ An experiment is a file `experiments/<name>.py` (or any `path/to/file.py`) defin
 A point's config is: get_config(preset), then the user's overrides, then the row's overrides
 (so the grid stays the grid), then `train.seed` = the seed. Each row runs once per seed in
 `sweep.seeds` and is fine-tuned on each task of `sweep.tasks` separately.
+
+Zero-shot: with `sweep.zero_shot=True` the pre-trained model of each point is also scored,
+before fine-tuning, on every task of `sweep.tasks` with label options (`t5x_lite.zero_shot`:
+the best-ranked option's task metrics); each record of the point gets `zero_shot`:
+{"status": "ok" | "not_applicable" (a task without label options) | "failed", "metrics",
+"error"} beside its fine-tuned `metrics`. It is part of what a workdir's sweep is: a workdir
+swept without it is not resumed with it (its finished records have no zero-shot scores).
 
 Compute-matched sweeps: `sweep.budget` (`BUDGETS`) says what every point's pre-training
 matches. "steps" (the default): each point runs its configured `train.steps`. "tokens" /
@@ -32,6 +40,8 @@ The workdir:
                                               process is the one writer (process 0 of a
                                               multi-process run)
   points/<point>/seed<k>/pretrain/            train.train's workdir (checkpoints, metrics.jsonl)
+  points/<point>/seed<k>/zero_shot.json       the zero-shot stage's {task: entry}, reused on
+                                              resume (only missing tasks are scored)
   points/<point>/seed<k>/finetune/<task>/     finetune.finetune's workdir
   points/<point>/seed<k>/records/<task>.json  a finished task's record, reused on resume
 Re-running skips points whose records are all in results.jsonl (failed ones included: delete
@@ -237,9 +247,11 @@ def require_sweep_splits(task_names: Sequence[str]) -> None:
 def _validate(config: ml_collections.ConfigDict, where: str) -> None:
     """Every check that can run before training, with `where` (the grid point) in the message:
     the typed settings (`Settings.from_config`: every section, the sweep's included), the
-    batch split over processes, the objective against the architecture, each task's splits
-    and that the pre-training corpus exists."""
-    from t5x_lite.data import pipeline
+    batch split over processes, the objective against the architecture, each task's splits,
+    that a zero-shot sweep has a task to score zero-shot and that the pre-training corpus
+    exists."""
+    from t5x_lite import zero_shot
+    from t5x_lite.data import pipeline, tasks
 
     try:
         settings = Settings.from_config(config)
@@ -248,6 +260,11 @@ def _validate(config: ml_collections.ConfigDict, where: str) -> None:
                                             "finetune.batch_size")
         architectures.get(settings.model.arch).require_objective(settings.objective.name)
         require_sweep_splits(settings.sweep.tasks)
+        if settings.sweep.zero_shot and all(zero_shot.not_applicable(tasks.TASKS[name])
+                                            for name in settings.sweep.tasks):
+            raise ConfigError(
+                f"sweep.zero_shot=True needs a task with label options (a classification task, "
+                f"e.g. builtin_module); sweep.tasks={list(settings.sweep.tasks)} has none")
         # A missing corpus would fail every point when it runs; it stops the sweep here.
         pipeline.describe_corpus(config)
     except ConfigError as error:
@@ -511,9 +528,50 @@ def run_chunk(points: Sequence[GridPoint], workdir: str) -> list[dict]:
     return [record for p in points for record in _finetune_tasks(p, workdir, started)]
 
 
+ZERO_SHOT_FILE = "zero_shot.json"
+
+
+def _zero_shot_stage(point: GridPoint, rundir: Path, task_names: Sequence[str]) -> dict[str, dict]:
+    """The zero-shot entries {task: {"status", "metrics", "error"}} of the point's pre-trained
+    checkpoint on `task_names` (`zero_shot.evaluate`; a task without label options is
+    "not_applicable"). Entries saved in `rundir/ZERO_SHOT_FILE` are reused, so a resumed point
+    scores only the tasks it has not scored; a failure fails the entries of the tasks it was
+    scoring (not saved: a re-run tries again) and the fine-tuning goes on."""
+    from t5x_lite import zero_shot
+    from t5x_lite.data import tasks
+
+    path = rundir / ZERO_SHOT_FILE
+    entries = json.loads(path.read_text()) if path.exists() else {}
+    missing = [task for task in task_names if task not in entries]
+    scored = []
+    for task in missing:
+        reason = zero_shot.not_applicable(tasks.TASKS[task])
+        if reason:
+            entries[task] = {"status": "not_applicable", "metrics": {}, "error": reason}
+        else:
+            scored.append(task)
+    if scored:
+        _log(f"{point.experiment} {point.run_name}: zero-shot scoring of the pre-trained model "
+             f"on {', '.join(scored)}")
+        try:
+            results = zero_shot.evaluate(point.config, str(rundir / "pretrain"), scored)
+        except Exception as error:  # recorded as failed; fine-tuning still runs
+            _log(f"  {point.point} (seed {point.seed}) zero-shot: FAILED: "
+                 + "".join(traceback.format_exception(error)))
+            failed = {"status": "failed", "metrics": {},
+                      "error": f"{type(error).__name__}: {error}"}
+            return {**entries, **dict.fromkeys(scored, failed)}
+        entries.update({task: {"status": "ok", "metrics": results[task], "error": None}
+                        for task in scored})
+    if missing:
+        _write_json(path, entries)
+    return entries
+
+
 def _finetune_tasks(point: GridPoint, workdir: str, started: float) -> list[dict]:
-    """After the point's pre-training: fine-tune and evaluate on each task, one record per
-    task (a task's saved record is reused; a failing task is recorded as failed)."""
+    """After the point's pre-training: the zero-shot stage (`sweep.zero_shot`) on the tasks
+    not recorded yet, then fine-tune and evaluate on each task, one record per task (a task's
+    saved record is reused; a failing task is recorded as failed)."""
     from t5x_lite import evaluation, finetune
     from t5x_lite.data import tasks
 
@@ -527,15 +585,20 @@ def _finetune_tasks(point: GridPoint, workdir: str, started: float) -> list[dict
     except Exception as error:  # recorded as failed; the sweep goes on
         return _pretraining_failed(point, error)
     pretrain_wall_s = history.pop("pretrain_wall_s")
+    pending = [task for task in config.sweep.tasks
+               if not (rundir / "records" / f"{task}.json").exists()]
+    zero_shot = (_zero_shot_stage(point, rundir, pending)  # {task: entry}
+                 if config.sweep.zero_shot else {})
     records = []
     for task in config.sweep.tasks:
         saved = rundir / "records" / f"{task}.json"
-        if saved.exists():
+        if task not in pending:
             records.append(json.loads(saved.read_text()))
             continue
+        stages = {**base, **history, **({"zero_shot": zero_shot[task]} if zero_shot else {})}
         reason = evaluation.not_applicable(config.model.arch, tasks.TASKS[task])
         if reason:  # e.g. a generation task for encoder_only: recorded, not run, not failed
-            record = {"wall_s": None, "compile_s": None, "compiles": None, **base, **history,
+            record = {"wall_s": None, "compile_s": None, "compiles": None, **stages,
                       "task": task, "metrics": {}, "status": "not_applicable", "error": reason}
             _write_json(saved, record)
             records.append(record)
@@ -549,10 +612,10 @@ def _finetune_tasks(point: GridPoint, workdir: str, started: float) -> list[dict
                                        init_from=str(rundir / "pretrain"),
                                        progress=config.sweep.progress)
         except Exception as error:  # recorded as failed; the other tasks still run
-            records.append(_failed({**base, **history}, task, error))
+            records.append(_failed(stages, task, error))
             continue
         record = {
-            **base, **history, "task": task,
+            **stages, "task": task,
             "wall_s": pretrain_wall_s + result["wall_s"],
             "finetune_compile_s": result["compile_s"], "finetune_compiles": result["compiles"],
             "metrics": result["scores"][task], "status": "ok", "error": None,
@@ -570,10 +633,15 @@ def _without_sweep_settings(identity: dict[str, Any]) -> dict[str, Any]:
     """`identity` less its `sweep.*` overrides (seeds, tasks, progress): a sweep extended by
     seeds or tasks is the same sweep, whose finished records resume (each record is keyed by
     point, seed and task and checked by its config hash, which leaves out the sweep section).
-    `sweep.budget` and `sweep.budget_reference` stay: they change what the points compute."""
-    return {**identity, "overrides": [
-        item for item in identity["overrides"]
-        if not item[0].startswith("sweep.") or item[0].startswith("sweep.budget")]}
+    `sweep.budget` and `sweep.budget_reference` stay: they change what the points compute;
+    so does `sweep.zero_shot=True` (what the records hold; False is the default, the same
+    sweep as none)."""
+    def kept(field: str, value: Any) -> bool:
+        if field == "sweep.zero_shot":
+            return value is not False
+        return not field.startswith("sweep.") or field.startswith("sweep.budget")
+
+    return {**identity, "overrides": [item for item in identity["overrides"] if kept(*item)]}
 
 
 def _claim_workdir(workdir: Path, identity: dict[str, Any]) -> None:

@@ -289,7 +289,7 @@ def test_a_classification_finetune_runs_end_to_end_and_scores_from_the_slots(pre
     vocab = pipeline.vocabulary_from_config(config)
     split = evaluation.TaskSplit(tasks.TASKS["builtin_module"], "validation", config, vocab,
                                  config.finetune.eval_examples)
-    params = evaluation._params_of(config, str(tmp_path), mesh)
+    params = evaluation.params_of(config, str(tmp_path), mesh)
     model = nnx.merge(train_step.model_graphdef(config), params)
     inputs = np.stack([np.pad(x, (0, config.finetune.inputs_length - len(x)))
                        for x, _ in split.encoded])
@@ -320,7 +320,7 @@ def test_a_generation_task_is_refused_for_a_run_and_na_in_a_sweep(pretrained, tm
 
     # A sweep point fine-tuned on it records "not applicable" (not "failed") without running.
     generation.sweep = ml_collections.ConfigDict(dict(tasks=("wmt_ende",), seeds=(0,),
-                                                      progress=False))
+                                                      progress=False, zero_shot=False))
     point = sweep.GridPoint(experiment="x", preset="tiny", point="encoder_only/bert", row="EO",
                             objective="BERT-style", config=generation, seed=0, index=0,
                             num_points=1, layout=objectives.layout_from_config(generation))

@@ -448,3 +448,50 @@ def test_at_t5_base_size_the_measured_ratios_sit_near_the_papers_labels(arch):
     nominal = {"P": 1.0, "2P": 2.0, "M": 1.0, "M/2": 0.5}
     assert abs(math.log2(columns.params_ratio / nominal[columns.params_label])) < 0.5
     assert abs(math.log2(columns.flops_ratio / nominal[columns.cost_label])) < 0.5
+
+
+def _zero_shot(accuracy=None, status="ok"):
+    return {"status": status, "metrics": {} if accuracy is None else {"accuracy": accuracy},
+            "error": None if status == "ok" else "no label options"}
+
+
+def test_zero_shot_scores_get_their_table_beside_the_finetuned_ones(tmp_path):
+    """Wang et al.'s comparison: one row wins zero-shot, another after fine-tuning; a
+    generation task has no zero-shot column, and a point whose pre-training failed shows
+    'failed' in both regimes."""
+    module = dict(task="builtin_module")
+    _write(tmp_path / "results.jsonl", [
+        _record(point="lm", row="10%", zero_shot=_zero_shot(40.0), metrics={"accuracy": 60.0},
+                **module),
+        _record(point="lm", row="10%", seed=1, zero_shot=_zero_shot(42.0),
+                metrics={"accuracy": 62.0}, **module),
+        _record(point="lm", row="10%", zero_shot=_zero_shot(status="not_applicable")),
+        _record(point="dn", row="15%", zero_shot=_zero_shot(25.0), metrics={"accuracy": 90.0},
+                **module),
+        _record(point="dn", row="15%", zero_shot=_zero_shot(status="not_applicable")),
+        _record(point="x", row="25%", status="failed", metrics={}, error="boom", **module),
+    ])
+    result = report.report(str(tmp_path))
+    rows = {row.label: row for row in result.table.zero_shot}
+    assert list(rows["10%"].zero_shot) == ["builtin_module"]  # builtin_reverse: no column
+    assert rows["10%"].zero_shot["builtin_module"].mean == pytest.approx(41.0)
+    assert rows["10%"].zero_shot["builtin_module"].bold
+    assert rows["15%"].finetuned["builtin_module"].mean == 90.0
+    assert not rows["15%"].zero_shot["builtin_module"].bold
+    assert rows["25%"].zero_shot["builtin_module"].status == "failed"
+    assert "builtin_module: best zero-shot 10% (41.00); best fine-tuned 15% (90.00)." in \
+        result.text
+    markdown = (tmp_path / "report" / "table.md").read_text()
+    assert "| 15% | 25.00 | **90.00** |" in markdown
+    assert "| 25% | failed | failed |" in markdown
+    assert "Zero-shot vs fine-tuned" in (tmp_path / "report" / "table.tex").read_text()
+    lines = (tmp_path / "report" / "zero_shot.csv").read_text().splitlines()
+    assert lines[1:3] == ["table6,tiny,10%,,builtin_module,zero-shot,ok,41.0000,1.4142,2,1",
+                          "table6,tiny,10%,,builtin_module,fine-tuned,ok,61.0000,1.4142,2,0"]
+
+
+def test_records_without_zero_shot_scores_report_as_before(tmp_path):
+    _write(tmp_path / "results.jsonl", [_record()])
+    result = report.report(str(tmp_path))
+    assert result.table.zero_shot == () and "Zero-shot" not in result.text
+    assert not (tmp_path / "report" / "zero_shot.csv").exists()

@@ -168,6 +168,9 @@ class Task:
     metric_names: names in `t5x_lite.metrics.METRICS`.
     splits: our split name ('train', 'validation', 'test') -> the source's split name.
     postprocess: decoded text (prediction or reference) -> the value its metrics compare.
+    label_options: every target a classification task can have (its label words, in class
+      order); () for a task whose targets are free text or numbers. Zero-shot scoring
+      (`t5x_lite.zero_shot`) ranks these.
     """
 
     name: str
@@ -176,6 +179,7 @@ class Task:
     metric_names: tuple[str, ...]
     splits: Mapping[str, str]
     postprocess: Callable[[str], Any] = str
+    label_options: tuple[str, ...] = ()
 
     def examples(
         self, split: str, data_dir: str | None = None, data_root: str | None = None
@@ -235,7 +239,7 @@ def _glue_task(
     keys, labels, metric_names = _GLUE_CLASSIFICATION[benchmark]
     formatter = functools.partial(format_glue, benchmark=benchmark, keys=keys, label_names=labels)
     postprocess = functools.partial(label_to_class_id, label_names=labels)
-    return Task(name, load, formatter, metric_names, splits, postprocess)
+    return Task(name, load, formatter, metric_names, splits, postprocess, labels)
 
 
 def _translation_task(name: str, load: Loader, target: str) -> Task:
@@ -359,7 +363,7 @@ def _builtin_tasks() -> list[Task]:
              functools.partial(format_glue, benchmark="module", keys=("sentence",),
                                label_names=labels),
              ("accuracy",), _TRAIN_VALIDATION,
-             functools.partial(label_to_class_id, label_names=labels)),
+             functools.partial(label_to_class_id, label_names=labels), labels),
     ]
 
 

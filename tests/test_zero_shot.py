@@ -1,0 +1,221 @@
+"""Zero-shot scoring: the ranking rule against a per-option loop over `decoding.score` for every
+batch family, one compile for all batches, the sweep stage (records, report, resume) and bad
+input.
+
+A made-up classification task, `test_letters` ("pick: c a f" -> one of three label options),
+is registered for the module; its targets are whatever a model ranks first, found here by
+scoring each (example, option) row on its own.
+"""
+import shutil
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from t5x_lite import (architectures, batch_format, decoding, models, partitioning, report,
+                      sweep, zero_shot)
+from t5x_lite.config import ConfigError, EOS_ID
+from t5x_lite.data import pipeline, tasks
+from t5x_lite.evaluation import TaskSplit
+from t5x_lite.settings import Sweep
+from tiny_configs import tiny_finetune_config
+
+OPTIONS = ("a", "b", "e f")
+INPUTS = ["pick: a b", "pick: c", "pick: f f e", "pick: d a c", "pick: e", "pick: b b b"]
+
+
+def letters_task(name, targets):
+    """A classification task over OPTIONS whose validation examples are INPUTS -> `targets`."""
+    return tasks.Task(name, lambda split, data_dir, data_root: [
+        {"inputs": x, "target": y} for x, y in zip(INPUTS, targets)],
+        lambda r: tasks.Example(r["inputs"], r["target"], (r["target"],)), ("accuracy",),
+        {"validation": "validation"},
+        postprocess=lambda text: tasks.label_to_class_id(text, OPTIONS), label_options=OPTIONS)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """(corpus glob, data dir): made-up words, and letter lines that make each letter a piece."""
+    root = tmp_path_factory.mktemp("data")
+    rng = np.random.default_rng(0)
+    words = ["".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), rng.integers(2, 7)))
+             for _ in range(300)]
+    lines = [" ".join(rng.choice(words, 8)) for _ in range(300)]
+    lines += ["pick: " + " ".join(rng.choice(list("abcdef"), 6)) for _ in range(1000)]
+    (root / "corpus.txt").write_text("\n".join(lines) + "\n")
+    return root / "corpus.txt", root / "cache"
+
+
+def random_model(config):
+    """A model of `config` with large random weights: its rankings depend on the inputs."""
+    model = models.build_model(config.model, nnx.Rngs(0))
+    rng = np.random.default_rng(0)
+    nnx.update(model, jax.tree_util.tree_map_with_path(
+        lambda path, x: (rng.uniform(0.5, 1.5, x.shape) if "norm" in jax.tree_util.keystr(path)
+                         else rng.normal(0.0, 1.0, x.shape)).astype(x.dtype),
+        nnx.state(model, nnx.Param)))
+    return model
+
+
+def option_by_option(config, model):
+    """float `[examples, options]`: each (example, option) row scored alone by
+    `decoding.score`, the direct transcription of 'every option's summed log-likelihood'."""
+    vocab = pipeline.vocabulary_from_config(config)
+    ft = config.finetune
+    family = architectures.get(config.model.arch).family
+    mask_token = batch_format.mask_token(config.model.vocab_size)
+    table = np.zeros((len(INPUTS), len(OPTIONS)))
+    for i, text in enumerate(INPUTS):
+        for k, option in enumerate(OPTIONS):
+            pair = (vocab.encode(text) + [EOS_ID], vocab.encode(option) + [EOS_ID])
+            batch, = pipeline.pad_examples([pair], 1, ft.inputs_length, ft.targets_length,
+                                           family=family, mask_token=mask_token)
+            table[i, k] = decoding.score(model, batch)[0]
+    return table
+
+
+@pytest.mark.parametrize("arch", ["encoder_decoder", "language_model", "prefix_lm",
+                                  "encoder_only"])
+def test_the_best_ranked_option_is_the_prediction_for_every_family(arch, data):
+    config = tiny_finetune_config(arch, *data)
+    config.finetune.update(batch_size=4, eval_examples=None)  # 18 rows: 5 batches, one padded
+    model = random_model(config)
+    expected = option_by_option(config, model)
+    best = [OPTIONS[k] for k in expected.argmax(1)]
+    assert len(set(best)) > 1  # the ranking depends on the inputs
+    changed = list(best)
+    changed[2] = next(option for option in OPTIONS if option != best[2])
+    names = ["test_letters", "test_letters_one_changed"]
+    for name, targets in zip(names, (best, changed)):
+        tasks.TASKS[name] = letters_task(name, targets)
+    try:
+        vocab = pipeline.vocabulary_from_config(config)
+        splits = [TaskSplit(tasks.TASKS[name], "validation", config, vocab)
+                  for name in names]
+        scorer = zero_shot.ZeroShotScorer(config, splits, vocab,
+                                          partitioning.make_mesh(config.mesh))
+        params = nnx.state(model, nnx.Param)
+        compiled_before = decoding._score_program._cache_size()
+        likelihoods = scorer.log_likelihoods(params)
+        assert decoding._score_program._cache_size() == compiled_before + 1  # 10 batches
+        for table in likelihoods:
+            np.testing.assert_allclose(table, expected, rtol=1e-4, atol=1e-4)
+        assert zero_shot.evaluate(config, model, names) == {
+            names[0]: {"accuracy": 100.0}, names[1]: {"accuracy": pytest.approx(100.0 * 5 / 6)}}
+    finally:
+        for name in names:
+            del tasks.TASKS[name]
+
+
+def test_bad_input_is_one_line_naming_the_field(data):
+    config = tiny_finetune_config("encoder_decoder", *data)
+    with pytest.raises(ConfigError, match=r"^tasks: task 'builtin_reverse' has no label "
+                                          r"options[^\n]*$"):
+        zero_shot.evaluate(config, random_model(config), ["builtin_reverse"])
+    config.finetune.targets_length = 2
+    tasks.TASKS["test_letters"] = letters_task("test_letters", ["a"] * len(INPUTS))
+    try:
+        with pytest.raises(ConfigError, match=r"finetune.targets_length=2 is too short for task "
+                                              r"'test_letters'.*at least \d+$"):
+            zero_shot.evaluate(config, random_model(config), ["test_letters"])
+    finally:
+        del tasks.TASKS["test_letters"]
+    section = dict(tasks=("builtin_module",), seeds=(0,), progress=False, budget="steps",
+                   budget_reference=None, zero_shot="yes")
+    with pytest.raises(ConfigError, match=r"^sweep.zero_shot='yes' must be True or False$"):
+        Sweep.from_config(section)
+
+
+def test_glue_and_builtin_classification_tasks_carry_their_label_words():
+    assert tasks.TASKS["glue_mnli"].label_options == ("entailment", "neutral", "contradiction")
+    assert tasks.TASKS["local_glue_wnli"].label_options == ("not_entailment", "entailment")
+    assert tasks.TASKS["builtin_module"].label_options == ("asyncio", "email", "logging", "xml")
+    for name in ("glue_stsb", "builtin_reverse", "squad", "wmt_ende"):
+        assert zero_shot.not_applicable(tasks.TASKS[name])
+
+
+# --- the sweep stage ---------------------------------------------------------------------------
+
+# One decoder-only point (Wang et al.'s zero-shot winner), a classification and a generation
+# task.
+SWEEP_EXPERIMENT = '''
+from tiny_configs import tiny_sweep_config
+
+GRID = (dict(point="lm", row="Language model", objective="LM",
+             overrides={"model.arch": "language_model", "objective.name": "lm"}),)
+
+
+def get_config(preset):
+    return tiny_sweep_config(preset)
+'''
+ZERO_SHOT_SWEEP = ["sweep.tasks=builtin_module,builtin_reverse", "sweep.zero_shot=True",
+                   "train.steps=2", "finetune.steps=1", "finetune.eval_every=1",
+                   "finetune.eval_examples=4"]
+
+
+@pytest.fixture(scope="module")
+def zero_shot_sweep(tmp_path_factory):
+    """(experiment path, workdir, records) of the one-point sweep with the zero-shot stage."""
+    root = tmp_path_factory.mktemp("zero_shot_sweep")
+    (root / "zs_grid.py").write_text(SWEEP_EXPERIMENT)
+    experiment, workdir = str(root / "zs_grid.py"), root / "sweep"
+    return experiment, workdir, sweep.run_sweep(experiment, "demo", str(workdir),
+                                                overrides=ZERO_SHOT_SWEEP)
+
+
+@pytest.mark.slow  # the sweep fixture: a pre-training and two fine-tunings to compile
+def test_a_zero_shot_sweep_records_the_pretrained_models_scores_beside_the_finetuned(
+        zero_shot_sweep):
+    experiment, workdir, records = zero_shot_sweep
+    by_task = {r["task"]: r for r in records}
+    assert [r["status"] for r in records] == ["ok", "ok"]
+    module, reverse = by_task["builtin_module"], by_task["builtin_reverse"]
+    assert module["zero_shot"]["status"] == "ok" and module["zero_shot"]["error"] is None
+    assert set(module["zero_shot"]["metrics"]) == {"accuracy"}
+    assert reverse["zero_shot"]["status"] == "not_applicable"
+    assert "no label options" in reverse["zero_shot"]["error"]
+    # The stage scored the pre-training checkpoint, not the fine-tuned model.
+    point, = sweep.expand(experiment, "demo", ZERO_SHOT_SWEEP)
+    pretrain = point.directory(workdir) / "pretrain"
+    assert zero_shot.evaluate(point.config, str(pretrain), ["builtin_module"]) == {
+        "builtin_module": module["zero_shot"]["metrics"]}
+    text = report.report(str(workdir)).text
+    zero_part = text[text.index(report.ZERO_SHOT_TITLE):]
+    row = next(line for line in zero_part.splitlines() if line.startswith("Language model"))
+    assert f"{module['zero_shot']['metrics']['accuracy']:.2f}" in row
+    assert "builtin_module: best zero-shot Language model (LM)" in zero_part
+    assert "builtin_reverse zero-shot" not in zero_part  # a generation task has no column
+    assert (workdir / "report" / "zero_shot.csv").read_text().count("\n") == 3  # header, 2
+
+
+@pytest.mark.slow
+def test_a_resumed_zero_shot_sweep_does_not_score_again(zero_shot_sweep, tmp_path,
+                                                       monkeypatch):
+    experiment, workdir, records = zero_shot_sweep
+    copy = tmp_path / "sweep"
+    shutil.copytree(workdir, copy)
+    # As if killed after the zero-shot stage: no task recorded, zero_shot.json written.
+    (copy / "results.jsonl").unlink()
+    shutil.rmtree(copy / "points" / "lm" / "seed0" / "records")
+
+    def scored_again(self, params):
+        raise AssertionError("the zero-shot stage ran again")
+
+    monkeypatch.setattr(zero_shot.ZeroShotScorer, "__call__", scored_again)
+    resumed = sweep.run_sweep(experiment, "demo", str(copy), overrides=ZERO_SHOT_SWEEP)
+    assert [r["zero_shot"] for r in resumed] == [r["zero_shot"] for r in records]
+    # A workdir swept with zero-shot scores is not resumed without them, nor the other way.
+    with pytest.raises(ConfigError, match="holds a different sweep.*sweep.zero_shot"):
+        sweep.run_sweep(experiment, "demo", str(copy),
+                        overrides=[o for o in ZERO_SHOT_SWEEP if "zero_shot" not in o])
+
+
+def test_a_zero_shot_sweep_needs_a_task_with_label_options(zero_shot_sweep):
+    experiment, _, _ = zero_shot_sweep
+    with pytest.raises(ConfigError, match=r"point 'lm': sweep.zero_shot=True needs a task with "
+                                          r"label options.*has none$"):
+        sweep.expand(experiment, "demo", ["sweep.zero_shot=True", "sweep.tasks=builtin_reverse"])
+    assert sweep.expand(experiment, "demo")[0].config.sweep.zero_shot is False  # the default
+    with pytest.raises(ConfigError, match=r"sweep.zero_shot[^\n]*$"):
+        sweep.expand(experiment, "demo", ["sweep.zero_shot=3"])
