@@ -153,11 +153,16 @@ class BatchLayout:
     objectives: tuple[str, ...] = OBJECTIVES
     denoisers: tuple[ul2.Denoiser, ...] = ()
 
+    def runs(self) -> tuple[str, ...]:
+        """The objectives the program compiles: `objectives`, but ul2 only with its mixture
+        (a layout built without a ul2 point, e.g. with every objective, has none)."""
+        return tuple(name for name in self.objectives if name != "ul2" or self.denoisers)
+
     def require_objective(self, name: str) -> None:
         """Raise a one-line `ConfigError` unless this layout's program runs `name`."""
-        if name not in self.objectives:
+        if name not in self.runs():
             raise ConfigError(f"objective.name={name!r} is not in the batch layout of this run, "
-                              f"which serves {', '.join(map(repr, self.objectives))}")
+                              f"which serves {', '.join(map(repr, self.runs()))}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -872,7 +877,7 @@ def corrupt_with_details(raw_tokens: jax.Array, spec: ObjectiveSpec, rng: jax.Ar
 
     # Only the layout's objectives are compiled; branch_of maps an OBJECTIVES index to its
     # branch (an objective outside the layout, which the host refuses, would run branch 0).
-    ids = [OBJECTIVES.index(name) for name in layout.objectives]
+    ids = [OBJECTIVES.index(name) for name in layout.runs()]
     branches = [functools.partial(_ENCODERS[i], layout=layout) for i in ids]
     branch_of = jnp.zeros(len(OBJECTIVES), jnp.int32).at[jnp.asarray(ids)].set(
         jnp.arange(len(ids), dtype=jnp.int32))
