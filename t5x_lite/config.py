@@ -51,7 +51,7 @@ OBJECTIVES = (
 # The ul2 objective's default mixture (`objective.ul2_denoisers`): (kind, noise_density,
 # mean_noise_span_length, share) per denoiser, the UL2 paper's seven (section 3.1.2; the S-
 # denoiser's mean span is L/4, set by its rate, so its 1.0 is unused), S 20% and the R- and
-# X-denoisers 40% each (section 4.5; `t5x_lite.ul2`).
+# X-denoisers 40% each (see `t5x_lite.ul2` for where those shares come from).
 UL2_DENOISERS = (
     ("R", 0.15, 3.0, 0.2),
     ("R", 0.15, 8.0, 0.2),

@@ -365,6 +365,8 @@ def _denoiser_loss_tokens(kind: str, inputs_length: int, density: float, span: f
 
 def _describe(point: Mapping[str, Any]) -> str:
     """The settings that decide a point's lengths, for error messages."""
+    if point["name"] == "ul2":  # its denoisers carry their own rates and spans
+        return f"objective.name='ul2' with inputs_length={point['inputs_length']}"
     text = (f"objective.name={point['name']!r} with inputs_length={point['inputs_length']}, "
             f"noise_density={point['noise_density']}")
     if point["name"] in READS_MEAN_SPAN_LENGTH:

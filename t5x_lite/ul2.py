@@ -18,9 +18,10 @@ corrupted spans. Section 3.1.2, "Mixture of Denoisers":
 - X-Denoiser, (mu = 3, r = 0.5, n), (mu = 8, r = 0.5, n), (mu = 64, r = 0.15, n) and
   (mu = 64, r = 0.5, n): "an extreme version of denoising where the model must recover a
   large part of the input, given a small to moderate part of it".
-The final objective mixes these seven; section 4.5's ablation of the S-denoiser's share finds
-a small one best, and the mixture used here (`config.UL2_DENOISERS`) gives S 20% and the R-
-and X-denoisers 40% each, split equally among each kind's denoisers.
+The final objective mixes these seven. The default shares (`config.UL2_DENOISERS`) give S 20%
+and the R- and X-denoisers 40% each, split equally among each kind's denoisers: what public
+ports of the paper's appendix code (its `ul2_objective` snippet, whose `rates` default to
+uniform) cite from its section 4.5; they were not checked against the paper's own text here.
 Section 3.2, "Mode Switching": each example's input starts with its denoiser's paradigm
 token, [NLU] for the R-denoisers, [NLG] for the X-denoisers, [S2S] for the S-denoiser
 (`batch_format.mode_token`), which a fine-tuning or prompt can prepend to switch modes.
