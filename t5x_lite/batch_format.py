@@ -226,6 +226,24 @@ def mask_token(vocab_size: int) -> int:
     return sentinel_id(vocab_size, 0)
 
 
+# UL2's mode tokens (Tay et al. 2022, section 3.2; `t5x_lite.ul2`), the last sentinels:
+# MODE_TOKENS[k] is <extra_id_{num_sentinels - 1 - k}>, so a layout running UL2 keeps these
+# three out of its span corruption (`objectives` counts them as sentinels it needs).
+MODE_TOKENS = ("[NLU]", "[NLG]", "[S2S]")
+
+
+def mode_token(name: str, vocab_size: int, num_sentinels: int) -> int:
+    """The id of UL2's mode token `name` (one of MODE_TOKENS): the last sentinels, MODE_TOKENS[k]
+    being `<extra_id_{num_sentinels - 1 - k}>` (= vocab_size - num_sentinels + k)."""
+    require_choice("mode token", name, MODE_TOKENS)
+    return sentinel_id(vocab_size, num_sentinels - 1 - MODE_TOKENS.index(name))
+
+
+def mode_token_names(vocab_size: int, num_sentinels: int) -> dict[int, str]:
+    """{id: name} of UL2's mode tokens, for printing a UL2 example's inputs."""
+    return {mode_token(name, vocab_size, num_sentinels): name for name in MODE_TOKENS}
+
+
 def packable(family: str) -> bool:
     """Whether several examples may share a `family` row (`data.pipeline.pack_examples`)."""
     return _format(family).packable

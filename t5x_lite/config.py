@@ -45,6 +45,21 @@ OBJECTIVES = (
     "token_deletion",
     "text_infilling",
     "document_rotation",
+    # UL2's mixture of denoisers (Tay et al. 2022, `t5x_lite.ul2`), appended likewise.
+    "ul2",
+)
+# The ul2 objective's default mixture (`objective.ul2_denoisers`): (kind, noise_density,
+# mean_noise_span_length, share) per denoiser, the UL2 paper's seven (section 3.1.2; the S-
+# denoiser's mean span is L/4, set by its rate, so its 1.0 is unused), S 20% and the R- and
+# X-denoisers 40% each (see `t5x_lite.ul2` for where those shares come from).
+UL2_DENOISERS = (
+    ("R", 0.15, 3.0, 0.2),
+    ("R", 0.15, 8.0, 0.2),
+    ("S", 0.25, 1.0, 0.2),
+    ("X", 0.5, 3.0, 0.1),
+    ("X", 0.5, 8.0, 0.1),
+    ("X", 0.15, 64.0, 0.1),
+    ("X", 0.5, 64.0, 0.1),
 )
 # Inputs must hold at least one non-noise token, one sentinel and EOS.
 MIN_INPUTS_LENGTH = 3
@@ -113,6 +128,7 @@ def default_config() -> ml_collections.ConfigDict:
             mean_noise_span_length=3.0,
             random_token_fraction=0.1,  # BERT-style: share of noise tokens made random
             inputs_length=512,
+            ul2_denoisers=UL2_DENOISERS,  # the ul2 objective's mixture only
         )
     )
     # None: as long as the objective needs (114 for span corruption at 512 / 15% / 3). A set

@@ -57,6 +57,16 @@ original x_1..x_n + EOS. m = ceil(n * noise_density) tokens are corrupted, count
 Sentence permutation and text infilling + sentence permutation are not here: they need the
 sentence boundaries, which the token chunks do not keep.
 
+UL2's mixture of denoisers (Tay et al. 2022, arXiv 2205.05131, sections 3.1 and 3.2;
+`t5x_lite.ul2`): `ul2` draws one denoiser per example from `objective.ul2_denoisers`, a list
+of (kind, noise_density, mean_noise_span_length, share): R- and X-denoisers are span_corruption
+at their own rate and mean span, the S-denoiser a prefix LM whose target (the one span that
+ends the text) has a length uniform over [1, max(round(2 r n) - 1, 1)] (mean about r n; at
+r = 0.5 exactly prefix_lm); the inputs start with the denoiser's mode token ([NLU], [NLG],
+[S2S]: the last three sentinels, `batch_format.mode_token`, which span corruption then leaves
+alone). objective.noise_density and mean_noise_span_length are ignored. The mixture is part of
+the layout (`BatchLayout.denoisers`): the grid's ul2 points share one.
+
 The masked language models, and the two definitions of them:
 - BERT (Devlin et al. 2018, arXiv 1810.04805, section 3.1 "Masked LM"): 15% of the token
   positions are chosen at random; a chosen token is replaced by [MASK] 80% of the time, by a
@@ -90,11 +100,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_lite import architectures, bart_noising, batch_format, noise_lengths
+from t5x_lite import architectures, bart_noising, batch_format, noise_lengths, ul2
 # OBJECTIVES (the objective ids) lives with the config's other allowed values, which
 # `t5x_lite.settings` checks a config against.
-from t5x_lite.config import (EOS_ID, NUM_RESERVED_IDS, OBJECTIVES, PAD_ID, ConfigError,
-                             sentinel_id)
+from t5x_lite.config import (EOS_ID, MIN_INPUTS_LENGTH, NUM_RESERVED_IDS, OBJECTIVES, PAD_ID,
+                             UL2_DENOISERS, ConfigError, sentinel_id)
 from t5x_lite.errors import require_choice
 from t5x_lite.settings import check_objective, require_number, require_vocab_room
 
@@ -132,6 +142,7 @@ class BatchLayout:
     `objectives`: the names (in `OBJECTIVES` order) the program can run, the branches of its
     objective switch: a grid's own, so a step compiles only the corruption its points use
     (`layout_for`); every spec fed with the layout must name one of them (`require_objective`).
+    `denoisers`: the ul2 objective's mixture, each with its raw length (empty without ul2).
     """
 
     family: str
@@ -141,12 +152,18 @@ class BatchLayout:
     vocab_size: int
     num_sentinels: int
     objectives: tuple[str, ...] = OBJECTIVES
+    denoisers: tuple[ul2.Denoiser, ...] = ()
+
+    def runs(self) -> tuple[str, ...]:
+        """The objectives the program compiles: `objectives`, but ul2 only with its mixture
+        (a layout built without a ul2 point, e.g. with every objective, has none)."""
+        return tuple(name for name in self.objectives if name != "ul2" or self.denoisers)
 
     def require_objective(self, name: str) -> None:
         """Raise a one-line `ConfigError` unless this layout's program runs `name`."""
-        if name not in self.objectives:
+        if name not in self.runs():
             raise ConfigError(f"objective.name={name!r} is not in the batch layout of this run, "
-                              f"which serves {', '.join(map(repr, self.objectives))}")
+                              f"which serves {', '.join(map(repr, self.runs()))}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,7 +226,8 @@ def raw_length_for(inputs_length: int, noise_density: float,
 
 
 def lengths_for(objective: str, inputs_length: int, noise_density: float,
-                mean_noise_span_length: float) -> tuple[int, int, int]:
+                mean_noise_span_length: float,
+                denoisers: Iterable[Iterable[Any]] = UL2_DENOISERS) -> tuple[int, int, int]:
     """(raw, inputs, targets): the raw tokens an objective consumes and the longest inputs and
     targets (incl. EOS) it produces from them.
 
@@ -228,7 +246,12 @@ def lengths_for(objective: str, inputs_length: int, noise_density: float,
       largest whose inputs overflow with probability <= noise_lengths.OVERFLOW_PROBABILITY),
       inputs = inputs_length, targets = raw + EOS.
     - lm: raw = inputs_length - 1, no inputs, targets = raw + EOS.
+    - ul2: the maximum over its `denoisers` (the config's (kind, rate, mean span, share)
+      tuples) of `ul2_denoiser_lengths`.
     """
+    if objective == "ul2":
+        lengths = [ul2_denoiser_lengths(d, inputs_length) for d in denoisers]
+        return tuple(max(column) for column in zip(*lengths))
     if objective == "span_corruption":
         raw, _ = raw_length_for(inputs_length, noise_density, mean_noise_span_length)
         return (raw, *_span_corruption_lengths(raw, noise_density, mean_noise_span_length))
@@ -246,7 +269,8 @@ def lengths_for(objective: str, inputs_length: int, noise_density: float,
 
 
 def expected_loss_tokens(objective: str, inputs_length: int, noise_density: float,
-                         mean_noise_span_length: float) -> float:
+                         mean_noise_span_length: float,
+                         denoisers: Iterable[Iterable[Any]] = UL2_DENOISERS) -> float:
     """The expected number of target tokens with a loss weight in one example: its targets'
     non-padding positions (EOS and sentinels included), which is what `batch_format` weights
     in both families, for an example that fills the objective's raw length R (`lengths_for`;
@@ -259,9 +283,14 @@ def expected_loss_tokens(objective: str, inputs_length: int, noise_density: floa
     - bert_style, mass_style, deshuffling, lm and BART's token_masking, token_deletion,
       text_infilling, document_rotation: R + 1 (every token is a target);
     - prefix_lm: the split is uniform over [1, R - 1] (`random_prefix_split`), so R / 2 + 1.
+    - ul2: the share-weighted mean over its denoisers: span corruption's targets for R and X,
+      and (m + 1) / 2 + 1 for S (its target length is uniform over [1, m], `ul2.s_split`).
     The rare examples of the i.i.d. objectives and text_infilling that overflow the layout
     (share <= `noise_lengths.OVERFLOW_PROBABILITY`) get no loss weights; that is left out.
     """
+    if objective == "ul2":
+        return sum(float(share) * _denoiser_loss_tokens(kind, inputs_length, density, span)
+                   for kind, density, span, share in denoisers)
     raw, _, targets = lengths_for(objective, inputs_length, noise_density, mean_noise_span_length)
     p = float(noise_density)
     if objective == "span_corruption":
@@ -276,12 +305,69 @@ def expected_loss_tokens(objective: str, inputs_length: int, noise_density: floa
 
 
 # ---------------------------------------------------------------------------------------------
+# UL2's denoisers (host): each one's lengths, sentinels and loss tokens (`t5x_lite.ul2`)
+# ---------------------------------------------------------------------------------------------
+
+
+def ul2_denoiser_lengths(denoiser: Iterable[Any], inputs_length: int) -> tuple[int, int, int]:
+    """(raw, inputs, targets) of one ul2 denoiser (kind, noise_density, mean span, share) at
+    inputs_length, inputs counting its mode token and EOS.
+
+    R, X: span_corruption's `lengths_for` at inputs_length - 1, plus the mode token. S: raw =
+    inputs_length - 1 (the target keeps >= 1 of n >= 2 tokens, so prefix + EOS + mode token
+    <= raw + 1), targets = min(m, raw - 1) + EOS, m = `ul2.s_target_most(r, raw)`.
+    """
+    kind, density, span = tuple(denoiser)[:3]
+    if inputs_length - 1 < MIN_INPUTS_LENGTH:
+        raise ConfigError(f"objective.inputs_length={inputs_length} is too small for "
+                          f"objective.name='ul2': it must be >= {MIN_INPUTS_LENGTH + 1} (the "
+                          "mode token and a denoiser's inputs)")
+    if kind == "S":
+        raw = inputs_length - 1
+        most = int(ul2.s_target_most(density, raw, np))
+        return raw, inputs_length, max(min(most, raw - 1), 0) + 1
+    raw, inputs, targets = lengths_for("span_corruption", inputs_length - 1, density, span)
+    return raw, inputs + 1, targets
+
+
+def _point_denoisers(point: Mapping[str, Any]) -> Any:
+    """A point's ul2 mixture as configured (a grid point's dict may leave it out)."""
+    return point.get("ul2_denoisers", UL2_DENOISERS)
+
+
+def _denoisers_of(point: Mapping[str, Any]) -> tuple[ul2.Denoiser, ...]:
+    """A validated ul2 point's denoisers, each with its raw length."""
+    return tuple(
+        ul2.Denoiser(kind, float(density), float(span), float(share),
+                     ul2_denoiser_lengths((kind, density, span), point["inputs_length"])[0])
+        for kind, density, span, share in _point_denoisers(point))
+
+
+def _ul2_sentinels(denoiser: ul2.Denoiser) -> int:
+    """The sentinel ids a denoiser needs: its spans' (R, X), and the mode tokens after them."""
+    spans = 0 if denoiser.kind == "S" else int(_noise_counts(
+        denoiser.raw_length, denoiser.noise_density, denoiser.mean_noise_span_length, np)[1])
+    return spans + len(batch_format.MODE_TOKENS)
+
+
+def _denoiser_loss_tokens(kind: str, inputs_length: int, density: float, span: float) -> float:
+    """One denoiser's expected target tokens with a loss weight (`expected_loss_tokens`)."""
+    raw, _, targets = ul2_denoiser_lengths((kind, density, span), inputs_length)
+    if kind != "S":
+        return float(targets)
+    # The target length is uniform over [1, targets - 1] (n = raw >= 2), then EOS.
+    return targets / 2 + 1 if raw >= 2 else 1.0
+
+
+# ---------------------------------------------------------------------------------------------
 # Validation and construction from the config (host)
 # ---------------------------------------------------------------------------------------------
 
 
 def _describe(point: Mapping[str, Any]) -> str:
     """The settings that decide a point's lengths, for error messages."""
+    if point["name"] == "ul2":  # its denoisers carry their own rates and spans
+        return f"objective.name='ul2' with inputs_length={point['inputs_length']}"
     text = (f"objective.name={point['name']!r} with inputs_length={point['inputs_length']}, "
             f"noise_density={point['noise_density']}")
     if point["name"] in READS_MEAN_SPAN_LENGTH:
@@ -294,7 +380,7 @@ def _validated_lengths(point: Mapping[str, Any]) -> tuple[int, int, int]:
     return its `lengths_for`."""
     check_objective(point)
     lengths = lengths_for(point["name"], point["inputs_length"], point["noise_density"],
-                          point["mean_noise_span_length"])
+                          point["mean_noise_span_length"], _point_denoisers(point))
     if lengths[0] < 1:  # only text_infilling's raw length shrinks with its overflow risk
         raise ConfigError(f"objective.inputs_length={point['inputs_length']} is too small for "
                           f"{_describe(point)}: even a one-token document's inputs would "
@@ -325,6 +411,11 @@ def _sentinels_needed(point: Mapping[str, Any], raw_length: int) -> tuple[int, s
                                            point["noise_density"]).num_sentinels
         return needed, (f"it uses one per run of noise and a final one, and {needed} cover all "
                         f"but a share <= {noise_lengths.OVERFLOW_PROBABILITY} of its examples")
+    if name == "ul2":
+        needed = max(_ul2_sentinels(d) for d in _denoisers_of(point))
+        return needed, (f"its denoisers make up to {needed - len(batch_format.MODE_TOKENS)} "
+                        f"spans and its {len(batch_format.MODE_TOKENS)} mode tokens are the "
+                        "last sentinels")
     return 0, ""
 
 
@@ -375,6 +466,10 @@ def layout_for(points: Iterable[Mapping[str, Any]], family: str, vocab_size: int
     if not points:
         raise ConfigError("points is empty: give at least one objective config")
     raw = inputs = targets = 0
+    denoisers = {_denoisers_of(point) for point in points if point["name"] == "ul2"}
+    if len(denoisers) > 1:
+        raise ConfigError("objective.ul2_denoisers and objective.inputs_length must be the same "
+                          "for every ul2 point of a grid: its layout holds one mixture")
     for point in points:
         point_raw, point_inputs, point_targets = _validated_lengths(point)
         if not batch_format.in_place(family):
@@ -392,7 +487,8 @@ def layout_for(points: Iterable[Mapping[str, Any]], family: str, vocab_size: int
         targets = 0
     names = {point["name"] for point in points}
     return BatchLayout(family, raw, inputs, targets, vocab_size, num_sentinels,
-                       tuple(name for name in OBJECTIVES if name in names))
+                       tuple(name for name in OBJECTIVES if name in names),
+                       next(iter(denoisers), ()))
 
 
 def layout_from_config(config: Mapping[str, Any]) -> BatchLayout:
@@ -688,10 +784,42 @@ def _document_rotation(tokens, n, spec, uniform, layout):
             _no_noise(tokens), jnp.int32(0))
 
 
+# UL2's mixture of denoisers (`t5x_lite.ul2`): one span corruption at the drawn denoiser's rate
+# and span, and one S-denoiser split, per example; the drawn denoiser's kind picks one.
+
+
+def _ul2(tokens, n, spec, uniform, layout):
+    denoisers = layout.denoisers
+    # uniform[2, 0] is read by neither span corruption (rows 0 and 1) nor the split ([0, 0]).
+    chosen = ul2.choose(uniform[2, 0], denoisers)
+
+    def pick(values, dtype):
+        return jnp.asarray(values, dtype)[chosen]
+
+    n = jnp.minimum(n, pick([d.raw_length for d in denoisers], jnp.int32))
+    density = pick([d.noise_density for d in denoisers], jnp.float32)
+    spans = _span_corruption(tokens, n, spec.replace(
+        noise_density=density,
+        mean_noise_span_length=pick([d.mean_noise_span_length for d in denoisers], jnp.float32)),
+        uniform, layout)
+    position, width = jnp.arange(tokens.shape[0]), _packed_width(layout)
+    split = ul2.s_split(uniform[0, 0], density, n)
+    prefix = (_pack_with_eos(tokens, position < split, width),
+              _pack_with_eos(tokens, (position >= split) & (position < n), width),
+              _no_noise(tokens), jnp.int32(0))
+    is_s = pick([d.kind == "S" for d in denoisers], bool)
+    inputs, targets, noise, sentinels = jax.tree.map(
+        lambda s_value, span_value: jnp.where(is_s, s_value, span_value), prefix, spans)
+    mode = pick(ul2.mode_tokens(denoisers, layout.vocab_size, layout.num_sentinels), jnp.int32)
+    inputs = jnp.concatenate([mode[None], inputs])[:width]
+    # The mode tokens are the last sentinels: an example needing them as spans' overflows.
+    return inputs, targets, noise, sentinels + len(batch_format.MODE_TOKENS)
+
+
 # In the order of OBJECTIVES: the objective id indexes this tuple.
 _ENCODERS = (_span_corruption, _drop_corrupted_tokens, _bert_style, _mass_style, _deshuffling,
              _prefix_lm, _lm, _iid_denoising, _token_masking, _token_deletion, _text_infilling,
-             _document_rotation)
+             _document_rotation, _ul2)
 # The objectives whose noise depends on objective.mean_noise_span_length: random spans, and
 # text infilling's span lengths, Poisson(lambda = mean_noise_span_length).
 READS_MEAN_SPAN_LENGTH = ("span_corruption", "text_infilling")
@@ -752,7 +880,7 @@ def corrupt_with_details(raw_tokens: jax.Array, spec: ObjectiveSpec, rng: jax.Ar
 
     # Only the layout's objectives are compiled; branch_of maps an OBJECTIVES index to its
     # branch (an objective outside the layout, which the host refuses, would run branch 0).
-    ids = [OBJECTIVES.index(name) for name in layout.objectives]
+    ids = [OBJECTIVES.index(name) for name in layout.runs()]
     branches = [functools.partial(_ENCODERS[i], layout=layout) for i in ids]
     branch_of = jnp.zeros(len(OBJECTIVES), jnp.int32).at[jnp.asarray(ids)].set(
         jnp.arange(len(ids), dtype=jnp.int32))

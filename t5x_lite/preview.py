@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import jax
 import ml_collections
 import numpy as np
 
-from t5x_lite import batch_format, objectives, presets, sweep
+from t5x_lite import batch_format, objectives, presets, sweep, ul2
 from t5x_lite.config import EOS_ID, PAD_ID, ConfigError, apply_overrides, parse_overrides
 from t5x_lite.data.vocabulary import Vocabulary
 from t5x_lite.settings import Settings
@@ -82,12 +82,17 @@ def previewed_run(experiment: str | None, point: str | None, preset: str = "tiny
                         grid_point.row)
 
 
-def token_text(vocab: Vocabulary, ids: Sequence[int]) -> str:
-    """`ids` as text: sentinels as `<extra_id_k>`, every EOS as `</s>`. `Vocabulary.decode`
-    stops at the first EOS, but a chunk holds one at each document end."""
-    pieces, current = [], []
+def token_text(vocab: Vocabulary, ids: Sequence[int],
+               names: Mapping[int, str] | None = None) -> str:
+    """`ids` as text: sentinels as `<extra_id_k>`, every EOS as `</s>`, an id in `names` (UL2's
+    mode tokens) as its name. `Vocabulary.decode` stops at the first EOS, but a chunk holds one
+    at each document end."""
+    pieces, current, names = [], [], names or {}
     for token in map(int, ids):
-        if token == EOS_ID:
+        if token in names:
+            pieces.append((vocab.decode(current) if current else "") + names[token])
+            current = []
+        elif token == EOS_ID:
             pieces.append(vocab.decode(current) + EOS_TEXT)
             current = []
         elif token != PAD_ID:
@@ -104,7 +109,8 @@ def corrupted_examples(run: PreviewedRun, count: int = 3) -> list[dict[str, Any]
     padding, ending in EOS unless cut by an overflow; a decoder-only row split where its
     targets start), their texts `raw_text`, `inputs_text`, `targets_text` (`token_text`),
     `overflow` (did not fit the layout: cut to it and left out of the loss), and where it
-    comes from: `experiment`, `point`, `preset`, `objective`, `seed`, `step`, `batch_row`.
+    comes from: `experiment`, `point`, `preset`, `objective`, `seed`, `step`, `batch_row`;
+    `denoiser`: for the ul2 objective, the example's denoiser (`ul2.describe`), else None.
     """
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ConfigError(f"examples={count!r} must be an integer >= 1")
@@ -115,16 +121,24 @@ def corrupted_examples(run: PreviewedRun, count: int = 3) -> list[dict[str, Any]
     spec = objectives.spec_from_config(config.objective)
     vocab, data = pretrain_data_from_config(config, layout.raw_length)
     name = config.objective.name
+    names = (batch_format.mode_token_names(layout.vocab_size, layout.num_sentinels)
+             if name == "ul2" else {})
     key, examples, step = step_key(config.train.seed), [], 0
     while len(examples) < count:
         raw_tokens = data.batch(step)
-        batch, details = jax.device_get(_corrupt(
-            raw_tokens, spec, batch_and_dropout_keys(key, step)[0], layout))
+        batch_key = batch_and_dropout_keys(key, step)[0]
+        batch, details = jax.device_get(_corrupt(raw_tokens, spec, batch_key, layout))
+        # Each example's denoiser, drawn as `corrupt` draws it (`ul2.choose`).
+        chosen = (jax.device_get(ul2.choose(objectives.example_draws(
+            batch_key, len(raw_tokens), layout)[:, 2, 0], layout.denoisers))
+            if name == "ul2" else None)
         for row in range(min(len(raw_tokens), count - len(examples))):
             tokens = raw_tokens[row]
             # The tokens `corrupt` reads: the first spec.raw_length, up to any padding.
             used = int(np.sum((np.arange(tokens.shape[0]) < int(spec.raw_length))
                               & (tokens != PAD_ID)))
+            if chosen is not None:  # a ul2 denoiser reads its own raw length
+                used = min(used, layout.denoisers[int(chosen[row])].raw_length)
             raw = [int(t) for t in tokens[:used]]
             inputs, targets = batch_format.inputs_and_targets(
                 layout.family, {key: value[row] for key, value in batch.items()})
@@ -135,8 +149,11 @@ def corrupted_examples(run: PreviewedRun, count: int = 3) -> list[dict[str, Any]
                 "noise_mask": ([int(m) for m in details["noise_mask"][row][:used]]
                                if objectives.HAS_NOISE_MASK[name] else None),
                 "inputs": inputs, "targets": targets,
-                "raw_text": token_text(vocab, raw), "inputs_text": token_text(vocab, inputs),
-                "targets_text": token_text(vocab, targets),
+                "raw_text": token_text(vocab, raw),
+                "inputs_text": token_text(vocab, inputs, names),
+                "targets_text": token_text(vocab, targets, names),
+                "denoiser": (ul2.describe(layout.denoisers[int(chosen[row])])
+                             if chosen is not None else None),
                 "overflow": bool(details["overflow"][row]),
             })
         step += 1
@@ -159,6 +176,10 @@ def _header(run: PreviewedRun) -> list[str]:
             settings += f", mean_noise_span_length {objective.mean_noise_span_length}"
             if objective.name == "text_infilling":  # BART's Poisson span lengths
                 settings += " (the Poisson lambda of its span lengths)"
+    if objective.name == "ul2":
+        settings = ": denoisers " + ", ".join(
+            f"{d.kind}(r={d.noise_density:g}, mu={d.mean_noise_span_length:g}, "
+            f"share={d.share:g}) {ul2.MODE_OF_KIND[d.kind]}" for d in layout.denoisers)
     return [
         f"{where}, seed {run.seed}",
         f"objective {objective.name}{settings}; model.arch {config.model.arch}",
@@ -174,6 +195,10 @@ def format_text(run: PreviewedRun, examples: Sequence[dict[str, Any]]) -> str:
     for number, example in enumerate(examples, 1):
         mask = example["noise_mask"]
         counts = [f"raw {len(example['raw'])} tokens"]
+        if example.get("denoiser"):
+            denoiser = example["denoiser"]
+            counts.append(f"denoiser {denoiser['kind']} (r={denoiser['noise_density']:g}, "
+                          f"mu={denoiser['mean_noise_span_length']:g})")
         if mask is not None:
             counts.append(f"noise {sum(mask)}")
         counts += [f"inputs {len(example['inputs'])}", f"targets {len(example['targets'])}"]

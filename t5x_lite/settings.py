@@ -26,10 +26,10 @@ from typing import Any, Callable, ClassVar, Mapping
 
 import ml_collections
 
-from t5x_lite import architectures, partitioning
+from t5x_lite import architectures, partitioning, ul2
 from t5x_lite.config import (ATTENTION_IMPLS, BUDGETS, DECODE_METHODS, DTYPES, MIN_INPUTS_LENGTH,
                              MLP_KINDS, NUM_RESERVED_IDS, OBJECTIVES, OPTIMIZERS, SCHEDULES,
-                             ConfigError)
+                             UL2_DENOISERS, ConfigError)
 from t5x_lite.errors import require_choice
 
 # ---------------------------------------------------------------------------------------------
@@ -88,9 +88,10 @@ def require_number(field: str, value: Any, ok: Callable[[Any], bool], allowed: s
 
 def check_objective(point: Mapping[str, Any]) -> None:
     """Raise `ConfigError` naming the field for an objective config (a section, or a grid
-    point's objective dict, where random_token_fraction may be left out) that no objective can
-    run: an unknown name, noise_density outside (0, 1), mean_noise_span_length < 1,
-    random_token_fraction outside [0, 1] or inputs_length < MIN_INPUTS_LENGTH."""
+    point's objective dict, where random_token_fraction and ul2_denoisers may be left out)
+    that no objective can run: an unknown name, noise_density outside (0, 1),
+    mean_noise_span_length < 1, random_token_fraction outside [0, 1], inputs_length <
+    MIN_INPUTS_LENGTH or a ul2 mixture that `ul2.check_denoisers` refuses."""
     require_choice("objective.name", point["name"], OBJECTIVES)
     require_number("objective.noise_density", point["noise_density"], lambda v: 0 < v < 1,
                    "a number in (0, 1)")
@@ -102,6 +103,7 @@ def check_objective(point: Mapping[str, Any]) -> None:
                    lambda v: isinstance(v, int) and v >= MIN_INPUTS_LENGTH,
                    f"an integer >= {MIN_INPUTS_LENGTH} (room for a non-noise token, a sentinel "
                    "and EOS)")
+    ul2.check_denoisers(point.get("ul2_denoisers", UL2_DENOISERS))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,6 +257,7 @@ class Objective(_Section):
     random_token_fraction: float
     inputs_length: int
     targets_length: int | None  # None: as long as the objective needs
+    ul2_denoisers: tuple[tuple[str | float, ...], ...]  # the ul2 objective's mixture
 
     def _check(self) -> None:
         check_objective(dataclasses.asdict(self))

@@ -117,7 +117,7 @@ class StepCost:
             tokens=batch * sum(lengths),
             loss_tokens=batch * objectives.expected_loss_tokens(
                 objective.name, objective.inputs_length, objective.noise_density,
-                objective.mean_noise_span_length))
+                objective.mean_noise_span_length, objective.ul2_denoisers))
 
     def of_budget(self, kind: str) -> float:
         """The cost of one step in the unit of `sweep.budget=kind` ("tokens" or "flops")."""
@@ -428,7 +428,7 @@ def _base_record(point: GridPoint) -> dict[str, Any]:
     config, objective = point.config, point.config.objective
     raw, inputs, targets = objectives.lengths_for(
         objective.name, objective.inputs_length, objective.noise_density,
-        objective.mean_noise_span_length)
+        objective.mean_noise_span_length, objective.ul2_denoisers)
     columns = accounting.table2_columns(config.model, inputs, targets)
     return {
         "experiment": point.experiment, "preset": point.preset, "point": point.point,

@@ -17,7 +17,7 @@ from hypothesis import given, settings, assume, strategies as st
 from scipy.special import gammaln
 
 from t5x_lite import noise_lengths, objectives
-from t5x_lite.config import ConfigError, default_config
+from t5x_lite.config import UL2_DENOISERS, ConfigError, default_config
 from t5x_lite.objectives import (
     OBJECTIVES, BatchLayout, ObjectiveSpec, corrupt, iid_noise_mask, layout_for, lengths_for,
     random_prefix_split, random_spans_noise_mask, raw_length_for, spec_from_config, validate_vocab,
@@ -31,8 +31,13 @@ REAL_LOW, REAL_HIGH = 3, VOCAB - SENTINELS  # real token ids are [3, 88)
 EOS = 1
 # Room for whatever any objective makes from RAW tokens, so one program serves every spec:
 # iid_denoising's targets hold up to RAW + 1 noise tokens and sentinels, the final sentinel and
-# EOS; it uses up to RAW / 2 + 1 = 33 sentinels.
-WIDE = {family: BatchLayout(family, RAW, RAW + 1, RAW + 3, VOCAB, SENTINELS)
+# EOS; it uses up to RAW / 2 + 1 = 33 sentinels. It runs ul2 with the default mixture at
+# inputs_length 24 (whose denoisers read at most 42 raw tokens; see also test_ul2.py).
+UL2_AT_24 = objectives.layout_for(
+    [dict(name="ul2", noise_density=0.15, mean_noise_span_length=3.0, inputs_length=24)],
+    "encoder_decoder", VOCAB, SENTINELS).denoisers
+WIDE = {family: BatchLayout(family, RAW, RAW + 1, RAW + 3, VOCAB, SENTINELS,
+                            denoisers=UL2_AT_24)
         for family in ("encoder_decoder", "decoder_only")}
 corrupt_jit = jax.jit(corrupt, static_argnums=3)
 
@@ -243,6 +248,10 @@ def test_lengths_for_follows_each_objectives_rule(name):
         bounds = noise_lengths.iid_lengths(name, 128, 0.15)
         assert (raw, inputs, targets) == (bounds.raw_length, 128, bounds.targets_length)
         assert raw >= 127  # inputs are at most raw + EOS
+    elif name == "ul2":  # each denoiser's, for inputs_length - 1 and its mode token
+        lengths = [objectives.ul2_denoiser_lengths(d, 128) for d in UL2_DENOISERS]
+        assert (raw, inputs, targets) == tuple(max(column) for column in zip(*lengths))
+        assert lengths[0] == (140, 128, 29)  # span corruption at 127, then the mode token
     elif name == "token_deletion":  # ceil(127 * 0.15) = 20 tokens deleted, exactly
         assert (raw, inputs, targets) == (127, 127 - 20 + 1, 128)
     else:  # text_infilling too: its 20 masked tokens rarely (~1e-10) come in over 20 spans
@@ -490,6 +499,13 @@ def test_outputs_use_only_real_tokens_eos_and_their_own_special_ids(name, densit
         elif name == "document_rotation":
             assert targets == original and any(inputs == original[k:] + original[:k]
                                                for k in range(n))
+        elif name == "ul2":  # a mode token, then its denoiser's corruption of a first part
+            first_mode = VOCAB - SENTINELS
+            assert first_mode <= inputs[0] < first_mode + 3
+            rest = inputs[1:] + targets
+            real = [t for t in rest if t < REAL_HIGH]
+            assert sorted(real) == sorted(original[:len(real)])
+            assert all(first_mode + 3 <= t < VOCAB for t in rest if t >= REAL_HIGH)
         else:  # lm: the encoder gets a lone EOS
             assert inputs == [] and targets == original
 
@@ -549,6 +565,8 @@ def test_bert_style_random_token_share_and_mass_style_masks_only():
 @given(name=st.sampled_from(OBJECTIVES), inputs_length=st.integers(3, 24),
        density=st.floats(0.05, 0.6), span=span_lengths, seed=seeds)
 def test_outputs_fit_the_lengths_the_arithmetic_promises(name, inputs_length, density, span, seed):
+    if name == "ul2":  # its lengths are its mixture's, which WIDE holds at inputs_length 24
+        inputs_length = 24
     raw, inputs_bound, targets_bound = lengths_for(name, inputs_length, density, span)
     assume(raw <= RAW)
     batch = corrupt_jit(raw_tokens(seed), make_spec(name, density, span, raw), jax.random.key(seed),
@@ -664,7 +682,7 @@ def test_spec_and_layout_from_the_presets():
                         tiny.model.num_sentinels)
     # The preset's targets_length (32) pads the 29 targets span corruption needs.
     assert dataclasses.astuple(layout) == ("encoder_decoder", 141, 128, 32, 8192, 100,
-                                           ("span_corruption",))
+                                           ("span_corruption",), ())
 
 
 # ------------------------------------------------------------------------------------------
@@ -756,8 +774,16 @@ def test_details_noise_mask_is_what_the_objective_corrupted(name):
     if not objectives.HAS_NOISE_MASK[name]:
         assert not noise.any()
         return
-    assert noise.any(axis=1).all()
     inputs = np.asarray(batch["encoder_input_tokens"])
+    if name == "ul2":  # only its S-denoiser's examples (mode token [S2S]) corrupt nothing
+        s2s = inputs[:, 0] == VOCAB - SENTINELS + 2
+        assert (noise.any(axis=1) == ~s2s).all()
+        for row, mask, out in zip(tokens[~s2s], noise[~s2s], inputs[~s2s]):
+            # Its denoiser reads a first part of the row: its clean tokens, in order.
+            seen = [t for t in unpad(out) if REAL_LOW <= t < REAL_HIGH]
+            assert seen == row[~mask].tolist()[:len(seen)]
+        return
+    assert noise.any(axis=1).all()
     for row, mask, out in zip(tokens, noise, inputs):
         # Every clean token reaches the inputs unchanged and in order; no noise token survives
         # where the objective replaces or drops it.
