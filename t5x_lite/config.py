@@ -45,6 +45,8 @@ OBJECTIVES = (
     "token_deletion",
     "text_infilling",
     "document_rotation",
+    "sentence_permutation",
+    "text_infilling_permutation",
 )
 # Inputs must hold at least one non-noise token, one sentinel and EOS.
 MIN_INPUTS_LENGTH = 3
