@@ -456,7 +456,7 @@ def test_outputs_use_only_real_tokens_eos_and_their_own_special_ids(name, densit
                                               jax.random.key(seed), WIDE["encoder_decoder"])
     overflow = np.asarray(details["overflow"])
     # WIDE holds every output but text infilling's with many zero-length spans (flagged).
-    assert name == "text_infilling" or not overflow.any()
+    assert name in objectives.INFILLING_OBJECTIVES or not overflow.any()
     for i, n in enumerate(lengths):
         if overflow[i]:
             continue
@@ -480,7 +480,7 @@ def test_outputs_use_only_real_tokens_eos_and_their_own_special_ids(name, densit
             assert targets == original and sorted(inputs) == sorted(original)
         elif name == "prefix_lm":
             assert 1 <= len(inputs) <= n - 1 and inputs + targets == original
-        elif name in ("token_masking", "text_infilling"):
+        elif name in ("token_masking", *objectives.INFILLING_OBJECTIVES):
             assert targets == original
             assert all(REAL_LOW <= t < REAL_HIGH or t == VOCAB - 1 for t in inputs)
             assert len(inputs) == n if name == "token_masking" else VOCAB - 1 in inputs
@@ -490,6 +490,8 @@ def test_outputs_use_only_real_tokens_eos_and_their_own_special_ids(name, densit
         elif name == "document_rotation":
             assert targets == original and any(inputs == original[k:] + original[:k]
                                                for k in range(n))
+        elif name == "sentence_permutation":
+            assert targets == original and sorted(inputs) == sorted(original)
         else:  # lm: the encoder gets a lone EOS
             assert inputs == [] and targets == original
 
@@ -559,7 +561,8 @@ def test_outputs_fit_the_lengths_the_arithmetic_promises(name, inputs_length, de
     # derandomized, these 25 x 8 examples are within them.
     assert input_lengths.max() <= max(inputs_bound, 1) <= inputs_length
     assert target_lengths.max() <= targets_bound
-    if name in ("lm", "token_masking", "token_deletion", "text_infilling", "document_rotation"):
+    if name in ("lm", "token_masking", "token_deletion", "document_rotation",
+                *objectives.INFILLING_OBJECTIVES, "sentence_permutation"):
         assert target_lengths.min() == targets_bound, "these objectives' lengths are exact"
     if name == "span_corruption":  # exact too, but for noise spans that merge (fewer sentinels)
         num_noise, num_spans = expected_counts(raw, density, span)
@@ -575,7 +578,8 @@ def test_decoder_only_row_is_inputs_then_targets(name, density, span, raw_length
     row = corrupt_jit(tokens, spec, rng, WIDE["decoder_only"])
     assert row["decoder_target_tokens"].shape == (BATCH, 2 * RAW + 4)
     # Only text infilling can overflow WIDE; each family cuts an overflowing example its way.
-    assert name == "text_infilling" or not np.asarray(details["overflow"]).any()
+    assert (name in objectives.INFILLING_OBJECTIVES
+            or not np.asarray(details["overflow"]).any())
     for i in np.flatnonzero(~np.asarray(details["overflow"])):
         inputs = [] if name == "lm" else unpad(pair["encoder_input_tokens"][i])
         targets = unpad(pair["decoder_target_tokens"][i])
