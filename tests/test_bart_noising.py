@@ -409,8 +409,10 @@ def overflow_by_convolution(n, inputs_length, density, lam):
 
 
 def test_the_lengths_of_the_bart_objectives():
-    for name in ("token_masking", "document_rotation"):
+    for name in ("token_masking", "document_rotation", "sentence_permutation"):
         assert objectives.lengths_for(name, 64, 0.3, 3.0) == (63, 64, 64)
+    assert (objectives.lengths_for("text_infilling_permutation", 24, 0.15, 3.0)
+            == objectives.lengths_for("text_infilling", 24, 0.15, 3.0))
     # Deletion: 63 - ceil(18.9) = 44 tokens and EOS.
     assert objectives.lengths_for("token_deletion", 64, 0.3, 3.0) == (63, 45, 64)
     # Infilling: the largest raw length whose overflow probability is within the bound.
@@ -420,17 +422,20 @@ def test_the_lengths_of_the_bart_objectives():
     assert all(overflow_by_convolution(n, 24, 0.15, 3.0) <= OVERFLOW_PROBABILITY
                for n in range(1, raw + 1))
     assert overflow_by_convolution(raw + 1, 24, 0.15, 3.0) > OVERFLOW_PROBABILITY
-    for name in ("token_masking", "token_deletion", "text_infilling", "document_rotation"):
+    for name in ("token_masking", "token_deletion", "text_infilling", "document_rotation",
+                 "sentence_permutation", "text_infilling_permutation"):
         raw = objectives.lengths_for(name, 24, 0.15, 3.0)[0]
         assert objectives.expected_loss_tokens(name, 24, 0.15, 3.0) == raw + 1
     assert objectives.HAS_NOISE_MASK == dict(
         objectives.HAS_NOISE_MASK, token_masking=True, token_deletion=True,
-        text_infilling=True, document_rotation=False)
-    assert "text_infilling" in objectives.READS_MEAN_SPAN_LENGTH
+        text_infilling=True, document_rotation=False, sentence_permutation=False,
+        text_infilling_permutation=True)
+    assert {"text_infilling", "text_infilling_permutation"} <= set(
+        objectives.READS_MEAN_SPAN_LENGTH)
 
 
 def test_one_program_serves_a_batch_mixing_every_objective():
-    """Each example its own objective (all twelve), in two orders, through one compiled
+    """Each example its own objective (every one), in two orders, through one compiled
     program; each row is what its objective makes of it alone with the same rng."""
     names = list(OBJECTIVES) + ["text_infilling"] * (16 - len(OBJECTIVES))
     tokens, rng = raw_tokens(7, batch=len(names)), jax.random.key(7)
@@ -564,3 +569,19 @@ def test_sentence_ends_read_off_the_real_vocabulary_are_the_texts(shared_data):
                 for sentence in re.split(r"(?<=[.!?])\s+", text)]
     assert read == expected
     assert len(expected) > 100 and {"!", "?"} <= {s[-1] for s in expected}
+
+
+def test_a_run_binds_its_vocabulary_and_an_unbound_layout_is_refused():
+    unbound = BatchLayout("encoder_decoder", RAW, RAW + 1, RAW + 3, VOCAB, SENTINELS,
+                          ("sentence_permutation",))
+    with pytest.raises(ValueError, match="runs a sentence objective but has no sentence classes"):
+        unbound.require_sentences()
+    other = BatchLayout("encoder_decoder", RAW, RAW + 1, RAW + 3, VOCAB, SENTINELS,
+                        ("text_infilling",))
+    assert other.with_sentences(Pieces) is other  # the other objectives' programs stay as they are
+    config = presets.get_preset("demo")
+    config.objective.name = "text_infilling_permutation"
+    bound = pipeline.layout_with_vocabulary(objectives.layout_from_config(config), config)
+    bound.require_sentences()
+    assert bound.sentence_classes == bart_noising.sentence_classes(
+        pipeline.vocabulary_from_config(config).pieces())
