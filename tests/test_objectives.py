@@ -667,8 +667,9 @@ def test_spec_and_layout_from_the_presets():
     layout = layout_for([tiny.objective], "encoder_decoder", tiny.model.vocab_size,
                         tiny.model.num_sentinels)
     # The preset's targets_length (32) pads the 29 targets span corruption needs.
+    # No sentence classes: span corruption reads no sentences.
     assert dataclasses.astuple(layout) == ("encoder_decoder", 141, 128, 32, 8192, 100,
-                                           ("span_corruption",))
+                                           ("span_corruption",), None)
 
 
 # ------------------------------------------------------------------------------------------
