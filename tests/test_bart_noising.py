@@ -31,7 +31,8 @@ EOS, MASK = 1, VOCAB - 1  # the mask token is <extra_id_0>
 # t % 5 == 0, a word that ends a sentence "▁so!" when t % 5 == 1, a word "▁w" when t % 5 is 2
 # or 3, and a word's inner part "x" when t % 5 == 4 (reserved ids and sentinels by name).
 PIECES = (["<pad>", "</s>", "<unk>"]
-          + [(".", "\u2581so!", "\u2581w", "\u2581w", "x")[t % 5] for t in range(REAL_LOW, REAL_HIGH)]
+          + [(".", "\u2581so!", "\u2581w", "\u2581w", "x")[t % 5]
+             for t in range(REAL_LOW, REAL_HIGH)]
           + [f"<extra_id_{i}>" for i in reversed(range(SENTINELS))])
 
 

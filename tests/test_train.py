@@ -45,7 +45,8 @@ class Pieces:
 
     @staticmethod
     def pieces():
-        return ["<pad>", "</s>", "<unk>"] + ["." if t % 5 == 0 else "\u2581w" for t in range(3, 160)]
+        return ["<pad>", "</s>", "<unk>"] + ["." if t % 5 == 0 else "\u2581w"
+                                             for t in range(3, 160)]
 
 
 def layout(family="encoder_decoder"):
