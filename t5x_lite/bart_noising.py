@@ -21,18 +21,38 @@ token. Its input is n - num_to_mask + K + 1 tokens: usually shorter than the doc
 zero-length spans can make it longer, so its raw length is chosen (`infilling_raw_length`)
 so that an example's inputs exceed `inputs_length` with probability at most
 `noise_lengths.OVERFLOW_PROBABILITY`.
+
+Sentence permutation: "a document is divided into sentences based on full stops, and these
+sentences are shuffled in a random order". The raw chunks are token ids, so a sentence end is
+read off the vocabulary (`sentence_classes`, bound to the run's batch layout) and the ids:
+a token ends a sentence (`sentence_ends`) if it is EOS (a document's end), or if its piece ends
+with '.', '!' or '?' and the next token's piece starts a word ('▁'). That is exactly the text's
+rule "a whitespace-separated word ending in '.', '!' or '?' ends a sentence, and so does the
+document's end", as SentencePiece pieces never span whitespace and mark the word after it
+(byte-fallback pieces count as their byte). Like fairseq's `permute_sentences` (which splits on
+the full-stop token, '.' of GPT-2's BPE, or on EOS), abbreviations ("e.g. the") split too, and a
+full stop inside a word ("os.path", "3.14") or before a closing quote does not; the part after
+the chunk's last end is a sentence too (fairseq: "pretend it ends with a full stop"). The S
+sentences are put in a uniformly random order (`sentence_destinations`; fairseq's ratio 1: all
+of them, the identity among the S! orders).
 """
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from scipy import special
 
+from t5x_lite.config import EOS_ID
 from t5x_lite.noise_lengths import OVERFLOW_PROBABILITY
+
+TERMINATORS = ".!?"  # a piece ending in one of these may end a sentence
+WORD_START = "\u2581"  # SentencePiece's mark of a piece that begins a word
+# The bits of a vocabulary id's sentence class (`sentence_classes`).
+ENDS_WITH_TERMINATOR, STARTS_WORD = 1, 2
 
 
 def num_to_mask(length: Any, noise_density: Any, xp: Any = jnp) -> Any:
@@ -141,6 +161,48 @@ def infilling_plan(draws: jax.Array, noise_density: Any, poisson_lambda: Any,
     noise = (jnp.cumsum(edges)[:raw_length] > 0) & (jnp.arange(raw_length) < valid_length)
     return InfillingPlan(in_sequence, is_span, span_length, raw_start, noise,
                          num_spans.astype(jnp.int32))
+
+
+def sentence_classes(pieces: Sequence[str]) -> bytes:
+    """One byte per vocabulary id, from its piece (`Vocabulary.pieces`): ENDS_WITH_TERMINATOR
+    if it ends with '.', '!' or '?', plus STARTS_WORD if it begins with '▁'. Hashable, so a
+    static batch layout can carry it."""
+    return bytes((ENDS_WITH_TERMINATOR if piece[-1:] and piece[-1] in TERMINATORS else 0)
+                 | (STARTS_WORD if piece.startswith(WORD_START) else 0) for piece in pieces)
+
+
+def sentence_ends(tokens: jax.Array, valid_length: Any, classes: jax.Array) -> jax.Array:
+    """bool[R]: the tokens of int32[R] that end a sentence (see the module docstring) among the
+    first valid_length, whose last token always ends one; classes: uint8[vocab size]
+    (`sentence_classes`)."""
+    position = jnp.arange(tokens.shape[0])
+    kind = classes[tokens]
+    terminal = (kind & ENDS_WITH_TERMINATOR) > 0
+    before_a_word = jnp.append((kind[1:] & STARTS_WORD) > 0, False)
+    ends = (tokens == EOS_ID) | (terminal & before_a_word)
+    return (ends & (position < valid_length)) | (position == valid_length - 1)
+
+
+def sentence_destinations(uniform: jax.Array, ends: jax.Array, valid_length: Any) -> jax.Array:
+    """int32[R]: where sentence permutation moves each of R tokens, a permutation of [0, R).
+
+    The first valid_length tokens are sentences, each ending at a True of `ends`
+    (`sentence_ends`); sentence k goes to the place of its rank among the uniform draws
+    float32[R] of the S sentences (an argsort of i.i.d. draws: each of the S! orders equally
+    likely) and keeps its tokens in order; the tokens past valid_length stay where they are.
+    """
+    position = jnp.arange(ends.shape[0])
+    valid = position < valid_length
+    sentence = jnp.cumsum(ends) - ends  # each token's sentence: the ends before it
+    num_sentences = jnp.sum(ends)
+    order = jnp.argsort(jnp.where(position < num_sentences, uniform, 2.0))  # slot j: order[j]
+    rank = jnp.zeros_like(order).at[order].set(position)
+    length = jnp.zeros_like(order).at[sentence].add(valid.astype(order.dtype), mode="drop")
+    start = jnp.cumsum(length) - length  # where sentence k starts in the raw tokens
+    slot_length = length[order]
+    slot_start = jnp.cumsum(slot_length) - slot_length  # where slot j starts in the output
+    moved = slot_start[rank[sentence]] + position - start[sentence]
+    return jnp.where(valid, moved, position).astype(jnp.int32)
 
 
 # ---------------------------------------------------------------------------------------------

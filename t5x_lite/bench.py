@@ -73,11 +73,21 @@ def random_raw_tokens(config: ml_collections.ConfigDict, raw_length: int, seed: 
         NUM_RESERVED_IDS, high, (config.train.batch_size, raw_length), dtype=np.int32)
 
 
+def _layout(config: ml_collections.ConfigDict) -> objectives.BatchLayout:
+    """The config's layout, reading sentences off its vocabulary if its objective needs them."""
+    layout = objectives.layout_from_config(config)
+    if not layout.reads_sentences:
+        return layout
+    from t5x_lite.data.pipeline import layout_with_vocabulary  # imports TFDS: only if needed
+
+    return layout_with_vocabulary(layout, config)
+
+
 def jax_train_step(config: ml_collections.ConfigDict) -> tuple[Callable[[], Any], dict[str, Any]]:
     """A closure running one jitted train step (corruption included) on all local devices,
     already compiled, and facts about it: its mesh, compile times, devices and layout."""
     mesh = partitioning.make_mesh(config.mesh)
-    layout = objectives.layout_from_config(config)
+    layout = _layout(config)
     step = train_step.make_train_step(config, layout, mesh)
     spec = objectives.spec_from_config(config.objective)
     raw = random_raw_tokens(config, layout.raw_length)
@@ -106,7 +116,7 @@ def jax_train_step(config: ml_collections.ConfigDict) -> tuple[Callable[[], Any]
 
 def corruption_only(config: ml_collections.ConfigDict) -> Callable[[], Any]:
     """A closure running `objectives.corrupt` on one global batch, jitted on its own."""
-    layout = objectives.layout_from_config(config)
+    layout = _layout(config)
     spec = objectives.spec_from_config(config.objective)
     raw = jnp.asarray(random_raw_tokens(config, layout.raw_length))
     corrupt = jax.jit(lambda raw, spec, key: objectives.corrupt(raw, spec, key, layout))

@@ -45,6 +45,8 @@ OBJECTIVES = (
     "token_deletion",
     "text_infilling",
     "document_rotation",
+    "sentence_permutation",
+    "text_infilling_permutation",
     # UL2's mixture of denoisers (Tay et al. 2022, `t5x_lite.ul2`), appended likewise.
     "ul2",
 )

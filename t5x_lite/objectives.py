@@ -54,8 +54,15 @@ original x_1..x_n + EOS. m = ceil(n * noise_density) tokens are corrupted, count
 - document_rotation: "a token is chosen uniformly at random, and the document is rotated so
   that it begins with that token" (any of the n, the first included, as fairseq's
   `add_rolling_noise`); no noise mask, noise_density is ignored.
-Sentence permutation and text infilling + sentence permutation are not here: they need the
-sentence boundaries, which the token chunks do not keep.
+- sentence_permutation: "a document is divided into sentences based on full stops, and these
+  sentences are shuffled in a random order": the chunk's sentences (read off the vocabulary's
+  pieces, `bart_noising.sentence_ends`; the layout carries them: `BatchLayout.with_sentences`)
+  in a uniformly random order; no noise mask, noise_density is ignored.
+- text_infilling_permutation (Table 1's "text infilling + sentence permutation"): the sentences
+  permuted as by sentence_permutation (the same draw), then text infilling of the permuted
+  tokens (its spans as text_infilling draws them with the same rng): fairseq's order
+  (`DenoisingDataset.__getitem__` permutes, then masks). The noise mask is given at the raw
+  tokens' own positions.
 
 UL2's mixture of denoisers (Tay et al. 2022, arXiv 2205.05131, sections 3.1 and 3.2;
 `t5x_lite.ul2`): `ul2` draws one denoiser per example from `objective.ul2_denoisers`, a list
@@ -108,6 +115,10 @@ from t5x_lite.config import (EOS_ID, MIN_INPUTS_LENGTH, NUM_RESERVED_IDS, OBJECT
 from t5x_lite.errors import require_choice
 from t5x_lite.settings import check_objective, require_number, require_vocab_room
 
+# BART's objectives that draw text infilling's Poisson spans, and those that read sentences.
+INFILLING_OBJECTIVES = ("text_infilling", "text_infilling_permutation")
+SENTENCE_OBJECTIVES = ("sentence_permutation", "text_infilling_permutation")
+
 
 # ---------------------------------------------------------------------------------------------
 # Spec and layout
@@ -153,11 +164,39 @@ class BatchLayout:
     num_sentinels: int
     objectives: tuple[str, ...] = OBJECTIVES
     denoisers: tuple[ul2.Denoiser, ...] = ()
+    # Per vocabulary id, its sentence class (`bart_noising.sentence_classes`), which the
+    # sentence objectives read sentences from; None until `with_sentences` binds the run's
+    # vocabulary (then only EOS ends a sentence, and no train step accepts the layout).
+    sentence_classes: bytes | None = dataclasses.field(default=None, repr=False)
 
     def runs(self) -> tuple[str, ...]:
         """The objectives the program compiles: `objectives`, but ul2 only with its mixture
         (a layout built without a ul2 point, e.g. with every objective, has none)."""
         return tuple(name for name in self.objectives if name != "ul2" or self.denoisers)
+
+    @property
+    def reads_sentences(self) -> bool:
+        """Whether the layout runs an objective that reads sentences (SENTENCE_OBJECTIVES)."""
+        return any(name in SENTENCE_OBJECTIVES for name in self.objectives)
+
+    def with_sentences(self, vocab: Any) -> BatchLayout:
+        """This layout, reading sentences off `vocab`'s pieces (a `Vocabulary`, the one the raw
+        tokens come from) if it runs a sentence objective; unchanged otherwise, so that the
+        other objectives' programs stay as they are."""
+        if not self.reads_sentences:
+            return self
+        if vocab.vocab_size != self.vocab_size:
+            raise ValueError(f"the vocabulary has {vocab.vocab_size} ids; the layout needs "
+                             f"vocab_size={self.vocab_size}")
+        return dataclasses.replace(
+            self, sentence_classes=bart_noising.sentence_classes(vocab.pieces()))
+
+    def require_sentences(self) -> None:
+        """Raise unless a layout that runs a sentence objective knows the vocabulary's
+        sentence ends (`with_sentences`): without them every chunk would be one sentence."""
+        if self.reads_sentences and self.sentence_classes is None:
+            raise ValueError("the layout runs a sentence objective but has no sentence classes: "
+                             "bind the run's vocabulary with BatchLayout.with_sentences")
 
     def require_objective(self, name: str) -> None:
         """Raise a one-line `ConfigError` unless this layout's program runs `name`."""
@@ -242,9 +281,10 @@ def lengths_for(objective: str, inputs_length: int, noise_density: float,
       part is shorter, raw + EOS bounds both).
     - token_deletion: raw = inputs_length - 1, targets = raw + EOS, inputs = the longest
       n - ceil(n * noise_density) + EOS (`bart_noising.token_deletion_inputs_length`).
-    - text_infilling: raw = `bart_noising.infilling_raw_length` (<= inputs_length - 1: the
-      largest whose inputs overflow with probability <= noise_lengths.OVERFLOW_PROBABILITY),
-      inputs = inputs_length, targets = raw + EOS.
+    - sentence_permutation: raw = inputs_length - 1, inputs = targets = raw + EOS.
+    - text_infilling, text_infilling_permutation: raw = `bart_noising.infilling_raw_length`
+      (<= inputs_length - 1: the largest whose inputs overflow with probability <=
+      noise_lengths.OVERFLOW_PROBABILITY), inputs = inputs_length, targets = raw + EOS.
     - lm: raw = inputs_length - 1, no inputs, targets = raw + EOS.
     - ul2: the maximum over its `denoisers` (the config's (kind, rate, mean span, share)
       tuples) of `ul2_denoiser_lengths`.
@@ -258,7 +298,7 @@ def lengths_for(objective: str, inputs_length: int, noise_density: float,
     if objective in noise_lengths.COUNTS:
         lengths = noise_lengths.iid_lengths(objective, inputs_length, noise_density)
         return lengths.raw_length, lengths.inputs_length, lengths.targets_length
-    if objective == "text_infilling":
+    if objective in INFILLING_OBJECTIVES:
         raw = bart_noising.infilling_raw_length(inputs_length, float(noise_density),
                                                 float(mean_noise_span_length))
         return raw, inputs_length, raw + 1
@@ -281,11 +321,12 @@ def expected_loss_tokens(objective: str, inputs_length: int, noise_density: floa
       the final sentinel and EOS;
     - drop_corrupted_tokens: R p + 1;
     - bert_style, mass_style, deshuffling, lm and BART's token_masking, token_deletion,
-      text_infilling, document_rotation: R + 1 (every token is a target);
+      text_infilling, document_rotation, sentence_permutation, text_infilling_permutation:
+      R + 1 (every token is a target);
     - prefix_lm: the split is uniform over [1, R - 1] (`random_prefix_split`), so R / 2 + 1.
     - ul2: the share-weighted mean over its denoisers: span corruption's targets for R and X,
       and (m + 1) / 2 + 1 for S (its target length is uniform over [1, m], `ul2.s_split`).
-    The rare examples of the i.i.d. objectives and text_infilling that overflow the layout
+    The rare examples of the i.i.d. objectives and text infilling that overflow the layout
     (share <= `noise_lengths.OVERFLOW_PROBABILITY`) get no loss weights; that is left out.
     """
     if objective == "ul2":
@@ -381,7 +422,7 @@ def _validated_lengths(point: Mapping[str, Any]) -> tuple[int, int, int]:
     check_objective(point)
     lengths = lengths_for(point["name"], point["inputs_length"], point["noise_density"],
                           point["mean_noise_span_length"], _point_denoisers(point))
-    if lengths[0] < 1:  # only text_infilling's raw length shrinks with its overflow risk
+    if lengths[0] < 1:  # only text infilling's raw length shrinks with its overflow risk
         raise ConfigError(f"objective.inputs_length={point['inputs_length']} is too small for "
                           f"{_describe(point)}: even a one-token document's inputs would "
                           f"overflow it with probability > {noise_lengths.OVERFLOW_PROBABILITY}")
@@ -613,7 +654,7 @@ def _packed_width(layout: BatchLayout) -> int:
 def _uniform_rows(layout: BatchLayout) -> int:
     """Rows of R uniform draws per example: 3 for the T5 objectives, then, when the layout
     runs text infilling, enough for its 2 * width + 1 (`bart_noising.infilling_plan`)."""
-    if "text_infilling" not in layout.objectives:
+    if not set(INFILLING_OBJECTIVES) & set(layout.objectives):
         return 3
     return 3 + -(-(2 * _packed_width(layout) + 1) // max(layout.raw_length, 1))
 
@@ -776,6 +817,31 @@ def _text_infilling(tokens, n, spec, uniform, layout):
             plan.noise, jnp.int32(1))
 
 
+def _permuted_sentences(tokens, n, uniform, layout):
+    """(the tokens with their sentences in a random order, where each raw token went)."""
+    classes = (np.zeros(layout.vocab_size, np.uint8) if layout.sentence_classes is None
+               else np.frombuffer(layout.sentence_classes, np.uint8))
+    ends = bart_noising.sentence_ends(tokens, n, jnp.asarray(classes))
+    destination = bart_noising.sentence_destinations(uniform[0], ends, n)
+    return jnp.zeros_like(tokens).at[destination].set(tokens), destination
+
+
+def _sentence_permutation(tokens, n, spec, uniform, layout):
+    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(layout)
+    permuted, _ = _permuted_sentences(tokens, n, uniform, layout)
+    return (_pack_with_eos(permuted, valid, width), _pack_with_eos(tokens, valid, width),
+            _no_noise(tokens), jnp.int32(0))
+
+
+def _text_infilling_permutation(tokens, n, spec, uniform, layout):
+    # fairseq's order: permute the sentences, then infill the permuted tokens.
+    permuted, destination = _permuted_sentences(tokens, n, uniform, layout)
+    inputs, _, noise, sentinels = _text_infilling(permuted, n, spec, uniform, layout)
+    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(layout)
+    # The noise mask at the raw positions: raw token i is permuted token destination[i].
+    return inputs, _pack_with_eos(tokens, valid, width), noise[destination], sentinels
+
+
 def _document_rotation(tokens, n, spec, uniform, layout):
     valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(layout)
     start = bart_noising.rotation_start(uniform[0, 0], n)
@@ -819,13 +885,14 @@ def _ul2(tokens, n, spec, uniform, layout):
 # In the order of OBJECTIVES: the objective id indexes this tuple.
 _ENCODERS = (_span_corruption, _drop_corrupted_tokens, _bert_style, _mass_style, _deshuffling,
              _prefix_lm, _lm, _iid_denoising, _token_masking, _token_deletion, _text_infilling,
-             _document_rotation, _ul2)
+             _document_rotation, _sentence_permutation, _text_infilling_permutation, _ul2)
 # The objectives whose noise depends on objective.mean_noise_span_length: random spans, and
 # text infilling's span lengths, Poisson(lambda = mean_noise_span_length).
-READS_MEAN_SPAN_LENGTH = ("span_corruption", "text_infilling")
+READS_MEAN_SPAN_LENGTH = ("span_corruption", *INFILLING_OBJECTIVES)
 # Whether an objective corrupts chosen tokens (its `noise_mask` means something); by name, not
 # by position beside OBJECTIVES, so an appended objective cannot shift the flags.
-_WITHOUT_NOISE_MASK = ("deshuffling", "prefix_lm", "lm", "document_rotation")
+_WITHOUT_NOISE_MASK = ("deshuffling", "prefix_lm", "lm", "document_rotation",
+                       "sentence_permutation")
 HAS_NOISE_MASK = {name: name not in _WITHOUT_NOISE_MASK for name in OBJECTIVES}
 
 

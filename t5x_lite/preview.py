@@ -117,9 +117,10 @@ def corrupted_examples(run: PreviewedRun, count: int = 3) -> list[dict[str, Any]
     # Imported here: the pipeline pulls in TFDS, which validating a request does not need.
     from t5x_lite.data.pipeline import pretrain_data_from_config
 
-    config, layout = run.config, run.layout
+    config = run.config
     spec = objectives.spec_from_config(config.objective)
-    vocab, data = pretrain_data_from_config(config, layout.raw_length)
+    vocab, data = pretrain_data_from_config(config, run.layout.raw_length)
+    layout = run.layout.with_sentences(vocab)
     name = config.objective.name
     names = (batch_format.mode_token_names(layout.vocab_size, layout.num_sentinels)
              if name == "ul2" else {})
@@ -174,7 +175,7 @@ def _header(run: PreviewedRun) -> list[str]:
         settings = f": noise_density {objective.noise_density}"
         if objective.name in objectives.READS_MEAN_SPAN_LENGTH:
             settings += f", mean_noise_span_length {objective.mean_noise_span_length}"
-            if objective.name == "text_infilling":  # BART's Poisson span lengths
+            if objective.name in objectives.INFILLING_OBJECTIVES:  # BART's Poisson spans
                 settings += " (the Poisson lambda of its span lengths)"
     if objective.name == "ul2":
         settings = ": denoisers " + ", ".join(

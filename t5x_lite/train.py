@@ -39,6 +39,10 @@ def _pretrain_plan(configs: Sequence[ml_collections.ConfigDict],
     configs = list(configs)
     for config in configs:
         layout.require_objective(config.objective.name)
+    if layout.reads_sentences:  # the points of a vmapped group share their data (`vmap_group_key`)
+        from t5x_lite.data.pipeline import layout_with_vocabulary
+
+        layout = layout_with_vocabulary(layout, configs[0])
     specs = [objectives.spec_from_config(config.objective) for config in configs]
     keys = [step_key(config.train.seed) for config in configs]
 

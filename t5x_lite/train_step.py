@@ -484,6 +484,7 @@ def _pretrain_program(settings: StepSettings, mesh: Mesh, rows: NamedSharding,
     Its metrics add `objective_overflow`, the examples of the batch that did not fit the layout
     (left out of the loss; see `objectives.corrupt_with_details`)."""
     layout = settings.data_kind
+    layout.require_sentences()
 
     def corrupt(data: Any, rng: jax.Array) -> tuple[dict, dict]:
         batch, details = objectives.corrupt_with_details(data[0], data[1], rng, layout)

@@ -1,11 +1,13 @@
 """BART's noising functions (Lewis et al. 2019, section 2.2): each objective's output equals a
 plain-Python transcription of the paper's definition applied to the objective's own random
-draws (its noise mask from `corrupt_with_details`, text infilling's spans re-derived from the
-same uniform draws, the rotation read off distinct tokens); the counts are fairseq's; the
-random choices have the distributions the paper names; one compiled program serves a batch
+draws (its noise mask from `corrupt_with_details`, text infilling's spans and the sentences'
+order re-derived from the same uniform draws, the rotation read off distinct tokens); the
+counts are fairseq's; the random choices have the distributions the paper names; sentence
+ends read off the real vocabulary are the real text's; one compiled program serves a batch
 mixing every objective."""
 import functools
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -14,8 +16,9 @@ import pytest
 from hypothesis import given, strategies as st
 from scipy import stats
 
-from t5x_lite import bart_noising, objectives
+from t5x_lite import bart_noising, objectives, presets
 from t5x_lite.config import OBJECTIVES
+from t5x_lite.data import builders, pipeline
 from t5x_lite.noise_lengths import OVERFLOW_PROBABILITY
 from t5x_lite.objectives import BatchLayout, ObjectiveSpec
 
@@ -24,7 +27,26 @@ from compile_events import compilations
 VOCAB, SENTINELS, RAW, BATCH = 128, 40, 32, 8
 REAL_LOW, REAL_HIGH = 3, VOCAB - SENTINELS
 EOS, MASK = 1, VOCAB - 1  # the mask token is <extra_id_0>
-LAYOUT = BatchLayout("encoder_decoder", RAW, RAW + 1, RAW + 3, VOCAB, SENTINELS)
+# A vocabulary's pieces, for the sentence objectives: real token t is a full stop "." when
+# t % 5 == 0, a word that ends a sentence "▁so!" when t % 5 == 1, a word "▁w" when t % 5 is 2
+# or 3, and a word's inner part "x" when t % 5 == 4 (reserved ids and sentinels by name).
+PIECES = (["<pad>", "</s>", "<unk>"]
+          + [(".", "\u2581so!", "\u2581w", "\u2581w", "x")[t % 5]
+             for t in range(REAL_LOW, REAL_HIGH)]
+          + [f"<extra_id_{i}>" for i in reversed(range(SENTINELS))])
+
+
+class Pieces:
+    """A vocabulary as `BatchLayout.with_sentences` reads it: its size and its pieces."""
+    vocab_size = VOCAB
+
+    @staticmethod
+    def pieces():
+        return PIECES
+
+
+LAYOUT = BatchLayout("encoder_decoder", RAW, RAW + 1, RAW + 3, VOCAB, SENTINELS).with_sentences(
+    Pieces)
 WIDTH = objectives._packed_width(LAYOUT)
 corrupt_jit = jax.jit(objectives.corrupt_with_details, static_argnums=3)
 
@@ -112,6 +134,29 @@ def paper_text_infilling(tokens, slots):
 def paper_document_rotation(tokens, start):
     """"the document is rotated so that it begins with that token"."""
     return tokens[start:] + tokens[:start] + [EOS], tokens + [EOS]
+
+
+def paper_sentences(tokens, pieces=PIECES):
+    """"A document is divided into sentences based on full stops": a sentence ends with an EOS
+    (a document's end) or with a piece ending in '.', '!' or '?' that a word follows; the
+    tokens after the last end are a sentence too."""
+    sentences, current = [], []
+    for i, token in enumerate(tokens):
+        current.append(token)
+        follows = pieces[tokens[i + 1]] if i + 1 < len(tokens) else ""
+        if token == EOS or (pieces[token][-1:] in (".", "!", "?")
+                            and follows.startswith("\u2581")):
+            sentences.append(current)
+            current = []
+    return sentences + [current] if current else sentences
+
+
+def paper_sentence_permutation(tokens, draws):
+    """"these sentences are shuffled in a random order": the order of their draws (sentence k
+    has draws[k]). Returns (inputs, targets, the order)."""
+    sentences = paper_sentences(tokens)
+    order = sorted(range(len(sentences)), key=lambda k: draws[k])
+    return [t for k in order for t in sentences[k]] + [EOS], tokens + [EOS], order
 
 
 def slots_of(plan, i):
@@ -365,8 +410,10 @@ def overflow_by_convolution(n, inputs_length, density, lam):
 
 
 def test_the_lengths_of_the_bart_objectives():
-    for name in ("token_masking", "document_rotation"):
+    for name in ("token_masking", "document_rotation", "sentence_permutation"):
         assert objectives.lengths_for(name, 64, 0.3, 3.0) == (63, 64, 64)
+    assert (objectives.lengths_for("text_infilling_permutation", 24, 0.15, 3.0)
+            == objectives.lengths_for("text_infilling", 24, 0.15, 3.0))
     # Deletion: 63 - ceil(18.9) = 44 tokens and EOS.
     assert objectives.lengths_for("token_deletion", 64, 0.3, 3.0) == (63, 45, 64)
     # Infilling: the largest raw length whose overflow probability is within the bound.
@@ -376,17 +423,20 @@ def test_the_lengths_of_the_bart_objectives():
     assert all(overflow_by_convolution(n, 24, 0.15, 3.0) <= OVERFLOW_PROBABILITY
                for n in range(1, raw + 1))
     assert overflow_by_convolution(raw + 1, 24, 0.15, 3.0) > OVERFLOW_PROBABILITY
-    for name in ("token_masking", "token_deletion", "text_infilling", "document_rotation"):
+    for name in ("token_masking", "token_deletion", "text_infilling", "document_rotation",
+                 "sentence_permutation", "text_infilling_permutation"):
         raw = objectives.lengths_for(name, 24, 0.15, 3.0)[0]
         assert objectives.expected_loss_tokens(name, 24, 0.15, 3.0) == raw + 1
     assert objectives.HAS_NOISE_MASK == dict(
         objectives.HAS_NOISE_MASK, token_masking=True, token_deletion=True,
-        text_infilling=True, document_rotation=False)
-    assert "text_infilling" in objectives.READS_MEAN_SPAN_LENGTH
+        text_infilling=True, document_rotation=False, sentence_permutation=False,
+        text_infilling_permutation=True)
+    assert {"text_infilling", "text_infilling_permutation"} <= set(
+        objectives.READS_MEAN_SPAN_LENGTH)
 
 
 def test_one_program_serves_a_batch_mixing_every_objective():
-    """Each example its own objective (all twelve), in two orders, through one compiled
+    """Each example its own objective (every one), in two orders, through one compiled
     program; each row is what its objective makes of it alone with the same rng."""
     names = list(OBJECTIVES) + ["text_infilling"] * (16 - len(OBJECTIVES))
     tokens, rng = raw_tokens(7, batch=len(names)), jax.random.key(7)
@@ -416,3 +466,123 @@ def test_an_inputs_length_too_short_for_text_infilling_names_the_field(changes):
     with pytest.raises(objectives.ConfigError, match=r"objective.inputs_length=\d is too small "
                                                      r"for objective.name='text_infilling'"):
         objectives.spec_from_config(point)
+
+
+# ------------------------------------------------------------------------------------------
+# Sentence permutation, and text infilling + sentence permutation
+# ------------------------------------------------------------------------------------------
+
+
+def sentence_draws(rng, batch, layout=LAYOUT):
+    """Each example's draws for the order of its sentences (`corrupt`'s first row)."""
+    return np.asarray(objectives.example_draws(rng, batch, layout)[:, 0])
+
+
+@given(raw_length=st.integers(1, RAW), lengths=document_lengths, seed=seeds)
+def test_sentence_permutation_follows_the_paper_on_its_draws(raw_length, lengths, seed):
+    tokens, rng = raw_tokens(seed, lengths), jax.random.key(seed)
+    tokens[(tokens % 7 == 0) & (tokens > 0)] = EOS  # documents end inside the chunk too
+    batch, details = corrupt_jit(tokens, make_spec("sentence_permutation", raw_length=raw_length),
+                                 rng, LAYOUT)
+    assert not np.asarray(details["noise_mask"]).any() and not details["overflow"].any()
+    draws = sentence_draws(rng, BATCH)
+    for i, length in enumerate(lengths):
+        n = min(length, raw_length)
+        inputs, targets, _ = paper_sentence_permutation(tokens[i, :n].tolist(), draws[i])
+        assert unpad(batch["encoder_input_tokens"][i]) == inputs
+        assert unpad(batch["decoder_target_tokens"][i]) == targets
+
+
+def test_the_sentences_order_is_uniform():
+    # A chunk of 3 sentences ("▁w ." "▁w ▁so!" "▁w x"): each of the 3! orders has probability
+    # 1/6; over 6144 examples a frequency's standard error is sqrt(1/6 * 5/6 / 6144) = 0.0048,
+    # and 5 of them bound all six with probability > 0.9999.
+    examples, chunk = 6144, [7, 5, 8, 6, 12, 9]
+    layout = BatchLayout("encoder_decoder", 6, 7, 7, VOCAB, SENTINELS,
+                         ("sentence_permutation",)).with_sentences(Pieces)  # one branch
+    assert paper_sentences(chunk) == [[7, 5], [8, 6], [12, 9]]
+    batch, _ = corrupt_jit(np.tile(np.int32(chunk), (examples, 1)),
+                           make_spec("sentence_permutation", raw_length=6), jax.random.key(6),
+                           layout)
+    inputs = np.asarray(batch["encoder_input_tokens"])[:, :6]
+    orders = [tuple(chunk.index(t) // 2 for t in row[::2]) for row in inputs]
+    frequency = {order: orders.count(order) / examples for order in set(orders)}
+    assert len(frequency) == 6
+    assert max(abs(f - 1 / 6) for f in frequency.values()) < 5 * math.sqrt(5 / 36 / examples)
+
+
+def test_a_chunk_without_a_sentence_end_is_left_as_it_is():
+    # Words and inner parts only: no full stop, no EOS (one sentence); and a full stop ending
+    # the chunk's last word ends its only sentence.
+    tokens = raw_tokens(9)
+    tokens[tokens % 5 <= 1] += 2
+    tokens[:, -1] = 10  # "." at the chunk's end
+    for seed in range(4):
+        batch, _ = corrupt_jit(tokens, make_spec("sentence_permutation"), jax.random.key(seed),
+                               LAYOUT)
+        for i in range(BATCH):
+            assert unpad(batch["encoder_input_tokens"][i]) == tokens[i].tolist() + [EOS]
+
+
+@given(density=densities, span=st.floats(1.0, 8.0), lengths=document_lengths, seed=seeds)
+def test_infilling_and_permutation_is_the_permuted_text_infilled(density, span, lengths, seed):
+    """fairseq's order: the sentences permuted (as sentence_permutation does with the same
+    rng), then text infilling of the permuted tokens (as text_infilling does with that rng)."""
+    rng_tokens = np.random.default_rng(seed)
+    tokens = np.stack([rng_tokens.permutation(np.arange(REAL_LOW, REAL_HIGH))[:RAW]
+                       for _ in range(BATCH)]).astype(np.int32)  # distinct: noise by value
+    tokens[np.arange(RAW)[None, :] >= np.asarray(lengths)[:, None]] = 0
+    rng = jax.random.key(seed)
+    both, both_details = corrupt_jit(tokens, make_spec("text_infilling_permutation", density,
+                                                       span), rng, LAYOUT)
+    permuted = corrupt_jit(tokens, make_spec("sentence_permutation"), rng, LAYOUT)[0]
+    permuted = np.asarray(permuted["encoder_input_tokens"])[:, :RAW]
+    permuted = np.where(permuted == EOS, 0, permuted)  # the tokens without their EOS
+    infilled, infilled_details = corrupt_jit(permuted, make_spec("text_infilling", density, span),
+                                             rng, LAYOUT)
+    np.testing.assert_array_equal(both["encoder_input_tokens"], infilled["encoder_input_tokens"])
+    np.testing.assert_array_equal(both_details["overflow"], infilled_details["overflow"])
+    noise, permuted_noise = (np.asarray(d["noise_mask"]) for d in (both_details,
+                                                                    infilled_details))
+    for i, n in enumerate(lengths):
+        assert unpad(both["decoder_target_tokens"][i]) == tokens[i, :n].tolist() + [EOS]
+        # The noise mask at the raw positions: the same tokens as infilling's of the permuted.
+        assert set(tokens[i][noise[i]]) == set(permuted[i][permuted_noise[i]])
+        assert noise[i].sum() == permuted_noise[i].sum() and not noise[i, n:].any()
+
+
+def test_sentence_ends_read_off_the_real_vocabulary_are_the_texts(shared_data):
+    """The demo preset's vocabulary on its corpus: the sentences `sentence_ends` reads off the
+    token stream are those of the text's own rule, applied to the text (as SentencePiece
+    normalises it): a word ending in '.', '!' or '?' before whitespace ends one, and so does
+    the document's end."""
+    shared_data("pretrain")
+    config = presets.get_preset("demo")
+    vocab = pipeline.vocabulary_from_config(config)
+    records = builders.load_split(config.data.corpus, "train", config.data.data_dir or None)
+    texts = [vocab.decode(vocab.encode(records[i]["text"])) for i in range(40)]
+    stream = pipeline.tokenize_stream(vocab, texts)
+    classes = np.frombuffer(bart_noising.sentence_classes(vocab.pieces()), np.uint8)
+    ends = np.asarray(jax.jit(bart_noising.sentence_ends)(stream, len(stream), classes))
+    read = [vocab.decode(sentence) for sentence in np.split(stream, np.flatnonzero(ends) + 1)
+            if len(sentence)]
+    expected = [sentence for text in texts if text
+                for sentence in re.split(r"(?<=[.!?])\s+", text)]
+    assert read == expected
+    assert len(expected) > 100 and {"!", "?"} <= {s[-1] for s in expected}
+
+
+def test_a_run_binds_its_vocabulary_and_an_unbound_layout_is_refused():
+    unbound = BatchLayout("encoder_decoder", RAW, RAW + 1, RAW + 3, VOCAB, SENTINELS,
+                          ("sentence_permutation",))
+    with pytest.raises(ValueError, match="runs a sentence objective but has no sentence classes"):
+        unbound.require_sentences()
+    other = BatchLayout("encoder_decoder", RAW, RAW + 1, RAW + 3, VOCAB, SENTINELS,
+                        ("text_infilling",))
+    assert other.with_sentences(Pieces) is other  # the other objectives' programs stay as they are
+    config = presets.get_preset("demo")
+    config.objective.name = "text_infilling_permutation"
+    bound = pipeline.layout_with_vocabulary(objectives.layout_from_config(config), config)
+    bound.require_sentences()
+    assert bound.sentence_classes == bart_noising.sentence_classes(
+        pipeline.vocabulary_from_config(config).pieces())

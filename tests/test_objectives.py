@@ -465,7 +465,7 @@ def test_outputs_use_only_real_tokens_eos_and_their_own_special_ids(name, densit
                                               jax.random.key(seed), WIDE["encoder_decoder"])
     overflow = np.asarray(details["overflow"])
     # WIDE holds every output but text infilling's with many zero-length spans (flagged).
-    assert name == "text_infilling" or not overflow.any()
+    assert name in objectives.INFILLING_OBJECTIVES or not overflow.any()
     for i, n in enumerate(lengths):
         if overflow[i]:
             continue
@@ -489,7 +489,7 @@ def test_outputs_use_only_real_tokens_eos_and_their_own_special_ids(name, densit
             assert targets == original and sorted(inputs) == sorted(original)
         elif name == "prefix_lm":
             assert 1 <= len(inputs) <= n - 1 and inputs + targets == original
-        elif name in ("token_masking", "text_infilling"):
+        elif name in ("token_masking", *objectives.INFILLING_OBJECTIVES):
             assert targets == original
             assert all(REAL_LOW <= t < REAL_HIGH or t == VOCAB - 1 for t in inputs)
             assert len(inputs) == n if name == "token_masking" else VOCAB - 1 in inputs
@@ -506,6 +506,8 @@ def test_outputs_use_only_real_tokens_eos_and_their_own_special_ids(name, densit
             real = [t for t in rest if t < REAL_HIGH]
             assert sorted(real) == sorted(original[:len(real)])
             assert all(first_mode + 3 <= t < VOCAB for t in rest if t >= REAL_HIGH)
+        elif name == "sentence_permutation":
+            assert targets == original and sorted(inputs) == sorted(original)
         else:  # lm: the encoder gets a lone EOS
             assert inputs == [] and targets == original
 
@@ -577,7 +579,8 @@ def test_outputs_fit_the_lengths_the_arithmetic_promises(name, inputs_length, de
     # derandomized, these 25 x 8 examples are within them.
     assert input_lengths.max() <= max(inputs_bound, 1) <= inputs_length
     assert target_lengths.max() <= targets_bound
-    if name in ("lm", "token_masking", "token_deletion", "text_infilling", "document_rotation"):
+    if name in ("lm", "token_masking", "token_deletion", "document_rotation",
+                *objectives.INFILLING_OBJECTIVES, "sentence_permutation"):
         assert target_lengths.min() == targets_bound, "these objectives' lengths are exact"
     if name == "span_corruption":  # exact too, but for noise spans that merge (fewer sentinels)
         num_noise, num_spans = expected_counts(raw, density, span)
@@ -593,7 +596,8 @@ def test_decoder_only_row_is_inputs_then_targets(name, density, span, raw_length
     row = corrupt_jit(tokens, spec, rng, WIDE["decoder_only"])
     assert row["decoder_target_tokens"].shape == (BATCH, 2 * RAW + 4)
     # Only text infilling can overflow WIDE; each family cuts an overflowing example its way.
-    assert name == "text_infilling" or not np.asarray(details["overflow"]).any()
+    assert (name in objectives.INFILLING_OBJECTIVES
+            or not np.asarray(details["overflow"]).any())
     for i in np.flatnonzero(~np.asarray(details["overflow"])):
         inputs = [] if name == "lm" else unpad(pair["encoder_input_tokens"][i])
         targets = unpad(pair["decoder_target_tokens"][i])
@@ -681,8 +685,9 @@ def test_spec_and_layout_from_the_presets():
     layout = layout_for([tiny.objective], "encoder_decoder", tiny.model.vocab_size,
                         tiny.model.num_sentinels)
     # The preset's targets_length (32) pads the 29 targets span corruption needs.
+    # No sentence classes: span corruption reads no sentences.
     assert dataclasses.astuple(layout) == ("encoder_decoder", 141, 128, 32, 8192, 100,
-                                           ("span_corruption",), ())
+                                           ("span_corruption",), (), None)
 
 
 # ------------------------------------------------------------------------------------------

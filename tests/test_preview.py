@@ -5,6 +5,7 @@ preset, whose points share one layout, so the corruption compiles once."""
 import json
 import subprocess
 import sys
+from itertools import permutations
 from pathlib import Path
 
 import jax
@@ -13,8 +14,9 @@ import numpy as np
 import pytest
 
 import t5x_lite
-from t5x_lite import cli, objectives, partitioning, preview, train_step
+from t5x_lite import bart_noising, cli, objectives, partitioning, preview, train_step
 from t5x_lite.config import EOS_ID
+from t5x_lite.data.pipeline import vocabulary_from_config
 from t5x_lite.step_settings import step_settings
 from xla_env import child_env
 
@@ -162,22 +164,40 @@ def test_an_unknown_point_lists_the_grid_without_a_traceback():
             "encoder_decoder/denoising, encoder_decoder_shared/denoising") in result.stderr
 
 
+def sentences(tokens, pieces):
+    """The raw tokens' sentences as `bart_noising.sentence_ends` reads them off the pieces."""
+    classes = np.frombuffer(bart_noising.sentence_classes(pieces), np.uint8)
+    ends = np.asarray(bart_noising.sentence_ends(jnp.asarray(tokens), len(tokens), classes))
+    return [part.tolist() for part in np.split(np.asarray(tokens), np.flatnonzero(ends) + 1)
+            if len(part)]
+
+
 @pytest.mark.parametrize("name", ["token_masking", "token_deletion", "text_infilling",
-                                  "document_rotation"])
+                                  "document_rotation", "sentence_permutation",
+                                  "text_infilling_permutation"])
 def test_preview_shows_each_bart_objective(name):
     """BART's noising: the targets are the document itself; the inputs are what the objective
     makes of it, shown as text and named in each example's `objective`."""
     run = preview.previewed_run(None, None, "demo", seed=2,
                                 overrides=[f"--config.objective.name={name}"])
-    examples = preview.corrupted_examples(run, count=2)
+    examples = preview.corrupted_examples(run, count=8)
     mask = run.layout.vocab_size - 1  # <extra_id_0>
+    pieces = vocabulary_from_config(run.config).pieces()
+    reordered = 0  # examples whose sentences (two or more) the permutation moved
     for example in examples:
         assert example["objective"] == name and not example["overflow"]
         raw, inputs = np.array(example["raw"]), np.array(example["inputs"][:-1])
         assert example["targets"] == example["raw"] + [EOS_ID]
-        if name == "document_rotation":
+        if name in ("document_rotation", "sentence_permutation"):
             assert example["noise_mask"] is None
+        if name == "document_rotation":
             assert any((np.roll(raw, -k) == inputs).all() for k in range(len(raw)))
+            continue
+        if name == "sentence_permutation":  # the raw text's sentences, each kept whole
+            parts = sentences(example["raw"], pieces)
+            assert len(parts) <= 7  # 31 tokens: few enough to try every order
+            assert any(sum(order, []) == inputs.tolist() for order in permutations(parts))
+            reordered += inputs.tolist() != example["raw"]
             continue
         noise = np.array(example["noise_mask"], bool)
         assert noise.sum() == np.ceil(np.float32(len(raw)) * np.float32(0.15))
@@ -185,10 +205,14 @@ def test_preview_shows_each_bart_objective(name):
             np.testing.assert_array_equal(inputs, np.where(noise, mask, raw))
         elif name == "token_deletion":
             np.testing.assert_array_equal(inputs, raw[~noise])
-        else:  # text infilling: the clean tokens in order, a mask for each span
+        elif name == "text_infilling":  # the clean tokens in order, a mask for each span
             np.testing.assert_array_equal(inputs[inputs != mask], raw[~noise])
             assert example["inputs_text"].count("<extra_id_0>") == np.sum(inputs == mask) > 0
+        else:  # infilling after the permutation: the clean tokens, in another order
+            assert sorted(inputs[inputs != mask]) == sorted(raw[~noise])
+            assert example["inputs_text"].count("<extra_id_0>") == np.sum(inputs == mask) > 0
+    assert name != "sentence_permutation" or reordered > 0
     text = preview.format_text(run, examples)
-    if name == "text_infilling":
+    if name in ("text_infilling", "text_infilling_permutation"):
         assert "mean_noise_span_length 3.0 (the Poisson lambda of its span lengths)" in text
     assert f"objective {name}" in text and f"  inputs:  {examples[0]['inputs_text']}" in text

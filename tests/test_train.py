@@ -38,8 +38,19 @@ def objective(name, rate=0.15, span=3.0):
 GRID = [objective(n, r, s) for n, r, s in itertools.product(objectives.OBJECTIVES, RATES, SPANS)]
 
 
+class Pieces:
+    """The grid's vocabulary as its sentence objectives read it: real token t is a full stop
+    when t % 5 == 0, else a word."""
+    vocab_size = 160
+
+    @staticmethod
+    def pieces():
+        return ["<pad>", "</s>", "<unk>"] + ["." if t % 5 == 0 else "\u2581w"
+                                             for t in range(3, 160)]
+
+
 def layout(family="encoder_decoder"):
-    return objectives.layout_for(GRID, family, 160, 32)
+    return objectives.layout_for(GRID, family, 160, 32).with_sentences(Pieces)
 
 
 def raw_batch(seed=0, rows=8):

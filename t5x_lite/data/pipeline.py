@@ -207,6 +207,14 @@ def vocabulary_from_config(config: ml_collections.ConfigDict) -> Vocabulary:
     return vocab
 
 
+def layout_with_vocabulary(layout: Any, config: ml_collections.ConfigDict) -> Any:
+    """`layout` (an `objectives.BatchLayout`) reading sentences off the vocabulary of `config`
+    (`vocabulary_from_config`) if it runs a sentence objective, else `layout` itself (the
+    vocabulary is then not even loaded)."""
+    return layout.with_sentences(vocabulary_from_config(config)) if layout.reads_sentences \
+        else layout
+
+
 def vocabulary_sample(records: Sequence[Any]) -> Sequence[Any]:
     """The documents a vocabulary is trained on: all of them, or `VOCAB_MAX_DOCUMENTS` evenly
     spaced ones (every k-th, from the first), so each part of the corpus is represented."""

@@ -72,6 +72,15 @@ class Vocabulary:
             raise ValueError(f"sentinel index {i} must be in [0, {self.num_extra_ids})")
         return sentinel_id(self.vocab_size, i)
 
+    def pieces(self) -> list[str]:
+        """Every id's piece, as SentencePiece segments text: '▁' (U+2581) marks a word's start
+        (pieces never hold whitespace elsewhere), a byte-fallback piece is its byte (as a
+        Latin-1 character), and reserved ids and sentinels are their names (`</s>`,
+        `<extra_id_0>`)."""
+        processor = self._processor
+        return [chr(int(processor.id_to_piece(i)[3:5], 16)) if processor.is_byte(i)
+                else processor.id_to_piece(i) for i in range(self.vocab_size)]
+
     def encode(self, text: str) -> list[int]:
         """Ids of `text` (no EOS appended)."""
         return self._processor.encode(text)
