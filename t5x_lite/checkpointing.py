@@ -38,7 +38,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import checkpoint_managers as policies
 
-from t5x_lite.config import ConfigError, flat_fields
+from t5x_lite.config import ConfigError, drop_unread_objective_fields, flat_fields
 from t5x_lite.settings import require_integer
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,8 @@ def config_differences(
     ("model") or single fields ("train.seed"). Parameter-neutral model fields are ignored;
     one of `ADDED_MODEL_FIELDS` that `saved` lacks counts as None there.
     """
-    saved, current = flat_fields(saved), flat_fields(current)
+    saved, current = (flat_fields({**config, "objective": drop_unread_objective_fields(
+        config.get("objective", {}))}) for config in (saved, current))
     for key in ADDED_MODEL_FIELDS:
         if key in current:
             saved.setdefault(key, None)

@@ -63,6 +63,19 @@ UL2_DENOISERS = (
     ("X", 0.15, 64.0, 0.1),
     ("X", 0.5, 64.0, 0.1),
 )
+# Objective fields only one objective reads, added after runs had been written without them:
+# a run of another objective leaves them out of its identity (`sweep.config_hash`) and of the
+# fields its checkpoints must match (`checkpointing.config_differences`).
+OBJECTIVE_ONLY_FIELDS = {"ul2_denoisers": "ul2"}
+
+
+def drop_unread_objective_fields(objective: dict) -> dict:
+    """`objective` (a config's objective section as JSON data) less the
+    `OBJECTIVE_ONLY_FIELDS` its objective does not read."""
+    return {key: value for key, value in objective.items()
+            if OBJECTIVE_ONLY_FIELDS.get(key, objective.get("name")) == objective.get("name")}
+
+
 # Inputs must hold at least one non-noise token, one sentinel and EOS.
 MIN_INPUTS_LENGTH = 3
 # What `sweep.budget` may match (`t5x_lite.sweep`): each point's configured steps, or the

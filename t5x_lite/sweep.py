@@ -71,7 +71,8 @@ from jax.experimental import multihost_utils
 
 from t5x_lite import accounting, architectures, launchers, objectives, partitioning, presets
 from t5x_lite.checkpointing import ADDED_MODEL_FIELDS
-from t5x_lite.config import BUDGETS, ConfigError, apply_overrides, parse_overrides
+from t5x_lite.config import (BUDGETS, ConfigError, apply_overrides, drop_unread_objective_fields,
+                             parse_overrides)
 from t5x_lite.errors import require_choice
 from t5x_lite.results import ResultsFile, is_writer
 from t5x_lite.settings import Settings, Sweep, Train
@@ -213,6 +214,7 @@ def config_hash(config: ml_collections.ConfigDict) -> str:
     for name in (field.removeprefix("model.") for field in ADDED_MODEL_FIELDS):
         if name in plain["model"] and plain["model"][name] is None:
             del plain["model"][name]
+    plain["objective"] = drop_unread_objective_fields(plain["objective"])
     return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -1,5 +1,6 @@
 """Checkpointer: sharded round trip, schedule and retention, damaged checkpoints, config checks,
 params-only restore. (Saving on SIGTERM / SIGINT is the loop's: test_loop.)"""
+import json
 import logging
 import os
 import pathlib
@@ -253,3 +254,17 @@ def test_a_saved_config_without_the_later_model_fields_reads_as_their_none():
     current.model.num_decoder_layers = 4
     assert config_differences(saved, current.to_dict(), RESUME_FIELDS) == [
         "model.num_decoder_layers: saved None != now 4"]
+
+
+def test_a_saved_config_without_the_ul2_mixture_resumes_unless_the_run_is_ul2():
+    """Checkpoints written before objective.ul2_denoisers existed resume under any objective
+    that does not read it; a ul2 run compares its mixture."""
+    from t5x_lite.checkpointing import config_differences
+
+    current = default_config()
+    saved = json.loads(current.to_json_best_effort())
+    del saved["objective"]["ul2_denoisers"]
+    assert config_differences(saved, current.to_dict(), RESUME_FIELDS) == []
+    saved["objective"]["name"] = current.objective.name = "ul2"
+    differences = config_differences(saved, current.to_dict(), RESUME_FIELDS)
+    assert [line.split(":")[0] for line in differences] == ["objective.ul2_denoisers"]
