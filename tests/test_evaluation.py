@@ -19,7 +19,7 @@ from t5x_lite import (checkpointing, cli, decoding, distributed, evaluation, fin
 from t5x_lite.architectures import names as architecture_names
 from t5x_lite.config import ConfigError, apply_overrides
 from t5x_lite.data import pipeline, tasks
-from tiny_configs import tiny_finetune_config
+from tiny_configs import tiny_finetune_config, write_letter_corpus
 
 LETTERS = "abcdef"
 # Every sequence of 2 to 4 of the letters (36 + 216 + 1296 = 1548), in one fixed shuffled
@@ -56,14 +56,7 @@ def reverse_task():
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     """(corpus glob, data dir): made-up words, and letter lines that make each letter a piece."""
-    root = tmp_path_factory.mktemp("data")
-    rng = np.random.default_rng(0)
-    words = ["".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), rng.integers(2, 7)))
-             for _ in range(300)]
-    lines = [" ".join(rng.choice(words, 8)) for _ in range(300)]
-    lines += ["reverse: " + " ".join(rng.choice(list(LETTERS), 8)) for _ in range(1000)]
-    (root / "corpus.txt").write_text("\n".join(lines) + "\n")
-    return root / "corpus.txt", root / "cache"
+    return write_letter_corpus(tmp_path_factory.mktemp("data"), "reverse", LETTERS)
 
 
 def config_for(data, arch="encoder_decoder", **settings):

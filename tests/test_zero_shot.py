@@ -19,7 +19,7 @@ from t5x_lite.config import ConfigError, EOS_ID
 from t5x_lite.data import pipeline, tasks
 from t5x_lite.evaluation import TaskSplit
 from t5x_lite.settings import Sweep
-from tiny_configs import tiny_finetune_config
+from tiny_configs import tiny_finetune_config, write_letter_corpus
 
 OPTIONS = ("a", "b", "e f")
 INPUTS = ["pick: a b", "pick: c", "pick: f f e", "pick: d a c", "pick: e", "pick: b b b"]
@@ -37,14 +37,8 @@ def letters_task(name, targets):
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     """(corpus glob, data dir): made-up words, and letter lines that make each letter a piece."""
-    root = tmp_path_factory.mktemp("data")
-    rng = np.random.default_rng(0)
-    words = ["".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), rng.integers(2, 7)))
-             for _ in range(300)]
-    lines = [" ".join(rng.choice(words, 8)) for _ in range(300)]
-    lines += ["pick: " + " ".join(rng.choice(list("abcdef"), 6)) for _ in range(1000)]
-    (root / "corpus.txt").write_text("\n".join(lines) + "\n")
-    return root / "corpus.txt", root / "cache"
+    return write_letter_corpus(tmp_path_factory.mktemp("data"), "pick", "abcdef",
+                               per_line=6)
 
 
 def random_model(config):

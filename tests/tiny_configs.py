@@ -60,6 +60,22 @@ def tiny_sweep_config(preset, task="builtin_reverse"):
     return config
 
 
+def write_letter_corpus(root, prefix, letters, per_line=8):
+    """Write root/corpus.txt for the fine-tuning tests' vocabulary: 300 lines of 8 made-up
+    words, then 1,000 lines of `prefix` and `per_line` of `letters`, so each letter becomes a
+    piece.
+    Returns (corpus glob, data dir) for `tiny_finetune_config`."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    words = ["".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), rng.integers(2, 7)))
+             for _ in range(300)]
+    lines = [" ".join(rng.choice(words, 8)) for _ in range(300)]
+    lines += [f"{prefix}: " + " ".join(rng.choice(list(letters), per_line)) for _ in range(1000)]
+    (root / "corpus.txt").write_text("\n".join(lines) + "\n")
+    return root / "corpus.txt", root / "cache"
+
+
 # The default rule table, written out independently: (data, model) meshes have no fsdp axis.
 EXPECTED_MESH_AXIS = {"vocab": "model", "heads": "model", "mlp": "model"}
 
