@@ -35,7 +35,7 @@ import orbax.checkpoint as ocp
 import tqdm
 from jax.sharding import Mesh
 
-from t5x_lite import accounting
+from t5x_lite import accounting, compile_events
 from t5x_lite.checkpointing import Checkpointer
 from t5x_lite.preemption import Preempted
 from t5x_lite.train_step import FinetuneStep, TrainState, TrainStep, unstack_state
@@ -320,7 +320,17 @@ def run_loop(run: Run, on_step: Callable[[int, TrainState], None] | None = None
 
     A record holds the step's metrics as floats, or as lists of K floats for a vmapped run
     (`Run.point_record` picks one point's); a non-finite loss of any point stops the loop
-    without saving that state."""
+    without saving that state. Its `step_compiles` counts the XLA compilations of the step's
+    program during that step's call, as JAX's backend-compile events report them
+    (`compile_events`): 1 on the step that compiled it, 0 on the steps it served unchanged;
+    `compiles` is the program cache's own count since the loop started."""
+    with compile_events.compilations() as compiled:
+        return _loop(run, on_step, compiled)
+
+
+def _loop(run: Run, on_step: Callable[[int, TrainState], None] | None,
+          compiled: list[str]) -> list[dict[str, Any]]:
+    """`run_loop`'s steps; `compiled` collects the names of the programs compiled meanwhile."""
     records = []
     step, train_step = run.start, run.step
     compiles_before = train_step.compiles
@@ -328,7 +338,9 @@ def run_loop(run: Run, on_step: Callable[[int, TrainState], None] | None = None
     last = time.perf_counter()
     while step < run.total:
         compile_before = train_step.program.compile_seconds
+        seen = len(compiled)
         run.state, metrics = train_step(run.state, batch, *run.step_args)
+        step_compiles = compile_events.count(compiled[seen:], train_step.function_name)
         step += 1
         batch = run.data.batch(step) if step < run.total else None  # overlaps the device step
         metrics = {name: np.asarray(value).tolist()  # a float, or K of them
@@ -337,7 +349,8 @@ def run_loop(run: Run, on_step: Callable[[int, TrainState], None] | None = None
         compile_s = train_step.program.compile_seconds - compile_before
         step_s, last = now - last - compile_s, now
         record = {"step": step, **metrics, **run.speed(step_s), "compile_s": compile_s,
-                  "compiles": train_step.compiles - compiles_before}
+                  "compiles": train_step.compiles - compiles_before,
+                  "step_compiles": step_compiles}
         for index, point in enumerate(run.points):
             point.writer.write(run.point_record(record, index))
         run.progress.update(record)

@@ -91,7 +91,8 @@ EXPERIMENTS_DIR = _experiments_dir()
 SWEEP_FILE = "sweep.json"
 # Record fields that measure time or depend on how often a run was interrupted, not on what it
 # computed (a resumed point compiles once per process).
-TIMING_FIELDS = ("wall_s", "compile_s", "compiles", "finetune_compile_s", "finetune_compiles")
+TIMING_FIELDS = ("wall_s", "compile_s", "compiles", "train_step_compiles", "finetune_compile_s",
+                 "finetune_compiles")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -411,7 +412,14 @@ def _log(message: str) -> None:
 def _pretrain_history(metrics_path: Path, log_every: int) -> dict[str, Any]:
     """Loss curve, final loss, step time, compiles and the examples that overflowed the layout
     (`objectives.corrupt_with_details`) from train.train's metrics.jsonl, which holds exactly
-    one record per step of the trajectory (resumed segments included)."""
+    one record per step of the trajectory (resumed segments included).
+
+    compiles: the steps that compiled the pre-training program (the program cache's misses);
+    train_step_compiles: the XLA compilations of that program over the trajectory, as JAX's
+    backend-compile events count them (`loop.run_loop`'s `step_compiles`): 1 for a point
+    pre-trained in one process on a fresh program whatever its batches mix (a UL2 run's
+    denoisers included), 0 for one that reused a program compiled before, 1 more per resumed
+    segment."""
     steps = [json.loads(line) for line in metrics_path.read_text().splitlines() if line]
     return {
         "pretrain_loss": steps[-1]["loss"],
@@ -421,6 +429,10 @@ def _pretrain_history(metrics_path: Path, log_every: int) -> dict[str, Any]:
         "pretrain_wall_s": sum(r["step_s"] + r["compile_s"] for r in steps),
         "compile_s": sum(r["compile_s"] for r in steps),
         "compiles": sum(r["compile_s"] > 0 for r in steps),
+        # Counted from JAX's compile events (`compile_events`); None for a trajectory with steps
+        # written before the loop recorded them.
+        "train_step_compiles": (sum(r["step_compiles"] for r in steps)
+                                if all("step_compiles" in r for r in steps) else None),
         "pretrain_overflow": sum(r.get("objective_overflow", 0) for r in steps),
     }
 

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
 
 from t5x_lite import launchers, noise_lengths, results, sweep
@@ -170,6 +171,46 @@ def test_points_of_one_structure_share_one_compiled_pretrain_step(uninterrupted)
     _, records = uninterrupted
     compiles = {r["point"]: r["compiles"] for r in records if r["status"] == "ok"}
     assert compiles == {"denoising": 1, "prefix_lm": 0}
+    # The same, as JAX's compile events count it: the second point compiled nothing.
+    assert {r["point"]: r["train_step_compiles"] for r in records
+            if r["status"] == "ok"} == {"denoising": 1, "prefix_lm": 0}
+
+
+UL2_EXPERIMENT = '''
+from tiny_configs import tiny_sweep_config
+
+GRID = (dict(point="ul2", row="UL2", overrides={"objective.name": "ul2"}),)
+
+
+def get_config(preset):
+    config = tiny_sweep_config(preset)
+    config.train.batch_size = 8
+    return config
+'''
+
+
+def test_a_ul2_run_whose_batches_mix_denoisers_records_one_train_step_compile(tmp_path):
+    """Every example of a UL2 batch draws its own denoiser, and one compiled step serves them
+    all: the point's record counts exactly one compilation of the pre-training step (from
+    JAX's compile events), while its batches, re-derived from the run's step keys, mix kinds."""
+    from t5x_lite import objectives, train_step, ul2
+
+    path = tmp_path / "ul2_grid.py"
+    path.write_text(UL2_EXPERIMENT)
+    point, = sweep.expand(str(path), "demo")
+    layout, train = point.layout, point.config.train
+    kinds_per_step = [
+        {layout.denoisers[i].kind for i in np.asarray(ul2.choose(
+            objectives.example_draws(batch_key, train.batch_size, layout)[:, 2, 0],
+            layout.denoisers))}
+        for batch_key, _ in (train_step.batch_and_dropout_keys(train_step.step_key(train.seed),
+                                                               step)
+                             for step in range(train.steps))]
+    assert all(len(kinds) >= 2 for kinds in kinds_per_step), kinds_per_step
+    with cold_program_cache():
+        record, = sweep.run_sweep(str(path), "demo", str(tmp_path / "sweep"))
+    assert record["status"] == "ok", record["error"]
+    assert record["train_step_compiles"] == 1
 
 
 def test_a_failing_point_is_recorded_and_the_sweep_goes_on(uninterrupted):
