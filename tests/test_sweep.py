@@ -385,6 +385,7 @@ def test_vmapped_sweep_gives_the_records_of_the_sequential_one(experiment, unint
         records = sweep.run_sweep(experiment, "demo", str(tmp_path), vmap=2)
     _assert_close(_without_timing(records), _without_timing(uninterrupted[1]))
     assert {r["compiles"] for r in records if r["status"] == "ok"} == {1}
+    assert {r["train_step_compiles"] for r in records if r["status"] == "ok"} == {1}
     assert len((tmp_path / results.RESULTS_FILE).read_text().splitlines()) == 3
     # A re-run finds every point done.
     assert sweep.run_sweep(experiment, "demo", str(tmp_path), vmap=2) == records
