@@ -227,7 +227,7 @@ def _eval(argv: list[str]) -> None:
     if args.zero_shot:  # checked before the model is read
         tasks, skipped = zero_shot.scorable(tasks, "--tasks" if args.tasks else "finetune.tasks")
         for reason in skipped:
-            print(f"eval --zero_shot: skipping {reason}", file=sys.stderr)
+            print(f"eval --zero_shot: skipped, {reason}", file=sys.stderr)
     config, params = _hf_start(config, args.init_from_hf, overrides)
     if params is None:
         config = config_from_checkpoint(config, args.checkpoint,

@@ -163,7 +163,7 @@ def test_the_eval_command_scores_a_checkpoint_zero_shot_and_skips_tasks_without_
     printed = capsys.readouterr()
     assert json.loads(printed.out) == {names[0]: {"accuracy": 100.0},
                                        names[1]: {"accuracy": pytest.approx(100.0 * 5 / 6)}}
-    assert "eval --zero_shot: skipping task 'builtin_reverse' has no label options" in printed.err
+    assert "eval --zero_shot: skipped, task 'builtin_reverse' has no label options" in printed.err
 
 
 def test_eval_zero_shot_without_label_options_stops_before_reading_the_model(tmp_path,
