@@ -12,6 +12,7 @@ ml_collections file (`--config=configs/tiny.py`). finetune / eval read a preset 
 fine-tuning settings and tasks (`presets.finetune_preset`), so they fine-tune and score as a
 sweep point of that preset does; eval takes the model and vocabulary from the checkpoint's saved
 config (`evaluation.config_from_checkpoint`); export takes both from the checkpoint alone.
+`eval --zero_shot` ranks the label options instead of decoding (`zero_shot.evaluate`).
 train / finetune / eval also start from a local Hugging Face T5 directory (`--init_from_hf DIR`,
 `convert.with_hf_t5`): its model, vocabulary and parameters. sweep / demo / preview read an
 experiment's config under a preset (`presets.sweep_preset`, with the `sweep` section); there the
@@ -200,6 +201,7 @@ def _finetune(argv: list[str]) -> None:
 
 
 def _eval(argv: list[str]) -> None:
+    from t5x_lite import zero_shot
     from t5x_lite.distributed import initialize_distributed
     from t5x_lite.evaluation import config_from_checkpoint, evaluate
 
@@ -212,17 +214,26 @@ def _eval(argv: list[str]) -> None:
     parser.add_argument("--tasks", type=_comma_list, help="task names, comma-separated "
                         "(default: config.finetune.tasks, with --preset its sweep's tasks)")
     parser.add_argument("--split", default="validation", help="the split to score")
+    parser.add_argument("--zero_shot", action="store_true", help="rank each task's label "
+                        "options by the model's log-likelihood instead of decoding (zero-shot "
+                        "scoring, as a sweep's zero_shot stage does); tasks without label "
+                        "options are skipped with a note, and none with them is an error")
     args, overrides = _parse(parser, argv)
     initialize_distributed()
     config = _config(args, overrides, presets.finetune_preset)
+    tasks = args.tasks or list(config.finetune.tasks)
+    if not tasks:
+        parser.error("--tasks is needed (config.finetune.tasks is empty)")
+    if args.zero_shot:  # checked before the model is read
+        tasks, skipped = zero_shot.scorable(tasks, "--tasks" if args.tasks else "finetune.tasks")
+        for reason in skipped:
+            print(f"eval --zero_shot: skipped, {reason}", file=sys.stderr)
     config, params = _hf_start(config, args.init_from_hf, overrides)
     if params is None:
         config = config_from_checkpoint(config, args.checkpoint,
                                         parse_overrides(config, overrides))
-    tasks = args.tasks or list(config.finetune.tasks)
-    if not tasks:
-        parser.error("--tasks is needed (config.finetune.tasks is empty)")
-    scores = evaluate(config, args.checkpoint if params is None else params, tasks, args.split)
+    score = zero_shot.evaluate if args.zero_shot else evaluate
+    scores = score(config, args.checkpoint if params is None else params, tasks, args.split)
     print(json.dumps(scores, indent=2))
 
 

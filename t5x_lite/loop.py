@@ -35,7 +35,7 @@ import orbax.checkpoint as ocp
 import tqdm
 from jax.sharding import Mesh
 
-from t5x_lite import accounting
+from t5x_lite import accounting, compile_events
 from t5x_lite.checkpointing import Checkpointer
 from t5x_lite.preemption import Preempted
 from t5x_lite.train_step import FinetuneStep, TrainState, TrainStep, unstack_state
@@ -288,6 +288,9 @@ class Run:
     speed: Throughput
     progress: Progress
     preemption: PreemptionWatch
+    # XLA compilations of the step's program during `run_loop`, as JAX's compile events count
+    # them (`compile_events`): 1 if it compiled the program, 0 if the program was compiled before.
+    step_compiles: int = 0
 
     def point_state(self, index: int) -> TrainState:
         """Point `index`'s train state."""
@@ -320,7 +323,16 @@ def run_loop(run: Run, on_step: Callable[[int, TrainState], None] | None = None
 
     A record holds the step's metrics as floats, or as lists of K floats for a vmapped run
     (`Run.point_record` picks one point's); a non-finite loss of any point stops the loop
-    without saving that state."""
+    without saving that state. Its `compiles` is the program cache's count since the loop
+    started; `run.step_compiles` adds up, from JAX's backend-compile events, the compilations
+    of the step's program during the steps' calls (`compile_events`)."""
+    with compile_events.compilations() as compiled:
+        return _loop(run, on_step, compiled)
+
+
+def _loop(run: Run, on_step: Callable[[int, TrainState], None] | None,
+          compiled: list[str]) -> list[dict[str, Any]]:
+    """`run_loop`'s steps; `compiled` collects the names of the programs compiled meanwhile."""
     records = []
     step, train_step = run.start, run.step
     compiles_before = train_step.compiles
@@ -328,7 +340,9 @@ def run_loop(run: Run, on_step: Callable[[int, TrainState], None] | None = None
     last = time.perf_counter()
     while step < run.total:
         compile_before = train_step.program.compile_seconds
+        seen = len(compiled)
         run.state, metrics = train_step(run.state, batch, *run.step_args)
+        run.step_compiles += compile_events.count(compiled[seen:], train_step.function_name)
         step += 1
         batch = run.data.batch(step) if step < run.total else None  # overlaps the device step
         metrics = {name: np.asarray(value).tolist()  # a float, or K of them
@@ -382,7 +396,8 @@ def summarize(records: list[dict[str, Any]], workdir: Path, start: int) -> dict[
 
 
 def summaries(run: Run, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`summarize` of each point of `run`, from `run_loop`'s records."""
-    return [summarize([run.point_record(record, index) for record in records], point.workdir,
-                      run.start)
+    """`summarize` of each point of `run`, from `run_loop`'s records, with the run's
+    `step_compiles` (its points share the one step)."""
+    return [{**summarize([run.point_record(record, index) for record in records],
+                         point.workdir, run.start), "step_compiles": run.step_compiles}
             for index, point in enumerate(run.points)]

@@ -91,7 +91,8 @@ EXPERIMENTS_DIR = _experiments_dir()
 SWEEP_FILE = "sweep.json"
 # Record fields that measure time or depend on how often a run was interrupted, not on what it
 # computed (a resumed point compiles once per process).
-TIMING_FIELDS = ("wall_s", "compile_s", "compiles", "finetune_compile_s", "finetune_compiles")
+TIMING_FIELDS = ("wall_s", "compile_s", "compiles", "train_step_compiles", "finetune_compile_s",
+                 "finetune_compiles")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -411,7 +412,8 @@ def _log(message: str) -> None:
 def _pretrain_history(metrics_path: Path, log_every: int) -> dict[str, Any]:
     """Loss curve, final loss, step time, compiles and the examples that overflowed the layout
     (`objectives.corrupt_with_details`) from train.train's metrics.jsonl, which holds exactly
-    one record per step of the trajectory (resumed segments included)."""
+    one record per step of the trajectory (resumed segments included); `compiles`: the steps
+    that compiled the pre-training program (the program cache's misses)."""
     steps = [json.loads(line) for line in metrics_path.read_text().splitlines() if line]
     return {
         "pretrain_loss": steps[-1]["loss"],
@@ -498,11 +500,11 @@ def run_point(point: GridPoint, workdir: str) -> list[dict]:
     _log(f"{point.experiment} {point.run_name}: pre-training {config.train.steps} steps "
          f"({config.model.arch}, {config.objective.name}) on {config.data.corpus}")
     try:
-        train.train(config, point.directory(workdir) / "pretrain",
-                    progress=config.sweep.progress, layout=point.layout)
+        summary = train.train(config, point.directory(workdir) / "pretrain",
+                              progress=config.sweep.progress, layout=point.layout)
     except Exception as error:  # recorded as failed; the sweep goes on
         return _pretraining_failed(point, error)
-    return _finetune_tasks(point, workdir, started)
+    return _finetune_tasks(point, workdir, started, summary["step_compiles"])
 
 
 def run_chunk(points: Sequence[GridPoint], workdir: str) -> list[dict]:
@@ -522,12 +524,13 @@ def run_chunk(points: Sequence[GridPoint], workdir: str) -> list[dict]:
          f"({config.train.steps} steps, one vmapped step): "
          + "; ".join(f"{p.run_name} {p.config.objective.name}" for p in points))
     try:
-        train.train_vmapped([p.config for p in points],
-                            [p.directory(workdir) / "pretrain" for p in points],
-                            layout=points[0].layout, progress=config.sweep.progress)
+        summaries = train.train_vmapped([p.config for p in points],
+                                        [p.directory(workdir) / "pretrain" for p in points],
+                                        layout=points[0].layout, progress=config.sweep.progress)
     except Exception as error:  # recorded as failed for every point; the sweep goes on
         return [record for p in points for record in _pretraining_failed(p, error)]
-    return [record for p in points for record in _finetune_tasks(p, workdir, started)]
+    return [record for p, summary in zip(points, summaries)
+            for record in _finetune_tasks(p, workdir, started, summary["step_compiles"])]
 
 
 ZERO_SHOT_FILE = "zero_shot.json"
@@ -570,10 +573,17 @@ def _zero_shot_stage(point: GridPoint, rundir: Path, task_names: Sequence[str]) 
     return entries
 
 
-def _finetune_tasks(point: GridPoint, workdir: str, started: float) -> list[dict]:
+def _finetune_tasks(point: GridPoint, workdir: str, started: float,
+                    train_step_compiles: int) -> list[dict]:
     """After the point's pre-training: the zero-shot stage (`sweep.zero_shot`) on the tasks
     not recorded yet, then fine-tune and evaluate on each task, one record per task (a task's
-    saved record is reused; a failing task is recorded as failed)."""
+    saved record is reused; a failing task is recorded as failed).
+
+    train_step_compiles: the pre-training step's XLA compilations in this process, as JAX's
+    compile events count them (`train.train`'s `step_compiles`), recorded as such: 1 for a
+    point whose pre-training compiled its program, whatever its batches mix (a UL2 run's
+    denoisers included), 0 for one that reused a program compiled before (or found its
+    pre-training finished, resumed)."""
     from t5x_lite import evaluation, finetune
     from t5x_lite.data import tasks
 
@@ -597,7 +607,8 @@ def _finetune_tasks(point: GridPoint, workdir: str, started: float) -> list[dict
         if task not in pending:
             records.append(json.loads(saved.read_text()))
             continue
-        stages = {**base, **history, **({"zero_shot": zero_shot[task]} if zero_shot else {})}
+        stages = {**base, **history, "train_step_compiles": train_step_compiles,
+                  **({"zero_shot": zero_shot[task]} if zero_shot else {})}
         reason = evaluation.not_applicable(config.model.arch, tasks.TASKS[task])
         if reason:  # e.g. a generation task for encoder_only: recorded, not run, not failed
             record = {"wall_s": None, "compile_s": None, "compiles": None, **stages,

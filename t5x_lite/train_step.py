@@ -373,6 +373,12 @@ class _StepCaller:
         """Compilations of the shared program so far (by every caller using it)."""
         return self.program.compiles
 
+    @property
+    def function_name(self) -> str:
+        """The jitted function's name, which its backend-compile events carry
+        (`compile_events.count`)."""
+        return self.program.jitted.__name__
+
 
 @dataclasses.dataclass
 class TrainStep(_StepCaller):

@@ -3,6 +3,7 @@ label options by their log-likelihood (Wang et al. 2022, arXiv 2204.05832, "What
 model architecture and pretraining objective work best for zero-shot generalization?").
 
     evaluate(config, params | checkpoint dir | nnx.Module, tasks) -> {task: metrics}
+    t5x-lite eval --zero_shot --checkpoint RUN --tasks builtin_module    (the same, `scorable`)
     ZeroShotScorer(config, splits, vocab, mesh)(params) -> {task: metrics}
 
 For every validation example of a classification task (`Task.label_options`, its label words)
@@ -60,6 +61,19 @@ def require_label_options(task_list: Sequence[tasks.Task], field: str) -> None:
         reason = not_applicable(task)
         if reason:
             raise ConfigError(f"{field}: {reason}")
+
+
+def scorable(task_names: Sequence[str], field: str = "tasks") -> tuple[list[str], list[str]]:
+    """(the names of `task_names` that have label options, the reason each other one has no
+    zero-shot score), for `t5x-lite eval --zero_shot`, which scores the first and skips the
+    others with a note, as a zero-shot sweep records them `not_applicable`. An unknown task,
+    or none with label options, is a one-line `ConfigError` naming `field`."""
+    task_list = check_task_names(task_names, field)
+    reasons = [reason for reason in map(not_applicable, task_list) if reason]
+    if len(reasons) == len(task_list):
+        raise ConfigError(f"{field}={list(task_names)} has no task with label options "
+                          f"(Task.label_options) to rank zero-shot: {'; '.join(reasons)}")
+    return [task.name for task in task_list if not not_applicable(task)], reasons
 
 
 class ZeroShotScorer:

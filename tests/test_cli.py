@@ -99,7 +99,7 @@ def test_help_lists_every_command_in_one_line_each(capsys):
 COMMAND_FLAGS = {
     "train": ["--preset", "--config", "--workdir", "--steps", "--restart"],
     "finetune": ["--preset", "--config", "--workdir", "--init_from", "--tasks", "--restart"],
-    "eval": ["--preset", "--config", "--checkpoint", "--tasks", "--split"],
+    "eval": ["--preset", "--config", "--checkpoint", "--tasks", "--split", "--zero_shot"],
     "export": ["--checkpoint", "--out"],
     "bench": ["--preset", "--config", "--json", "--compare_torch", "--pipeline", "--decode",
               "--bench_steps"],

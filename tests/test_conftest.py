@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import conftest
+from t5x_lite import compile_events
 from compile_events import cold_program_cache, compilations
 from xla_env import FAST_COMPILE_FLAGS, child_env, with_device_count
 
@@ -91,6 +92,7 @@ def test_compilations_counts_each_new_program_once():
         step(np.ones(3, np.float32))  # cached: no new program
         step(np.ones(4, np.float32))  # a new shape: a second one
     assert compiled == ["jit(double)", "jit(double)"]
+    assert compile_events.count(compiled, "double") == 2  # as the train loop counts its step's
     with compilations() as compiled:
         step(np.ones(4, np.float32))
     assert compiled == []

@@ -327,7 +327,7 @@ def test_a_generation_task_is_refused_for_a_run_and_na_in_a_sweep(pretrained, tm
     (point.directory(tmp_path) / "pretrain").mkdir(parents=True)
     (point.directory(tmp_path) / "pretrain" / "metrics.jsonl").write_text(
         (workdir / "metrics.jsonl").read_text())
-    [record] = sweep._finetune_tasks(point, str(tmp_path), time.perf_counter())
+    [record] = sweep._finetune_tasks(point, str(tmp_path), time.perf_counter(), 1)
     assert (record["status"], record["metrics"], record["task"]) == (
         "not_applicable", {}, "wmt_ende")
     assert "not applicable" in record["error"]

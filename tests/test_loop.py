@@ -32,7 +32,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 class _FakeStep:
     """Stands in for a TrainStep: returns scripted losses, never compiles."""
 
-    compiles = 0
+    compiles, function_name = 0, "fake_step"
     program = types.SimpleNamespace(compile_seconds=0.0)
 
     def __init__(self, losses):
@@ -139,6 +139,7 @@ CHILD = textwrap.dedent(
 
     class ToyStep:
         compiles, program = 0, types.SimpleNamespace(compile_seconds=0.0)
+        function_name = "toy_step"
         increment = staticmethod(jax.jit(lambda state: jax.tree.map(lambda x: x + 1, state)))
 
         def __call__(self, state, batch):

@@ -10,9 +10,10 @@ import time
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
 
-from t5x_lite import launchers, noise_lengths, results, sweep
+from t5x_lite import launchers, noise_lengths, presets, results, sweep
 from t5x_lite.config import ConfigError
 from t5x_lite.data import tasks
 from t5x_lite.preemption import Preempted
@@ -113,6 +114,41 @@ def test_grids_have_the_paper_rows_and_one_layout_per_family(experiment_name):
         assert paper["encoder_decoder_half/lm"]["cost_label"] == "M/2"
 
 
+# experiments/families.py: each point's architecture and objective (Wang et al.'s CD:FLM,
+# ND:PLM, ED:PLM and their masked LM, T5's span corruption; encoder_only its masked LM only).
+FAMILY_POINTS = {
+    "encoder_decoder/natural": ("encoder_decoder", "prefix_lm"),
+    "encoder_decoder/span_corruption": ("encoder_decoder", "span_corruption"),
+    "language_model/natural": ("language_model", "lm"),
+    "language_model/span_corruption": ("language_model", "span_corruption"),
+    "prefix_lm/natural": ("prefix_lm", "prefix_lm"),
+    "prefix_lm/span_corruption": ("prefix_lm", "span_corruption"),
+    "encoder_only/natural": ("encoder_only", "bert_style"),
+}
+
+
+@pytest.mark.parametrize("preset", sorted(presets.PRESETS))
+def test_families_expands_at_every_preset_to_one_flop_budget(preset, shared_data):
+    if preset in ("small", "cpu"):
+        shared_data("pretrain")  # expansion checks that the corpus is there
+    points = sweep.expand("families", preset)
+    assert {p.point: (p.config.model.arch, p.config.objective.name) for p in points} \
+        == FAMILY_POINTS
+    assert len(points) == len(FAMILY_POINTS) * len(presets.sweep_preset(preset).sweep.seeds)
+    for point in points:
+        assert point.config.sweep.zero_shot is True
+        if point.config.objective.name == "span_corruption":
+            assert (point.config.objective.noise_density,
+                    point.config.objective.mean_noise_span_length) == (0.15, 3.0)
+    budget, = {p.budget for p in points}
+    assert (budget.kind, budget.reference) == ("flops", "encoder_decoder/span_corruption")
+    assert budget.reference_steps == presets.sweep_preset(preset).train.steps
+    for point in points:  # each spends the one budget to within half of its own step
+        per_step = sweep.StepCost.of(point.config, point.layout).flops
+        assert abs(point.config.train.steps * per_step - budget.total) <= per_step / 2
+    assert len({p.config.train.steps for p in points}) == 3  # enc-dec, decoders, encoder-only
+
+
 @pytest.mark.parametrize("preset, sentinels", [("demo", 100), ("tiny", 100), ("paper", 181)])
 def test_table6_rows_share_the_sentinels_the_50_percent_row_needs(preset, sentinels):
     points = sweep.expand("table6", preset)
@@ -170,6 +206,46 @@ def test_points_of_one_structure_share_one_compiled_pretrain_step(uninterrupted)
     _, records = uninterrupted
     compiles = {r["point"]: r["compiles"] for r in records if r["status"] == "ok"}
     assert compiles == {"denoising": 1, "prefix_lm": 0}
+    # The same, as JAX's compile events count it: the second point compiled nothing.
+    assert {r["point"]: r["train_step_compiles"] for r in records
+            if r["status"] == "ok"} == {"denoising": 1, "prefix_lm": 0}
+
+
+UL2_EXPERIMENT = '''
+from tiny_configs import tiny_sweep_config
+
+GRID = (dict(point="ul2", row="UL2", overrides={"objective.name": "ul2"}),)
+
+
+def get_config(preset):
+    config = tiny_sweep_config(preset)
+    config.train.batch_size = 8
+    return config
+'''
+
+
+def test_a_ul2_run_whose_batches_mix_denoisers_records_one_train_step_compile(tmp_path):
+    """Every example of a UL2 batch draws its own denoiser, and one compiled step serves them
+    all: the point's record counts exactly one compilation of the pre-training step (from
+    JAX's compile events), while its batches, re-derived from the run's step keys, mix kinds."""
+    from t5x_lite import objectives, train_step, ul2
+
+    path = tmp_path / "ul2_grid.py"
+    path.write_text(UL2_EXPERIMENT)
+    point, = sweep.expand(str(path), "demo")
+    layout, train = point.layout, point.config.train
+    kinds_per_step = [
+        {layout.denoisers[i].kind for i in np.asarray(ul2.choose(
+            objectives.example_draws(batch_key, train.batch_size, layout)[:, 2, 0],
+            layout.denoisers))}
+        for batch_key, _ in (train_step.batch_and_dropout_keys(train_step.step_key(train.seed),
+                                                               step)
+                             for step in range(train.steps))]
+    assert all(len(kinds) >= 2 for kinds in kinds_per_step), kinds_per_step
+    with cold_program_cache():
+        record, = sweep.run_sweep(str(path), "demo", str(tmp_path / "sweep"))
+    assert record["status"] == "ok", record["error"]
+    assert record["train_step_compiles"] == 1
 
 
 def test_a_failing_point_is_recorded_and_the_sweep_goes_on(uninterrupted):
@@ -309,6 +385,7 @@ def test_vmapped_sweep_gives_the_records_of_the_sequential_one(experiment, unint
         records = sweep.run_sweep(experiment, "demo", str(tmp_path), vmap=2)
     _assert_close(_without_timing(records), _without_timing(uninterrupted[1]))
     assert {r["compiles"] for r in records if r["status"] == "ok"} == {1}
+    assert {r["train_step_compiles"] for r in records if r["status"] == "ok"} == {1}
     assert len((tmp_path / results.RESULTS_FILE).read_text().splitlines()) == 3
     # A re-run finds every point done.
     assert sweep.run_sweep(experiment, "demo", str(tmp_path), vmap=2) == records

@@ -6,6 +6,7 @@ A made-up classification task, `test_letters` ("pick: c a f" -> one of three lab
 is registered for the module; its targets are whatever a model ranks first, found here by
 scoring each (example, option) row on its own.
 """
+import json
 import shutil
 
 import jax
@@ -13,11 +14,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from t5x_lite import (architectures, batch_format, decoding, models, partitioning, report,
-                      sweep, zero_shot)
+from t5x_lite import (architectures, batch_format, cli, decoding, distributed, models,
+                      partitioning, report, sweep, train, train_step, zero_shot)
 from t5x_lite.config import ConfigError, EOS_ID
 from t5x_lite.data import pipeline, tasks
-from t5x_lite.evaluation import TaskSplit
+from t5x_lite.evaluation import TaskSplit, params_of
 from t5x_lite.settings import Sweep
 from tiny_configs import tiny_finetune_config, write_letter_corpus
 
@@ -127,6 +128,55 @@ def test_glue_and_builtin_classification_tasks_carry_their_label_words():
     assert tasks.TASKS["builtin_module"].label_options == ("asyncio", "email", "logging", "xml")
     for name in ("glue_stsb", "builtin_reverse", "squad", "wmt_ende"):
         assert zero_shot.not_applicable(tasks.TASKS[name])
+
+
+# --- the eval command ---------------------------------------------------------------------------
+
+
+def test_the_eval_command_scores_a_checkpoint_zero_shot_and_skips_tasks_without_options(
+        data, tmp_path, monkeypatch, capsys):
+    """`t5x-lite eval --zero_shot --checkpoint RUN` ranks the options with RUN's model: on tasks
+    whose targets are that model's own best options (found row by row) it scores 100%, and 5/6
+    with one target changed; a generation task among them is skipped with a note."""
+    config = tiny_finetune_config("encoder_decoder", *data)
+    run = tmp_path / "pretrain"
+    train.train(config, run, progress=False)
+    model = nnx.merge(train_step.model_graphdef(config),
+                      params_of(config, str(run), partitioning.make_mesh(config.mesh)))
+    best = [OPTIONS[k] for k in option_by_option(config, model).argmax(1)]
+    changed = list(best)
+    changed[2] = next(option for option in OPTIONS if option != best[2])
+    names = ["test_letters", "test_letters_one_changed"]
+    for name, targets in zip(names, (best, changed)):
+        tasks.TASKS[name] = letters_task(name, targets)
+    monkeypatch.setattr(distributed, "initialize_distributed", lambda: None)
+    ft = config.finetune
+    try:
+        cli.main(["t5x-lite", "eval", "--zero_shot", "--preset", "tiny", f"--checkpoint={run}",
+                  f"--tasks={names[0]},builtin_reverse,{names[1]}",
+                  f"--config.data.data_dir={data[1]}",
+                  *(f"--config.finetune.{field}={getattr(ft, field)}"
+                    for field in ("batch_size", "inputs_length", "targets_length"))])
+    finally:
+        for name in names:
+            del tasks.TASKS[name]
+    printed = capsys.readouterr()
+    assert json.loads(printed.out) == {names[0]: {"accuracy": 100.0},
+                                       names[1]: {"accuracy": pytest.approx(100.0 * 5 / 6)}}
+    assert "eval --zero_shot: skipped, task 'builtin_reverse' has no label options" in printed.err
+
+
+def test_eval_zero_shot_without_label_options_stops_before_reading_the_model(tmp_path,
+                                                                             monkeypatch):
+    monkeypatch.setattr(distributed, "initialize_distributed", lambda: None)
+    with pytest.raises(SystemExit) as exit_info:  # the checkpoint does not exist either
+        cli.main(["t5x-lite", "eval", "--zero_shot", "--preset", "demo",
+                  f"--checkpoint={tmp_path / 'no_run'}", "--tasks=builtin_reverse"])
+    assert str(exit_info.value.code) == (
+        "t5x-lite eval: invalid config: --tasks=['builtin_reverse'] has no task with label "
+        "options (Task.label_options) to rank zero-shot: task 'builtin_reverse' has no label "
+        "options to rank (its targets are free text or numbers); zero-shot scoring needs a "
+        "classification task")
 
 
 # --- the sweep stage ---------------------------------------------------------------------------
