@@ -14,7 +14,7 @@ from flax import nnx
 from hypothesis import given, settings, strategies as st
 from scipy import stats
 
-from t5x_lite import glm, models, objectives, partitioning, preview, train, train_step
+from t5x_lite import batch_format, glm, models, objectives, partitioning, preview, train, train_step
 from t5x_lite.config import ConfigError
 from t5x_lite.objectives import ObjectiveSpec
 
@@ -235,3 +235,19 @@ def test_preview_shows_it_and_names_it_in_json():
     text = preview.format_text(run, examples)
     assert ("objective blank_infilling: noise_density 0.15, mean_noise_span_length 3.0 (the "
             "Poisson lambda of its span lengths); model.arch prefix_lm") in text
+
+
+def test_only_a_layout_running_it_carries_positions():
+    # Traced, not compiled: the keys of each layout's batch (the span corruption program is
+    # the one it was before blank_infilling existed: no fifth output, no positions).
+    def keys(names, family="decoder_only"):
+        points = [dict(name=name, noise_density=0.15, mean_noise_span_length=3.0,
+                       inputs_length=INPUTS) for name in names]
+        layout = objectives.layout_for(points, family, VOCAB, SENTINELS)
+        raw = jax.ShapeDtypeStruct((2, layout.raw_length), jnp.int32)
+        return set(jax.eval_shape(lambda r: objectives.corrupt(
+            r, objectives.spec_from_config(points[0]), jax.random.key(0), layout), raw))
+    assert keys(["span_corruption"]) == set(batch_format.row_keys("decoder_only"))
+    assert keys(["span_corruption", "blank_infilling"]) == keys(["span_corruption"]) | {
+        glm.POSITIONS_KEY}
+    assert glm.POSITIONS_KEY not in keys(["blank_infilling"], "encoder_decoder")
