@@ -64,6 +64,7 @@ prefix LM's lengths (raw = inputs_length - 1, inputs = targets = raw + 1) always
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -186,6 +187,7 @@ def no_positions(width: int) -> jax.Array:
 # ---------------------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=None)
 def expected_targets(raw_length: int, noise_density: float, poisson_lambda: float) -> float:
     """E[S + K], the targets (span tokens and one EOS each) of an n = raw_length token text, by
     dynamic programming over (running sum, count) of the span draws of `span_lengths` (in
@@ -216,6 +218,6 @@ def expected_targets(raw_length: int, noise_density: float, poisson_lambda: floa
         ends = fits & (new_total >= budget)[:, None]
         expected += np.sum(chance * ends * (new_total[:, None] + count[None, :] + 1))
         going = fits & (new_total < budget)[:, None]
-        for i in np.flatnonzero(going.any(axis=1)):
-            alive[new_total[i], 1:] += (chance[i] * going[i])[:-1]
+        rows = np.flatnonzero(going.any(axis=1))  # distinct new totals: no repeated index
+        alive[new_total[rows], 1:] += (chance[rows] * going[rows])[:, :-1]
     return float(expected)
