@@ -5,31 +5,32 @@ host.
 `t5x_lite.objectives` runs it as the objective `blank_infilling` (its encoder
 `_blank_infilling`); here is only what is particular to GLM.
 
-The paper's definition. Section 2.1, "Autoregressive Blank Infilling": given a text
-x = [x_1, ..., x_n], spans {s_1, ..., s_m} are sampled, each s_i a run of consecutive tokens
-[s_i,1, ..., s_i,l_i] of x; "each span is replaced with a single [MASK] token, forming a
-corrupted text x_corrupt"; the model predicts the spans' tokens autoregressively from
-x_corrupt and the spans predicted before, the spans' order being randomly permuted. Section
-2.1's implementation: the input is Part A, x_corrupt, then Part B, the spans in the permuted
-order; "Part A tokens can attend to each other, but cannot attend to any tokens in B. Part B
-tokens can attend to Part A and antecedents in B"; "each span is padded with special tokens
-[START] and [END], for input and output respectively". 2D positional encoding: "the first
-position id represents the position in the corrupted text x_corrupt. For the masked spans, it
-is the position of the corresponding [MASK] token. The second position id represents the
-intra-span position. For tokens in Part A, their second position ids are 0. For tokens in Part
-B, they range from 1 to the length of the span". Section 2.2 (the blank-infilling objective):
-"we randomly sample spans whose lengths are drawn from a Poisson distribution with lambda = 3.
-We repeatedly sample new spans until at least 15% of the original tokens are masked".
+The paper's definition (paraphrased: its own text was not at hand here; this is section 2.1
+and 2.2 as a review of the paper quotes it; the reference code below implements it).
+Section 2.1, autoregressive blank infilling: of a text x = [x_1, ..., x_n], spans
+{s_1, ..., s_m} are sampled, each a run of consecutive tokens of x; each span is replaced by a
+single [MASK] token, giving the corrupted text x_corrupt; the model predicts the spans' tokens
+autoregressively from x_corrupt and the spans predicted before, in a random permutation of the
+spans' order. The input is Part A, x_corrupt, then Part B, the spans in that order; Part A
+tokens attend to each other but to no token of B, Part B tokens to Part A and to the tokens
+of B before them; each span is led by [START] in the input and ended by [END] in the output.
+2D positions: the first id is the position in x_corrupt, for a span's tokens that of its
+[MASK]; the second is the intra-span position, 0 in Part A and 1 to the span's length (+1,
+with [START]) in Part B. Section 2.2, the blank-infilling objective: span lengths are drawn
+from Poisson(lambda = 3), spans being sampled until at least 15% of the original tokens are
+masked.
 
 What the paper leaves open, taken from its reference code (THUDM/GLM, `blocklm_utils.py`,
 `ConstructBlockStrategy`): span lengths are Poisson(lambda) conditioned on >= 1 (its length
-distribution starts at 1); lengths are drawn while their sum is below the threshold, the last
+distribution starts at 1; it also stops at 39, which a Poisson(3) draw passes with probability
+about 1e-30: not here); lengths are drawn while their sum is below the threshold, the last
 one is not cut (so the count is "at least" the threshold); the spans are laid out in the text
 in a random order of their lengths, separated by at least one clean token: with S = their
 total, K their count, K places are drawn uniformly from [0, n - S - K + 1] and sorted, span k
 starting at place_k + sum over earlier spans of (length + 1) (`sample_spans`); a span that
-would not fit so (S + K - 1 > n) is dropped, with the ones drawn after it; one [MASK] id for
-every span; Part B's [START] tokens sit at their [MASK]'s position.
+would not fit so (S + K - 1 > n) is dropped, with the ones after it (it shuffles the lengths
+before that check, here they are checked in drawing order: the two differ only for a text too
+short for its spans); one [MASK] id for every span; Part B's [START] tokens sit at their [MASK]'s position.
 
 What runs here, for an n-token example, at noise_density r (the paper's 15%) and
 mean_noise_span_length lambda (the paper's 3; `objective.mean_noise_span_length`):
@@ -57,8 +58,8 @@ mean_noise_span_length lambda (the paper's 3; `objective.mean_noise_span_length`
   tokens after it are (l - 1) positions nearer than in the text (as in x_corrupt, so the
   positions do not reveal a span's length, which GLM's first position id hides too). Part A's
   tokens have their row positions (x_corrupt's, GLM's first id with the second 0).
-Both positions count row positions: position q of a row is fed its token q - 1 (position 0 the
-start token), so Part A's [MASK] for span k, at index a_k of the inputs, sits at a_k + 1.
+Positions count the row's: position q is fed the sequence's token q - 1 (position 0 the start
+token), so span k's [MASK], input number a_k, sits at a_k + 1, and so does its [START].
 Lengths: A has n - S + K + 1 <= n + 1 tokens and B has S + K <= n + 1 (the spans fit), so the
 prefix LM's lengths (raw = inputs_length - 1, inputs = targets = raw + 1) always hold them.
 """
