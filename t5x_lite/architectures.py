@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from t5x_lite.config import OBJECTIVES
 from t5x_lite.errors import ConfigError, require_choice
 
 # The stacks a model can have: the model attribute each is built as, and the prefix of the
@@ -87,11 +88,15 @@ class Architecture:
 
     def require_objective(self, objective: str) -> None:
         """Raise a one-line `ConfigError` unless the architecture can pre-train on
-        `objective.name=objective`."""
+        `objective.name=objective`; for one of PREFIX_OBJECTIVES, which few architectures
+        train, it names those too."""
         if self.objectives is not None and objective not in self.objectives:
+            trains_it = names(objective=objective)
+            others = (f", or a model.arch that trains it: {', '.join(map(repr, trains_it))}"
+                      if objective in PREFIX_OBJECTIVES else "")
             raise ConfigError(
                 f"objective.name={objective!r} is not allowed for model.arch={self.name!r}; "
-                f"choose one of {', '.join(map(repr, self.objectives))}")
+                f"choose one of {', '.join(map(repr, self.objectives))}{others}")
 
     def require_num_layers(self, num_layers: int, num_decoder_layers: int | None = None) -> None:
         """Raise `ConfigError` unless every stack's share of its depth field is whole, and
@@ -167,16 +172,26 @@ def get(name: str) -> Architecture:
     return _REGISTRY[name]
 
 
-def names(*, family: str | None = None, program: str | None = None) -> tuple[str, ...]:
-    """The registered names in registration order; only those of `family`, or of those that
-    run `program`, when given."""
+def names(*, family: str | None = None, program: str | None = None,
+          objective: str | None = None) -> tuple[str, ...]:
+    """The registered names in registration order; only those of `family`, of those that run
+    `program`, or of those that can train on `objective`, when given."""
     return tuple(name for name, architecture in _REGISTRY.items()
                  if family in (None, architecture.family)
-                 and program in (None, architecture.program))
+                 and program in (None, architecture.program)
+                 and (objective is None or architecture.objectives is None
+                      or objective in architecture.objectives))
 
 
 # ---------------------------------------------------------------------------------------------
 # The T5 paper's Table 2 (Raffel et al. 2020, section 3.2)
+
+# The objectives that need a decoder-only row whose inputs are attended bidirectionally: GLM's
+# blank infilling (`t5x_lite.glm`), whose Part A is, and whose explicit positions only the
+# decoder-only row carries. Only prefix_lm trains on them (language_model runs its program
+# with prefix attention switched off).
+PREFIX_OBJECTIVES = ("blank_infilling",)
+_WITHOUT_PREFIX = tuple(name for name in OBJECTIVES if name not in PREFIX_OBJECTIVES)
 
 _ENCODER = Stack("encoder", bidirectional=True)
 _DECODER = Stack("decoder", bidirectional=False, cross_attention=True)
@@ -184,16 +199,18 @@ _DECODER = Stack("decoder", bidirectional=False, cross_attention=True)
 # under the causal and the prefix mask (language_model and prefix_lm share them).
 _DECODER_ONLY = (Stack("decoder", bidirectional=True),)
 
-register(Architecture("encoder_decoder", "encoder_decoder", (_ENCODER, _DECODER), "2P", "M"))
+register(Architecture("encoder_decoder", "encoder_decoder", (_ENCODER, _DECODER), "2P", "M",
+                      objectives=_WITHOUT_PREFIX))
 register(Architecture(
     "encoder_decoder_shared", "encoder_decoder",
-    (_ENCODER, dataclasses.replace(_DECODER, shares_layers_of="encoder")), "P", "M"))
+    (_ENCODER, dataclasses.replace(_DECODER, shares_layers_of="encoder")), "P", "M",
+    objectives=_WITHOUT_PREFIX))
 register(Architecture(
     "encoder_decoder_half", "encoder_decoder",
     tuple(dataclasses.replace(stack, depth_divisor=2) for stack in (_ENCODER, _DECODER)),
-    "P", "M/2"))
+    "P", "M/2", objectives=_WITHOUT_PREFIX))
 register(Architecture("language_model", "decoder_only", _DECODER_ONLY, "P", "M",
-                      shares_program_of="prefix_lm"))
+                      shares_program_of="prefix_lm", objectives=_WITHOUT_PREFIX))
 register(Architecture("prefix_lm", "decoder_only", _DECODER_ONLY, "P", "M",
                       prefix_attention=True))
 

@@ -17,7 +17,9 @@ padded with 0 after. The families (`Architecture.family`):
   `decoder_target_tokens` is the sequence, `decoder_input_tokens` the sequence shifted
   right, `decoder_loss_weights` 1 on the targets only, and `inputs_mask` marks the inputs
   plus the position predicting the first target (seqio's PrefixLM convention; all False
-  without inputs).
+  without inputs). With `target_positions` (GLM's blank infilling, `t5x_lite.glm`),
+  `decoder_positions` too: each target slot's given position (-1: none), every other
+  position its own.
 - `encoder_only`: one sequence `[Li + Lt]` that one bidirectional stack reads and predicts
   at its own positions (BERT's masked LM; no decoder): `encoder_input_tokens`,
   `encoder_target_tokens` (the token to predict at each position, 0 where there is none) and
@@ -78,12 +80,14 @@ def _shift_right(xp: Any, row: Any) -> Any:
 
 
 # The builders: (xp, inputs [..., Wi], targets [..., Wt], inputs_length, targets_length,
-# mask_token, noise) -> the rows [..., length of the key's stack] of every example along the
-# leading axes. Only `encoder_only` reads mask_token and noise.
+# mask_token, noise, target_positions) -> the rows [..., length of the key's stack] of every
+# example along the leading axes. Only `encoder_only` reads mask_token and noise, only
+# `decoder_only` target_positions.
 
 
 def _encoder_decoder_row(xp: Any, inputs: Any, targets: Any, inputs_length: int,
-                         targets_length: int, mask_token: Any = None, noise: Any = None) -> Row:
+                         targets_length: int, mask_token: Any = None, noise: Any = None,
+                         target_positions: Any = None) -> Row:
     targets = _gather_or_pad(xp, targets, xp.arange(targets_length))
     return {
         "encoder_input_tokens": _gather_or_pad(xp, inputs, xp.arange(inputs_length)),
@@ -94,12 +98,13 @@ def _encoder_decoder_row(xp: Any, inputs: Any, targets: Any, inputs_length: int,
 
 
 def _decoder_only_row(xp: Any, inputs: Any, targets: Any, inputs_length: int,
-                      targets_length: int, mask_token: Any = None, noise: Any = None) -> Row:
+                      targets_length: int, mask_token: Any = None, noise: Any = None,
+                      target_positions: Any = None) -> Row:
     num_inputs = xp.sum(inputs != PAD_ID, axis=-1, keepdims=True)
     position = xp.arange(inputs_length + targets_length)
     sequence = xp.where(position < num_inputs, _gather_or_pad(xp, inputs, position),
                         _gather_or_pad(xp, targets, position - num_inputs))
-    return {
+    row = {
         "decoder_input_tokens": _shift_right(xp, sequence),
         "decoder_target_tokens": sequence,
         "decoder_loss_weights": ((position >= num_inputs) & (sequence != PAD_ID)).astype(
@@ -107,10 +112,15 @@ def _decoder_only_row(xp: Any, inputs: Any, targets: Any, inputs_length: int,
         # seqio's PrefixLM convention: the prefix plus the position predicting the first target.
         "inputs_mask": (position <= num_inputs) & (num_inputs > 0),
     }
+    if target_positions is not None:  # shifted by one, so that the gather's padding is -1
+        given = _gather_or_pad(xp, target_positions + 1, position - num_inputs) - 1
+        row["decoder_positions"] = xp.where(given >= 0, given, position).astype(xp.int32)
+    return row
 
 
 def _encoder_only_row(xp: Any, inputs: Any, targets: Any, inputs_length: int,
-                      targets_length: int, mask_token: Any = None, noise: Any = None) -> Row:
+                      targets_length: int, mask_token: Any = None, noise: Any = None,
+                      target_positions: Any = None) -> Row:
     position = xp.arange(inputs_length + targets_length)
     if noise is not None:  # pre-training: targets aligned with the inputs, loss on the noise
         tokens = _gather_or_pad(xp, inputs, position)
@@ -256,7 +266,7 @@ def stack_of(key: str) -> str:
 
 def example_rows(family: str, xp: Any, inputs: Any, targets: Any, inputs_length: int,
                  targets_length: int, *, mask_token: int | None = None,
-                 noise: Any = None) -> Row:
+                 noise: Any = None, target_positions: Any = None) -> Row:
     """The `family` rows of examples, each stack's part as long as `row_lengths` says.
 
     inputs `[..., Wi]`, targets `[..., Wt]`: int32, one example per position of the leading
@@ -274,9 +284,14 @@ def example_rows(family: str, xp: Any, inputs: Any, targets: Any, inputs_length:
     families ignore both. `encoder_only` rows hold int32 `encoder_input_tokens` and
     `encoder_target_tokens` and float32 `encoder_loss_weights`; an `encoder_only` example's
     row is `inputs_length + targets_length` long whatever its own lengths (not `packable`).
+
+    `decoder_only` reads `target_positions` (int32, aligned with `targets`; -1 where a slot
+    has none): the position each target slot is fed at (GLM's blank infilling, `t5x_lite.glm`),
+    which makes the row carry int32 `decoder_positions` (every other position its own). The
+    other families ignore it.
     """
     return _format(family).build(xp, inputs, targets, inputs_length, targets_length,
-                                 mask_token, noise)
+                                 mask_token, noise, target_positions)
 
 
 def zeros(family: str, rows: int, inputs_length: int, targets_length: int) -> Row:

@@ -49,6 +49,8 @@ OBJECTIVES = (
     "text_infilling_permutation",
     # UL2's mixture of denoisers (Tay et al. 2022, `t5x_lite.ul2`), appended likewise.
     "ul2",
+    # GLM's autoregressive blank infilling (Du et al. 2021, `t5x_lite.glm`), appended likewise.
+    "blank_infilling",
 )
 # The ul2 objective's default mixture (`objective.ul2_denoisers`): (kind, noise_density,
 # mean_noise_span_length, share) per denoiser, the UL2 paper's seven (section 3.1.2; the S-

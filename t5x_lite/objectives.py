@@ -74,6 +74,16 @@ r = 0.5 exactly prefix_lm); the inputs start with the denoiser's mode token ([NL
 alone). objective.noise_density and mean_noise_span_length are ignored. The mixture is part of
 the layout (`BatchLayout.denoisers`): the grid's ul2 points share one.
 
+GLM's autoregressive blank infilling (Du et al. 2021, arXiv 2103.10360, sections 2.1 and 2.2;
+`t5x_lite.glm`), for prefix_lm only (`architectures.PREFIX_OBJECTIVES`): `blank_infilling`
+draws spans of Poisson(lambda = mean_noise_span_length) lengths (>= 1) until at least
+ceil(n * noise_density) tokens are masked; the inputs (Part A) are the text with each span
+replaced by one mask token, the targets (Part B) the spans in a random order, each followed by
+EOS (GLM's [END]; its [START] is the EOS each span's first position is fed). Its rows carry
+explicit positions, `decoder_positions` (Part B's tokens at their span's mask position plus
+their offset in it: `glm.POSITIONS_KEY`), in every example of a decoder-only layout that runs
+it; the loss is on Part B only.
+
 The masked language models, and the two definitions of them:
 - BERT (Devlin et al. 2018, arXiv 1810.04805, section 3.1 "Masked LM"): 15% of the token
   positions are chosen at random; a chosen token is replaced by [MASK] 80% of the time, by a
@@ -107,7 +117,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_lite import architectures, bart_noising, batch_format, noise_lengths, ul2
+from t5x_lite import architectures, bart_noising, batch_format, glm, noise_lengths, ul2
 # OBJECTIVES (the objective ids) lives with the config's other allowed values, which
 # `t5x_lite.settings` checks a config against.
 from t5x_lite.config import (EOS_ID, MIN_INPUTS_LENGTH, NUM_RESERVED_IDS, OBJECTIVES, PAD_ID,
@@ -276,9 +286,9 @@ def lengths_for(objective: str, inputs_length: int, noise_density: float,
       `noise_lengths.iid_lengths` chooses the largest raw and the smallest targets that an
       example exceeds with probability <= noise_lengths.OVERFLOW_PROBABILITY; inputs =
       inputs_length (mean_noise_span_length is ignored).
-    - bert_style, mass_style, deshuffling, prefix_lm, token_masking, document_rotation:
-      raw = inputs_length - 1, and inputs and targets are at most raw + EOS (for prefix_lm each
-      part is shorter, raw + EOS bounds both).
+    - bert_style, mass_style, deshuffling, prefix_lm, token_masking, document_rotation,
+      blank_infilling: raw = inputs_length - 1, and inputs and targets are at most raw + EOS
+      (for prefix_lm and blank_infilling each part is shorter, raw + EOS bounds both).
     - token_deletion: raw = inputs_length - 1, targets = raw + EOS, inputs = the longest
       n - ceil(n * noise_density) + EOS (`bart_noising.token_deletion_inputs_length`).
     - sentence_permutation: raw = inputs_length - 1, inputs = targets = raw + EOS.
@@ -324,6 +334,7 @@ def expected_loss_tokens(objective: str, inputs_length: int, noise_density: floa
       text_infilling, document_rotation, sentence_permutation, text_infilling_permutation:
       R + 1 (every token is a target);
     - prefix_lm: the split is uniform over [1, R - 1] (`random_prefix_split`), so R / 2 + 1.
+    - blank_infilling: its spans' tokens and one EOS each, `glm.expected_targets`.
     - ul2: the share-weighted mean over its denoisers: span corruption's targets for R and X,
       and (m + 1) / 2 + 1 for S (its target length is uniform over [1, m], `ul2.s_split`).
     The rare examples of the i.i.d. objectives and text infilling that overflow the layout
@@ -342,6 +353,8 @@ def expected_loss_tokens(objective: str, inputs_length: int, noise_density: floa
         return raw * p + 1
     if objective == "prefix_lm":
         return (raw / 2 if raw >= 2 else max(raw - 1, 0)) + 1
+    if objective == glm.NAME:
+        return glm.expected_targets(raw, noise_density, mean_noise_span_length)
     return float(raw + 1)
 
 
@@ -653,10 +666,14 @@ def _packed_width(layout: BatchLayout) -> int:
 
 def _uniform_rows(layout: BatchLayout) -> int:
     """Rows of R uniform draws per example: 3 for the T5 objectives, then, when the layout
-    runs text infilling, enough for its 2 * width + 1 (`bart_noising.infilling_plan`)."""
-    if not set(INFILLING_OBJECTIVES) & set(layout.objectives):
-        return 3
-    return 3 + -(-(2 * _packed_width(layout) + 1) // max(layout.raw_length, 1))
+    runs text infilling, enough for its 2 * width + 1 (`bart_noising.infilling_plan`), and
+    when it runs blank infilling, at least its `glm.UNIFORM_ROWS`."""
+    rows = 3
+    if set(INFILLING_OBJECTIVES) & set(layout.objectives):
+        rows = 3 + -(-(2 * _packed_width(layout) + 1) // max(layout.raw_length, 1))
+    if glm.NAME in layout.objectives:
+        rows = max(rows, glm.UNIFORM_ROWS)
+    return rows
 
 
 def _example_draws(rng: jax.Array, layout: BatchLayout) -> jax.Array:
@@ -882,13 +899,28 @@ def _ul2(tokens, n, spec, uniform, layout):
     return inputs, targets, noise, sentinels + len(batch_format.MODE_TOKENS)
 
 
+# GLM's blank infilling (`t5x_lite.glm`): one more output, the position fed at each target slot
+# (`corrupt_with_details` gives the other branches none when a layout runs it).
+
+
+def _blank_infilling(tokens, n, spec, uniform, layout):
+    width = _packed_width(layout)
+    plan = glm.plan(tokens, n, spec.noise_density, spec.mean_noise_span_length, uniform,
+                    batch_format.mask_token(layout.vocab_size), width)
+    return (_pack_with_eos(plan.part_a, plan.keep, width), plan.targets, plan.noise,
+            jnp.int32(1), plan.target_positions)
+
+
 # In the order of OBJECTIVES: the objective id indexes this tuple.
 _ENCODERS = (_span_corruption, _drop_corrupted_tokens, _bert_style, _mass_style, _deshuffling,
              _prefix_lm, _lm, _iid_denoising, _token_masking, _token_deletion, _text_infilling,
-             _document_rotation, _sentence_permutation, _text_infilling_permutation, _ul2)
+             _document_rotation, _sentence_permutation, _text_infilling_permutation, _ul2,
+             _blank_infilling)
+# The objectives whose span lengths are Poisson(lambda = mean_noise_span_length).
+POISSON_SPAN_OBJECTIVES = (*INFILLING_OBJECTIVES, glm.NAME)
 # The objectives whose noise depends on objective.mean_noise_span_length: random spans, and
-# text infilling's span lengths, Poisson(lambda = mean_noise_span_length).
-READS_MEAN_SPAN_LENGTH = ("span_corruption", *INFILLING_OBJECTIVES)
+# the Poisson span lengths.
+READS_MEAN_SPAN_LENGTH = ("span_corruption", *POISSON_SPAN_OBJECTIVES)
 # Whether an objective corrupts chosen tokens (its `noise_mask` means something); by name, not
 # by position beside OBJECTIVES, so an appended objective cannot shift the flags.
 _WITHOUT_NOISE_MASK = ("deshuffling", "prefix_lm", "lm", "document_rotation",
@@ -933,14 +965,16 @@ def corrupt_with_details(raw_tokens: jax.Array, spec: ObjectiveSpec, rng: jax.Ar
         in_range = jnp.arange(tokens.shape[0]) < example_spec.raw_length
         n = jnp.sum(in_range & (tokens != PAD_ID)).astype(jnp.int32)
         uniform = _example_draws(example_rng, layout)
-        inputs, targets, noise, sentinels = jax.lax.switch(
+        outputs = jax.lax.switch(
             branch_of[example_spec.objective], branches, tokens, n, example_spec, uniform)
+        inputs, targets, noise, sentinels = outputs[:4]
         fits = _fits(inputs, targets, sentinels, layout)
         # The noise mask, for a family that predicts in place: the loss is on exactly the
         # corrupted positions (inputs[i] is raw token i for the objectives that allow it).
         example = batch_format.example_rows(layout.family, jnp, inputs, targets,
                                             layout.inputs_length, layout.targets_length,
-                                            noise=noise)
+                                            noise=noise,
+                                            target_positions=outputs[4] if explicit else None)
         weights = batch_format.loss_keys(layout.family)[1]
         example[weights] = example[weights] * fits
         return example, {"noise_mask": noise, "overflow": ~fits}
@@ -948,7 +982,18 @@ def corrupt_with_details(raw_tokens: jax.Array, spec: ObjectiveSpec, rng: jax.Ar
     # Only the layout's objectives are compiled; branch_of maps an OBJECTIVES index to its
     # branch (an objective outside the layout, which the host refuses, would run branch 0).
     ids = [OBJECTIVES.index(name) for name in layout.runs()]
-    branches = [functools.partial(_ENCODERS[i], layout=layout) for i in ids]
+    # A layout running blank infilling gives every branch its fifth output, target positions
+    # (none for the others: their rows keep their own); the other layouts' programs are as
+    # they were.
+    explicit = glm.NAME in layout.runs()
+
+    def branch(i):
+        encoder = functools.partial(_ENCODERS[i], layout=layout)
+        if not explicit or OBJECTIVES[i] == glm.NAME:
+            return encoder
+        return lambda *args: (*encoder(*args), glm.no_positions(_packed_width(layout)))
+
+    branches = [branch(i) for i in ids]
     branch_of = jnp.zeros(len(OBJECTIVES), jnp.int32).at[jnp.asarray(ids)].set(
         jnp.arange(len(ids), dtype=jnp.int32))
     rngs = jax.random.split(rng, raw_tokens.shape[0])
@@ -968,7 +1013,8 @@ def corrupt(raw_tokens: jax.Array, spec: ObjectiveSpec, rng: jax.Array,
     encoder_decoder: encoder_input_tokens [B, inputs_length] and decoder_input_tokens /
     decoder_target_tokens / decoder_loss_weights [B, targets_length]; decoder_only: those three
     decoder keys [B, inputs_length + targets_length] (inputs incl. EOS, then targets incl. EOS,
-    then padding) plus the bool inputs_mask; encoder_only (a layout without target positions):
+    then padding) plus the bool inputs_mask, and int32 decoder_positions when the layout runs
+    blank_infilling (`glm.POSITIONS_KEY`); encoder_only (a layout without target positions):
     encoder_input_tokens (the corrupted inputs), encoder_target_tokens (the original tokens
     at the noise mask, 0 elsewhere) and encoder_loss_weights (the noise mask) [B,
     inputs_length]. An example longer than the layout is cut and gets

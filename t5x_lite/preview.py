@@ -175,7 +175,7 @@ def _header(run: PreviewedRun) -> list[str]:
         settings = f": noise_density {objective.noise_density}"
         if objective.name in objectives.READS_MEAN_SPAN_LENGTH:
             settings += f", mean_noise_span_length {objective.mean_noise_span_length}"
-            if objective.name in objectives.INFILLING_OBJECTIVES:  # BART's Poisson spans
+            if objective.name in objectives.POISSON_SPAN_OBJECTIVES:  # BART's, GLM's spans
                 settings += " (the Poisson lambda of its span lengths)"
     if objective.name == "ul2":
         settings = ": denoisers " + ", ".join(

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from t5x_lite import batch_format, objectives
+from t5x_lite import batch_format, glm, objectives
 from t5x_lite.config import EOS_ID, ConfigError
 from t5x_lite.data.pipeline import pack_examples, pad_examples
 
@@ -85,6 +85,11 @@ def test_corrupted_rows_are_the_finetuning_rows_of_their_examples(family, name, 
     batch, details = jax.device_get(corrupt_fn(tokens, spec, jax.random.key(seed)))
     for i in np.flatnonzero(~details["overflow"]):
         row = {key: value[i:i + 1] for key, value in batch.items()}
+        # blank_infilling's explicit positions (tests/test_glm.py), which no fine-tuning row
+        # has; every other objective's are the row's own.
+        positions = row.pop(glm.POSITIONS_KEY, None)
+        if positions is not None and name != glm.NAME:
+            np.testing.assert_array_equal(positions[0], np.arange(positions.shape[1]))
         example = batch_format.inputs_and_targets(family, {k: v[0] for k, v in row.items()})
         [host] = pad_examples([example], 1, layout.inputs_length, layout.targets_length,
                               family=family)

@@ -472,7 +472,9 @@ def test_outputs_use_only_real_tokens_eos_and_their_own_special_ids(name, densit
         original = tokens[i, :n].tolist()
         inputs = unpad(batch["encoder_input_tokens"][i])
         targets = unpad(batch["decoder_target_tokens"][i])
-        assert inputs[-1] == targets[-1] == 1 and 1 not in inputs[:-1] + targets[:-1]
+        assert inputs[-1] == targets[-1] == 1 and 1 not in inputs[:-1]
+        # blank_infilling's targets end each span with EOS (GLM's [END], t5x_lite.glm).
+        assert name == "blank_infilling" or 1 not in targets[:-1]
         inputs, targets = inputs[:-1], targets[:-1]
         np.testing.assert_array_equal(batch["decoder_loss_weights"][i],
                                       np.asarray(batch["decoder_target_tokens"][i]) != 0)
@@ -508,6 +510,10 @@ def test_outputs_use_only_real_tokens_eos_and_their_own_special_ids(name, densit
             assert all(first_mode + 3 <= t < VOCAB for t in rest if t >= REAL_HIGH)
         elif name == "sentence_permutation":
             assert targets == original and sorted(inputs) == sorted(original)
+        elif name == "blank_infilling":  # a mask per span in Part A, the spans in Part B
+            assert inputs.count(VOCAB - 1) == targets.count(EOS) + 1
+            assert sorted(t for t in inputs + targets if t not in (EOS, VOCAB - 1)) == sorted(
+                original)
         else:  # lm: the encoder gets a lone EOS
             assert inputs == [] and targets == original
 
