@@ -156,55 +156,11 @@ def test_a_bad_override_is_one_line_naming_the_field(command, tmp_path):
                        "config has no field 'train.stepz'")
 
 
-# One grid row of tiny models: the CLI's sweep -> report path in a fresh process, in seconds.
-ONE_POINT_EXPERIMENT = """
-from tiny_configs import tiny_sweep_config
-
-GRID = (dict(point="denoising", row="Encoder-decoder", objective="Denoising",
-             overrides={"objective.name": "span_corruption"}),)
-
-
-def get_config(preset):
-    return tiny_sweep_config(preset, "builtin_module")
-"""
-
-
 def _cli(*args: str, hang_guard_s: int = 600) -> subprocess.CompletedProcess:
-    # One CPU device, as on a laptop; tests/ on the path for the test experiment's configs.
+    # One CPU device, as on a laptop; tests/ on the path for test experiments' configs.
     env = child_env(1, PYTHONPATH=os.path.dirname(__file__))
     return subprocess.run([sys.executable, "-m", "t5x_lite.cli", *args], env=env,
                           capture_output=True, text=True, timeout=hang_guard_s)
-
-
-def test_sweep_then_report_from_the_command_line(tmp_path):
-    """`t5x-lite sweep` runs the grid, prints the table, and a re-run skips the finished point;
-    `t5x-lite report` re-renders it and writes the files."""
-    experiment = tmp_path / "one_point.py"
-    experiment.write_text(ONE_POINT_EXPERIMENT)
-    workdir = tmp_path / "sweep"
-    args = ("sweep", str(experiment), "--preset", "demo", f"--workdir={workdir}",
-            "--config.train.seed=3")
-    result = _cli(*args)
-    assert result.returncode == 0, result.stderr[-3000:]
-    # The table, with the paper's labels and the measured ratios beside them.
-    assert re.search(r"^Encoder-decoder +Denoising +2P \(\S+x\) +M \(\S+x\) ", result.stdout,
-                     re.M)
-    assert "Downloading" not in result.stdout + result.stderr  # nothing is, so nothing says so
-    records = [json.loads(line) for line in (workdir / "results.jsonl").read_text().splitlines()]
-    assert [(r["point"], r["task"], r["status"]) for r in records] == [
-        ("denoising", "builtin_module", "ok")]
-    assert records[0]["seed"] == 0  # the sweep's seeds, not train.seed, number the runs
-
-    again = _cli(*args)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "1 done, 0 to run" in again.stderr + again.stdout
-    assert (workdir / "results.jsonl").read_text().count("\n") == 1
-
-    out = tmp_path / "report"
-    shown = _cli("report", str(workdir), f"--out={out}")
-    assert shown.returncode == 0, shown.stderr[-3000:]
-    assert "Encoder-decoder" in shown.stdout
-    assert {"table.md", "table.csv", "table.tex"} <= {p.name for p in out.iterdir()}
 
 
 def test_sweep_rejects_an_unknown_flag_and_a_missing_results_file(tmp_path):
@@ -227,14 +183,17 @@ DEMO_SHRUNK = ("--config.model.d_model=32", "--config.model.d_ff=64", "--config.
 
 def test_the_readme_demo_runs_table2_end_to_end_and_resumes(tmp_path):
     """`t5x-lite demo` itself, in a fresh process: all ten Table 2 points on both built-in
-    tasks (20 records), the comparison table with its findings, the report files; a second run
-    finds everything done and runs nothing."""
+    tasks (20 records, numbered by the sweep's seeds, not train.seed), the comparison table
+    with the paper's labels, the measured size ratios and the findings, the report files,
+    nothing downloaded; a second run finds everything done and runs nothing; `t5x-lite report`
+    re-renders the records into another folder."""
     from t5x_lite import presets
 
     workdir = tmp_path / "demo"
     # Every architecture's programs compile here: 594 s once on a loaded 2-core machine, so the
     # guard (only for a hang) is generous.
-    first = _cli("demo", f"--workdir={workdir}", *DEMO_SHRUNK, hang_guard_s=1800)
+    args = ("demo", f"--workdir={workdir}", *DEMO_SHRUNK, "--config.train.seed=3")
+    first = _cli(*args, hang_guard_s=1800)
     assert first.returncode == 0, first.stderr[-3000:]
     results_text = (workdir / "results.jsonl").read_text()
     records = [json.loads(line) for line in results_text.splitlines()]
@@ -243,16 +202,26 @@ def test_the_readme_demo_runs_table2_end_to_end_and_resumes(tmp_path):
     assert {(r["point"], r["task"]) for r in records} == {
         (point, task) for point in {r["point"] for r in records} for task in tasks}
     assert all(r["status"] == "ok" for r in records), [r.get("error") for r in records]
-    for row in ("Encoder-decoder", "Enc-dec, shared", "Enc-dec, 6 layers", "Language model",
-                "Prefix LM"):
+    assert {r["seed"] for r in records} == {0}  # the sweep's seeds number the runs
+    # The table, with the paper's labels and the measured ratios beside them.
+    assert re.search(r"^Encoder-decoder +Denoising +2P \(\S+x\) +M \(\S+x\) ", first.stdout,
+                     re.M), first.stdout[-3000:]
+    for row in ("Enc-dec, shared", "Enc-dec, 6 layers", "Language model", "Prefix LM"):
         assert re.search(rf"^{re.escape(row)} +Denoising ", first.stdout, re.M), row
     assert "Findings" in first.stdout
+    assert "Downloading" not in first.stdout + first.stderr  # nothing is, so nothing says so
     assert {"table.md", "table.csv", "table.tex"} <= {p.name for p in (workdir / "report").iterdir()}
 
-    again = _cli("demo", f"--workdir={workdir}", *DEMO_SHRUNK)
+    again = _cli(*args)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "10 done, 0 to run" in again.stderr
     assert (workdir / "results.jsonl").read_text() == results_text
+
+    out = tmp_path / "report"
+    shown = _cli("report", str(workdir), f"--out={out}")
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert re.search(r"^Prefix LM +LM ", shown.stdout, re.M), shown.stdout[-3000:]
+    assert {"table.md", "table.csv", "table.tex"} <= {p.name for p in out.iterdir()}
 
 
 def test_bad_config_override_fails_fast_naming_the_field(tmp_path):
