@@ -1,12 +1,11 @@
 """Multi-process runs on localhost (gloo collectives on CPU, as srun or a TPU pod starts them).
 
 Two processes (2 CPU devices each) train 3 steps, each feeding only its half of the global
-batch; their losses equal a single-process run on the whole batch, and so do their zero-shot
-scores of one checkpoint. And a sweep
-(pre-train -> fine-tune -> evaluate) through the CLI on two processes resumes a partial
-workdir and gives the records and validation logs of one process.
+batch, then score one checkpoint zero-shot; their losses and scores equal a single-process
+run's. And a sweep (pre-train -> fine-tune -> evaluate) through the CLI on two processes
+resumes a partial workdir and gives the records and validation logs of one process.
 
-Run as a script, this file is one of the worker processes of the first two tests.
+Run as a script, this file is one of the worker processes of the first test.
 """
 
 import json
@@ -47,6 +46,8 @@ def losses(mesh, process_rows: slice) -> list[float]:
 
 
 def worker(port: int, process_id: int, out: str) -> None:
+    """Process `process_id` of PROCESSES: its losses (`losses`), then its zero-shot scores of
+    the model in out/model (`zero_shot_scores`)."""
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -58,6 +59,7 @@ def worker(port: int, process_id: int, out: str) -> None:
     rows = 8 // PROCESSES
     result = losses(mesh, slice(process_id * rows, (process_id + 1) * rows))
     Path(out, f"losses_{process_id}.json").write_text(json.dumps(result))
+    zero_shot_scores(out, str(Path(out, "model")), str(process_id))
 
 
 def _free_port() -> int:
@@ -99,11 +101,17 @@ def _run_all(commands: list[list[str]], envs: list[dict[str, str]]) -> list[str]
     return [output for _, output in results]
 
 
+@pytest.mark.slow  # three processes build the vocabulary and compile training and scoring
 def test_two_processes_match_a_single_process_run(tmp_path):
+    """Training: each process feeds its half of every batch, and both get the one-process
+    losses. Zero-shot scoring of one checkpoint: each process feeds its rows of every batch of
+    (example, option) rows; every process gets every option's log-likelihood, and the scores
+    of this one process (8 devices)."""
     import jax
 
     from t5x_lite import partitioning
 
+    scores = zero_shot_scores(str(tmp_path), str(tmp_path / "model"), "one")  # saves the model
     port = _free_port()
     _run_all([[sys.executable, __file__, str(port), str(i), str(tmp_path)]
               for i in range(PROCESSES)],
@@ -116,6 +124,13 @@ def test_two_processes_match_a_single_process_run(tmp_path):
     ]
     assert per_process[0] == per_process[1]  # every process sees the same global loss
     np.testing.assert_allclose(per_process[0], reference, rtol=1e-5)
+
+    assert np.shape(scores["log_likelihoods"]) == (8, 4)  # eval_examples x label options
+    for i in range(PROCESSES):
+        result = json.loads((tmp_path / f"zero_shot_{i}.json").read_text())
+        np.testing.assert_allclose(result["log_likelihoods"], scores["log_likelihoods"],
+                                   rtol=1e-5)
+        assert result["metrics"] == scores["metrics"]
 
 
 # One Table 2 point, tiny (tiny_configs.tiny_sweep_config: 6 pre-training steps, 4 fine-tuning
@@ -278,25 +293,22 @@ def test_a_batch_size_the_processes_cannot_share_is_refused_before_any_work(tmp_
     assert not list(tmp_path.glob("sweep*")) and not list(tmp_path.glob("finetune*"))
 
 
-def zero_shot_scores(out: str, checkpoint: str, name: str, port: int | None = None) -> dict:
+def zero_shot_scores(out: str, checkpoint: str, name: str) -> dict:
     """Zero-shot scores of builtin_module and every option's log-likelihood, of the model in
-    `checkpoint` (made here, from the seed, by a run without `port`: this process), written
-    to out/zero_shot_<name>.json. With `port`, process `name` of PROCESSES."""
+    `checkpoint`, written to out/zero_shot_<name>.json. In a single process (`name` "one") the
+    model is made here first, from the seed; in a worker (`name` its process id) it is read."""
     import jax
 
-    from t5x_lite import checkpointing, distributed, partitioning, train_step, zero_shot
+    from t5x_lite import checkpointing, partitioning, train_step, zero_shot
     from t5x_lite.data import pipeline, tasks
     from t5x_lite.evaluation import TaskSplit, params_of
     from tiny_configs import tiny_sweep_config
 
-    if port is not None:
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        assert distributed.initialize_distributed(f"localhost:{port}", PROCESSES, int(name))
     config = tiny_sweep_config("demo", "builtin_module")
     config.mesh.shape = (-1, 1)  # rows over every device: each process scores its own
     config.finetune.batch_size = 8  # divides over the test process's 8 devices too
     mesh = partitioning.make_mesh(config.mesh)
-    if port is None:
+    if jax.process_count() == 1:
         with checkpointing.Checkpointer(Path(checkpoint, "checkpoints"), every=1, keep=1,
                                         config=config) as saver:
             saver.maybe_save(0, train_step.init_state(config, mesh), force=True)
@@ -311,25 +323,5 @@ def zero_shot_scores(out: str, checkpoint: str, name: str, port: int | None = No
     return result
 
 
-@pytest.mark.slow  # three processes build the vocabulary and compile the scoring
-def test_zero_shot_scores_on_two_processes_are_the_single_process_ones(tmp_path):
-    """Each process feeds its rows of every batch of (example, option) rows; every process
-    gets every option's log-likelihood, and the scores of this one process (8 devices)."""
-    reference = zero_shot_scores(str(tmp_path), str(tmp_path / "model"), "one")
-    port = _free_port()
-    _run_all([[sys.executable, __file__, "zero_shot", str(tmp_path), str(tmp_path / "model"),
-               str(i), str(port)] for i in range(PROCESSES)],
-             [_environment(DEVICES_PER_PROCESS)] * PROCESSES)
-    assert np.shape(reference["log_likelihoods"]) == (8, 4)  # eval_examples x label options
-    for i in range(PROCESSES):
-        result = json.loads((tmp_path / f"zero_shot_{i}.json").read_text())
-        np.testing.assert_allclose(result["log_likelihoods"], reference["log_likelihoods"],
-                                   rtol=1e-5)
-        assert result["metrics"] == reference["metrics"]
-
-
 if __name__ == "__main__":
-    if sys.argv[1] == "zero_shot":  # zero_shot OUT CHECKPOINT PROCESS_ID PORT
-        zero_shot_scores(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
-    else:
-        worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+    worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
