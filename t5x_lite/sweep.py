@@ -273,11 +273,30 @@ def _validate(config: ml_collections.ConfigDict, where: str) -> None:
         raise ConfigError(f"{where}: {error}") from None
 
 
-def _layout_group(config: ml_collections.ConfigDict) -> tuple[str, int, int]:
-    """What `objectives.layout_for` needs besides the objectives: points agreeing on it share
-    a layout (and, with equal model and train settings, one compiled step)."""
-    model = config.model
-    return architectures.get(model.arch).family, model.vocab_size, model.num_sentinels
+def _layout_group(config: ml_collections.ConfigDict) -> tuple[str, int, int, tuple]:
+    """What `objectives.layout_for` needs besides the objectives (the first three), and a ul2
+    point's mixture (empty for other objectives): points agreeing on it share a layout (and,
+    with equal model and train settings, one compiled step). A layout holds one mixture
+    (`BatchLayout.denoisers`), so each mixture of a grid (e.g. experiments/ul2.py's R, S and
+    X only) gets a layout of its own."""
+    model, objective = config.model, config.objective
+    mixture = tuple(map(tuple, objective.ul2_denoisers)) if objective.name == "ul2" else ()
+    return architectures.get(model.arch).family, model.vocab_size, model.num_sentinels, mixture
+
+
+def _shared_layouts(groups: Mapping[tuple, Sequence[Any]]) -> dict[tuple, objectives.BatchLayout]:
+    """`_layout_group` key -> the layout of its points' objective configs (`layout_for`, which
+    validates each). The layouts of one family and vocabulary (several only where ul2 points
+    differ in their mixture) get the longest raw, inputs and targets lengths of them all, so
+    every point of a family trains on rows of the same size."""
+    layouts = {key: objectives.layout_for(objs, *key[:3]) for key, objs in groups.items()}
+    shared = {}
+    for key, layout in layouts.items():
+        family = [other for other_key, other in layouts.items() if other_key[:3] == key[:3]]
+        shared[key] = dataclasses.replace(
+            layout, **{field: max(getattr(other, field) for other in family)
+                       for field in ("raw_length", "inputs_length", "targets_length")})
+    return shared
 
 
 def _budget_settings(config: ml_collections.ConfigDict,
@@ -385,11 +404,10 @@ def expand(experiment: str, preset: str, overrides: Sequence[str] = ()) -> list[
             seeded.train.seed = seed
             _validate(seeded, f"{experiment} point {row['point']!r}")
             rows.append((row, seeded))
-    # One layout per group of points (layout_for validates every objective config).
     groups: dict[tuple, list] = {}
     for _, config in rows:
         groups.setdefault(_layout_group(config), []).append(config.objective)
-    layouts = {key: objectives.layout_for(objs, *key) for key, objs in groups.items()}
+    layouts = _shared_layouts(groups)
     name = Path(experiment).stem
     points = [
         GridPoint(experiment=name, preset=preset, point=row["point"], row=row["row"],
