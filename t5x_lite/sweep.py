@@ -31,8 +31,11 @@ point's config and records carry their derived steps).
 Compile sharing: every point gets the one `BatchLayout` of all points with its batch family
 and vocabulary (`objectives.layout_for` over their objective configs), so points with the same
 parameter structure have equal train-step program keys and share one compiled pre-train step.
-With `run_sweep(..., vmap=K)` up to K such points (differing only in objective and seed)
-pre-train together in one `jax.vmap`-ed step (`vmap_chunks`, `run_chunk`).
+A layout holds one ul2 mixture, so the ul2 points of a grid with several mixtures
+(experiments/ul2.py) get a layout per mixture, padded to the lengths of the family's others
+(`_shared_layouts`): a step compiles per mixture, and every row keeps the same size. With
+`run_sweep(..., vmap=K)` up to K points sharing a layout (differing only in objective and
+seed) pre-train together in one `jax.vmap`-ed step (`vmap_chunks`, `run_chunk`).
 
 The workdir:
   sweep.json                                  experiment, preset and overrides it belongs to
