@@ -72,7 +72,8 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from t5x_lite import accounting, architectures, launchers, objectives, partitioning, presets
+from t5x_lite import (accounting, architectures, batch_format, launchers, objectives,
+                      partitioning, presets)
 from t5x_lite.checkpointing import ADDED_MODEL_FIELDS
 from t5x_lite.config import (BUDGETS, ConfigError, apply_overrides, drop_unread_objective_fields,
                              parse_overrides)
@@ -452,6 +453,8 @@ def _base_record(point: GridPoint) -> dict[str, Any]:
     raw, inputs, targets = objectives.lengths_for(
         objective.name, objective.inputs_length, objective.noise_density,
         objective.mean_noise_span_length, objective.ul2_denoisers)
+    # The lm objective has no inputs, but an encoder still reads one EOS (as `layout_for` pads).
+    inputs = max(inputs, batch_format.min_inputs_length(point.layout.family))
     columns = accounting.table2_columns(config.model, inputs, targets)
     return {
         "experiment": point.experiment, "preset": point.preset, "point": point.point,
