@@ -6,7 +6,7 @@ fine-tune on each task -> evaluate) and append one record per (grid point, seed,
     records = run_sweep("table2", "tiny", "runs/table2", overrides=["train.steps=100"])
 
 An experiment is a file `experiments/<name>.py` (or any `path/to/file.py`) defining
-  GRID: rows `dict(point=id, row=paper row label, objective=label (Table 2 only),
+  GRID: rows `dict(point=id, row=paper row label, objective=label (Table 2, ul2),
         overrides={dotted config field: value})`, in the paper's order;
   get_config(preset) -> the config every row starts from (`presets.sweep_preset`).
 A point's config is: get_config(preset), then the user's overrides, then the row's overrides
