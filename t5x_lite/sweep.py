@@ -6,7 +6,7 @@ fine-tune on each task -> evaluate) and append one record per (grid point, seed,
     records = run_sweep("table2", "tiny", "runs/table2", overrides=["train.steps=100"])
 
 An experiment is a file `experiments/<name>.py` (or any `path/to/file.py`) defining
-  GRID: rows `dict(point=id, row=paper row label, objective=label (Table 2 only),
+  GRID: rows `dict(point=id, row=paper row label, objective=label (Table 2, ul2),
         overrides={dotted config field: value})`, in the paper's order;
   get_config(preset) -> the config every row starts from (`presets.sweep_preset`).
 A point's config is: get_config(preset), then the user's overrides, then the row's overrides
@@ -31,8 +31,11 @@ point's config and records carry their derived steps).
 Compile sharing: every point gets the one `BatchLayout` of all points with its batch family
 and vocabulary (`objectives.layout_for` over their objective configs), so points with the same
 parameter structure have equal train-step program keys and share one compiled pre-train step.
-With `run_sweep(..., vmap=K)` up to K such points (differing only in objective and seed)
-pre-train together in one `jax.vmap`-ed step (`vmap_chunks`, `run_chunk`).
+A layout holds one ul2 mixture, so the ul2 points of a grid with several mixtures
+(experiments/ul2.py) get a layout per mixture, padded to the lengths of the family's others
+(`_shared_layouts`): a step compiles per mixture, and every row keeps the same size. With
+`run_sweep(..., vmap=K)` up to K points sharing a layout (differing only in objective and
+seed) pre-train together in one `jax.vmap`-ed step (`vmap_chunks`, `run_chunk`).
 
 The workdir:
   sweep.json                                  experiment, preset and overrides it belongs to
@@ -69,7 +72,8 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from t5x_lite import accounting, architectures, launchers, objectives, partitioning, presets
+from t5x_lite import (accounting, architectures, batch_format, launchers, objectives,
+                      partitioning, presets)
 from t5x_lite.checkpointing import ADDED_MODEL_FIELDS
 from t5x_lite.config import (BUDGETS, ConfigError, apply_overrides, drop_unread_objective_fields,
                              parse_overrides)
@@ -274,11 +278,30 @@ def _validate(config: ml_collections.ConfigDict, where: str) -> None:
         raise ConfigError(f"{where}: {error}") from None
 
 
-def _layout_group(config: ml_collections.ConfigDict) -> tuple[str, int, int]:
-    """What `objectives.layout_for` needs besides the objectives: points agreeing on it share
-    a layout (and, with equal model and train settings, one compiled step)."""
-    model = config.model
-    return architectures.get(model.arch).family, model.vocab_size, model.num_sentinels
+def _layout_group(config: ml_collections.ConfigDict) -> tuple[str, int, int, tuple]:
+    """What `objectives.layout_for` needs besides the objectives (the first three), and a ul2
+    point's mixture (empty for other objectives): points agreeing on it share a layout (and,
+    with equal model and train settings, one compiled step). A layout holds one mixture
+    (`BatchLayout.denoisers`), so each mixture of a grid (e.g. experiments/ul2.py's R, S and
+    X only) gets a layout of its own."""
+    model, objective = config.model, config.objective
+    mixture = tuple(map(tuple, objective.ul2_denoisers)) if objective.name == "ul2" else ()
+    return architectures.get(model.arch).family, model.vocab_size, model.num_sentinels, mixture
+
+
+def _shared_layouts(groups: Mapping[tuple, Sequence[Any]]) -> dict[tuple, objectives.BatchLayout]:
+    """`_layout_group` key -> the layout of its points' objective configs (`layout_for`, which
+    validates each). The layouts of one family and vocabulary (several only where ul2 points
+    differ in their mixture) get the longest raw, inputs and targets lengths of them all, so
+    every point of a family trains on rows of the same size."""
+    layouts = {key: objectives.layout_for(objs, *key[:3]) for key, objs in groups.items()}
+    shared = {}
+    for key, layout in layouts.items():
+        family = [other for other_key, other in layouts.items() if other_key[:3] == key[:3]]
+        shared[key] = dataclasses.replace(
+            layout, **{field: max(getattr(other, field) for other in family)
+                       for field in ("raw_length", "inputs_length", "targets_length")})
+    return shared
 
 
 def _budget_settings(config: ml_collections.ConfigDict,
@@ -386,11 +409,10 @@ def expand(experiment: str, preset: str, overrides: Sequence[str] = ()) -> list[
             seeded.train.seed = seed
             _validate(seeded, f"{experiment} point {row['point']!r}")
             rows.append((row, seeded))
-    # One layout per group of points (layout_for validates every objective config).
     groups: dict[tuple, list] = {}
     for _, config in rows:
         groups.setdefault(_layout_group(config), []).append(config.objective)
-    layouts = {key: objectives.layout_for(objs, *key) for key, objs in groups.items()}
+    layouts = _shared_layouts(groups)
     name = Path(experiment).stem
     points = [
         GridPoint(experiment=name, preset=preset, point=row["point"], row=row["row"],
@@ -433,6 +455,8 @@ def _base_record(point: GridPoint) -> dict[str, Any]:
     raw, inputs, targets = objectives.lengths_for(
         objective.name, objective.inputs_length, objective.noise_density,
         objective.mean_noise_span_length, objective.ul2_denoisers)
+    # The lm objective has no inputs, but an encoder still reads one EOS (as `layout_for` pads).
+    inputs = max(inputs, batch_format.min_inputs_length(point.layout.family))
     columns = accounting.table2_columns(config.model, inputs, targets)
     return {
         "experiment": point.experiment, "preset": point.preset, "point": point.point,
