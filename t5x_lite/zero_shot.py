@@ -69,11 +69,12 @@ def scorable(task_names: Sequence[str], field: str = "tasks") -> tuple[list[str]
     others with a note, as a zero-shot sweep records them `not_applicable`. An unknown task,
     or none with label options, is a one-line `ConfigError` naming `field`."""
     task_list = check_task_names(task_names, field)
-    reasons = [reason for reason in map(not_applicable, task_list) if reason]
+    verdicts = [(task.name, not_applicable(task)) for task in task_list]
+    reasons = [reason for _, reason in verdicts if reason]
     if len(reasons) == len(task_list):
         raise ConfigError(f"{field}={list(task_names)} has no task with label options "
                           f"(Task.label_options) to rank zero-shot: {'; '.join(reasons)}")
-    return [task.name for task in task_list if not not_applicable(task)], reasons
+    return [name for name, reason in verdicts if not reason], reasons
 
 
 class ZeroShotScorer:
