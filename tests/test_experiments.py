@@ -1,4 +1,4 @@
-"""The experiments beyond the T5 tables, experiments/ul2.py and experiments/bart.py: each grid
+"""The experiments beyond the T5 tables, experiments/ul2.py, bart.py and families.py: each grid
 expands at every preset, each point runs the architecture and objective it says (read back
 from the expanded configs), and bad grids stop at expansion. Expansion only, no training."""
 import math
@@ -134,3 +134,36 @@ def test_only_renormalises_one_kind_of_the_default_mixture():
         assert math.isclose(sum(d[3] for d in mixture), 1.0)
     assert only("S") == (("S", 0.25, 1.0, 1.0),)
     assert only("X") == tuple((k, r, s, 0.25) for k, r, s, _ in UL2_DENOISERS[3:])
+
+
+# experiments/families.py: each point's architecture and objective (Wang et al.'s CD:FLM,
+# ND:PLM, ED:PLM and their masked LM, T5's span corruption; encoder_only its masked LM only).
+FAMILY_POINTS = {
+    "encoder_decoder/natural": ("encoder_decoder", "prefix_lm"),
+    "encoder_decoder/span_corruption": ("encoder_decoder", "span_corruption"),
+    "language_model/natural": ("language_model", "lm"),
+    "language_model/span_corruption": ("language_model", "span_corruption"),
+    "prefix_lm/natural": ("prefix_lm", "prefix_lm"),
+    "prefix_lm/span_corruption": ("prefix_lm", "span_corruption"),
+    "encoder_only/natural": ("encoder_only", "bert_style"),
+}
+
+
+@pytest.mark.parametrize("preset", sorted(presets.PRESETS))
+def test_families_expands_at_every_preset_to_one_flop_budget(preset, tmp_path):
+    points = _expand("families", preset, tmp_path)
+    assert {p.point: (p.config.model.arch, p.config.objective.name) for p in points} \
+        == FAMILY_POINTS
+    assert len(points) == len(FAMILY_POINTS) * len(presets.sweep_preset(preset).sweep.seeds)
+    for point in points:
+        assert point.config.sweep.zero_shot is True
+        if point.config.objective.name == "span_corruption":
+            assert (point.config.objective.noise_density,
+                    point.config.objective.mean_noise_span_length) == (0.15, 3.0)
+    budget, = {p.budget for p in points}
+    assert (budget.kind, budget.reference) == ("flops", "encoder_decoder/span_corruption")
+    assert budget.reference_steps == presets.sweep_preset(preset).train.steps
+    for point in points:  # each spends the one budget to within half of its own step
+        per_step = sweep.StepCost.of(point.config, point.layout).flops
+        assert abs(point.config.train.steps * per_step - budget.total) <= per_step / 2
+    assert len({p.config.train.steps for p in points}) == 3  # enc-dec, decoders, encoder-only

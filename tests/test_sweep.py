@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from t5x_lite import launchers, noise_lengths, presets, results, sweep
+from t5x_lite import launchers, noise_lengths, results, sweep
 from t5x_lite.config import ConfigError
 from t5x_lite.data import tasks
 from t5x_lite.preemption import Preempted
@@ -112,41 +112,6 @@ def test_grids_have_the_paper_rows_and_one_layout_per_family(experiment_name):
         paper = {p.point: sweep._base_record(p) for p in points}
         assert paper["encoder_decoder/denoising"]["params_label"] == "2P"
         assert paper["encoder_decoder_half/lm"]["cost_label"] == "M/2"
-
-
-# experiments/families.py: each point's architecture and objective (Wang et al.'s CD:FLM,
-# ND:PLM, ED:PLM and their masked LM, T5's span corruption; encoder_only its masked LM only).
-FAMILY_POINTS = {
-    "encoder_decoder/natural": ("encoder_decoder", "prefix_lm"),
-    "encoder_decoder/span_corruption": ("encoder_decoder", "span_corruption"),
-    "language_model/natural": ("language_model", "lm"),
-    "language_model/span_corruption": ("language_model", "span_corruption"),
-    "prefix_lm/natural": ("prefix_lm", "prefix_lm"),
-    "prefix_lm/span_corruption": ("prefix_lm", "span_corruption"),
-    "encoder_only/natural": ("encoder_only", "bert_style"),
-}
-
-
-@pytest.mark.parametrize("preset", sorted(presets.PRESETS))
-def test_families_expands_at_every_preset_to_one_flop_budget(preset, shared_data):
-    if preset in ("small", "cpu"):
-        shared_data("pretrain")  # expansion checks that the corpus is there
-    points = sweep.expand("families", preset)
-    assert {p.point: (p.config.model.arch, p.config.objective.name) for p in points} \
-        == FAMILY_POINTS
-    assert len(points) == len(FAMILY_POINTS) * len(presets.sweep_preset(preset).sweep.seeds)
-    for point in points:
-        assert point.config.sweep.zero_shot is True
-        if point.config.objective.name == "span_corruption":
-            assert (point.config.objective.noise_density,
-                    point.config.objective.mean_noise_span_length) == (0.15, 3.0)
-    budget, = {p.budget for p in points}
-    assert (budget.kind, budget.reference) == ("flops", "encoder_decoder/span_corruption")
-    assert budget.reference_steps == presets.sweep_preset(preset).train.steps
-    for point in points:  # each spends the one budget to within half of its own step
-        per_step = sweep.StepCost.of(point.config, point.layout).flops
-        assert abs(point.config.train.steps * per_step - budget.total) <= per_step / 2
-    assert len({p.config.train.steps for p in points}) == 3  # enc-dec, decoders, encoder-only
 
 
 @pytest.mark.parametrize("preset, sentinels", [("demo", 100), ("tiny", 100), ("paper", 181)])
