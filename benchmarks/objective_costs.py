@@ -2,14 +2,16 @@
 
     python benchmarks/objective_costs.py [--preset tiny] [--steps 10] [--objectives a,b,...]
 
-For every objective an encoder-decoder can pre-train on (`config.OBJECTIVES`), builds the
-preset's train step with that objective (its layout compiles only that objective's branch,
-`objectives.BatchLayout.objectives`) and the objective's corruption jitted alone, and times
-the two in turns (`bench.median_seconds`). Prints one JSON object: per objective the step and
-corruption medians (ms), the corruption's share of the step (issue #17's bound: < 5 %), and the
-step's compile time. The objectives' own settings are the preset's (density, span length);
-`objective.targets_length` is None, so each objective's targets are as long as it needs (the
-preset's padding fits span corruption's targets only).
+For every pre-training objective (`config.OBJECTIVES`), builds the preset's train step with
+that objective (its layout compiles only that objective's branch,
+`objectives.BatchLayout.objectives`), on the preset's architecture where that trains the
+objective and else on the first one that does (GLM's `blank_infilling`: `prefix_lm`), and the
+objective's corruption jitted alone, and times the two in turns (`bench.median_seconds`).
+Prints one JSON object: per objective the architecture, the step and corruption medians (ms),
+the corruption's share of the step (issue #17's bound: < 5 %), and the step's compile time.
+The objectives' own settings are the preset's (density, span length); `objective.targets_length`
+is None, so each objective's targets are as long as it needs (the preset's padding fits span
+corruption's targets only).
 """
 from __future__ import annotations
 
@@ -17,25 +19,30 @@ import argparse
 import json
 import sys
 
-from t5x_lite import bench, presets
+from t5x_lite import architectures, bench, presets
 from t5x_lite.config import OBJECTIVES, parse_overrides, apply_overrides
 
 
 def objective_costs(preset: str = "tiny", steps: int = 10, warmup: int = 2,
                     names: tuple[str, ...] = OBJECTIVES,
                     overrides: tuple[str, ...] = ()) -> dict[str, dict[str, float]]:
-    """{objective: {"step_ms", "corruption_ms", "corruption_share_of_step", "compile_s"}}."""
+    """{objective: {"arch", "step_ms", "corruption_ms", "corruption_share_of_step",
+    "compile_s"}}."""
     results = {}
     for name in names:
         config = presets.get_preset(preset)
-        apply_overrides(config, parse_overrides(config, [f"objective.name={name}", "objective.targets_length=None", *overrides]))
+        apply_overrides(config, parse_overrides(config, overrides))
+        trains_it = architectures.names(objective=name)
+        arch = config.model.arch if config.model.arch in trains_it else trains_it[0]
+        apply_overrides(config, parse_overrides(config, [
+            f"model.arch={arch}", f"objective.name={name}", "objective.targets_length=None"]))
         step, info = bench.jax_train_step(config)
         step_s, corrupt_s = bench.median_seconds(step, bench.corruption_only(config),
                                                  steps=steps, warmup=warmup)
-        results[name] = {"step_ms": step_s * 1e3, "corruption_ms": corrupt_s * 1e3,
+        results[name] = {"arch": arch, "step_ms": step_s * 1e3, "corruption_ms": corrupt_s * 1e3,
                          "corruption_share_of_step": corrupt_s / step_s,
                          "compile_s": info["compile_s"]}
-        print(f"{name}: step {step_s * 1e3:.0f} ms, corruption {corrupt_s * 1e3:.2f} ms "
+        print(f"{name} ({arch}): step {step_s * 1e3:.0f} ms, corruption {corrupt_s * 1e3:.2f} ms "
               f"({100 * corrupt_s / step_s:.2f} %)", file=sys.stderr, flush=True)
     return results
 
