@@ -1,9 +1,11 @@
 """Pre-training throughput of K grid points vmapped in one step vs the same K stepped one by one.
 
     python benchmarks/vmap_throughput.py [--experiment table6] [--preset demo] [--steps 20]
+        [--points K] [--override field=value ...]
 
-Takes the experiment's first chunk of points that can share a vmapped step (`sweep.vmap_chunks`,
-e.g. Table 6's four corruption rates), builds both the shared single-point step and the
+Takes the experiment's largest chunk of points that can share a vmapped step
+(`sweep.vmap_chunks`, e.g. Table 6's four corruption rates; with `sweep.seeds=(0, 1)` its
+eight runs), or its first K points with `--points K`, builds both the shared single-point step and the
 vmapped step of the chunk, and times, in turns, one update of every point each way on random
 real-token batches (the step's cost does not depend on the token values; the input pipeline
 is left out). Prints one JSON object: K, the medians per update of all K points, and the
@@ -36,9 +38,17 @@ def _median_seconds(fn: Callable[[], Any], steps: int, warmup: int) -> float:
 
 
 def vmap_benchmark(experiment: str = "table6", preset: str = "demo", steps: int = 20,
-                   warmup: int = 2) -> dict[str, Any]:
-    """Seconds per update of the chunk's K points, sequential and vmapped, and tokens/s."""
-    chunk = max(sweep.vmap_chunks(sweep.expand(experiment, preset), size=1 << 30), key=len)
+                   warmup: int = 2, points: int | None = None,
+                   overrides: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Seconds per update of the chunk's K points (all of it, or its first `points`),
+    sequential and vmapped, and tokens/s. `overrides`: 'field=value' strings, as a sweep's."""
+    chunk = max(sweep.vmap_chunks(sweep.expand(experiment, preset, overrides), size=1 << 30),
+                key=len)
+    if points is not None:
+        if not 1 <= points <= len(chunk):
+            raise ValueError(f"points={points} must be in [1, {len(chunk)}]: {experiment} at "
+                             f"{preset} has {len(chunk)} points that share one vmapped step")
+        chunk = chunk[:points]
     configs, layout = [p.config for p in chunk], chunk[0].layout
     mesh = partitioning.make_mesh(configs[0].mesh)
     raw = bench.random_raw_tokens(configs[0], layout.raw_length)
@@ -86,8 +96,14 @@ def main() -> None:
     parser.add_argument("--experiment", default="table6")
     parser.add_argument("--preset", default="demo")
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--points", type=int, default=None,
+                        help="K: time the chunk's first K points (default: all of it)")
+    parser.add_argument("--override", action="append", default=[],
+                        help="a 'field=value' sweep override, e.g. sweep.seeds='(0, 1)'")
     args = parser.parse_args()
-    print(json.dumps(vmap_benchmark(args.experiment, args.preset, args.steps), indent=2))
+    print(json.dumps(vmap_benchmark(args.experiment, args.preset, args.steps,
+                                    points=args.points, overrides=tuple(args.override)),
+                     indent=2))
 
 
 if __name__ == "__main__":
