@@ -15,7 +15,11 @@ from xla_env import with_device_count
 # flags are added (xla_env.py says why).
 DEVICE_COUNT = 8
 os.environ["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", ""), DEVICE_COUNT)
-os.environ["JAX_PLATFORMS"] = "cpu"
+# T5X_LITE_TEST_ON_ACCELERATOR=1 leaves JAX_PLATFORMS as it is, so that a test file can run on
+# the machine's accelerator (benchmarks/accelerator_check.py runs the objectives' and decoding
+# tests there); tests that build 8-device meshes need the simulated CPU devices and fail there.
+if os.environ.get("T5X_LITE_TEST_ON_ACCELERATOR") != "1":
+    os.environ["JAX_PLATFORMS"] = "cpu"
 # One persistent compilation cache for the session (xla_env.py): made here by the first process
 # (pytest itself, before xdist starts its workers, which inherit the variable), removed by it.
 _OWN_CACHE = None

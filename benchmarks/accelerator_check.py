@@ -1,0 +1,355 @@
+"""Issue #19's check on an accelerator: one script, one JSON summary, under 8 minutes on one H200.
+
+    python benchmarks/accelerator_check.py [--out FILE] [--budget_s 480] [--parts a,b] [--toy]
+
+Every part runs in a child process of its own, under a time limit: the part's own cap, or
+what is left of `--budget_s`, whichever is less. A part that fails, runs out of time or finds
+no time left is recorded as such (with the end of its output) and the next part still runs;
+the summary is rewritten after every part, so a run killed from outside keeps what finished.
+The parts (named `group/variant`; `PRIORITY` orders them: the two targets' measurements
+first, then each item once, then the other variants, the demo last):
+
+  paper/*          `t5x-lite bench --preset paper --config.model.dtype=bfloat16` (T5-base,
+                   batch 128 x 512 / 114): step time, tokens/s, MFU against the device's dense
+                   bf16 peak (`accounting.PEAKS`), compile time, peak device memory; plain,
+                   `model.scan_layers`, `model.remat`, and both (item 1);
+  small/*          the same at the `small` preset (item 2);
+  attention/*      cuDNN attention (`attention_impl=cudnn`) against the XLA kernel: the two
+                   kernels' outputs on one bf16 batch with T5's mask and bias (agreeing within
+                   `ATTENTION_TOLERANCE`), forward + backward time of each, and the small
+                   preset's train step with each (item 3);
+  vmap/PRESET/K    `benchmarks/vmap_throughput.py` on Table 6 (its four corruption rates x two
+                   seeds) at the `small` and `tiny` presets: K = 1, 2, 4, 8 points in one
+                   vmapped step against the same K stepped one by one (item 4);
+  tests            tests/test_objectives.py and tests/test_decoding.py on the accelerator
+                   (`T5X_LITE_TEST_ON_ACCELERATOR=1`: float32 noise counts there; item 5);
+  demo             `t5x-lite demo` wall time from an empty workdir (item 6).
+
+Parts the budget leaves out are "skipped"; `--parts demo` (names or prefixes) runs them in a
+later run. `targets` in the summary compares the results with the issue's targets (bf16 MFU
+at T5-base >= 40 %, four small points vmapped >= 2x their sequential throughput).
+
+On the lent H200 (its image has JAX, Flax, optax and orbax but not TFDS or ml_collections):
+`bash benchmarks/accelerator_wheels.sh` here first, then one call of the device tool with
+carry [".whl"] and the command
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit;
+    PYTHONUNBUFFERED=1 python3 benchmarks/accelerator_check.py 2>&1 | tee $OUT/log.txt
+
+whose summary comes back as $OUT/accelerator_check.json. `--toy` shrinks every part to CPU
+sizes (tiny and demo models, batch 2, a few steps; einsum attention stands in for cuDNN),
+which checks the script itself on a machine without an accelerator.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+BF16 = "model.dtype=bfloat16"
+# (name, settings) of the compute variants item 1 asks for, plain first.
+VARIANTS = (("plain", ()), ("scan_layers", ("model.scan_layers=True",)),
+            ("remat", ("model.remat=True",)),
+            ("scan_layers+remat", ("model.scan_layers=True", "model.remat=True")))
+TARGET_MFU = 0.40  # issue #19: bf16 MFU at T5-base on the H200
+TARGET_VMAP_SPEEDUP = 2.0  # issue #19: 4 small points vmapped vs one after another
+# Two bf16 kernels agree when their outputs differ by at most this share of the largest |output|:
+# a few bf16 roundings (2^-8 each) through the softmax; the einsum and XLA paths differ by 1.7 %
+# on CPU, where one takes the softmax in float32 and the other in bf16.
+ATTENTION_TOLERANCE = 0.03
+
+
+# ---------------------------------------------------------------------------------------------
+# What each child process runs (`--child KIND JSON`); each prints one JSON line, its result.
+
+def _peak_memory_gib() -> float | None:
+    """The first local device's peak bytes in use so far (None where JAX keeps no stats: CPU)."""
+    import jax
+
+    stats = jax.local_devices()[0].memory_stats() or {}
+    peak = stats.get("peak_bytes_in_use")
+    return None if peak is None else peak / 2**30
+
+
+def child_bench(preset: str, overrides: list[str], steps: int) -> dict[str, Any]:
+    """`bench.run_benchmarks` of the preset with overrides; its figures and the peak memory."""
+    from t5x_lite import bench, presets
+    from t5x_lite.config import apply_overrides, parse_overrides
+
+    config = presets.get_preset(preset)
+    apply_overrides(config, parse_overrides(config, overrides))
+    result = bench.run_benchmarks(config, steps=steps, warmup=2)
+    kept = ("step_ms", "tokens_per_second", "tflops_per_second", "peak_tflops_per_second",
+            "mfu", "peak_source", "compile_s", "first_call_s", "devices", "layout",
+            "corruption_ms", "corruption_share_of_step")
+    return {"preset": preset, "overrides": overrides, "batch_size": config.train.batch_size,
+            **{key: result[key] for key in kept}, "peak_memory_gib": _peak_memory_gib()}
+
+
+def child_attention(implementations: list[str], shape: dict[str, int], steps: int) -> dict[str, Any]:
+    """`attention.dot_product_attention` with each implementation on one bf16 batch shaped as
+    T5's encoder self-attention (padding mask, relative position bias [1, H, L, L]): the
+    largest difference of each output from the first implementation's, relative to the
+    largest |output|, and the median forward + backward time (gradients of q, k, v, bias)."""
+    import jax
+    import jax.numpy as jnp
+
+    from t5x_lite import attention
+    from t5x_lite.bench import median_seconds
+
+    b, length, heads, d = shape["batch"], shape["length"], shape["heads"], shape["head_dim"]
+    keys = jax.random.split(jax.random.key(0), 4)
+    q, k, v = (jax.random.normal(key, (b, length, heads, d), jnp.bfloat16) for key in keys[:3])
+    bias = jax.random.normal(keys[3], (1, heads, length, length), jnp.bfloat16)
+    valid = jnp.arange(length)[None, :] < jnp.array([length, length * 3 // 4] * (b // 2))[:, None]
+    mask = attention.padding_mask(valid, valid)
+    results, outputs = {}, {}
+    for impl in implementations:
+        forward = jax.jit(lambda q, k, v, bias, impl=impl: attention.dot_product_attention(
+            q, k, v, mask, bias, implementation=impl))
+        grads = jax.jit(jax.grad(lambda q, k, v, bias, impl=impl: attention.dot_product_attention(
+            q, k, v, mask, bias, implementation=impl).astype(jnp.float32).sum(), argnums=(0, 1, 2, 3)))
+        try:
+            outputs[impl] = forward(q, k, v, bias).astype(jnp.float32)
+            (seconds,) = median_seconds(lambda: grads(q, k, v, bias), steps=steps, warmup=2)
+        except Exception as error:  # an unsupported kernel is a result: recorded, not raised
+            results[impl] = {"error": f"{type(error).__name__}: {error}"[:2000]}
+            continue
+        results[impl] = {"forward_backward_ms": seconds * 1e3}
+    reference = next(iter(outputs.values()), None)
+    for impl, out in outputs.items():
+        scale = float(jnp.abs(reference).max())
+        difference = float(jnp.abs(out - reference).max()) / scale
+        results[impl].update(max_rel_difference=difference,
+                             within_tolerance=difference <= ATTENTION_TOLERANCE)
+    return {"shape": shape, "dtype": "bfloat16", "tolerance": ATTENTION_TOLERANCE,
+            "reference": next(iter(outputs), None),
+            "devices": str(jax.devices()[0].device_kind), "implementations": results}
+
+
+def child_vmap(preset: str, points: int, steps: int, overrides: list[str]) -> dict[str, Any]:
+    """`vmap_throughput.vmap_benchmark` of Table 6's first `points` runs (its four corruption
+    rates x two seeds, so up to 8 share one vmapped step)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from vmap_throughput import vmap_benchmark
+
+    result = vmap_benchmark("table6", preset, steps=steps, warmup=2, points=points,
+                            overrides=("sweep.seeds=(0, 1)", *overrides))
+    return {"preset": preset, **{key: result[key] for key in (
+        "K", "points", "devices", "sequential_s_per_update", "vmapped_s_per_update",
+        "sequential_tokens_per_s", "vmapped_tokens_per_s", "speedup", "compile_s")}}
+
+
+CHILDREN = {"bench": child_bench, "attention": child_attention, "vmap": child_vmap}
+
+
+# ---------------------------------------------------------------------------------------------
+# The parent: the parts, their limits, the summary.
+
+def _tail(text: str, chars: int = 3000) -> str:
+    return text[-chars:]
+
+
+def run_command(command: list[str], limit_s: float, env: dict[str, str] | None = None
+                ) -> dict[str, Any]:
+    """Run `command` in a process group of its own for at most `limit_s` seconds (then the
+    whole group is killed); its status ("ok" / "failed" / "timed_out"), wall time and output."""
+    start = time.perf_counter()
+    process = subprocess.Popen(command, cwd=ROOT, env={**os.environ, **(env or {})},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=limit_s)
+        status = "ok" if process.returncode == 0 else "failed"
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        status = "timed_out"
+    return {"status": status, "returncode": process.returncode,
+            "wall_s": round(time.perf_counter() - start, 1), "stdout": stdout, "stderr": stderr}
+
+
+def run_child(kind: str, arguments: dict[str, Any], limit_s: float) -> dict[str, Any]:
+    """One `CHILDREN[kind](**arguments)` in a child process: its entry for the summary."""
+    ran = run_command([sys.executable, __file__, "--child", kind, json.dumps(arguments)], limit_s)
+    entry = {"status": ran["status"], "wall_s": ran["wall_s"]}
+    if ran["status"] == "ok":
+        entry["result"] = json.loads(ran["stdout"].strip().splitlines()[-1])
+    else:
+        entry["output_tail"] = _tail(ran["stdout"] + ran["stderr"])
+    return entry
+
+
+def run_tests(limit_s: float) -> dict[str, Any]:
+    """Item 5: the objectives' and decoding tests on the accelerator (one process, no xdist:
+    one GPU), and the backend they ran on, read in the same environment."""
+    env = {"T5X_LITE_TEST_ON_ACCELERATOR": "1", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    backend = run_command([sys.executable, "-c", "import jax; print(jax.default_backend())"],
+                          60, env)
+    files = ["tests/test_objectives.py", "tests/test_decoding.py"]
+    ran = run_command([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
+                       *files], limit_s, env)
+    lines = ran["stdout"].strip().splitlines()
+    return {"status": ran["status"], "wall_s": ran["wall_s"], "files": files,
+            "backend": backend["stdout"].strip(), "summary": lines[-1] if lines else "",
+            **({} if ran["status"] == "ok" else {"output_tail": _tail(ran["stdout"] + ran["stderr"])})}
+
+
+def run_demo(limit_s: float, toy: bool) -> dict[str, Any]:
+    """Item 6: `t5x-lite demo` from an empty workdir; its wall time and the records it wrote."""
+    with tempfile.TemporaryDirectory(prefix="t5x_lite_demo_") as workdir:
+        toy_steps = ["--config.train.steps=4", "--config.train.warmup_steps=2",
+                     "--config.finetune.steps=2"] if toy else []
+        ran = run_command([sys.executable, "-m", "t5x_lite.cli", "demo", "--workdir", workdir,
+                           *toy_steps], limit_s)
+        records = len(list(Path(workdir).glob("points/**/records/*.json")))
+    entry = {"status": ran["status"], "wall_s": ran["wall_s"], "records": records,
+             "toy_overrides": toy_steps}
+    if ran["status"] != "ok":
+        entry["output_tail"] = _tail(ran["stdout"] + ran["stderr"])
+    return entry
+
+
+def plan(toy: bool) -> list[tuple[str, Any]]:
+    """(part name, a function of the time limit returning its entry), in the order they run."""
+    sizes = {"paper": ("tiny", ["train.batch_size=2"]), "small": ("demo", ["train.batch_size=2"])}
+    if not toy:
+        sizes = {"paper": ("paper", []), "small": ("small", [])}
+    steps = 3 if toy else 10
+    parts = []
+    for part, (preset, extra) in sizes.items():
+        for name, variant in VARIANTS:
+            arguments = {"preset": preset, "overrides": [BF16, *extra, *variant], "steps": steps}
+            parts.append((f"{part}/{name}", lambda limit, a=arguments: run_child("bench", a, limit)))
+    kernels = ["xla", "einsum"] if toy else ["xla", "cudnn"]
+    shape = (dict(batch=2, length=64, heads=2, head_dim=16) if toy
+             else dict(batch=32, length=512, heads=12, head_dim=64))
+    parts.append(("attention/kernels", lambda limit: run_child(
+        "attention", {"implementations": kernels, "shape": shape, "steps": steps}, limit)))
+    for impl in kernels:
+        arguments = {"preset": sizes["small"][0], "steps": steps,
+                     "overrides": [BF16, *sizes["small"][1], f"model.attention_impl={impl}"]}
+        parts.append((f"attention/small_step_{impl}",
+                      lambda limit, a=arguments: run_child("bench", a, limit)))
+    for preset in ["demo"] if toy else ["small", "tiny"]:
+        for k in [1, 2] if toy else [1, 2, 4, 8]:
+            arguments = {"preset": preset, "points": k, "steps": 2 if toy else 10,
+                         "overrides": ["train.batch_size=2"] if toy else []}
+            parts.append((f"vmap/{preset}/{k}",
+                          lambda limit, a=arguments: run_child("vmap", a, limit)))
+    parts.append(("tests", run_tests))
+    parts.append(("demo", lambda limit: run_demo(limit, toy)))
+    return parts
+
+
+# Each part's own cap (seconds) on one H200; a part gets less when the budget has less left.
+CAPS = {"paper": 110, "small": 45, "attention": 45, "vmap": 60, "tests": 150, "demo": 240}
+# Parts by priority: the two targets' measurements first, then every item once, then the
+# other variants; the demo, longest, last (`--parts demo` runs it alone).
+PRIORITY = (
+    "paper/plain", "vmap/small/4", "attention/kernels", "paper/scan_layers", "tests",
+    "small/plain", "attention/small_step_xla", "attention/small_step_cudnn",
+    "attention/small_step_einsum", "vmap/small/1", "vmap/small/2", "vmap/small/8",
+    "paper/scan_layers+remat", "paper/remat", "small/scan_layers", "small/remat",
+    "small/scan_layers+remat", "vmap/tiny/1", "vmap/tiny/2", "vmap/tiny/4", "vmap/tiny/8",
+    "vmap/demo/1", "vmap/demo/2", "demo")
+
+
+def targets(parts: dict[str, Any]) -> dict[str, Any]:
+    """The issue's targets against what was measured (None where the part has no result)."""
+    def result(name: str) -> dict[str, Any] | None:
+        entry = parts.get(name, {})
+        return entry.get("result") if entry.get("status") == "ok" else None
+
+    mfus = {name: result(name)["mfu"] for name in parts
+            if name.startswith("paper/") and result(name) and result(name)["mfu"] is not None}
+    best_mfu = max(mfus.values(), default=None)
+    speedup = (result("vmap/small/4") or {}).get("speedup")
+    return {
+        "paper_bf16_mfu": {"target": TARGET_MFU, "best": best_mfu, "by_variant": mfus,
+                           "met": None if best_mfu is None else best_mfu >= TARGET_MFU},
+        "vmap_small_K4_speedup": {"target": TARGET_VMAP_SPEEDUP, "measured": speedup,
+                                  "met": None if speedup is None else speedup >= TARGET_VMAP_SPEEDUP},
+    }
+
+
+def select(names: Sequence[str], wanted: str | None) -> list[str]:
+    """`names` in `PRIORITY` order, only those `wanted` names ('paper' or 'paper/plain', comma
+    separated; None: all)."""
+    def chosen(name: str) -> bool:
+        return wanted is None or any(name == w or name.startswith(w.rstrip("/") + "/")
+                                     for w in wanted.split(","))
+
+    return [name for name in PRIORITY if name in names and chosen(name)]
+
+
+def run_parts(parts: Mapping[str, Callable[[float], dict[str, Any]]], names: Sequence[str],
+              budget_s: float, caps: Mapping[str, float], out: Path | None,
+              summary: dict[str, Any]) -> dict[str, Any]:
+    """Run `parts[name](limit)` for each of `names` in turn, each limited to its cap (`caps`, by
+    the name's first component) or what is left of `budget_s`; a part with under 10 s left is
+    "skipped". `summary["parts"]` and `summary["targets"]` are updated, and the summary written
+    to `out`, after every part."""
+    deadline = time.monotonic() + budget_s
+    summary["parts"] = {}
+    for name in names:
+        left = deadline - time.monotonic()
+        limit = min(caps[name.split("/")[0]], left)
+        if limit < 10:
+            summary["parts"][name] = {"status": "skipped", "why": f"{left:.0f} s of the budget left"}
+        else:
+            print(f"[accelerator_check] {name} (at most {limit:.0f} s)", file=sys.stderr, flush=True)
+            summary["parts"][name] = parts[name](limit)
+            print(f"[accelerator_check] {name}: {summary['parts'][name]['status']} in "
+                  f"{summary['parts'][name].get('wall_s')} s", file=sys.stderr, flush=True)
+        summary["targets"] = targets(summary["parts"])
+        summary["wall_s"] = round(budget_s - (deadline - time.monotonic()), 1)
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None, help="the summary's JSON file (default: "
+                        "$OUT/accelerator_check.json where $OUT is set, else stdout only)")
+    parser.add_argument("--budget_s", type=float, default=480.0,
+                        help="wall-clock seconds for all parts together (default: 480)")
+    parser.add_argument("--parts", default=None, help="comma-separated part names or prefixes "
+                        "(e.g. paper,vmap/small); default: all")
+    parser.add_argument("--toy", action="store_true", help="CPU sizes, to check the script")
+    parser.add_argument("--child", nargs=2, metavar=("KIND", "JSON"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        kind, arguments = args.child
+        print(json.dumps(CHILDREN[kind](**json.loads(arguments))), flush=True)
+        return
+    parts = dict(plan(args.toy))
+    names = select(list(parts), args.parts)
+    if not names:
+        parser.error(f"--parts={args.parts!r} names no part; the parts are {', '.join(parts)}")
+    out = Path(args.out) if args.out else (Path(os.environ["OUT"]) / "accelerator_check.json"
+                                           if os.environ.get("OUT") else None)
+    environment = run_command([sys.executable, "-c", (
+        "import jax, json, flax; print(json.dumps({'jax': jax.__version__, 'flax': flax.__version__,"
+        " 'backend': jax.default_backend(), 'devices': [d.device_kind for d in jax.devices()]}))")],
+        120)
+    summary = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "toy": args.toy,
+               "budget_s": args.budget_s, "environment": environment["stdout"].strip()
+               or _tail(environment["stderr"])}
+    caps = {part: cap * (4 if args.toy else 1) for part, cap in CAPS.items()}
+    print(json.dumps(run_parts(parts, names, args.budget_s, caps, out, summary), indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""benchmarks/accelerator_check.py's own logic (issue #19's one-run device check): every part
+it plans runs, in priority order, within the budget; a part out of time is skipped and the
+summary is on disk after every part; the targets read the parts' results. No JAX: the parts
+here are stand-ins (the script's real parts were run at toy size on CPU, see its --toy)."""
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "accelerator_check.py"
+
+
+@pytest.fixture(scope="module")
+def check():
+    spec = importlib.util.spec_from_file_location("accelerator_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("toy", [False, True])
+def test_every_planned_part_has_a_priority_and_a_cap(check, toy):
+    names = [name for name, _ in check.plan(toy)]
+    assert len(names) == len(set(names))
+    assert set(names) <= set(check.PRIORITY), set(names) - set(check.PRIORITY)
+    assert {name.split("/")[0] for name in names} <= set(check.CAPS)
+    # Every item of the issue is planned: bench at both presets, attention, vmap, tests, demo.
+    assert {name.split("/")[0] for name in names} == {"paper", "small", "attention", "vmap",
+                                                      "tests", "demo"}
+    assert check.select(names, None) == [n for n in check.PRIORITY if n in names]
+
+
+def test_select_takes_names_and_prefixes_in_priority_order(check):
+    names = [name for name, _ in check.plan(False)]
+    assert check.select(names, "paper") == [n for n in check.PRIORITY if n.startswith("paper/")]
+    assert check.select(names, "demo,paper/plain") == ["paper/plain", "demo"]
+    assert check.select(names, "vmap/small") == [
+        "vmap/small/4", "vmap/small/1", "vmap/small/2", "vmap/small/8"]
+    assert check.select(names, "pap") == []
+
+
+def test_parts_run_in_turn_until_the_budget_is_spent(check, tmp_path, monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(check.time, "monotonic", lambda: clock[0])
+    written, limits = [], {}
+
+    def part(name, seconds, status="ok", result=None):
+        def run(limit):
+            limits[name] = limit
+            clock[0] += seconds
+            written.append(json.loads((tmp_path / "s.json").read_text())["parts"]
+                           if (tmp_path / "s.json").exists() else {})
+            return {"status": status, "wall_s": seconds, **({"result": result} if result else {})}
+        return run
+
+    parts = {"paper/plain": part("paper/plain", 50, result={"mfu": 0.43}),
+             "vmap/small/4": part("vmap/small/4", 30, status="failed"),
+             "tests": part("tests", 5), "demo": part("demo", 1)}
+    caps = {"paper": 60, "vmap": 100, "tests": 100, "demo": 100}
+    summary = check.run_parts(parts, list(parts), 88, caps, tmp_path / "s.json", {"toy": False})
+    # Each part is limited by its cap or by what is left: 60 (cap), 38, then 8 s (< 10: skipped).
+    assert limits == {"paper/plain": 60, "vmap/small/4": 38}
+    assert [summary["parts"][n]["status"] for n in parts] == ["ok", "failed", "skipped", "skipped"]
+    # The summary on disk held every finished part before the next one ran.
+    assert written == [{}, {"paper/plain": summary["parts"]["paper/plain"]}]
+    assert json.loads((tmp_path / "s.json").read_text()) == summary
+    assert summary["targets"]["paper_bf16_mfu"] == {
+        "target": 0.40, "best": 0.43, "by_variant": {"paper/plain": 0.43}, "met": True}
+    assert summary["targets"]["vmap_small_K4_speedup"]["met"] is None  # the part failed
+
+
+def test_targets_compare_the_best_variant_and_the_K4_speedup(check):
+    ok = lambda result: {"status": "ok", "result": result}  # noqa: E731
+    parts = {"paper/plain": ok({"mfu": 0.31}), "paper/scan_layers": ok({"mfu": 0.36}),
+             "paper/remat": {"status": "timed_out"}, "small/plain": ok({"mfu": 0.9}),
+             "vmap/small/1": ok({"speedup": 1.0}), "vmap/small/4": ok({"speedup": 1.7})}
+    found = check.targets(parts)
+    assert found["paper_bf16_mfu"]["best"] == 0.36 and found["paper_bf16_mfu"]["met"] is False
+    assert found["vmap_small_K4_speedup"] == {"target": 2.0, "measured": 1.7, "met": False}
+
+
+def test_a_command_past_its_limit_is_killed_with_its_children(check):
+    ran = check.run_command([sys.executable, "-c", (
+        "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+        "'import time; time.sleep(60)']); print('started', flush=True); time.sleep(60)")], 2)
+    assert ran["status"] == "timed_out" and ran["wall_s"] < 20
+    assert "started" in ran["stdout"]
