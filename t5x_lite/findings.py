@@ -4,11 +4,11 @@
 section it comes from, as a `Finding`: one or more predicates over the table's cells (rows as
 `experiments/table*.py` label them; Table 2's by (row, objective)), the columns they are judged
 in and how many of those must agree. `evaluate(experiment, scores)` judges them on `Scores`
-(ours: `report.findings_of` builds them from the report's table; the paper's: `paper_scores`).
+(ours: `report_table.findings_of` builds them from the report's table; the paper's: `paper_scores`).
 
 How a comparison is judged: two scores are told apart when they differ by more than 2 sigma,
-twice the spread over seeds of the column (`report.pooled_std`, the spread the bold rule uses;
-for the row average, the root mean square of the columns' spreads, at least the average's own
+twice the spread over seeds of the column (`report_table.pooled_std`, the spread the bold rule
+uses; for the row average, the root mean square of the columns' spreads, at least the average's own
 spread whatever the correlation between columns). A smaller difference "cannot separate" them.
 With one seed there is no spread to judge by: sigma is 0, so each difference is judged by its
 sign, and the verdict says so. The predicates:

@@ -1,7 +1,7 @@
 """`WORKDIR/results.jsonl`, a sweep's records: its name, its one writer and its one reader.
 
 One JSON record per line, one line per (grid point, seed, task), written by `t5x_lite.sweep`
-and read by it (to skip finished points on a re-run) and by `t5x_lite.report`.
+and read by it (to skip finished points on a re-run) and by `t5x_lite.report_table`.
 
     path = results_path("runs/table2")
     ResultsFile("runs/table2").append(record)   # process 0 only

@@ -24,7 +24,8 @@ import pytest
 from flax import nnx
 
 from t5x_lite import (batch_format, decoding, evaluation, finetune, layers, objectives,
-                      partitioning, preview, report, sweep, train, train_step)
+                      partitioning, preview, report_render, report_table, sweep, train,
+                      train_step)
 from t5x_lite.config import EOS_ID, PAD_ID, ConfigError, model_config
 from t5x_lite.data import pipeline, tasks
 from t5x_lite.data.pipeline import pack_examples, pad_examples
@@ -332,10 +333,10 @@ def test_a_generation_task_is_refused_for_a_run_and_na_in_a_sweep(pretrained, tm
         "not_applicable", {}, "wmt_ende")
     assert "not applicable" in record["error"]
     assert not (point.directory(tmp_path) / "finetune").exists()
-    assert report._problem(record) is None
-    cell = report._cell("BLEU", ("wmt_ende",), [record], None)
+    assert report_table._problem(record) is None
+    cell = report_table._cell("BLEU", ("wmt_ende",), [record], None)
     assert cell.status == "n/a" and cell.mean is None
-    assert report._cell_text(cell, str) == "n/a"
+    assert report_render._cell_text(cell, str) == "n/a"
 
 
 # --- (f) bad objective; preview ---------------------------------------------------------------

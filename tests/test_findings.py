@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from t5x_lite import findings, paper_results, report, sweep
+from t5x_lite import findings, paper_results, report_table, sweep
 from t5x_lite.findings import (AVERAGE, CANNOT_SEPARATE, CONTRADICTS, FINDINGS, MOST, NOT_RUN,
                                SOME, SUPPORTS, Best, Better, Finding, Scores, Similar, Worst)
 
@@ -53,15 +53,15 @@ def _table_of_the_papers_numbers(name):
     baseline's spread over its 10 runs."""
     paper = paper_results.PAPER_TABLES[name]
     columns = paper_results.COLUMNS
-    rows = tuple(report.Row(row.row, row.objective, "", "", {
-        c: report.Cell("ok", row.scores[c], paper_results.BASELINE_STD[c], 10, row.scores[c])
+    rows = tuple(report_table.Row(row.row, row.objective, "", "", {
+        c: report_table.Cell("ok", row.scores[c], paper_results.BASELINE_STD[c], 10, row.scores[c])
         for c in columns}, row) for row in paper.rows)
-    return report.Table(name, "paper", paper, {c: (c,) for c in columns}, rows, {}, ())
+    return report_table.Table(name, "paper", paper, {c: (c,) for c in columns}, rows, {}, ())
 
 
 @pytest.mark.parametrize("name", sorted(paper_results.PAPER_TABLES))
 def test_a_report_table_of_the_papers_numbers_supports_every_finding(name):
-    pairs = report.findings_of(_table_of_the_papers_numbers(name))
+    pairs = report_table.findings_of(_table_of_the_papers_numbers(name))
     assert len(pairs) == sum(f.experiment == name for f in FINDINGS)
     for ours, paper in pairs:
         assert ours.verdict == paper.verdict == SUPPORTS

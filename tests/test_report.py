@@ -11,10 +11,10 @@ import sys
 import pytest
 import scipy.stats
 
-from t5x_lite import accounting, paper_results, report, sweep
+from t5x_lite import accounting, paper_results, report, report_render, report_table, sweep
 from t5x_lite.architectures import names as architecture_names
 from t5x_lite.config import ConfigError, model_config
-from t5x_lite.report import Cell
+from t5x_lite.report_table import Cell
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 
@@ -138,17 +138,17 @@ def test_an_experiment_of_ones_own_has_no_paper_rows_to_match(tmp_path):
 
 def test_bolding_rule_within_two_standard_deviations():
     # best 10, 2 x 0.6 = 1.2: 9 is within, 8.5 is not; a missing score is never bold.
-    assert report.bold_flags([10.0, 9.0, 8.5, None], std=0.6) == [True, True, False, False]
+    assert report_table.bold_flags([10.0, 9.0, 8.5, None], std=0.6) == [True, True, False, False]
     # One seed: no spread, so only the best and exact ties.
-    assert report.bold_flags([7.0, 9.0, 9.0], std=0.0) == [False, True, True]
-    assert report.bold_flags([None, None], std=1.0) == [False, False]
+    assert report_table.bold_flags([7.0, 9.0, 9.0], std=0.0) == [False, True, True]
+    assert report_table.bold_flags([None, None], std=1.0) == [False, False]
 
 
 def test_pooled_std_uses_cells_with_several_seeds():
     cells = [Cell("ok", 1.0, std=1.0, seeds=2), Cell("ok", 2.0, std=3.0, seeds=3),
              Cell("ok", 5.0, std=0.0, seeds=1), Cell("failed")]
-    assert report.pooled_std(cells) == pytest.approx(math.sqrt((1 + 9) / 2))
-    assert report.pooled_std([Cell("ok", 1.0, seeds=1)]) == 0.0
+    assert report_table.pooled_std(cells) == pytest.approx(math.sqrt((1 + 9) / 2))
+    assert report_table.pooled_std([Cell("ok", 1.0, seeds=1)]) == 0.0
 
 
 @pytest.mark.parametrize("ours, paper, expected", [
@@ -159,14 +159,14 @@ def test_pooled_std_uses_cells_with_several_seeds():
     ([11, 8, 11, 10], [19.24, 17.93, 18.61, 18.59], 5 / math.sqrt(30)),
 ])
 def test_kendall_tau_hand_cases_and_scipy(ours, paper, expected):
-    assert report.kendall_tau(ours, paper) == pytest.approx(expected)
-    assert report.kendall_tau(ours, paper) == pytest.approx(
+    assert report_table.kendall_tau(ours, paper) == pytest.approx(expected)
+    assert report_table.kendall_tau(ours, paper) == pytest.approx(
         scipy.stats.kendalltau(ours, paper).statistic)
 
 
 def test_kendall_tau_undefined():
-    assert report.kendall_tau([1.0], [2.0]) is None
-    assert report.kendall_tau([1.0, 1.0], [1.0, 2.0]) is None  # constant: no order to compare
+    assert report_table.kendall_tau([1.0], [2.0]) is None
+    assert report_table.kendall_tau([1.0, 1.0], [1.0, 2.0]) is None  # constant: no order to compare
 
 
 # ----------------------------------------------------------------------------- the report
@@ -207,7 +207,7 @@ def test_findings_of_the_fixture(workdir):
     """The paper's Table 2 findings judged on the fixture's table (results_table2.md). Spreads
     over seeds: GLUE 1.41, CNNDM 1.00, builtin_reverse 2.31, so 2 sigma 2.83, 2.00, 4.62."""
     result, _ = _report(workdir)
-    verdicts = {ours.finding.claim: ours for ours, _ in report.findings_of(result.table)}
+    verdicts = {ours.finding.claim: ours for ours, _ in report_table.findings_of(result.table)}
     best = verdicts["The encoder-decoder with the denoising objective performs best on every "
                     "task."]
     # GLUE: 61 vs Prefix LM's 59, the top; CNNDM: 11 tied with Prefix LM's 11; builtin_reverse:
@@ -260,10 +260,10 @@ def test_one_seed_findings_say_there_is_no_spread(tmp_path):
 
 def test_paper_average_column_only_when_a_task_has_no_paper_column(workdir):
     with pytest.warns(UserWarning):
-        records = report.read_results(str(workdir / "results.jsonl"))
-    mapped = report.build_table([r for r in records if r["task"] != "builtin_reverse"])
-    assert "Paper avg" not in report.to_markdown(mapped)
-    with_builtin = report.to_text(report.build_table(records))
+        records = report_table.read_results(str(workdir / "results.jsonl"))
+    mapped = report_table.build_table([r for r in records if r["task"] != "builtin_reverse"])
+    assert "Paper avg" not in report_render.to_markdown(mapped)
+    with_builtin = report_render.to_text(report_table.build_table(records))
     assert with_builtin.splitlines()[2].rstrip().endswith("Paper avg")
 
 
@@ -335,7 +335,7 @@ def test_a_compute_matched_sweep_gets_a_compute_table_in_every_rendering(tmp_pat
         _matched("rate_15", "15%", 120, 2.5e9, seed=1)])
     result = report.report(str(tmp_path))
     table = result.table
-    assert table.budget == report.Budget("flops", "rate_10", 100, 3e11)
+    assert table.budget == report_table.Budget("flops", "rate_10", 100, 3e11)
     assert [(c.label, c.steps, c.pretrain_flops) for c in table.compute] == [
         ("10%", 100, 3e11), ("15%", 120, 3e11)]
     markdown = (tmp_path / "report" / "table.md").read_text()
@@ -412,7 +412,7 @@ def test_a_seed_whose_score_is_not_a_number_makes_the_cell_undefined(tmp_path):
     table = report.report(str(tmp_path)).table
     a, b = (row.cells["builtin_reverse"] for row in table.rows)
     assert (b.status, b.seeds, b.mean) == ("undefined", 2, None)
-    assert report.pooled_std([a, b]) == pytest.approx(math.sqrt(2.0))  # A's alone
+    assert report_table.pooled_std([a, b]) == pytest.approx(math.sqrt(2.0))  # A's alone
     assert (a.bold, b.bold) == (True, False)
     line = next(line for line in report.report(str(tmp_path)).text.splitlines()
                 if line.startswith("B "))
@@ -423,7 +423,7 @@ def test_params_and_cost_are_the_papers_labels_with_our_measured_ratios():
     records = [{**sweep._base_record(point), "task": "builtin_reverse", "status": "ok",
                 "metrics": {"accuracy": 50.0}} for point in sweep.expand("table2", "demo")]
     labels = {(row.label, row.objective): (row.params_label, row.cost_label)
-              for row in report.build_table(records).rows}
+              for row in report_table.build_table(records).rows}
     # The paper's Table 2: 2P / M, P / M, P / M/2, P / M, P / M, whatever the objective.
     papers = {"Encoder-decoder": ("2P", "M"), "Enc-dec, shared": ("P", "M"),
               "Enc-dec, 6 layers": ("P", "M/2"), "Language model": ("P", "M"),

@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 
 from t5x_lite import (architectures, batch_format, cli, decoding, distributed, models,
-                      partitioning, report, sweep, train, train_step, zero_shot)
+                      partitioning, report, report_render, sweep, train, train_step, zero_shot)
 from t5x_lite.config import ConfigError, EOS_ID
 from t5x_lite.data import pipeline, tasks
 from t5x_lite.evaluation import TaskSplit, params_of
@@ -225,7 +225,7 @@ def test_a_zero_shot_sweep_records_the_pretrained_models_scores_beside_the_finet
     assert zero_shot.evaluate(point.config, str(pretrain), ["builtin_module"]) == {
         "builtin_module": module["zero_shot"]["metrics"]}
     text = report.report(str(workdir)).text
-    zero_part = text[text.index(report.ZERO_SHOT_TITLE):]
+    zero_part = text[text.index(report_render.ZERO_SHOT_TITLE):]
     row = next(line for line in zero_part.splitlines() if line.startswith("Language model"))
     assert f"{module['zero_shot']['metrics']['accuracy']:.2f}" in row
     assert "builtin_module: best zero-shot Language model (LM)" in zero_part

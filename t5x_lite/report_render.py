@@ -1,0 +1,415 @@
+"""A `report_table.Table` drawn: Markdown, terminal text, LaTeX, CSV, and PNG plots.
+
+Every format shows the same cells (`_cell_text`: our mean, ± the spread over seeds, the
+paper's value in parentheses, bold by the paper's rule), the notes under the table, the
+compute and zero-shot tables when the sweep has them, and the Findings section
+(`report_table.findings_of`, worded by `findings.describe`).
+"""
+from __future__ import annotations
+
+import csv
+import io
+import os
+import re
+from typing import Callable, Sequence
+
+import numpy as np
+
+from t5x_lite import findings, paper_results
+from t5x_lite.data.tasks import GLUE_AVERAGE_GROUPS
+from t5x_lite.report_table import (Cell, Table, ZeroShotRow, findings_of, latest_records,
+                                   pooled_std)
+
+
+def _findings_lines(table: Table, verdict: Callable[[str], str], indent: str) -> list[str]:
+    """The Findings section's items: '<verdict>: claim (source).' then the checks, indented."""
+    lines = []
+    for ours, paper in findings_of(table):
+        headline, details = findings.describe(ours, paper)
+        lines.append(f"- {verdict(ours.verdict)}: {headline}")
+        lines += [f"{indent}- {detail}" for detail in details]
+    return lines
+
+
+def _number(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
+
+
+def _cell_text(cell: Cell, bold: Callable[[str], str]) -> str:
+    """'61.00 ± 0.50 (83.28)', the score wrapped by `bold` when it is bold."""
+    if cell.status != "ok":
+        text = cell.status if cell.status in ("failed", "undefined", "n/a") else "–"
+    else:
+        text = bold(f"{cell.mean:.2f}") if cell.bold else f"{cell.mean:.2f}"
+        if cell.seeds > 1:
+            text += f" ± {cell.std:.2f}"
+    return text if cell.paper is None else f"{text} ({cell.paper:.2f})"
+
+
+PAPER_AVERAGE = "Paper avg"
+
+
+def _score_columns(table: Table) -> list[str]:
+    """The numeric columns: ours, then the paper's row average when some of ours have no paper
+    column (e.g. the built-in tasks), so the published numbers still stand beside ours."""
+    unmatched = table.paper and any(c not in paper_results.COLUMNS for c in table.columns)
+    return [*table.columns, *([PAPER_AVERAGE] if unmatched else [])]
+
+
+def _grid(table: Table, bold: Callable[[str], str]) -> list[list[str]]:
+    """Header and body of the table as text cells, the scores formatted by `_cell_text`."""
+    with_objective = any(row.objective for row in table.rows)
+    with_average = PAPER_AVERAGE in _score_columns(table)
+    header = [table.paper.row_header if table.paper else "Row",
+              *(["Objective"] if with_objective else []), "Params", "Cost",
+              *_score_columns(table)]
+    body = [[row.label, *([row.objective or ""] if with_objective else []), row.params_label,
+             row.cost_label, *(_cell_text(cell, bold) for cell in row.cells.values()),
+             *([f"({_number(row.paper and row.paper.average)})"] if with_average else [])]
+            for row in table.rows]
+    return [header, *body]
+
+
+def _title(table: Table) -> str:
+    name = (f"Table {table.paper.number}: {table.paper.caption}" if table.paper
+            else f"Experiment {table.experiment}")
+    matched = (f", compute-matched: sweep.budget={table.budget.kind}" if table.budget else "")
+    return f"{name} (experiment {table.experiment}, preset {table.preset or '?'}{matched})"
+
+
+_BUDGET_UNITS = {"flops": "training FLOPs", "tokens": "row tokens"}
+
+
+def _budget_note(table: Table) -> list[str]:
+    """The line saying which budget matched the points (none under sweep.budget="steps")."""
+    budget = table.budget
+    if budget is None:
+        return []
+    return [f"Compute-matched (sweep.budget={budget.kind}): every point pre-trains for the steps "
+            f"that spend what {budget.reference} spends in its {budget.reference_steps} "
+            f"configured steps, {budget.total:.4g} {_BUDGET_UNITS.get(budget.kind, budget.kind)}"
+            " (steps rounded to the nearest whole step); see the pre-training compute table."]
+
+
+COMPUTE_TITLE = "Pre-training compute per point"
+ZERO_SHOT_TITLE = "Zero-shot vs fine-tuned"
+
+
+def _zero_shot_grid(table: Table, bold: Callable[[str], str]) -> list[list[str]]:
+    """Header and body of the zero-shot table: per task, a zero-shot and a fine-tuned column."""
+    with_objective = any(row.objective for row in table.zero_shot)
+    tasks = list(table.zero_shot[0].zero_shot)
+    header = [table.paper.row_header if table.paper else "Row",
+              *(["Objective"] if with_objective else []),
+              *(f"{task} {regime}" for task in tasks for regime in ("zero-shot", "fine-tuned"))]
+    body = [[row.label, *([row.objective or ""] if with_objective else []),
+             *(_cell_text(cells[task], bold) for task in tasks
+               for cells in (row.zero_shot, row.finetuned))]
+            for row in table.zero_shot]
+    return [header, *body]
+
+
+def _best_rows(rows: Sequence[ZeroShotRow], cells_of: Callable[[ZeroShotRow], Cell]) -> str:
+    """The rows with the best mean score of a column, or 'none scored'."""
+    scored = [(cells_of(row).mean, _row_name(row.label, row.objective)) for row in rows
+              if cells_of(row).status == "ok"]
+    if not scored:
+        return "none scored"
+    best = max(mean for mean, _ in scored)
+    return " / ".join(name for mean, name in scored if mean == best) + f" ({best:.2f})"
+
+
+def _zero_shot_notes(table: Table) -> list[str]:
+    notes = [f"{ZERO_SHOT_TITLE}: zero-shot is the pre-trained model, not fine-tuned, predicting "
+             "the label option with the highest summed log-likelihood (EOS included; Wang et "
+             "al. 2022, arXiv 2204.05832), scored with the task's own metrics; fine-tuned is the "
+             "same task's score after fine-tuning. Bold: within two standard deviations of the "
+             "column's best (spread over seeds)."]
+    for task in table.zero_shot[0].zero_shot:
+        notes.append(
+            f"{task}: best zero-shot "
+            f"{_best_rows(table.zero_shot, lambda row: row.zero_shot[task])}; best fine-tuned "
+            f"{_best_rows(table.zero_shot, lambda row: row.finetuned[task])}.")
+    return notes
+
+
+def _compute_grid(table: Table) -> list[list[str]]:
+    """Header and body of the compute table: a row per table row that recorded its compute."""
+    with_objective = any(row.objective for row in table.compute)
+    header = [table.paper.row_header if table.paper else "Row",
+              *(["Objective"] if with_objective else []), "Steps", "FLOPs/step", "Tokens/step",
+              "Loss tokens/step", "Pre-training FLOPs"]
+    body = [[row.label, *([row.objective or ""] if with_objective else []), str(row.steps),
+             f"{row.flops_per_step:.4g}", str(row.tokens_per_step),
+             f"{row.loss_tokens_per_step:.1f}", f"{row.pretrain_flops:.4g}"]
+            for row in table.compute]
+    return [header, *body]
+
+
+def _compute_notes(table: Table) -> list[str]:
+    return [f"{COMPUTE_TITLE}, matched by sweep.budget={table.budget.kind}. FLOPs: the "
+            "accounting module's training FLOPs (3 x forward matmuls, attention and logits "
+            "included) of a step's rows at the sweep's shared layout; tokens: the row positions "
+            "a step processes (batch x (inputs + targets lengths)); loss tokens: the expected "
+            "target tokens with a loss weight (objectives.expected_loss_tokens)."]
+
+
+def _notes(table: Table, bold_name: str = "Bold") -> list[str]:
+    """The lines under the table: tau, the bolding rule, sources of the columns, failures."""
+    taus = ", ".join(f"{column} {_number(tau)}" for column, tau in table.tau.items())
+    notes = []
+    if table.paper:
+        notes += [f"Kendall's tau of our row order vs. the paper's: {taus}.",
+                  f"In parentheses: the paper's Table {table.paper.number} "
+                  f"({paper_results.CITATION})."]
+        if PAPER_AVERAGE in _score_columns(table):
+            notes.append(f"{PAPER_AVERAGE}: the mean of the paper's {len(paper_results.COLUMNS)} "
+                         f"columns ({', '.join(paper_results.COLUMNS)}) for the row; the tasks "
+                         "without a paper column are compared with it.")
+    spreads = ", ".join(f"{column} {pooled_std(row.cells[column] for row in table.rows):.2f}"
+                        for column in table.columns)
+    notes.append(f"{bold_name}: within two standard deviations of the column's best; the "
+                 f"deviation is the spread over seeds ({spreads}), 0 with one seed, so then only "
+                 "the best is bold.")
+    for column, tasks in table.columns.items():
+        if column == "GLUE":
+            missing = sorted(set(GLUE_AVERAGE_GROUPS.values())
+                             - {GLUE_AVERAGE_GROUPS[t.removeprefix("local_")] for t in tasks})
+            notes.append(f"GLUE from {', '.join(tasks)}" + (
+                f"; without {', '.join(missing)}, so not the paper's GLUE average." if missing
+                else "."))
+        elif (column,) != tasks:
+            notes.append(f"{column} from {', '.join(tasks)}.")
+    notes += [f"Failed: {failure}" for failure in table.failures]
+    return notes + _budget_note(table)
+
+
+def to_markdown(table: Table) -> str:
+    header, *body = _grid(table, lambda s: f"**{s}**")
+    n_scores = len(_score_columns(table))
+    lines = [f"## {_title(table)}", "", "| " + " | ".join(header) + " |",
+             "|" + "---|" * (len(header) - n_scores) + "---:|" * n_scores]
+    lines += ["| " + " | ".join(row) + " |" for row in body]
+    compute = []
+    if table.compute:
+        header, *body = _compute_grid(table)
+        compute = ["", f"### {COMPUTE_TITLE} (sweep.budget={table.budget.kind})", "",
+                   "| " + " | ".join(header) + " |",
+                   "|" + "---|" * (len(header) - 5) + "---:|" * 5,
+                   *("| " + " | ".join(row) + " |" for row in body), "", *_compute_notes(table)]
+    zero_shot = []
+    if table.zero_shot:
+        header, *body = _zero_shot_grid(table, lambda s: f"**{s}**")
+        scores = 2 * len(table.zero_shot[0].zero_shot)
+        zero_shot = ["", f"### {ZERO_SHOT_TITLE}", "", "| " + " | ".join(header) + " |",
+                     "|" + "---|" * (len(header) - scores) + "---:|" * scores,
+                     *("| " + " | ".join(row) + " |" for row in body), "",
+                     *_zero_shot_notes(table)]
+    items = _findings_lines(table, lambda verdict: f"**{verdict}**", "  ")
+    section = ["", "### Findings", "", findings.EXPLANATION, "", *items] if items else []
+    return "\n".join([*lines, "", *_notes(table), *compute, *zero_shot, *section]) + "\n"
+
+
+def _aligned(grid: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in grid) for i in range(len(grid[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in grid]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
+
+
+def to_text(table: Table) -> str:
+    """The terminal rendering: aligned columns, bold scores marked with '*'."""
+    lines = _aligned(_grid(table, lambda s: f"{s}*"))
+    compute = []
+    if table.compute:
+        compute = ["", f"{COMPUTE_TITLE} (sweep.budget={table.budget.kind})", "",
+                   *_aligned(_compute_grid(table)), "", *_compute_notes(table)]
+    zero_shot = []
+    if table.zero_shot:
+        zero_shot = ["", ZERO_SHOT_TITLE, "", *_aligned(_zero_shot_grid(table, lambda s: f"{s}*")),
+                     "", *_zero_shot_notes(table)]
+    items = _findings_lines(table, lambda verdict: verdict.upper(), "    ")
+    section = ["", "Findings", "", findings.EXPLANATION, "", *items] if items else []
+    return "\n".join([_title(table), "", *lines, "", *_notes(table, bold_name="*"),
+                      *compute, *zero_shot, *section]) + "\n"
+
+
+_LATEX_SPECIAL = re.compile(r"([&%$#_{}])")
+
+
+def _latex(text: str) -> str:
+    return (_LATEX_SPECIAL.sub(r"\\\1", text).replace("±", "$\\pm$").replace("–", "--")
+            .replace("σ", "$\\sigma$").replace(">", "$>$"))
+
+
+def to_latex(table: Table) -> str:
+    """A booktabs `table` environment (needs \\usepackage{booktabs})."""
+    header, *body = _grid(table, lambda s: f"\x00{s}\x01")  # bold markers, escaped after
+
+    def line(cells: list[str]) -> str:
+        escaped = (_latex(c).replace("\x00", "\\textbf{").replace("\x01", "}") for c in cells)
+        return " & ".join(escaped) + r" \\"
+
+    n_scores = len(_score_columns(table))
+    spec = "l" * (len(header) - n_scores) + "r" * n_scores
+    lines = [r"\begin{table}[t]", r"\centering", rf"\begin{{tabular}}{{{spec}}}", r"\toprule",
+             line(header), r"\midrule", *(line(row) for row in body), r"\bottomrule",
+             r"\end{tabular}", rf"\caption{{{_latex(_title(table))}. "
+             + " ".join(_latex(note) for note in _notes(table)) + "}", r"\end{table}"]
+    if table.compute:
+        header, *body = _compute_grid(table)
+        lines += ["", r"\begin{table}[t]", r"\centering",
+                  rf"\begin{{tabular}}{{{'l' * (len(header) - 5) + 'r' * 5}}}", r"\toprule",
+                  line(header), r"\midrule", *(line(row) for row in body), r"\bottomrule",
+                  r"\end{tabular}",
+                  rf"\caption{{{' '.join(_latex(note) for note in _compute_notes(table))}}}",
+                  r"\end{table}"]
+    if table.zero_shot:
+        header, *body = _zero_shot_grid(table, lambda s: f"\x00{s}\x01")
+        scores = 2 * len(table.zero_shot[0].zero_shot)
+        lines += ["", r"\begin{table}[t]", r"\centering",
+                  rf"\begin{{tabular}}{{{'l' * (len(header) - scores) + 'r' * scores}}}",
+                  r"\toprule", line(header), r"\midrule", *(line(row) for row in body),
+                  r"\bottomrule", r"\end{tabular}",
+                  rf"\caption{{{' '.join(_latex(note) for note in _zero_shot_notes(table))}}}",
+                  r"\end{table}"]
+    items = findings_of(table)
+    if items:
+        lines += ["", r"\paragraph{Findings}", _latex(findings.EXPLANATION), r"\begin{itemize}"]
+        for ours, paper in items:
+            headline, details = findings.describe(ours, paper)
+            lines += [rf"\item \textbf{{{ours.verdict}}}: {_latex(headline)}", r"\begin{itemize}",
+                      *(rf"\item {_latex(detail)}" for detail in details), r"\end{itemize}"]
+        lines.append(r"\end{itemize}")
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(table: Table) -> str:
+    """One line per (row, column): our mean, spread, seeds, status, bold flag and paper value."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["experiment", "preset", "row", "objective", "params", "cost", "column",
+                     "tasks", "status", "mean", "std", "seeds", "bold", "paper"])
+    for row in table.rows:
+        for column, cell in row.cells.items():
+            writer.writerow([table.experiment, table.preset, row.label, row.objective or "",
+                             row.params_label, row.cost_label, column,
+                             " ".join(table.columns[column]), cell.status,
+                             "" if cell.mean is None else f"{cell.mean:.4f}",
+                             f"{cell.std:.4f}", cell.seeds, int(cell.bold),
+                             "" if cell.paper is None else f"{cell.paper:.2f}"])
+    return out.getvalue()
+
+
+def compute_csv(table: Table) -> str:
+    """One line per row of a compute-matched sweep: its budget, steps and compute."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["experiment", "preset", "budget", "budget_reference", "row", "objective",
+                     "steps", "flops_per_step", "tokens_per_step", "loss_tokens_per_step",
+                     "pretrain_flops"])
+    for row in table.compute:
+        writer.writerow([table.experiment, table.preset, table.budget.kind,
+                         table.budget.reference, row.label, row.objective or "", row.steps,
+                         f"{row.flops_per_step:.6g}", row.tokens_per_step,
+                         f"{row.loss_tokens_per_step:.4f}", f"{row.pretrain_flops:.6g}"])
+    return out.getvalue()
+
+
+def zero_shot_csv(table: Table) -> str:
+    """One line per (row, task scored zero-shot, regime): mean, spread, seeds, status, bold."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["experiment", "preset", "row", "objective", "task", "regime", "status",
+                     "mean", "std", "seeds", "bold"])
+    for row in table.zero_shot:
+        for task in row.zero_shot:
+            for regime, cell in (("zero-shot", row.zero_shot[task]),
+                                 ("fine-tuned", row.finetuned[task])):
+                writer.writerow([table.experiment, table.preset, row.label, row.objective or "",
+                                 task, regime, cell.status,
+                                 "" if cell.mean is None else f"{cell.mean:.4f}",
+                                 f"{cell.std:.4f}", cell.seeds, int(cell.bold)])
+    return out.getvalue()
+
+
+def findings_csv(table: Table) -> str:
+    """One line per check of each finding: the finding's verdict, then the check's column,
+    predicate, verdict and numbers, and the paper's margin for the same check."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["experiment", "claim", "source", "verdict", "column", "predicate",
+                     "compared", "check_verdict", "margin", "two_sigma", "tolerance",
+                     "paper_margin"])
+
+    def number(value: float | None) -> str:
+        return "" if value is None else f"{value:.4f}"
+
+    for ours, paper in findings_of(table):
+        published = {(check.predicate, check.column): check.margin for check in paper.checks}
+        for check in ours.checks:
+            writer.writerow([table.experiment, ours.finding.claim, ours.finding.source,
+                             ours.verdict, check.column, check.predicate.describe(),
+                             check.compared, check.verdict, number(check.margin),
+                             number(check.threshold if check.margin is not None else None),
+                             number(check.tolerance),
+                             number(published.get((check.predicate, check.column)))])
+    return out.getvalue()
+
+
+# ----------------------------------------------------------------------------- plots
+
+
+def _row_name(label: str, objective: str | None) -> str:
+    return f"{label} ({objective})" if objective else label
+
+
+def write_plots(table: Table, records: Sequence[dict], out_dir: str) -> list[str]:
+    """PNG plots: `pretrain_loss.png`, the pre-training loss curve of every
+    grid point and seed, and `bars_<column>.png` per column, our scores as bars (spread over
+    seeds as error bars) and the paper's as black diamonds. Returns the paths written."""
+    # Imported here: matplotlib takes a second to import, which the table-only readers skip.
+    from matplotlib.figure import Figure  # no pyplot: no global state, no display, over SSH too
+
+    paths = []
+    curves: dict[tuple[str, int], tuple[str, list]] = {}
+    seeds = {r["seed"] for r in records}
+    for r in latest_records(records):
+        if r.get("pretrain_curve"):
+            name = _row_name(r["row"], r.get("objective"))
+            name += f", seed {r['seed']}" if len(seeds) > 1 else ""
+            curves.setdefault((r["point"], r["seed"]), (name, r["pretrain_curve"]))
+    if curves:
+        figure = Figure(figsize=(7, 4.5), layout="constrained")
+        axes = figure.add_subplot()
+        for name, curve in curves.values():
+            steps, losses = zip(*curve)
+            axes.plot(steps, losses, label=name)
+        axes.set(xlabel="pre-training step", ylabel="loss",
+                 title=f"Pre-training loss: {table.experiment}, preset {table.preset}")
+        axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1, 1))
+        paths.append(os.path.join(out_dir, "pretrain_loss.png"))
+        figure.savefig(paths[-1], dpi=120)
+    x = np.arange(len(table.rows))
+    names = [_row_name(row.label, row.objective) for row in table.rows]
+    for column in table.columns:
+        cells = [row.cells[column] for row in table.rows]
+        figure = Figure(figsize=(3.5 + 0.9 * len(cells), 4.5), layout="constrained")
+        axes = figure.add_subplot()
+        axes.bar(x, [c.mean or 0.0 for c in cells], yerr=[c.std for c in cells],
+                 color=["tab:blue" if c.bold else "tab:gray" for c in cells],
+                 label="ours (blue: bold)")
+        published = [(i, c.paper) for i, c in enumerate(cells) if c.paper is not None]
+        if published:
+            axes.scatter(*zip(*published), marker="D", color="black", zorder=3, label="paper")
+        for i, cell in enumerate(cells):
+            if cell.status != "ok":
+                axes.text(i, 0, cell.status if cell.status in ("failed", "undefined", "n/a")
+                          else "not run",
+                          rotation=90, ha="center", va="bottom")
+        axes.set_xticks(x, names, rotation=30, ha="right")
+        axes.set(ylabel=column, title=f"{column}: {table.experiment}, preset {table.preset}")
+        axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1, 1))
+        paths.append(os.path.join(out_dir, f"bars_{re.sub(r'[^A-Za-z0-9_.-]', '_', column)}.png"))
+        figure.savefig(paths[-1], dpi=120)
+    return paths

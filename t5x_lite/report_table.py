@@ -1,0 +1,411 @@
+"""A sweep's records as the paper's table: reading results.jsonl, the `Table` and its findings.
+
+`read_results` reads the records a sweep wrote (`t5x_lite.sweep`), `build_table` turns them
+into a `Table` in the layout of the paper's table for that experiment, and `findings_of`
+judges the paper's conclusions about it on our numbers; `t5x_lite.report_render` draws the
+table and `t5x_lite.report` is the command that writes both.
+
+The table follows the paper's conventions:
+- rows in the paper's order (rows the paper does not have come last, in the order first seen),
+  with the Params and Cost labels the sweep recorded: the paper's label for the architecture
+  and our measured ratio beside it, "M (0.65x)" (`accounting.table2_columns`; records written
+  before the ratios were recorded show the label alone);
+- one column per paper column a task stands in for (GLUE averages the GLUE tasks, see
+  `paper_results.group_columns`), then one column per task without a paper column;
+- each cell is our score averaged over the seeds that ran, with the spread when there are
+  several (sample standard deviation), and the paper's value in parentheses where it has one;
+- bold marks scores within two standard deviations of the column's best, the paper's rule. The
+  paper's deviation is the spread of its baseline over 10 runs; ours is the spread over seeds,
+  pooled over the rows of the column that ran several. When no row did, the deviation is 0 and
+  only the best score (and exact ties) is bold: one seed gives no spread to be generous with;
+- Kendall's tau (tau-b) between our row order and the paper's, per paper column and for the
+  row average (the mean of a row's columns; the paper's side averages the same paper columns,
+  or all seven when some of our columns have no paper column, e.g. the built-in tasks).
+
+A compute-matched sweep (`sweep.budget` "tokens" or "flops", `t5x_lite.sweep`) says so in the
+table's title and notes, and a second table, "Pre-training compute", gives each row's derived
+steps, FLOPs, row tokens and expected loss-bearing tokens per step and total pre-training
+FLOPs (also written to compute.csv). The default budget, "steps", leaves the output as it was.
+
+A sweep with zero-shot scores (`sweep.zero_shot`, records with a `zero_shot` entry) gets a
+"Zero-shot vs fine-tuned" table: for each task scored zero-shot, each row's zero-shot score
+(the pre-trained model ranking the label options, `t5x_lite.zero_shot`) beside its fine-tuned
+one, bold by the same rule per column, and a note per task naming the best row in each regime
+(Wang et al. 2022's comparison); also written to zero_shot.csv.
+
+Under the table, the Findings section judges each of the paper's conclusions about the table
+(`t5x_lite.findings`) on our numbers: supports, contradicts, cannot separate (within the spread
+over seeds) or not run, with the numbers behind the verdict and the paper's beside them; they
+are also written to findings.csv.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import warnings
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import scipy.stats
+
+from t5x_lite import findings, paper_results
+from t5x_lite.paper_results import PaperRow, PaperTable
+from t5x_lite.results import numbered_records
+
+# not_applicable: a task the architecture cannot be scored on (a generation task for
+# encoder_only, `evaluation.not_applicable`); the cell shows "n/a", never a number.
+STATUSES = ("ok", "failed", "not_applicable")
+# Fields every record needs and their JSON types; the rest (labels, timings, curve) are optional.
+_REQUIRED = {"experiment": str, "point": str, "row": str, "task": str, "seed": int,
+             "status": str}
+
+
+# ----------------------------------------------------------------------------- reading records
+
+
+def _problem(record: Any) -> str | None:
+    """Why `record` cannot be used, or None when it can."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    for field, kind in _REQUIRED.items():
+        if not isinstance(record.get(field), kind) or isinstance(record.get(field), bool):
+            return f"field {field!r} is missing or not a {kind.__name__}"
+    if record["status"] not in STATUSES:
+        return f"status {record['status']!r} is not one of {', '.join(STATUSES)}"
+    metrics = record.get("metrics")
+    if record["status"] == "ok" and not (
+            isinstance(metrics, dict) and metrics and all(map(_is_number, metrics.values()))):
+        return "status 'ok' without a non-empty 'metrics' object of numbers"
+    zero_shot = record.get("zero_shot")
+    if zero_shot is not None and not (
+            isinstance(zero_shot, dict) and zero_shot.get("status") in STATUSES
+            and isinstance(zero_shot.get("metrics"), dict)
+            and all(map(_is_number, zero_shot["metrics"].values()))
+            and (zero_shot["status"] != "ok" or zero_shot["metrics"])):
+        return "'zero_shot' is not an object with a status and a 'metrics' object of numbers"
+    curve = record.get("pretrain_curve") or []
+    if not (isinstance(curve, list) and all(
+            isinstance(p, list) and len(p) == 2 and all(map(_is_number, p)) for p in curve)):
+        return "'pretrain_curve' is not a list of [step, loss] pairs"
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def read_results(path: str) -> list[dict]:
+    """The usable records of a results.jsonl file, in file order.
+
+    A record that is not usable is skipped with a warning naming its line number; a line that
+    is not JSON is an error unless it is a killed run's cut-off last line (see
+    `results.numbered_records`). A file without usable records, or with records of several
+    experiments or presets, is an error.
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} does not exist; run `t5x-lite sweep` with this workdir "
+                                "first")
+    records = []
+    for line_no, record in numbered_records(path):
+        problem = _problem(record)
+        if problem:
+            warnings.warn(f"{path} line {line_no}: {problem}; skipped")
+            continue
+        records.append(record)
+    if not records:
+        raise ValueError(f"{path} holds no usable records")
+    sweeps = sorted({(r["experiment"], str(r.get("preset"))) for r in records})
+    if len(sweeps) > 1:
+        found = ", ".join(f"{experiment} (preset {preset})" for experiment, preset in sweeps)
+        raise ValueError(f"{path} mixes the records of several sweeps: {found}; a workdir holds "
+                         "one experiment and preset, so give each sweep its own workdir")
+    return records
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One (row, column) of the table.
+
+    status: 'ok'; 'failed' when a record of the cell failed; 'n/a' when a task of the cell
+      is not applicable to the row's architecture; 'missing' when none ran;
+      'undefined' when a seed's score is not a number (STS-B's Pearson correlation of constant
+      predictions): shown as 'undefined', left out of spreads, bold and findings like a
+      missing cell, since an average or a spread with it would be NaN as well.
+    mean, std, seeds: our score over the seeds that ran (std: sample deviation, 0 for one).
+    paper: the published score, where the paper has this row and column.
+    """
+
+    status: str
+    mean: float | None = None
+    std: float = 0.0
+    seeds: int = 0
+    paper: float | None = None
+    bold: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    label: str
+    objective: str | None
+    params_label: str
+    cost_label: str
+    cells: dict[str, Cell]  # column -> cell, in the table's column order
+    paper: PaperRow | None  # the published row with these labels
+
+    @property
+    def average(self) -> float | None:
+        """The mean of the row's columns, or None unless every column has a score."""
+        means = [cell.mean for cell in self.cells.values()]
+        return None if None in means else float(np.mean(means))
+
+
+@dataclasses.dataclass(frozen=True)
+class Compute:
+    """A row's pre-training compute in a compute-matched sweep (the sweep's `_budget_fields`)."""
+
+    label: str
+    objective: str | None
+    steps: int
+    flops_per_step: float
+    tokens_per_step: int
+    loss_tokens_per_step: float
+    pretrain_flops: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """What matched the points: `kind` ("tokens" or "flops") of `reference`'s pre-training in
+    its `reference_steps` configured steps, `total` in that unit."""
+
+    kind: str
+    reference: str
+    reference_steps: int
+    total: float
+
+
+@dataclasses.dataclass(frozen=True)
+class ZeroShotRow:
+    """A row of the zero-shot table: per task scored zero-shot, its zero-shot cell (the
+    pre-trained model, `sweep.zero_shot`) and its fine-tuned cell."""
+
+    label: str
+    objective: str | None
+    zero_shot: dict[str, Cell]  # task -> cell, in the table's task order
+    finetuned: dict[str, Cell]
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+    experiment: str
+    preset: str
+    paper: PaperTable | None  # None for an experiment that is not one of the paper's tables
+    columns: dict[str, tuple[str, ...]]  # column -> the tasks it is made of
+    rows: tuple[Row, ...]
+    tau: dict[str, float | None]  # paper column, or 'average' -> Kendall's tau vs. the paper
+    failures: tuple[str, ...]  # one line per failed record: point, seed, task, error
+    budget: Budget | None = None  # None: sweep.budget="steps", each point's configured steps
+    compute: tuple[Compute, ...] = ()  # one per row, in the rows' order, when budget is set
+    zero_shot: tuple[ZeroShotRow, ...] = ()  # one per row, when some record has zero-shot scores
+
+
+def kendall_tau(ours: Sequence[float], paper: Sequence[float]) -> float | None:
+    """Kendall's tau-b between two score lists; None when it is undefined (< 2 rows, constant)."""
+    if len(ours) < 2:
+        return None
+    tau = scipy.stats.kendalltau(ours, paper).statistic
+    return None if math.isnan(tau) else float(tau)
+
+
+def bold_flags(means: Sequence[float | None], std: float) -> list[bool]:
+    """The paper's rule: True for each score within `2 * std` of the best (higher is better)."""
+    scores = [m for m in means if m is not None]
+    if not scores:
+        return [False] * len(means)
+    best = max(scores)
+    return [m is not None and m >= best - 2 * std for m in means]
+
+
+def pooled_std(cells: Iterable[Cell]) -> float:
+    """The spread over seeds of a column: root mean variance of the cells with several seeds."""
+    variances = [cell.std ** 2 for cell in cells if cell.status == "ok" and cell.seeds > 1]
+    return math.sqrt(sum(variances) / len(variances)) if variances else 0.0
+
+
+def _cell(column: str, tasks: tuple[str, ...], records: list[dict], paper: PaperRow | None) -> Cell:
+    """Our score for one row and column from the row's records (one per seed and task)."""
+    published = paper.scores.get(column) if paper else None
+    mine = [r for r in records if r["task"] in tasks]
+    if any(r["status"] == "failed" for r in mine):
+        return Cell("failed", paper=published)
+    if any(r["status"] == "not_applicable" for r in mine):
+        return Cell("n/a", paper=published)
+    by_seed: dict[int, dict[str, dict]] = {}
+    for record in mine:
+        by_seed.setdefault(record["seed"], {})[record["task"]] = record["metrics"]
+    values = [paper_results.column_score(column, metrics) for metrics in by_seed.values()
+              if set(metrics) == set(tasks)]  # a seed without every task of the column: no score
+    if not values:
+        return Cell("missing", paper=published)
+    if not all(math.isfinite(value) for value in values):
+        return Cell("undefined", seeds=len(values), paper=published)
+    std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+    return Cell("ok", float(np.mean(values)), std, len(values), published)
+
+
+def _paper_average_columns(columns: Iterable[str]) -> tuple[str, ...]:
+    """The paper columns its side of the average tau averages (see the module docstring)."""
+    columns = tuple(columns)
+    if all(c in paper_results.COLUMNS for c in columns):
+        return columns
+    return paper_results.COLUMNS
+
+
+def _taus(rows: Sequence[Row], columns: Iterable[str]) -> dict[str, float | None]:
+    compared = [row for row in rows if row.paper is not None]
+    taus = {}
+    for column in columns:
+        if column in paper_results.COLUMNS:
+            pairs = [(row.cells[column].mean, row.paper.scores[column]) for row in compared
+                     if row.cells[column].status == "ok"]
+            taus[column] = kendall_tau(*zip(*pairs)) if pairs else None
+    averaged = _paper_average_columns(columns)
+    pairs = [(row.average, float(np.mean([row.paper.scores[c] for c in averaged])))
+             for row in compared if row.average is not None]
+    taus["average"] = kendall_tau(*zip(*pairs)) if pairs else None
+    return taus
+
+
+def latest_records(records: Sequence[dict]) -> list[dict]:
+    """The last record of each (point, seed, task): a re-run of a failed point appends a new
+    record rather than rewriting the old one."""
+    return list({(r["point"], r["seed"], r["task"]): r for r in records}.values())
+
+
+def _label(record: dict, label_field: str, ratio_field: str) -> str:
+    """A Params or Cost cell: the recorded label, with the measured ratio when recorded."""
+    label, ratio = str(record.get(label_field, "")), record.get(ratio_field)
+    return f"{label} ({ratio:.2f}x)" if _is_number(ratio) else label
+
+
+def build_table(records: Sequence[dict]) -> Table:
+    """The comparison table of one sweep's records (as `read_results` returns them).
+
+    When one (point, seed, task) has several records, the last one counts (`latest_records`).
+    """
+    records = latest_records(records)
+    experiment, preset = records[0]["experiment"], str(records[0].get("preset", ""))
+    paper = paper_results.PAPER_TABLES.get(experiment)
+    columns = paper_results.group_columns(r["task"] for r in records)
+    by_row: dict[tuple[str, str | None], list[dict]] = {}  # (row, objective) -> records
+    for record in records:
+        by_row.setdefault((record["row"], record.get("objective")), []).append(record)
+    published = {key: paper.find(*key) if paper else None for key in by_row}
+    # The paper's order; rows it does not have come last, in first-seen order (a stable sort).
+    keys = sorted(by_row, key=lambda k: paper.rows.index(published[k]) if published[k]
+                  else len(by_row))
+    cells = {key: {column: _cell(column, tasks, by_row[key], published[key])
+                   for column, tasks in columns.items()} for key in keys}
+    for column in columns:
+        column_cells = [cells[key][column] for key in keys]
+        flags = bold_flags([cell.mean for cell in column_cells], pooled_std(column_cells))
+        for key, cell, flag in zip(keys, column_cells, flags):
+            cells[key][column] = dataclasses.replace(cell, bold=flag)
+    rows = [Row(key[0], key[1], _label(by_row[key][0], "params_label", "params_ratio"),
+                _label(by_row[key][0], "cost_label", "flops_ratio"), cells[key], published[key])
+            for key in keys]
+    failures = tuple(f"{r['point']} seed {r['seed']} {r['task']}: "
+                     f"{str(r.get('error') or 'no error message').splitlines()[0]}"
+                     for r in records if r["status"] == "failed")
+    budget, compute = _compute(keys, by_row)
+    return Table(experiment, preset, paper, columns, tuple(rows), _taus(rows, columns), failures,
+                 budget, compute, _zero_shot_rows(keys, by_row))
+
+
+def _as_zero_shot(record: dict) -> dict | None:
+    """`record` with its zero-shot entry as its status and metrics; a record without one is
+    failed when its pre-training failed (no stage ran), else None (a sweep without it)."""
+    entry = record.get("zero_shot")
+    if entry is None:
+        return {**record, "metrics": {}} if record["status"] == "failed" else None
+    return {**record, "status": entry["status"], "metrics": entry["metrics"]}
+
+
+def _with_bold(cells: dict[tuple, dict[str, Cell]], tasks: Sequence[str]) -> None:
+    """Set the bold flags of `cells` ({row key: {task: cell}}) per task column, in place."""
+    for task in tasks:
+        column = [row[task] for row in cells.values()]
+        for row, flag in zip(cells.values(), bold_flags([c.mean for c in column],
+                                                        pooled_std(column))):
+            row[task] = dataclasses.replace(row[task], bold=flag)
+
+
+def _zero_shot_rows(keys: Sequence[tuple[str, str | None]],
+                    by_row: dict[tuple[str, str | None], list[dict]]) -> tuple[ZeroShotRow, ...]:
+    """Each row's zero-shot and fine-tuned cells of the tasks some record scored zero-shot
+    (those with label options); () when no record holds zero-shot scores."""
+    zero = {key: [z for z in map(_as_zero_shot, by_row[key]) if z is not None] for key in keys}
+    tasks = list(dict.fromkeys(r["task"] for key in keys for r in by_row[key]
+                               if (r.get("zero_shot") or {}).get("status") in ("ok", "failed")))
+    if not tasks:
+        return ()
+    zero_cells = {key: {t: _cell(t, (t,), zero[key], None) for t in tasks} for key in keys}
+    tuned_cells = {key: {t: _cell(t, (t,), by_row[key], None) for t in tasks} for key in keys}
+    _with_bold(zero_cells, tasks)
+    _with_bold(tuned_cells, tasks)
+    return tuple(ZeroShotRow(key[0], key[1], zero_cells[key], tuned_cells[key]) for key in keys)
+
+
+_COMPUTE_FIELDS = ("pretrain_steps", "flops_per_step", "tokens_per_step", "loss_tokens_per_step",
+                   "pretrain_flops")
+
+
+def _compute(keys: Sequence[tuple[str, str | None]],
+             by_row: dict[tuple[str, str | None], list[dict]]
+             ) -> tuple[Budget | None, tuple[Compute, ...]]:
+    """The budget and each row's compute, from the first record of a row that has them; (None,
+    ()) when no record was compute-matched."""
+    matched = [r for key in keys for r in by_row[key] if r.get("budget")]
+    if not matched:
+        return None, ()
+    first = matched[0]
+    budget = Budget(str(first["budget"]), str(first.get("budget_reference")),
+                    int(first.get("budget_reference_steps") or 0),
+                    float(first.get("budget_total") or 0.0))
+    compute = []
+    for key in keys:
+        record = next((r for r in by_row[key]
+                       if all(_is_number(r.get(f)) for f in _COMPUTE_FIELDS)), None)
+        if record is not None:
+            compute.append(Compute(key[0], key[1], *(record[f] for f in _COMPUTE_FIELDS)))
+    return budget, tuple(compute)
+
+
+# ----------------------------------------------------------------------------- findings
+
+
+def _scores(table: Table) -> findings.Scores:
+    """Our table as the numbers the paper's findings are judged on."""
+    return findings.Scores(
+        columns=tuple(table.columns),
+        means={(row.label, row.objective): {column: cell.mean for column, cell in row.cells.items()
+                                            if cell.status == "ok"} for row in table.rows},
+        spread={column: pooled_std(row.cells[column] for row in table.rows)
+                for column in table.columns},
+        several_seeds=frozenset(column for column in table.columns if any(
+            row.cells[column].status == "ok" and row.cells[column].seeds > 1
+            for row in table.rows)))
+
+
+def findings_of(table: Table) -> list[tuple[findings.Verdict, findings.Verdict]]:
+    """Each of the paper's findings about the table's experiment judged on our numbers, paired
+    with the same finding judged on the paper's (its row averages over the paper columns ours
+    stand for, as for tau). Empty for an experiment that is not one of the paper's tables."""
+    ours = findings.evaluate(table.experiment, _scores(table))
+    if not ours:
+        return []
+    paper = findings.paper_scores(table.experiment, _paper_average_columns(table.columns))
+    return list(zip(ours, findings.evaluate(table.experiment, paper), strict=True))
