@@ -5,8 +5,8 @@
 
 Takes the experiment's largest chunk of points that can share a vmapped step
 (`sweep.vmap_chunks`, e.g. Table 6's four corruption rates; with `sweep.seeds=(0, 1)` its
-eight runs), or its first K points with `--points K`, builds both the shared single-point step and the
-vmapped step of the chunk, and times, in turns, one update of every point each way on random
+eight runs), or its first K points with `--points K`, builds both the shared single-point
+step and the vmapped step of the chunk, and times, in turns, one update of every point each way on random
 real-token batches (the step's cost does not depend on the token values; the input pipeline
 is left out). Prints one JSON object: K, the medians per update of all K points, and the
 throughput in tokens/s (K x batch x (inputs + targets) tokens per update of all points).
@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_lite import bench, objectives, partitioning, sweep, train_step
+from t5x_lite import bench, grid, objectives, partitioning, sweep, train_step
 
 
 def _median_seconds(fn: Callable[[], Any], steps: int, warmup: int) -> float:
@@ -42,7 +42,7 @@ def vmap_benchmark(experiment: str = "table6", preset: str = "demo", steps: int 
                    overrides: tuple[str, ...] = ()) -> dict[str, Any]:
     """Seconds per update of the chunk's K points (all of it, or its first `points`),
     sequential and vmapped, and tokens/s. `overrides`: 'field=value' strings, as a sweep's."""
-    chunk = max(sweep.vmap_chunks(sweep.expand(experiment, preset, overrides), size=1 << 30),
+    chunk = max(sweep.vmap_chunks(grid.expand(experiment, preset, overrides), size=1 << 30),
                 key=len)
     if points is not None:
         if not 1 <= points <= len(chunk):

@@ -8,7 +8,7 @@ Wang et al.'s two regimes, scored zero-shot right after self-supervised pre-trai
 and after fine-tuning. Four architectures, each with its natural objective and with span
 corruption, every point pre-trained on the same FLOP budget (`sweep.budget="flops"`): what the
 T5 encoder-decoder with span corruption spends in the preset's `train.steps`
-(`sweep.budget_reference`); a cheaper step runs more steps (`sweep.match_budget`).
+(`sweep.budget_reference`); a cheaper step runs more steps (`grid.match_budget`).
 
 Wang et al.'s finding as their abstract states it: causal decoder-only models trained on an
 autoregressive language modeling objective show the strongest zero-shot generalization after

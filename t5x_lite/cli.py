@@ -289,10 +289,10 @@ def _export(argv: list[str]) -> None:
 
 def _sweep_parser() -> argparse.ArgumentParser:
     """`t5x-lite sweep`'s parser (also what `launch` checks its sweep's arguments with)."""
-    from t5x_lite import launchers, sweep
+    from t5x_lite import grid, launchers
 
     parser = _parser("sweep", presets.sweep_preset("tiny"))
-    parser.add_argument("experiment", help=f"one of {', '.join(sweep.experiment_names())} "
+    parser.add_argument("experiment", help=f"one of {', '.join(grid.experiment_names())} "
                         "or a path to an experiment file")
     parser.add_argument("--preset", default="tiny",
                         help=f"{', '.join(presets.PRESETS)} (default: tiny)")
@@ -356,11 +356,11 @@ def _demo(argv: list[str]) -> None:
 
 
 def _preview(argv: list[str]) -> None:
-    from t5x_lite import preview, sweep
+    from t5x_lite import grid, preview
 
     parser = _parser("preview", presets.sweep_preset("tiny"))
     parser.add_argument("experiment", nargs="?", help="one of "
-                        f"{', '.join(sweep.experiment_names())} or a path to an experiment file; "
+                        f"{', '.join(grid.experiment_names())} or a path to an experiment file; "
                         "omit it for a plain config")
     parser.add_argument("--point", help=f"the grid point's id, as in {RESULTS_FILE} "
                         "(e.g. rate_50)")
@@ -387,10 +387,10 @@ def _preview(argv: list[str]) -> None:
 def _count_points(sweep_args: list[str]) -> int:
     """The number of runs (grid rows x seeds) of `t5x-lite sweep SWEEP_ARGS`, read with the
     sweep's own parser, for the SLURM array."""
-    from t5x_lite import sweep
+    from t5x_lite import grid
 
     args, overrides = _parse(_sweep_parser(), sweep_args)
-    return len(sweep.expand(args.experiment, args.preset, overrides))
+    return len(grid.expand(args.experiment, args.preset, overrides))
 
 
 def _launch(argv: list[str]) -> None:

@@ -66,7 +66,7 @@ UL2_DENOISERS = (
     ("X", 0.5, 64.0, 0.1),
 )
 # Objective fields only one objective reads, added after runs had been written without them:
-# a run of another objective leaves them out of its identity (`sweep.config_hash`) and of the
+# a run of another objective leaves them out of its identity (`grid.config_hash`) and of the
 # fields its checkpoints must match (`checkpointing.config_differences`).
 OBJECTIVE_ONLY_FIELDS = {"ul2_denoisers": "ul2"}
 
@@ -80,7 +80,7 @@ def drop_unread_objective_fields(objective: dict) -> dict:
 
 # Inputs must hold at least one non-noise token, one sentinel and EOS.
 MIN_INPUTS_LENGTH = 3
-# What `sweep.budget` may match (`t5x_lite.sweep`): each point's configured steps, or the
+# What `sweep.budget` may match (`t5x_lite.grid`): each point's configured steps, or the
 # reference point's pre-training tokens or FLOPs.
 BUDGETS = ("steps", "tokens", "flops")
 # Token ids shared by the vocabulary, the objectives and the model.

@@ -42,7 +42,7 @@ from t5x_lite.preemption import PREEMPTED_EXIT_STATUS
 
 
 class Point(Protocol):
-    """What a launcher reads of a grid point (`sweep.GridPoint` is one): its config, for the
+    """What a launcher reads of a grid point (`grid.GridPoint` is one): its config, for the
     devices the point asks for."""
 
     config: ml_collections.ConfigDict

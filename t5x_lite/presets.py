@@ -220,6 +220,6 @@ def sweep_preset(name: str) -> ml_collections.ConfigDict:
     config.sweep = ml_collections.ConfigDict(
         dict(tasks=settings.tasks, seeds=settings.seeds, progress=True, budget="steps",
              zero_shot=False))
-    # None: the grid's first point (`sweep.expand`, "Compute-matched sweeps").
+    # None: the grid's first point (`grid.expand`, "Compute-matched sweeps").
     config.sweep.budget_reference = ml_collections.config_dict.placeholder(str)
     return config

@@ -6,7 +6,7 @@
 
 The examples are the first `count` rows of the batches a run of `run.config` corrupts at steps
 0, 1, ...: the chunks of `PretrainData.batch(step)` (single-process), the layout the run trains
-with (an experiment point: its grid's shared layout, as `sweep.expand` gives it; a plain config:
+with (an experiment point: its grid's shared layout, as `grid.expand` gives it; a plain config:
 `objectives.layout_from_config`), and the batch key of `train_step.batch_and_dropout_keys`. The
 whole batch is corrupted, because each example's key is split from the batch key over the batch
 rows; a count beyond the batch size continues with the batches of steps 1, 2, ...
@@ -21,7 +21,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from t5x_lite import batch_format, objectives, presets, sweep, ul2
+from t5x_lite import batch_format, grid, objectives, presets, ul2
 from t5x_lite.config import EOS_ID, PAD_ID, ConfigError, apply_overrides, parse_overrides
 from t5x_lite.data.vocabulary import Vocabulary
 from t5x_lite.settings import Settings
@@ -56,7 +56,7 @@ def previewed_run(experiment: str | None, point: str | None, preset: str = "tiny
                   seed: int = 0, overrides: Sequence[str] = ()) -> PreviewedRun:
     """Validate the request and resolve its config and layout; builds no data.
 
-    experiment given: grid point `point` (its id as in results.jsonl) of `sweep.expand(
+    experiment given: grid point `point` (its id as in results.jsonl) of `grid.expand(
     experiment, preset, overrides)`, with the grid's shared layout. experiment None: the preset
     with the 'field=value' overrides, with its own layout. Either way `train.seed` = seed.
     Raises `ConfigError` naming the field for an unknown experiment, point (listing the grid's
@@ -70,14 +70,14 @@ def previewed_run(experiment: str | None, point: str | None, preset: str = "tiny
         config.train.seed = seed
         Settings.from_config(config)  # every bad value, before any data or array is built
         return PreviewedRun(config, objectives.layout_from_config(config), preset)
-    points = sweep.expand(experiment, preset, overrides)
+    points = grid.expand(experiment, preset, overrides)
     ids = list(dict.fromkeys(p.point for p in points))  # a point once, whatever its seeds
     if point not in ids:
         raise ConfigError(f"point={point!r} is not a point of {points[0].experiment}; choose "
                           f"one of {', '.join(ids)}")
     grid_point = next(p for p in points if p.point == point)
     config = copy.deepcopy(grid_point.config)
-    config.train.seed = seed  # as `sweep.expand` seeds a run (the seed changes no layout)
+    config.train.seed = seed  # as `grid.expand` seeds a run (the seed changes no layout)
     return PreviewedRun(config, grid_point.layout, preset, grid_point.experiment, point,
                         grid_point.row)
 

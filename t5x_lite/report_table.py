@@ -22,7 +22,7 @@ The table follows the paper's conventions:
   row average (the mean of a row's columns; the paper's side averages the same paper columns,
   or all seven when some of our columns have no paper column, e.g. the built-in tasks).
 
-A compute-matched sweep (`sweep.budget` "tokens" or "flops", `t5x_lite.sweep`) says so in the
+A compute-matched sweep (`sweep.budget` "tokens" or "flops", `t5x_lite.grid`) says so in the
 table's title and notes, and a second table, "Pre-training compute", gives each row's derived
 steps, FLOPs, row tokens and expected loss-bearing tokens per step and total pre-training
 FLOPs (also written to compute.csv). The default budget, "steps", leaves the output as it was.

@@ -9,7 +9,7 @@ one-line `ConfigError` naming the field and what it must be) and then each field
 against its annotation.
 
 Checks that need more than the config stay where that is: the task registry
-(`evaluation.check_task_names`, `sweep.require_sweep_splits`), the mesh against the devices
+(`evaluation.check_task_names`, `grid.require_sweep_splits`), the mesh against the devices
 (`partitioning.resolve_mesh_shape`, which also takes mesh sections without rules), the batch
 split over processes and devices (`partitioning.validate_batch_split`), an objective's
 targets_length and sentinels against the family and vocabulary (`objectives.layout_for`), an
@@ -422,8 +422,8 @@ class Finetune(_Section):
 class Sweep(_Section):
     """`config.sweep`, which only sweep presets have (`presets.sweep_preset`): the tasks each
     grid point is fine-tuned on, its seeds, progress display, compute budget and whether the
-    pre-trained model is scored zero-shot before fine-tuning (`t5x_lite.sweep`, which checks
-    the tasks' splits, budget_reference and label options against the grid)."""
+    pre-trained model is scored zero-shot before fine-tuning (`t5x_lite.sweep`; `t5x_lite.grid` checks the
+    tasks' splits, budget_reference and label options against the grid)."""
 
     NAME: ClassVar[str] = "sweep"
 

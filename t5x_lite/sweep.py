@@ -1,17 +1,8 @@
-"""Sweeps: expand an experiment's grid, run every grid point (pre-train -> [zero-shot] ->
-fine-tune on each task -> evaluate) and append one record per (grid point, seed, task) to
-`workdir/results.jsonl`.
+"""Sweeps: run every grid point of an experiment (its grid: `t5x_lite.grid`): pre-train ->
+[zero-shot] -> fine-tune on each task -> evaluate, and append one record per (grid point,
+seed, task) to `workdir/results.jsonl`.
 
-    points = expand("table2", "tiny")                   # validated before anything runs
     records = run_sweep("table2", "tiny", "runs/table2", overrides=["train.steps=100"])
-
-An experiment is a file `experiments/<name>.py` (or any `path/to/file.py`) defining
-  GRID: rows `dict(point=id, row=paper row label, objective=label (Table 2, ul2),
-        overrides={dotted config field: value})`, in the paper's order;
-  get_config(preset) -> the config every row starts from (`presets.sweep_preset`).
-A point's config is: get_config(preset), then the user's overrides, then the row's overrides
-(so the grid stays the grid), then `train.seed` = the seed. Each row runs once per seed in
-`sweep.seeds` and is fine-tuned on each task of `sweep.tasks` separately.
 
 Zero-shot: with `sweep.zero_shot=True` the pre-trained model of each point is also scored,
 before fine-tuning, on every task of `sweep.tasks` with label options (`t5x_lite.zero_shot`:
@@ -20,22 +11,9 @@ the best-ranked option's task metrics); each record of the point gets `zero_shot
 "error"} beside its fine-tuned `metrics`. It is part of what a workdir's sweep is: a workdir
 swept without it is not resumed with it (its finished records have no zero-shot scores).
 
-Compute-matched sweeps: `sweep.budget` (`BUDGETS`) says what every point's pre-training
-matches. "steps" (the default): each point runs its configured `train.steps`. "tokens" /
-"flops": the budget is what the reference point (`sweep.budget_reference`, a grid row's
-point id; None: the grid's first point) spends in its configured `train.steps`, counted in
-row positions processed or in training FLOPs (`StepCost`), and every point runs
-max(1, round(budget / its cost per step)) steps (`match_budget`, at expansion, so each
-point's config and records carry their derived steps).
-
-Compile sharing: every point gets the one `BatchLayout` of all points with its batch family
-and vocabulary (`objectives.layout_for` over their objective configs), so points with the same
-parameter structure have equal train-step program keys and share one compiled pre-train step.
-A layout holds one ul2 mixture, so the ul2 points of a grid with several mixtures
-(experiments/ul2.py) get a layout per mixture, padded to the lengths of the family's others
-(`_shared_layouts`): a step compiles per mixture, and every row keeps the same size. With
-`run_sweep(..., vmap=K)` up to K points sharing a layout (differing only in objective and
-seed) pre-train together in one `jax.vmap`-ed step (`vmap_chunks`, `run_chunk`).
+Points sharing a layout (`t5x_lite.grid`) share one compiled pre-training step; with
+`run_sweep(..., vmap=K)` up to K of them (differing only in objective and seed) pre-train
+together in one `jax.vmap`-ed step (`vmap_chunks`, `run_chunk`).
 
 The workdir:
   sweep.json                                  experiment, preset and overrides it belongs to
@@ -55,372 +33,30 @@ their lines to retry them) and resumes the others from their checkpoints. A poin
 from __future__ import annotations
 
 import copy
-import dataclasses
 import hashlib
-import importlib.util
 import json
 import os
 import sys
 import time
 import traceback
 from pathlib import Path
-from types import ModuleType
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import jax
-import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from t5x_lite import (accounting, architectures, batch_format, launchers, objectives,
-                      partitioning, presets)
-from t5x_lite.checkpointing import ADDED_MODEL_FIELDS
-from t5x_lite.config import (BUDGETS, ConfigError, apply_overrides, drop_unread_objective_fields,
-                             parse_overrides)
-from t5x_lite.errors import require_choice
+from t5x_lite import accounting, batch_format, launchers, objectives, presets
+from t5x_lite.config import ConfigError, apply_overrides, parse_overrides
+from t5x_lite.grid import GridPoint, StepCost, config_hash, expand, user_overrides
 from t5x_lite.results import ResultsFile, is_writer
-from t5x_lite.settings import Settings, Sweep, Train
 
-
-def _experiments_dir() -> Path:
-    """`experiments/` of a source checkout, else the copy installed as `t5x_lite.experiments`."""
-    checkout = Path(__file__).resolve().parent.parent / "experiments"
-    if checkout.is_dir():
-        return checkout
-    return Path(importlib.util.find_spec("t5x_lite.experiments").submodule_search_locations[0])
-
-
-EXPERIMENTS_DIR = _experiments_dir()
 
 SWEEP_FILE = "sweep.json"
 # Record fields that measure time or depend on how often a run was interrupted, not on what it
 # computed (a resumed point compiles once per process).
 TIMING_FIELDS = ("wall_s", "compile_s", "compiles", "train_step_compiles", "finetune_compile_s",
                  "finetune_compiles")
-
-
-@dataclasses.dataclass(frozen=True)
-class StepCost:
-    """What one pre-training step of a point processes, with its shared layout's rows.
-
-    flops: `train.batch_size` x `accounting.train_flops_per_example` at the layout's inputs
-    and targets lengths (attention and logits included, padding too: the step computes it);
-    tokens: row positions, `train.batch_size` x (inputs + targets lengths), what the train loop
-    counts as tokens/s; loss_tokens: the expected target tokens with a loss weight,
-    `train.batch_size` x `objectives.expected_loss_tokens` (the signal the step learns from).
-    """
-
-    flops: float
-    tokens: int
-    loss_tokens: float
-
-    @classmethod
-    def of(cls, config: ml_collections.ConfigDict, layout: objectives.BatchLayout) -> StepCost:
-        batch, objective = config.train.batch_size, config.objective
-        lengths = (layout.inputs_length, layout.targets_length)
-        return cls(
-            flops=batch * accounting.train_flops_per_example(config.model, *lengths),
-            tokens=batch * sum(lengths),
-            loss_tokens=batch * objectives.expected_loss_tokens(
-                objective.name, objective.inputs_length, objective.noise_density,
-                objective.mean_noise_span_length, objective.ul2_denoisers))
-
-    def of_budget(self, kind: str) -> float:
-        """The cost of one step in the unit of `sweep.budget=kind` ("tokens" or "flops")."""
-        return float(self.tokens if kind == "tokens" else self.flops)
-
-
-@dataclasses.dataclass(frozen=True)
-class Budget:
-    """A compute-matched sweep's budget: `kind` ("tokens" or "flops") of `reference`'s
-    pre-training in its `reference_steps` configured steps, `total` in that unit."""
-
-    kind: str
-    reference: str
-    reference_steps: int
-    total: float
-
-
-@dataclasses.dataclass(frozen=True)
-class GridPoint:
-    """One run of a sweep: a grid row with one seed, its full config and its shared layout.
-
-    point: the row's id ("encoder_decoder/denoising"), unique within the experiment; with
-    `seed`, it names the run. row / objective: the paper's row label and (Table 2) objective
-    label. index: position in `expand`'s list of `num_points`. layout: the batch layout shared
-    by every point of its batch family and vocabulary (see the module docstring). budget: the
-    budget its steps were derived from, None under `sweep.budget="steps"`.
-    """
-
-    experiment: str
-    preset: str
-    point: str
-    row: str
-    objective: str | None
-    config: ml_collections.ConfigDict
-    seed: int
-    index: int
-    num_points: int
-    layout: objectives.BatchLayout
-    budget: Budget | None = None
-
-    @property
-    def run_name(self) -> str:
-        """'[3/10] encoder_decoder_half/denoising (seed 0)', for progress lines."""
-        return f"[{self.index + 1}/{self.num_points}] {self.point} (seed {self.seed})"
-
-    def directory(self, workdir: str | os.PathLike) -> Path:
-        return Path(workdir) / "points" / self.point / f"seed{self.seed}"
-
-
-# ---------------------------------------------------------------------------------------------
-# Experiments and overrides
-
-
-def experiment_names() -> list[str]:
-    """The experiments in `EXPERIMENTS_DIR` (file stems)."""
-    return sorted(path.stem for path in EXPERIMENTS_DIR.glob("*.py"))
-
-
-def load_experiment(experiment: str) -> ModuleType:
-    """The module of an experiment name (`EXPERIMENTS_DIR/<name>.py`) or of a `.py` path.
-
-    Raises `ConfigError` for an unknown name (listing the known ones) and for a file that
-    defines no non-empty GRID or no get_config.
-    """
-    path = Path(experiment) if experiment.endswith(".py") else EXPERIMENTS_DIR / f"{experiment}.py"
-    if not path.is_file():
-        raise ConfigError(
-            f"experiment={experiment!r} does not exist; choose one of "
-            f"{', '.join(experiment_names())} or give the path of an experiment .py file"
-        )
-    spec = importlib.util.spec_from_file_location(f"t5x_lite_experiment_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    grid = getattr(module, "GRID", None)
-    if not grid or isinstance(grid, (str, Mapping)) or not callable(
-        getattr(module, "get_config", None)
-    ):
-        raise ConfigError(
-            f"experiment file {path} defines no grid: it needs GRID, a non-empty sequence of "
-            "dict(point=..., row=..., overrides={...}), and get_config(preset)"
-        )
-    return module
-
-
-def config_hash(config: ml_collections.ConfigDict) -> str:
-    """A short stable hash of what a run computes: the config less its `sweep` section (the
-    seeds, tasks and progress setting of the whole sweep, which a user may extend and resume),
-    so equal runs have equal hashes."""
-    plain = json.loads(config.to_json_best_effort(sort_keys=True))
-    plain.pop("sweep", None)
-    # A model field added later hashes at None as before it existed, so that the records of
-    # sweeps run before still match.
-    for name in (field.removeprefix("model.") for field in ADDED_MODEL_FIELDS):
-        if name in plain["model"] and plain["model"][name] is None:
-            del plain["model"][name]
-    plain["objective"] = drop_unread_objective_fields(plain["objective"])
-    return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()[:16]
-
-
-# ---------------------------------------------------------------------------------------------
-# Expansion
-
-
-# The splits a sweep reads of each task: fine-tuning trains on "train" and scores "validation"
-# (`finetune.finetune`).
-SWEEP_SPLITS = ("train", "validation")
-
-
-def require_sweep_splits(task_names: Sequence[str]) -> None:
-    """Raise a one-line `ConfigError` naming the first of `task_names` that is not a
-    registered task, or that lacks one of `SWEEP_SPLITS` (e.g. glue_mnli_matched, which holds
-    MNLI's validation_matched only), with its splits."""
-    from t5x_lite.data import tasks
-
-    for name in task_names:
-        if name not in tasks.TASKS:
-            raise ConfigError(f"sweep.tasks has unknown task {name!r}; known tasks: "
-                              f"{', '.join(sorted(tasks.TASKS))}")
-        splits = tasks.TASKS[name].splits
-        missing = [split for split in SWEEP_SPLITS if split not in splits]
-        if missing:
-            raise ConfigError(
-                f"sweep.tasks has task {name!r} without the {' and '.join(missing)} split a "
-                f"sweep reads (it fine-tunes on train and scores validation); its splits: "
-                f"{', '.join(splits)}")
-
-
-def _validate(config: ml_collections.ConfigDict, where: str) -> None:
-    """Every check that can run before training, with `where` (the grid point) in the message:
-    the typed settings (`Settings.from_config`: every section, the sweep's included), the
-    batch split over processes, the objective against the architecture, each task's splits,
-    that a zero-shot sweep has a task to score zero-shot and that the pre-training corpus
-    exists."""
-    from t5x_lite import zero_shot
-    from t5x_lite.data import pipeline, tasks
-
-    try:
-        settings = Settings.from_config(config)
-        partitioning.validate_process_split(settings.train.batch_size, "train.batch_size")
-        partitioning.validate_process_split(settings.finetune.batch_size,
-                                            "finetune.batch_size")
-        architectures.get(settings.model.arch).require_objective(settings.objective.name)
-        require_sweep_splits(settings.sweep.tasks)
-        if settings.sweep.zero_shot and all(zero_shot.not_applicable(tasks.TASKS[name])
-                                            for name in settings.sweep.tasks):
-            raise ConfigError(
-                f"sweep.zero_shot=True needs a task with label options (a classification task, "
-                f"e.g. builtin_module); sweep.tasks={list(settings.sweep.tasks)} has none")
-        # A missing corpus would fail every point when it runs; it stops the sweep here.
-        pipeline.describe_corpus(config)
-    except ConfigError as error:
-        raise ConfigError(f"{where}: {error}") from None
-
-
-def _layout_group(config: ml_collections.ConfigDict) -> tuple[str, int, int, tuple]:
-    """What `objectives.layout_for` needs besides the objectives (the first three), and a ul2
-    point's mixture (empty for other objectives): points agreeing on it share a layout (and,
-    with equal model and train settings, one compiled step). A layout holds one mixture
-    (`BatchLayout.denoisers`), so each mixture of a grid (e.g. experiments/ul2.py's R, S and
-    X only) gets a layout of its own."""
-    model, objective = config.model, config.objective
-    mixture = tuple(map(tuple, objective.ul2_denoisers)) if objective.name == "ul2" else ()
-    return architectures.get(model.arch).family, model.vocab_size, model.num_sentinels, mixture
-
-
-def _shared_layouts(groups: Mapping[tuple, Sequence[Any]]) -> dict[tuple, objectives.BatchLayout]:
-    """`_layout_group` key -> the layout of its points' objective configs (`layout_for`, which
-    validates each). The layouts of one family and vocabulary (several only where ul2 points
-    differ in their mixture) get the longest raw, inputs and targets lengths of them all, so
-    every point of a family trains on rows of the same size."""
-    layouts = {key: objectives.layout_for(objs, *key[:3]) for key, objs in groups.items()}
-    shared = {}
-    for key, layout in layouts.items():
-        family = [other for other_key, other in layouts.items() if other_key[:3] == key[:3]]
-        shared[key] = dataclasses.replace(
-            layout, **{field: max(getattr(other, field) for other in family)
-                       for field in ("raw_length", "inputs_length", "targets_length")})
-    return shared
-
-
-def _budget_settings(config: ml_collections.ConfigDict,
-                     grid: Sequence[Mapping[str, Any]]) -> tuple[str, str | None]:
-    """(sweep.budget, sweep.budget_reference) of a point's config, checked (the section by
-    `settings.Sweep`, the reference against the grid): a one-line `ConfigError` naming the
-    field and the allowed values otherwise."""
-    sweep_section = Sweep.from_config(config.sweep)
-    kind, reference = sweep_section.budget, sweep_section.budget_reference
-    if reference is not None:
-        require_choice("sweep.budget_reference", reference, [row["point"] for row in grid])
-    return kind, reference
-
-
-def _match_steps(train: ml_collections.ConfigDict, steps: int) -> None:
-    """Set `train.steps` to `steps` and scale `train.warmup_steps` by the same factor (rounded;
-    at least 1 when the configured warm-up is, at most the steps for linear and cosine), so the
-    warm-up keeps its share of training. The schedules read no other step count: linear and
-    cosine decay to 0 at `train.steps`, rsqrt is `lr / sqrt(max(step, warmup_steps))` (its
-    constant phase scales with the rest), constant reads neither. Step cadences that do not
-    change what is computed (`train.log_every`, `checkpoint.every`) stay."""
-    warmup = round(train.warmup_steps * steps / train.steps)
-    if train.warmup_steps > 0:
-        warmup = max(warmup, 1)
-    if train.schedule in ("linear", "cosine"):
-        warmup = min(warmup, steps)
-    train.update(steps=steps, warmup_steps=warmup)
-
-
-def match_budget(points: Sequence[GridPoint], kind: str,
-                 reference: str | None = None) -> list[GridPoint]:
-    """`points` with the steps that make each spend the reference point's pre-training budget.
-
-    kind "tokens" or "flops": the budget is the reference's configured `train.steps` times its
-    `StepCost` in that unit (the reference: the first point whose id is `reference`, None: the
-    first point; its seeds cost alike). Each point gets `train.steps` = max(1, round(budget /
-    its cost per step)), so it spends the budget to within half a step of its own, and
-    `train.warmup_steps` scaled with it (`_match_steps`); "steps" returns `points` unchanged.
-    A function of the configs and layouts alone, so a resumed sweep derives the same steps.
-    """
-    require_choice("sweep.budget", kind, BUDGETS)
-    if kind == "steps":
-        return list(points)
-    wanted = reference or points[0].point
-    anchor = next((p for p in points if p.point == wanted), None)
-    if anchor is None:
-        raise ConfigError(f"sweep.budget_reference={reference!r} is not a point of the grid; "
-                          f"choose one of {', '.join(dict.fromkeys(p.point for p in points))}")
-    reference_steps = anchor.config.train.steps
-    budget = Budget(kind, anchor.point, reference_steps,
-                    reference_steps * StepCost.of(anchor.config, anchor.layout).of_budget(kind))
-    matched = []
-    for point in points:
-        config = copy.deepcopy(point.config)
-        per_step = StepCost.of(config, point.layout).of_budget(kind)
-        _match_steps(config.train, max(1, round(budget.total / per_step)))
-        try:
-            Train.from_config(config.train)
-        except ConfigError as error:
-            raise ConfigError(f"{point.experiment} point {point.point!r} under sweep.budget="
-                              f"{kind!r}: {error}") from None
-        matched.append(dataclasses.replace(point, config=config, budget=budget))
-    return matched
-
-
-def user_overrides(experiment: str, preset: str,
-                   overrides: Sequence[str]) -> list[tuple[str, Any]]:
-    """The user's '--config.F=V' (or 'F=V') overrides as (field, value) pairs in the order
-    given, each value read as the type of its field in the experiment's config
-    (`config.parse_overrides`, as every command reads them)."""
-    base = load_experiment(experiment).get_config(preset)
-    return [item for text in overrides for item in parse_overrides(base, [text]).items()]
-
-
-def expand(experiment: str, preset: str, overrides: Sequence[str] = ()) -> list[GridPoint]:
-    """The grid points of `experiment` under `preset`, in the paper's row order, each seed of
-    a row after the other; every config is validated (before anything runs: `_validate`, so
-    an unknown task, a task without a train or validation split or a missing pre-training
-    corpus is a `ConfigError` naming it), and every row of an experiment named after a paper
-    table must be one of that table's rows. Under `sweep.budget` "tokens" or "flops" each
-    point's `train.steps` (and warm-up) are derived from the reference's budget
-    (`match_budget`); a `sweep.budget` or `sweep.budget_reference` that is not allowed is a
-    one-line `ConfigError` naming the field and the allowed values, before any other check."""
-    from t5x_lite import paper_results
-
-    module = load_experiment(experiment)
-    paper_results.check_grid(Path(experiment).stem, module.GRID)
-    if preset not in presets.PRESETS:
-        raise ConfigError(
-            f"preset={preset!r} does not exist; choose one of {', '.join(presets.PRESETS)}")
-    user = dict(user_overrides(experiment, preset, overrides))
-    rows, budget = [], None
-    for row in module.GRID:
-        config = module.get_config(preset)
-        apply_overrides(config, user)
-        apply_overrides(config, row["overrides"])
-        settings = _budget_settings(config, module.GRID)  # checked before anything else
-        if budget not in (None, settings):
-            raise ConfigError(f"{experiment} point {row['point']!r} sets sweep.budget / "
-                              f"sweep.budget_reference={settings}, the grid's first point "
-                              f"{budget}: a sweep has one budget")
-        budget = settings
-        for seed in config.sweep.seeds:
-            seeded = copy.deepcopy(config)
-            seeded.train.seed = seed
-            _validate(seeded, f"{experiment} point {row['point']!r}")
-            rows.append((row, seeded))
-    groups: dict[tuple, list] = {}
-    for _, config in rows:
-        groups.setdefault(_layout_group(config), []).append(config.objective)
-    layouts = _shared_layouts(groups)
-    name = Path(experiment).stem
-    points = [
-        GridPoint(experiment=name, preset=preset, point=row["point"], row=row["row"],
-                  objective=row.get("objective"), config=config, seed=config.train.seed,
-                  index=index, num_points=len(rows), layout=layouts[_layout_group(config)])
-        for index, (row, config) in enumerate(rows)
-    ]
-    return match_budget(points, *budget)
 
 
 # ---------------------------------------------------------------------------------------------

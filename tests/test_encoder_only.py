@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from t5x_lite import (batch_format, decoding, evaluation, finetune, layers, objectives,
+from t5x_lite import (batch_format, decoding, evaluation, finetune, grid, layers, objectives,
                       partitioning, preview, report_render, report_table, sweep, train,
                       train_step)
 from t5x_lite.config import EOS_ID, PAD_ID, ConfigError, model_config
@@ -322,7 +322,7 @@ def test_a_generation_task_is_refused_for_a_run_and_na_in_a_sweep(pretrained, tm
     # A sweep point fine-tuned on it records "not applicable" (not "failed") without running.
     generation.sweep = ml_collections.ConfigDict(dict(tasks=("wmt_ende",), seeds=(0,),
                                                       progress=False, zero_shot=False))
-    point = sweep.GridPoint(experiment="x", preset="tiny", point="encoder_only/bert", row="EO",
+    point = grid.GridPoint(experiment="x", preset="tiny", point="encoder_only/bert", row="EO",
                             objective="BERT-style", config=generation, seed=0, index=0,
                             num_points=1, layout=objectives.layout_from_config(generation))
     (point.directory(tmp_path) / "pretrain").mkdir(parents=True)

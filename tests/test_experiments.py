@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from t5x_lite import objectives, presets, sweep
+from t5x_lite import grid, objectives, presets, sweep
 from t5x_lite.config import UL2_DENOISERS, ConfigError
 
 # (point, model.arch, objective.name, the kinds of its ul2 denoisers: () for other objectives),
@@ -31,7 +31,7 @@ def _expand(experiment, preset, tmp_path):
         (tmp_path / "pretrain" / "wiki").mkdir(parents=True, exist_ok=True)
         (tmp_path / "pretrain" / "wiki" / "part-000.txt").write_text("Title\nText.\n\nTwo\n")
         overrides = [f"data.data_root={tmp_path}"]
-    return sweep.expand(experiment, preset, overrides)
+    return grid.expand(experiment, preset, overrides)
 
 
 @pytest.mark.parametrize("preset", presets.PRESETS)
@@ -68,7 +68,7 @@ def test_the_ul2_grid_expands_and_each_point_runs_what_it_says(preset, tmp_path)
 
 
 def test_the_ul2_grid_gets_the_sentinels_its_x_denoisers_need_at_512_inputs():
-    points = sweep.expand("ul2", "paper")
+    points = grid.expand("ul2", "paper")
     assert points[0].config.objective.inputs_length == 512
     assert {p.config.model.num_sentinels for p in points} == {130}
     # The preset's 100 are too few: layout_for's own count of what the mixture needs is 130.
@@ -77,7 +77,7 @@ def test_the_ul2_grid_gets_the_sentinels_its_x_denoisers_need_at_512_inputs():
     with pytest.raises(ConfigError, match="model.num_sentinels=100 is too small .* at least 130"):
         objectives.layout_for([config.objective], "encoder_decoder", config.model.vocab_size,
                               config.model.num_sentinels)
-    assert sweep.load_experiment("ul2").sentinels_needed(32) <= presets.get_preset(
+    assert grid.load_experiment("ul2").sentinels_needed(32) <= presets.get_preset(
         "demo").model.num_sentinels
 
 
@@ -123,11 +123,11 @@ def test_bad_grids_stop_at_expansion(overrides, message, tmp_path):
     path = tmp_path / "bad_grid.py"
     path.write_text(BAD_GRID.format(overrides=repr(overrides)))
     with pytest.raises(ConfigError, match=message):
-        sweep.expand(str(path), "demo")
+        grid.expand(str(path), "demo")
 
 
 def test_only_renormalises_one_kind_of_the_default_mixture():
-    only = sweep.load_experiment("ul2").only
+    only = grid.load_experiment("ul2").only
     for kind in ("R", "S", "X"):
         mixture = only(kind)
         assert {d[0] for d in mixture} == {kind}
@@ -164,6 +164,6 @@ def test_families_expands_at_every_preset_to_one_flop_budget(preset, tmp_path):
     assert (budget.kind, budget.reference) == ("flops", "encoder_decoder/span_corruption")
     assert budget.reference_steps == presets.sweep_preset(preset).train.steps
     for point in points:  # each spends the one budget to within half of its own step
-        per_step = sweep.StepCost.of(point.config, point.layout).flops
+        per_step = grid.StepCost.of(point.config, point.layout).flops
         assert abs(point.config.train.steps * per_step - budget.total) <= per_step / 2
     assert len({p.config.train.steps for p in points}) == 3  # enc-dec, decoders, encoder-only

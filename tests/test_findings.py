@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from t5x_lite import findings, paper_results, report_table, sweep
+from t5x_lite import findings, grid, paper_results, report_table
 from t5x_lite.findings import (AVERAGE, CANNOT_SEPARATE, CONTRADICTS, FINDINGS, MOST, NOT_RUN,
                                SOME, SUPPORTS, Best, Better, Finding, Scores, Similar, Worst)
 
@@ -32,11 +32,11 @@ def test_every_paper_table_has_findings_and_they_name_its_rows():
     for finding in FINDINGS:
         paper = paper_results.PAPER_TABLES[finding.experiment]
         # Rows as the experiment files label them (Table 2 by row and objective).
-        grid = {(row["row"], row.get("objective"))
-                for row in sweep.load_experiment(finding.experiment).GRID}
+        labels = {(row["row"], row.get("objective"))
+                  for row in grid.load_experiment(finding.experiment).GRID}
         for predicate in finding.predicates:
             for row in predicate.rows():
-                assert row in grid, (finding.claim, row)
+                assert row in labels, (finding.claim, row)
                 assert paper.find(*row) is not None, (finding.claim, row)
 
 

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @dataclasses.dataclass(frozen=True)
 class FakePoint:
-    """Stands in for sweep.GridPoint: what the launchers read of a point."""
+    """Stands in for grid.GridPoint: what the launchers read of a point."""
 
     point: str
     mesh_shape: tuple[int, ...] = (-1, 1)
@@ -239,9 +239,9 @@ TINY_OVERRIDES = [
     "finetune.eval_examples=8", "sweep.tasks=('builtin_reverse',)", "sweep.progress=False",
 ]
 TWO_POINT_EXPERIMENT = """
-from t5x_lite import sweep
+from t5x_lite import grid
 
-_table2 = sweep.load_experiment("table2")
+_table2 = grid.load_experiment("table2")
 GRID = (_table2.GRID[0], _table2.GRID[5])
 get_config = _table2.get_config
 """

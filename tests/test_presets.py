@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from t5x_lite import cli, distributed, evaluation, finetune, presets, sweep, train
+from t5x_lite import cli, distributed, evaluation, finetune, grid, presets, sweep, train
 from t5x_lite.config import ConfigError, apply_overrides
 from t5x_lite.data import pipeline, tasks
 
@@ -88,10 +88,10 @@ def test_the_preset_corpus_is_the_shared_english_text(monkeypatch, shared_data):
 
 def test_every_sweep_record_names_its_corpus(tmp_path):
     write_pretrain_text(tmp_path)
-    points = sweep.expand("table2", "cpu", [f"data.data_root={tmp_path}"])
+    points = grid.expand("table2", "cpu", [f"data.data_root={tmp_path}"])
     assert {sweep._base_record(p)["corpus"] for p in points} == {
         f"{tmp_path}/pretrain/*/part-*.txt"}
-    tiny = sweep.expand("table2", "tiny")[0]
+    tiny = grid.expand("table2", "tiny")[0]
     assert sweep._base_record(tiny)["corpus"] == "python_docs"
 
 
@@ -99,7 +99,7 @@ def test_the_cpu_sweep_covers_table2_three_seeds_and_three_kinds_of_task(monkeyp
                                                                         shared_data):
     shared_data("pretrain")  # expansion checks that the corpus is there
     monkeypatch.chdir(REPO)
-    points = sweep.expand("table2", "cpu")
+    points = grid.expand("table2", "cpu")
     assert len(points) == 30
     assert sorted({p.seed for p in points}) == [0, 1, 2]
     config = points[0].config
@@ -111,7 +111,7 @@ def test_the_cpu_sweep_covers_table2_three_seeds_and_three_kinds_of_task(monkeyp
     assert config.data.corpus == f"{presets.SHARED_DATA_ROOT}/{presets.PRETRAIN_TEXT}"
 
 
-# sweep.config_hash of two points of Table 2 under each preset, computed before the fine-tuning
+# grid.config_hash of two points of Table 2 under each preset, computed before the fine-tuning
 # settings moved to one definition (presets.apply_finetune_settings): the records of a running
 # or finished sweep are matched by these hashes, so the move must leave them alone.
 TABLE2_HASHES = {
@@ -128,8 +128,8 @@ def test_the_sweep_config_hashes_are_unchanged(name, monkeypatch, shared_data):
     if name in DATA_ROOT_PRESETS:
         shared_data("pretrain")  # expansion checks that the corpus is there
     monkeypatch.chdir(REPO)  # the data root is part of the hash, relative to the checkout
-    points = {(p.point, p.seed): p for p in sweep.expand("table2", name)}
-    hashes = tuple(sweep.config_hash(points[key].config)
+    points = {(p.point, p.seed): p for p in grid.expand("table2", name)}
+    hashes = tuple(grid.config_hash(points[key].config)
                    for key in (("encoder_decoder/denoising", 0), ("language_model/lm", 0)))
     assert hashes == TABLE2_HASHES[name]
 
@@ -155,7 +155,7 @@ def test_finetune_and_eval_commands_fine_tune_as_a_sweep_point(name, tmp_path, m
     """`t5x-lite finetune / eval --preset NAME`: the `finetune` section of a sweep point of
     NAME (the one definition in presets), and its sweep's tasks by default."""
     write_pretrain_text(tmp_path)  # the data-root presets' sweeps check their corpus
-    point = sweep.expand("table2", name, [f"data.data_root={tmp_path}"])[0].config
+    point = grid.expand("table2", name, [f"data.data_root={tmp_path}"])[0].config
     expected = point.finetune.to_dict()
     del expected["tasks"]  # a sweep fine-tunes on one of sweep.tasks at a time
     finetuned = _command_config("finetune", ["--preset", name, f"--workdir={tmp_path}/ft"],
@@ -177,7 +177,7 @@ def test_finetune_and_eval_commands_fine_tune_as_a_sweep_point(name, tmp_path, m
 def test_every_sweep_task_has_the_splits_a_sweep_reads(name):
     """Each task of every preset's sweep is registered with a train and a validation split
     (the local tasks' files under ../shared/data are read by test_tasks)."""
-    sweep.require_sweep_splits(presets.sweep_preset(name).sweep.tasks)
+    grid.require_sweep_splits(presets.sweep_preset(name).sweep.tasks)
     for task in presets.sweep_preset(name).sweep.tasks:
         assert {"train", "validation"} <= set(tasks.get_task(task).splits), task
 
@@ -185,14 +185,14 @@ def test_every_sweep_task_has_the_splits_a_sweep_reads(name):
 def test_a_sweep_task_without_a_train_or_validation_split_is_refused_at_expansion(tmp_path):
     """The MNLI mistake: glue_mnli_matched holds MNLI's validation_matched split only."""
     with pytest.raises(ConfigError) as error:
-        sweep.expand("table4", "demo", ["sweep.tasks=builtin_reverse,glue_mnli_matched"])
+        grid.expand("table4", "demo", ["sweep.tasks=builtin_reverse,glue_mnli_matched"])
     assert str(error.value) == (
         "table4 point 'prefix_lm': sweep.tasks has task 'glue_mnli_matched' without the "
         "train split a sweep reads (it fine-tunes on train and scores validation); its "
         "splits: validation")
     with pytest.raises(ConfigError, match="'local_glue_qnli' without the train split.*its "
                                           "splits: validation, test"):
-        sweep.expand("table4", "demo", ["sweep.tasks=local_glue_qnli"])
+        grid.expand("table4", "demo", ["sweep.tasks=local_glue_qnli"])
     # From the command line: one line, before the workdir is made.
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["t5x-lite", "sweep", "table4", "--preset=demo", f"--workdir={tmp_path}/w",

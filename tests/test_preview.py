@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import t5x_lite
-from t5x_lite import bart_noising, cli, objectives, partitioning, preview, train_step
+from t5x_lite import bart_noising, cli, grid, objectives, partitioning, preview, train_step
 from t5x_lite.config import EOS_ID
 from t5x_lite.data.pipeline import vocabulary_from_config
 from t5x_lite.step_settings import step_settings
@@ -99,7 +99,7 @@ def test_examples_are_what_the_train_step_corrupts(rate_15):
 def test_iid_denoising_keeps_clean_tokens_in_the_inputs_and_noise_runs_in_the_targets(rate_15):
     run, examples = rate_15
     first_sentinel = run.layout.vocab_size - run.layout.num_sentinels
-    assert run.layout == preview.sweep.expand("table6", "demo")[0].layout  # the grid's layout
+    assert run.layout == grid.expand("table6", "demo")[0].layout  # the grid's layout
     for example in examples:
         raw, noise = np.array(example["raw"]), np.array(example["noise_mask"], bool)
         inputs, targets = np.array(example["inputs"][:-1]), np.array(example["targets"][:-1])

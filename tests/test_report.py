@@ -11,7 +11,7 @@ import sys
 import pytest
 import scipy.stats
 
-from t5x_lite import accounting, paper_results, report, report_render, report_table, sweep
+from t5x_lite import accounting, grid, paper_results, report, report_render, report_table, sweep
 from t5x_lite.architectures import names as architecture_names
 from t5x_lite.config import ConfigError, model_config
 from t5x_lite.report_table import Cell
@@ -115,22 +115,22 @@ def test_sweep_rejects_a_grid_row_the_paper_table_does_not_have(tmp_path):
                            ("rate_30", "30%", None))
     with pytest.raises(ConfigError, match=r"table6 point 'rate_30': row '30%' is not a row of "
                                           r"the paper's Table 6.*'10%', '15%', '25%', '50%'"):
-        sweep.expand(bad, "demo")
+        grid.expand(bad, "demo")
     # Table 2's rows are told apart by their objective too.
     (tmp_path / "t2").mkdir()
     bad = _experiment_file(tmp_path / "t2", "table2", ("ed", "Encoder-decoder", "Deshuffling"))
     with pytest.raises(ConfigError, match=r"table2 point 'ed': row 'Encoder-decoder' with "
                                           r"objective 'Deshuffling' is not a row of the paper's "
                                           r"Table 2.*'Encoder-decoder' \(Denoising\)"):
-        sweep.expand(bad, "demo")
+        grid.expand(bad, "demo")
     good = _experiment_file(tmp_path / "t2", "table2", ("ed", "Encoder-decoder", "LM"))
-    assert [p.row for p in sweep.expand(good, "demo")] == ["Encoder-decoder"]
+    assert [p.row for p in grid.expand(good, "demo")] == ["Encoder-decoder"]
 
 
 def test_an_experiment_of_ones_own_has_no_paper_rows_to_match(tmp_path):
     mine = _experiment_file(tmp_path, "my_ablation", ("a", "My row", None),
                             ("b", "30%", "Whatever"))
-    assert [p.row for p in sweep.expand(mine, "demo")] == ["My row", "30%"]
+    assert [p.row for p in grid.expand(mine, "demo")] == ["My row", "30%"]
 
 
 # ----------------------------------------------------------------------------- rules
@@ -421,7 +421,7 @@ def test_a_seed_whose_score_is_not_a_number_makes_the_cell_undefined(tmp_path):
 
 def test_params_and_cost_are_the_papers_labels_with_our_measured_ratios():
     records = [{**sweep._base_record(point), "task": "builtin_reverse", "status": "ok",
-                "metrics": {"accuracy": 50.0}} for point in sweep.expand("table2", "demo")]
+                "metrics": {"accuracy": 50.0}} for point in grid.expand("table2", "demo")]
     labels = {(row.label, row.objective): (row.params_label, row.cost_label)
               for row in report_table.build_table(records).rows}
     # The paper's Table 2: 2P / M, P / M, P / M/2, P / M, P / M, whatever the objective.

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from t5x_lite import launchers, noise_lengths, results, sweep
+from t5x_lite import grid, launchers, noise_lengths, results, sweep
 from t5x_lite.config import ConfigError
 from t5x_lite.data import tasks
 from t5x_lite.preemption import Preempted
@@ -92,7 +92,7 @@ def uninterrupted(experiment, tmp_path_factory):
 @pytest.mark.parametrize("experiment_name", sorted(PAPER_ROWS))
 def test_grids_have_the_paper_rows_and_one_layout_per_family(experiment_name):
     for preset in ("demo", "paper"):
-        points = sweep.expand(experiment_name, preset)
+        points = grid.expand(experiment_name, preset)
         assert [p.row for p in points] == PAPER_ROWS[experiment_name]
         assert [p.config.objective.name for p in points if p.objective in (None, "Denoising")] \
             == ROW_OBJECTIVES[experiment_name]
@@ -116,7 +116,7 @@ def test_grids_have_the_paper_rows_and_one_layout_per_family(experiment_name):
 
 @pytest.mark.parametrize("preset, sentinels", [("demo", 100), ("tiny", 100), ("paper", 181)])
 def test_table6_rows_share_the_sentinels_the_50_percent_row_needs(preset, sentinels):
-    points = sweep.expand("table6", preset)
+    points = grid.expand("table6", preset)
     needed = noise_lengths.iid_lengths("iid_denoising", points[-1].config.objective.inputs_length,
                                        0.5).num_sentinels
     assert {p.config.model.num_sentinels for p in points} == {max(100, needed)} == {sentinels}
@@ -124,7 +124,7 @@ def test_table6_rows_share_the_sentinels_the_50_percent_row_needs(preset, sentin
 
 
 def test_overrides_apply_to_every_point_and_the_rows_win():
-    points = sweep.expand("table6", "demo", ["--config.train.steps=70",
+    points = grid.expand("table6", "demo", ["--config.train.steps=70",
                                              "objective.noise_density=0.9"])
     assert {p.config.train.steps for p in points} == {70}
     assert [p.config.objective.noise_density for p in points] == [0.10, 0.15, 0.25, 0.50]
@@ -197,7 +197,7 @@ def test_a_ul2_run_whose_batches_mix_denoisers_records_one_train_step_compile(tm
 
     path = tmp_path / "ul2_grid.py"
     path.write_text(UL2_EXPERIMENT)
-    point, = sweep.expand(str(path), "demo")
+    point, = grid.expand(str(path), "demo")
     layout, train = point.layout, point.config.train
     kinds_per_step = [
         {layout.denoisers[i].kind for i in np.asarray(ul2.choose(
@@ -344,7 +344,7 @@ def test_vmapped_sweep_gives_the_records_of_the_sequential_one(experiment, unint
     """vmap=2: the two encoder-decoder points pre-train in one vmapped step (compiled once
     for the pair); the broken point (another vocabulary) cannot join them and runs alone."""
     assert [[p.point for p in chunk] for chunk in
-            sweep.vmap_chunks(sweep.expand(experiment, "demo"), 2)] == [
+            sweep.vmap_chunks(grid.expand(experiment, "demo"), 2)] == [
         ["denoising", "prefix_lm"], ["broken"]]
     with cold_program_cache():  # the pair's step compiles here, whatever ran before
         records = sweep.run_sweep(experiment, "demo", str(tmp_path), vmap=2)
@@ -370,21 +370,21 @@ def test_only_process_zero_writes_the_sweeps_files(experiment, tmp_path, monkeyp
 
 def test_bad_inputs(tmp_path, experiment):
     with pytest.raises(ConfigError, match="experiment='table3' does not exist.*table2, table4"):
-        sweep.expand("table3", "tiny")
+        grid.expand("table3", "tiny")
     with pytest.raises(ConfigError, match="preset='huge' does not exist.*tiny, small, paper, demo"):
-        sweep.expand("table2", "huge")
+        grid.expand("table2", "huge")
     no_grid = tmp_path / "no_grid.py"
     no_grid.write_text("def get_config(preset):\n    return None\n")
     with pytest.raises(ConfigError, match="no_grid.py defines no grid"):
-        sweep.expand(str(no_grid), "tiny")
+        grid.expand(str(no_grid), "tiny")
     with pytest.raises(ConfigError, match="no field 'model.depth'"):
-        sweep.expand("table4", "tiny", ["model.depth=3"])
+        grid.expand("table4", "tiny", ["model.depth=3"])
     with pytest.raises(ConfigError, match="override 'train.steps' must look like"):
-        sweep.expand("table4", "tiny", ["train.steps"])
+        grid.expand("table4", "tiny", ["train.steps"])
     with pytest.raises(ConfigError, match="train.steps='many'"):
-        sweep.expand("table4", "tiny", ["train.steps=many"])
+        grid.expand("table4", "tiny", ["train.steps=many"])
     with pytest.raises(ConfigError, match="table4 point 'prefix_lm'.*unknown task 'glue_nope'"):
-        sweep.expand("table4", "tiny", ["sweep.tasks=('glue_nope',)"])
+        grid.expand("table4", "tiny", ["sweep.tasks=('glue_nope',)"])
     for vmap in (0, 1.5, True):
         with pytest.raises(ConfigError, match=f"vmap={vmap!r} must be an integer >= 1"):
             sweep.run_sweep("table4", "demo", str(tmp_path / "a"), vmap=vmap)
@@ -441,8 +441,8 @@ def _hand_cost(point, kind):
 
 @pytest.mark.parametrize("kind", ["flops", "tokens"])
 def test_table2_points_spend_the_reference_budget(kind):
-    configured = {p.point: p.config for p in sweep.expand("table2", "demo")}
-    points = sweep.expand("table2", "demo", [f"sweep.budget={kind}"])
+    configured = {p.point: p.config for p in grid.expand("table2", "demo")}
+    points = grid.expand("table2", "demo", [f"sweep.budget={kind}"])
     reference = points[0]
     budget = configured[reference.point].train.steps * _hand_cost(reference, kind)
     for point in points:
@@ -467,7 +467,7 @@ def test_table2_points_spend_the_reference_budget(kind):
 
 
 def test_the_budget_reference_can_be_any_grid_point():
-    points = sweep.expand("table2", "demo", ["sweep.budget=flops",
+    points = grid.expand("table2", "demo", ["sweep.budget=flops",
                                              "sweep.budget_reference=language_model/lm"])
     reference = next(p for p in points if p.point == "language_model/lm")
     assert reference.config.train.steps == 200
@@ -493,21 +493,21 @@ def get_config(preset):
 def test_a_tokens_budget_gives_bigger_batches_fewer_steps(tmp_path):
     path = tmp_path / "batch_grid.py"
     path.write_text(BATCH_GRID)
-    points = sweep.expand(str(path), "demo", ["sweep.budget=tokens", "train.steps=30",
+    points = grid.expand(str(path), "demo", ["sweep.budget=tokens", "train.steps=30",
                                               "train.warmup_steps=10"])
     # 30 steps of batch 4 read 120 rows; the others read as many, to the nearest step, and
     # warm up for the same share of their steps.
     assert [p.config.train.steps for p in points] == [30, 15, 20, 8]
     assert [p.config.train.warmup_steps for p in points] == [10, 5, 7, 3]
     # A warm-up scaled below one step keeps one.
-    points = sweep.expand(str(path), "demo", ["sweep.budget=tokens", "train.steps=30",
+    points = grid.expand(str(path), "demo", ["sweep.budget=tokens", "train.steps=30",
                                               "train.warmup_steps=1"])
     assert [p.config.train.warmup_steps for p in points] == [1, 1, 1, 1]
 
 
 def test_a_steps_budget_leaves_the_configs_and_records_as_they_were():
-    default = sweep.expand("table2", "demo")
-    explicit = sweep.expand("table2", "demo", ["sweep.budget=steps"])
+    default = grid.expand("table2", "demo")
+    explicit = grid.expand("table2", "demo", ["sweep.budget=steps"])
     assert [p.config.to_dict() for p in explicit] == [p.config.to_dict() for p in default]
     assert {p.config.train.steps for p in default} == {200}
     assert all(p.budget is None for p in explicit)
@@ -527,7 +527,7 @@ def test_bad_budgets_fail_at_expansion_before_any_other_check(tmp_path):
             ("sweep.budget_reference=nope", "sweep.budget_reference='nope'",
              "encoder_decoder/denoising, encoder_decoder_shared/denoising")):
         with pytest.raises(ConfigError) as error:
-            sweep.expand("table2", "demo", [override, "data.corpus=/nonexistent/*.txt"])
+            grid.expand("table2", "demo", [override, "data.corpus=/nonexistent/*.txt"])
         message = str(error.value)
         assert "\n" not in message
         assert message.startswith(f"{field} is not allowed; choose one of {allowed}")
@@ -564,7 +564,7 @@ def test_a_flops_matched_sweep_records_and_reports_its_compute(tmp_path):
     path.write_text(BUDGET_EXPERIMENT)
     workdir = tmp_path / "sweep"
     overrides = ["sweep.budget=flops"]
-    points = {p.point: p for p in sweep.expand(str(path), "demo", overrides)}
+    points = {p.point: p for p in grid.expand(str(path), "demo", overrides)}
     first, second = points["denoising"], points["prefix_lm"]
     budget = 6 * _hand_cost(first, "flops")  # the first point's 6 configured steps
     derived = round(budget / _hand_cost(second, "flops"))

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from t5x_lite import (architectures, batch_format, cli, decoding, distributed, models,
+from t5x_lite import (architectures, batch_format, cli, decoding, distributed, grid, models,
                       partitioning, report, report_render, sweep, train, train_step, zero_shot)
 from t5x_lite.config import ConfigError, EOS_ID
 from t5x_lite.data import pipeline, tasks
@@ -220,7 +220,7 @@ def test_a_zero_shot_sweep_records_the_pretrained_models_scores_beside_the_finet
     assert reverse["zero_shot"]["status"] == "not_applicable"
     assert "no label options" in reverse["zero_shot"]["error"]
     # The stage scored the pre-training checkpoint, not the fine-tuned model.
-    point, = sweep.expand(experiment, "demo", ZERO_SHOT_SWEEP)
+    point, = grid.expand(experiment, "demo", ZERO_SHOT_SWEEP)
     pretrain = point.directory(workdir) / "pretrain"
     assert zero_shot.evaluate(point.config, str(pretrain), ["builtin_module"]) == {
         "builtin_module": module["zero_shot"]["metrics"]}
@@ -259,7 +259,7 @@ def test_a_zero_shot_sweep_needs_a_task_with_label_options(zero_shot_sweep):
     experiment, _, _ = zero_shot_sweep
     with pytest.raises(ConfigError, match=r"point 'lm': sweep.zero_shot=True needs a task with "
                                           r"label options.*has none$"):
-        sweep.expand(experiment, "demo", ["sweep.zero_shot=True", "sweep.tasks=builtin_reverse"])
-    assert sweep.expand(experiment, "demo")[0].config.sweep.zero_shot is False  # the default
+        grid.expand(experiment, "demo", ["sweep.zero_shot=True", "sweep.tasks=builtin_reverse"])
+    assert grid.expand(experiment, "demo")[0].config.sweep.zero_shot is False  # the default
     with pytest.raises(ConfigError, match=r"sweep.zero_shot[^\n]*$"):
-        sweep.expand(experiment, "demo", ["sweep.zero_shot=3"])
+        grid.expand(experiment, "demo", ["sweep.zero_shot=3"])
