@@ -5,11 +5,12 @@
 
 Takes the experiment's largest chunk of points that can share a vmapped step
 (`sweep.vmap_chunks`, e.g. Table 6's four corruption rates; with `sweep.seeds=(0, 1)` its
-eight runs), or its first K points with `--points K`, builds both the shared single-point
-step and the vmapped step of the chunk, and times, in turns, one update of every point each way on random
-real-token batches (the step's cost does not depend on the token values; the input pipeline
-is left out). Prints one JSON object: K, the medians per update of all K points, and the
-throughput in tokens/s (K x batch x (inputs + targets) tokens per update of all points).
+eight runs, each rate's seeds next to each other), or its first K points with `--points K`,
+builds both the shared single-point step and the vmapped step of the chunk, and times, in
+turns, one update of every point each way on random real-token batches (the step's cost does
+not depend on the token values; the input pipeline is left out). Prints one JSON object: K,
+the medians per update of all K points, and the throughput in tokens/s (K x batch x (inputs +
+targets) tokens per update of all points).
 """
 from __future__ import annotations
 
