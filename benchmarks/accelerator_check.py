@@ -95,7 +95,8 @@ def child_bench(preset: str, overrides: list[str], steps: int) -> dict[str, Any]
             **{key: result[key] for key in kept}, "peak_memory_gib": _peak_memory_gib()}
 
 
-def child_attention(implementations: list[str], shape: dict[str, int], steps: int) -> dict[str, Any]:
+def child_attention(implementations: list[str], shape: dict[str, int],
+                    steps: int) -> dict[str, Any]:
     """`attention.dot_product_attention` with each implementation on one bf16 batch shaped as
     T5's encoder self-attention (padding mask, relative position bias [1, H, L, L]): the
     largest difference of each output from the first implementation's, relative to the
@@ -114,10 +115,12 @@ def child_attention(implementations: list[str], shape: dict[str, int], steps: in
     mask = attention.padding_mask(valid, valid)
     results, outputs = {}, {}
     for impl in implementations:
-        forward = jax.jit(lambda q, k, v, bias, impl=impl: attention.dot_product_attention(
-            q, k, v, mask, bias, implementation=impl))
-        grads = jax.jit(jax.grad(lambda q, k, v, bias, impl=impl: attention.dot_product_attention(
-            q, k, v, mask, bias, implementation=impl).astype(jnp.float32).sum(), argnums=(0, 1, 2, 3)))
+        def attend(q, k, v, bias, impl=impl):
+            return attention.dot_product_attention(q, k, v, mask, bias, implementation=impl)
+
+        forward = jax.jit(attend)
+        grads = jax.jit(jax.grad(lambda *args: attend(*args).astype(jnp.float32).sum(),
+                                 argnums=(0, 1, 2, 3)))
         try:
             outputs[impl] = forward(q, k, v, bias).astype(jnp.float32)
             (seconds,) = median_seconds(lambda: grads(q, k, v, bias), steps=steps, warmup=2)
@@ -201,7 +204,8 @@ def run_tests(limit_s: float) -> dict[str, Any]:
     lines = ran["stdout"].strip().splitlines()
     return {"status": ran["status"], "wall_s": ran["wall_s"], "files": files,
             "backend": backend["stdout"].strip(), "summary": lines[-1] if lines else "",
-            **({} if ran["status"] == "ok" else {"output_tail": _tail(ran["stdout"] + ran["stderr"])})}
+            **({} if ran["status"] == "ok"
+               else {"output_tail": _tail(ran["stdout"] + ran["stderr"])})}
 
 
 def run_demo(limit_s: float, toy: bool) -> dict[str, Any]:
@@ -229,7 +233,8 @@ def plan(toy: bool) -> list[tuple[str, Any]]:
     for part, (preset, extra) in sizes.items():
         for name, variant in VARIANTS:
             arguments = {"preset": preset, "overrides": [BF16, *extra, *variant], "steps": steps}
-            parts.append((f"{part}/{name}", lambda limit, a=arguments: run_child("bench", a, limit)))
+            parts.append((f"{part}/{name}",
+                          lambda limit, a=arguments: run_child("bench", a, limit)))
     kernels = ["xla", "einsum"] if toy else ["xla", "cudnn"]
     shape = (dict(batch=2, length=64, heads=2, head_dim=16) if toy
              else dict(batch=32, length=512, heads=12, head_dim=64))
@@ -278,7 +283,8 @@ def targets(parts: dict[str, Any]) -> dict[str, Any]:
         "paper_bf16_mfu": {"target": TARGET_MFU, "best": best_mfu, "by_variant": mfus,
                            "met": None if best_mfu is None else best_mfu >= TARGET_MFU},
         "vmap_small_K4_speedup": {"target": TARGET_VMAP_SPEEDUP, "measured": speedup,
-                                  "met": None if speedup is None else speedup >= TARGET_VMAP_SPEEDUP},
+                                  "met": (None if speedup is None
+                                          else speedup >= TARGET_VMAP_SPEEDUP)},
     }
 
 
@@ -305,9 +311,11 @@ def run_parts(parts: Mapping[str, Callable[[float], dict[str, Any]]], names: Seq
         left = deadline - time.monotonic()
         limit = min(caps[name.split("/")[0]], left)
         if limit < 10:
-            summary["parts"][name] = {"status": "skipped", "why": f"{left:.0f} s of the budget left"}
+            summary["parts"][name] = {"status": "skipped",
+                                      "why": f"{left:.0f} s of the budget left"}
         else:
-            print(f"[accelerator_check] {name} (at most {limit:.0f} s)", file=sys.stderr, flush=True)
+            print(f"[accelerator_check] {name} (at most {limit:.0f} s)", file=sys.stderr,
+                  flush=True)
             summary["parts"][name] = parts[name](limit)
             print(f"[accelerator_check] {name}: {summary['parts'][name]['status']} in "
                   f"{summary['parts'][name].get('wall_s')} s", file=sys.stderr, flush=True)
@@ -341,9 +349,9 @@ def main() -> None:
     out = Path(args.out) if args.out else (Path(os.environ["OUT"]) / "accelerator_check.json"
                                            if os.environ.get("OUT") else None)
     environment = run_command([sys.executable, "-c", (
-        "import jax, json, flax; print(json.dumps({'jax': jax.__version__, 'flax': flax.__version__,"
-        " 'backend': jax.default_backend(), 'devices': [d.device_kind for d in jax.devices()]}))")],
-        120)
+        "import jax, json, flax; print(json.dumps({'jax': jax.__version__, "
+        "'flax': flax.__version__, 'backend': jax.default_backend(), "
+        "'devices': [d.device_kind for d in jax.devices()]}))")], 120)
     summary = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "toy": args.toy,
                "budget_s": args.budget_s, "environment": environment["stdout"].strip()
                or _tail(environment["stderr"])}
