@@ -71,17 +71,8 @@ ATTENTION_TOLERANCE = 0.03
 # ---------------------------------------------------------------------------------------------
 # What each child process runs (`--child KIND JSON`); each prints one JSON line, its result.
 
-def _peak_memory_gib() -> float | None:
-    """The first local device's peak bytes in use so far (None where JAX keeps no stats: CPU)."""
-    import jax
-
-    stats = jax.local_devices()[0].memory_stats() or {}
-    peak = stats.get("peak_bytes_in_use")
-    return None if peak is None else peak / 2**30
-
-
 def child_bench(preset: str, overrides: list[str], steps: int) -> dict[str, Any]:
-    """`bench.run_benchmarks` of the preset with overrides; its figures and the peak memory."""
+    """`bench.run_benchmarks` of the preset with overrides: its figures, less the config."""
     from t5x_lite import bench, presets
     from t5x_lite.config import apply_overrides, parse_overrides
 
@@ -90,9 +81,9 @@ def child_bench(preset: str, overrides: list[str], steps: int) -> dict[str, Any]
     result = bench.run_benchmarks(config, steps=steps, warmup=2)
     kept = ("step_ms", "tokens_per_second", "tflops_per_second", "peak_tflops_per_second",
             "mfu", "peak_source", "compile_s", "first_call_s", "devices", "layout",
-            "corruption_ms", "corruption_share_of_step")
+            "corruption_ms", "corruption_share_of_step", "peak_memory_gib")
     return {"preset": preset, "overrides": overrides, "batch_size": config.train.batch_size,
-            **{key: result[key] for key in kept}, "peak_memory_gib": _peak_memory_gib()}
+            **{key: result[key] for key in kept}}
 
 
 def child_attention(implementations: list[str], shape: dict[str, int],

@@ -180,6 +180,14 @@ def pipeline_seconds(config: ml_collections.ConfigDict, batches: int = 200) -> f
     return seconds_per_batch(data, num_batches=batches)
 
 
+def peak_device_memory_gib() -> float | None:
+    """The first local device's peak bytes in use so far, in GiB; None where JAX keeps no
+    memory statistics (CPU)."""
+    stats = jax.local_devices()[0].memory_stats() or {}
+    peak = stats.get("peak_bytes_in_use")
+    return None if peak is None else peak / 2**30
+
+
 def run_benchmarks(config: ml_collections.ConfigDict, *, steps: int = 10, warmup: int = 2,
                    compare_torch: bool = False, pipeline: bool = False) -> dict[str, Any]:
     """Everything `t5x-lite bench` reports, as one JSON-able dict.
@@ -215,6 +223,7 @@ def run_benchmarks(config: ml_collections.ConfigDict, *, steps: int = 10, warmup
         "first_call_s": info["first_call_s"],
         "devices": info["devices"],
         "host_memory_retained": host_memory.retained,  # see `host_memory`
+        "peak_memory_gib": peak_device_memory_gib(),  # after the timed steps
         "layout": info["layout"],
         "corruption_ms": corrupt_s * 1e3,
         "corruption_share_of_step": corrupt_s / step_s,
