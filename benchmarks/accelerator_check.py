@@ -44,6 +44,7 @@ which checks the script itself on a machine without an accelerator.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import signal
@@ -216,34 +217,32 @@ def run_demo(limit_s: float, toy: bool) -> dict[str, Any]:
 
 def plan(toy: bool) -> list[tuple[str, Any]]:
     """(part name, a function of the time limit returning its entry), in the order they run."""
-    sizes = {"paper": ("tiny", ["train.batch_size=2"]), "small": ("demo", ["train.batch_size=2"])}
-    if not toy:
-        sizes = {"paper": ("paper", []), "small": ("small", [])}
+    # part -> (preset, its overrides)
+    sizes = ({"paper": ("tiny", ["train.batch_size=2"]), "small": ("demo", ["train.batch_size=2"])}
+             if toy else {"paper": ("paper", []), "small": ("small", [])})
     steps = 3 if toy else 10
     parts = []
     for part, (preset, extra) in sizes.items():
         for name, variant in VARIANTS:
             arguments = {"preset": preset, "overrides": [BF16, *extra, *variant], "steps": steps}
-            parts.append((f"{part}/{name}",
-                          lambda limit, a=arguments: run_child("bench", a, limit)))
+            parts.append((f"{part}/{name}", functools.partial(run_child, "bench", arguments)))
     kernels = ["xla", "einsum"] if toy else ["xla", "cudnn"]
     shape = (dict(batch=2, length=64, heads=2, head_dim=16) if toy
              else dict(batch=32, length=512, heads=12, head_dim=64))
-    parts.append(("attention/kernels", lambda limit: run_child(
-        "attention", {"implementations": kernels, "shape": shape, "steps": steps}, limit)))
+    parts.append(("attention/kernels", functools.partial(
+        run_child, "attention", {"implementations": kernels, "shape": shape, "steps": steps})))
     for impl in kernels:
         arguments = {"preset": sizes["small"][0], "steps": steps,
                      "overrides": [BF16, *sizes["small"][1], f"model.attention_impl={impl}"]}
         parts.append((f"attention/small_step_{impl}",
-                      lambda limit, a=arguments: run_child("bench", a, limit)))
+                      functools.partial(run_child, "bench", arguments)))
     for preset in ["demo"] if toy else ["small", "tiny"]:
         for k in [1, 2] if toy else [1, 2, 4, 8]:
             arguments = {"preset": preset, "points": k, "steps": 2 if toy else 10,
                          "overrides": ["train.batch_size=2"] if toy else []}
-            parts.append((f"vmap/{preset}/{k}",
-                          lambda limit, a=arguments: run_child("vmap", a, limit)))
+            parts.append((f"vmap/{preset}/{k}", functools.partial(run_child, "vmap", arguments)))
     parts.append(("tests", run_tests))
-    parts.append(("demo", lambda limit: run_demo(limit, toy)))
+    parts.append(("demo", functools.partial(run_demo, toy=toy)))
     return parts
 
 
