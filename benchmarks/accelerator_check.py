@@ -1,4 +1,4 @@
-"""Issue #19's check on an accelerator: one script, one JSON summary, under 8 minutes on one H200.
+"""Issue #19's check on an accelerator: one script, one JSON summary, under 8 minutes on one GPU.
 
     python benchmarks/accelerator_check.py [--out FILE] [--budget_s 480] [--parts a,b] [--toy]
 
@@ -29,15 +29,13 @@ Parts the budget leaves out are "skipped"; `--parts demo` (names or prefixes) ru
 later run. `targets` in the summary compares the results with the issue's targets (bf16 MFU
 at T5-base >= 40 %, four small points vmapped >= 2x their sequential throughput).
 
-On the lent H200 (its image has JAX, Flax, optax and orbax but not TFDS or ml_collections):
-`bash benchmarks/accelerator_wheels.sh` here first, then one call of the device tool with
-carry [".whl"] and the command
-
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit;
-    PYTHONUNBUFFERED=1 python3 benchmarks/accelerator_check.py 2>&1 | tee $OUT/log.txt
-
-whose summary comes back as $OUT/accelerator_check.json. `--toy` shrinks every part to CPU
+On a lent H100 or H200 (its image has JAX, Flax, optax and orbax but not TFDS or
+ml_collections): `bash benchmarks/accelerator_wheels.sh` here first, then one call of the
+device tool with carry [".whl"] and the command `bash benchmarks/accelerator_run.sh`, which
+installs the wheels, smoke-tests the image's stack (falling back on the carried Flax / optax /
+orbax versions this project is tested with), and runs this script; the summary comes back as
+$OUT/accelerator_check.json. The exit status is 1 when a part failed or ran out of time.
+`--toy` shrinks every part to CPU
 sizes (tiny and demo models, batch 2, a few steps; einsum attention stands in for cuDNN),
 which checks the script itself on a machine without an accelerator.
 """
@@ -348,7 +346,15 @@ def main() -> None:
                "budget_s": args.budget_s, "environment": environment["stdout"].strip()
                or _tail(environment["stderr"])}
     caps = {part: cap * (4 if args.toy else 1) for part, cap in CAPS.items()}
-    print(json.dumps(run_parts(parts, names, args.budget_s, caps, out, summary), indent=1))
+    summary = run_parts(parts, names, args.budget_s, caps, out, summary)
+    print(json.dumps(summary, indent=1))
+    sys.exit(exit_status(summary["parts"]))
+
+
+def exit_status(parts: Mapping[str, dict[str, Any]]) -> int:
+    """0 when every part that ran is ok (skipped ones aside), else 1: the smoke run of
+    `accelerator_run.sh` reads it."""
+    return int(any(entry["status"] in ("failed", "timed_out") for entry in parts.values()))
 
 
 if __name__ == "__main__":

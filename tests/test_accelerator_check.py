@@ -87,3 +87,10 @@ def test_a_command_past_its_limit_is_killed_with_its_children(check):
         "'import time; time.sleep(60)']); print('started', flush=True); time.sleep(60)")], 2)
     assert ran["status"] == "timed_out" and ran["wall_s"] < 20
     assert "started" in ran["stdout"]
+
+
+def test_the_exit_status_fails_only_for_a_failed_or_overrun_part(check):
+    """accelerator_run.sh's smoke run reads it: a skipped part is not a failure."""
+    assert check.exit_status({"a": {"status": "ok"}, "b": {"status": "skipped"}}) == 0
+    assert check.exit_status({"a": {"status": "ok"}, "b": {"status": "failed"}}) == 1
+    assert check.exit_status({"a": {"status": "timed_out"}}) == 1
