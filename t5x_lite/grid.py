@@ -7,7 +7,9 @@ An experiment is a file `experiments/<name>.py` (or any `path/to/file.py`) defin
         overrides={dotted config field: value})`, in the paper's order;
   get_config(preset) -> the config every row starts from (`presets.sweep_preset`).
 A point's config is: get_config(preset), then the user's overrides, then the row's overrides
-(so the grid stays the grid), then `train.seed` = the seed. Each row runs once per seed in
+(so the grid stays the grid), then `train.seed` = the seed. An override of a field that every
+row sets would change no point, so it is refused (`ConfigError`); one of a field that some
+rows set reaches only the others, and a warning names the rows that keep their own. Each row runs once per seed in
 `sweep.seeds` and is fine-tuned on each task of `sweep.tasks` separately.
 
 Compute-matched sweeps: `sweep.budget` (`BUDGETS`) says what every point's pre-training
@@ -35,6 +37,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Mapping, Sequence
@@ -336,6 +339,29 @@ def user_overrides(experiment: str, preset: str,
     return [item for text in overrides for item in parse_overrides(base, [text]).items()]
 
 
+def _check_overrides_of_row_fields(experiment: str, rows: Sequence[Mapping[str, Any]],
+                                   user: Mapping[str, Any]) -> None:
+    """A row's own overrides win over the user's (the grid stays the grid), so a user
+    override of a field that every row sets would be silently dropped: a one-line
+    `ConfigError` naming the field and the rows' values. One that only some rows set reaches
+    the others only: a warning names the rows that keep their own value."""
+    for field, value in user.items():
+        setting = [row for row in rows if field in row["overrides"]]
+        if not setting:
+            continue
+        if len(setting) == len(rows):
+            values = sorted({repr(row["overrides"][field]) for row in setting})
+            raise ConfigError(
+                f"{field}={value!r} would change no point of {experiment}: every row sets "
+                f"{field} itself ({', '.join(values)}); drop the override, or run an "
+                "experiment file whose rows set it (experiments/README.md, 'Writing an "
+                "experiment')")
+        warnings.warn(
+            f"{field}={value!r} applies only to the points of {experiment} that do not set "
+            f"{field} themselves; {', '.join(row['point'] for row in setting)} keep their own",
+            stacklevel=3)
+
+
 def expand(experiment: str, preset: str, overrides: Sequence[str] = ()) -> list[GridPoint]:
     """The grid points of `experiment` under `preset`, in the paper's row order, each seed of
     a row after the other; every config is validated (before anything runs: `_validate`, so
@@ -353,6 +379,7 @@ def expand(experiment: str, preset: str, overrides: Sequence[str] = ()) -> list[
         raise ConfigError(
             f"preset={preset!r} does not exist; choose one of {', '.join(presets.PRESETS)}")
     user = dict(user_overrides(experiment, preset, overrides))
+    _check_overrides_of_row_fields(Path(experiment).stem, module.GRID, user)
     rows, budget = [], None
     for row in module.GRID:
         config = module.get_config(preset)

@@ -124,10 +124,23 @@ def test_table6_rows_share_the_sentinels_the_50_percent_row_needs(preset, sentin
 
 
 def test_overrides_apply_to_every_point_and_the_rows_win():
-    points = grid.expand("table6", "demo", ["--config.train.steps=70",
-                                             "objective.noise_density=0.9"])
+    points = grid.expand("table6", "demo", ["--config.train.steps=70"])
     assert {p.config.train.steps for p in points} == {70}
     assert [p.config.objective.noise_density for p in points] == [0.10, 0.15, 0.25, 0.50]
+    # Every Table 6 row sets its corruption rate: an override of it would change no point, and
+    # is refused before anything runs, naming the rows' values, however bad the value itself.
+    for value in ("0.9", "7"):
+        with pytest.raises(ConfigError, match=(
+                rf"^objective.noise_density={float(value)} would change no point of table6: "
+                r"every row sets objective.noise_density itself \(0.1, 0.15, 0.25, 0.5\)")):
+            grid.expand("table6", "demo", [f"objective.noise_density={value}"])
+    # Only Table 2's denoising rows set the rate: an override reaches the LM rows, and a
+    # warning names the rows that keep their own.
+    with pytest.warns(UserWarning, match=r"objective.noise_density=0.3 applies only to the "
+                      r"points of table2 that do not set .*; encoder_decoder/denoising, "):
+        points = grid.expand("table2", "demo", ["objective.noise_density=0.3"])
+    assert {p.point.split("/")[1]: p.config.objective.noise_density for p in points} == {
+        "denoising": 0.15, "lm": 0.3}
 
 
 def test_point_index_runs_one_point(experiment, tmp_path, capsys):
