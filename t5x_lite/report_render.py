@@ -17,8 +17,8 @@ import numpy as np
 
 from t5x_lite import findings, paper_results
 from t5x_lite.data.tasks import GLUE_AVERAGE_GROUPS
-from t5x_lite.report_table import (Cell, Table, ZeroShotRow, findings_of, latest_records,
-                                   pooled_std)
+from t5x_lite.report_table import Cell, Table, ZeroShotRow, findings_of, pooled_std
+from t5x_lite.results import latest_records
 
 
 def _findings_lines(table: Table, verdict: Callable[[str], str], indent: str) -> list[str]:

@@ -51,7 +51,7 @@ import scipy.stats
 
 from t5x_lite import findings, paper_results
 from t5x_lite.paper_results import PaperRow, PaperTable
-from t5x_lite.results import numbered_records
+from t5x_lite.results import latest_records, numbered_records
 
 # not_applicable: a task the architecture cannot be scored on (a generation task for
 # encoder_only, `evaluation.not_applicable`); the cell shows "n/a", never a number.
@@ -277,12 +277,6 @@ def _taus(rows: Sequence[Row], columns: Iterable[str]) -> dict[str, float | None
              for row in compared if row.average is not None]
     taus["average"] = kendall_tau(*zip(*pairs)) if pairs else None
     return taus
-
-
-def latest_records(records: Sequence[dict]) -> list[dict]:
-    """The last record of each (point, seed, task): a re-run of a failed point appends a new
-    record rather than rewriting the old one."""
-    return list({(r["point"], r["seed"], r["task"]): r for r in records}.values())
 
 
 def _label(record: dict, label_field: str, ratio_field: str) -> str:

@@ -11,6 +11,10 @@ Writing: the sweep process appends each record as one `os.write` of a whole line
 so a killed run leaves at most its last line cut short, and concurrent job-array tasks never
 interleave lines. Only process 0 of a multi-process run (TPU pod hosts, SLURM tasks) writes.
 
+When one (grid point, seed, task) has several records, the last one counts (`latest_records`):
+a re-run of a failed point, or a finished point given its zero-shot scores later, appends a new
+record rather than rewriting the old one.
+
 Reading: a last line without its newline that is not JSON is what a killed run leaves; it is
 skipped with a warning (and cut by the next sweep before it appends; a whole record without
 its newline is kept). Any other line that is not JSON means the file was damaged, and reading
@@ -22,7 +26,7 @@ import json
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 RESULTS_FILE = "results.jsonl"
 
@@ -122,3 +126,8 @@ class ResultsFile:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def latest_records(records: Sequence[dict]) -> list[dict]:
+    """The last record of each (point, seed, task), in the order each key first appears."""
+    return list({(r["point"], r["seed"], r["task"]): r for r in records}.values())

@@ -8,8 +8,11 @@ Zero-shot: with `sweep.zero_shot=True` the pre-trained model of each point is al
 before fine-tuning, on every task of `sweep.tasks` with label options (`t5x_lite.zero_shot`:
 the best-ranked option's task metrics); each record of the point gets `zero_shot`:
 {"status": "ok" | "not_applicable" (a task without label options) | "failed", "metrics",
-"error"} beside its fine-tuned `metrics`. It is part of what a workdir's sweep is: a workdir
-swept without it is not resumed with it (its finished records have no zero-shot scores).
+"error"} beside its fine-tuned `metrics`. A workdir swept without it can be given it later:
+re-run the sweep with `sweep.zero_shot=True`, and every finished point whose pre-training
+finished is scored from its checkpoint (nothing is trained again) and its records are appended
+again with `zero_shot` (the last record of a key counts, `results.latest_records`); from then
+on the workdir is a zero-shot sweep, which is not resumed without the stage.
 
 Points sharing a layout (`t5x_lite.grid`) share one compiled pre-training step; with
 `run_sweep(..., vmap=K)` up to K of them (differing only in objective and seed) pre-train
@@ -49,7 +52,7 @@ from jax.experimental import multihost_utils
 from t5x_lite import accounting, batch_format, launchers, objectives, presets
 from t5x_lite.config import ConfigError, apply_overrides, parse_overrides
 from t5x_lite.grid import GridPoint, StepCost, config_hash, expand, user_overrides
-from t5x_lite.results import ResultsFile, is_writer
+from t5x_lite.results import ResultsFile, is_writer, latest_records
 
 
 SWEEP_FILE = "sweep.json"
@@ -298,6 +301,29 @@ def _finetune_tasks(point: GridPoint, workdir: str, started: float,
     return records
 
 
+def _lacks_zero_shot(record: dict) -> bool:
+    """A record of a point whose pre-training finished (so it has a checkpoint to score) made
+    without the zero-shot stage."""
+    return "zero_shot" not in record and record.get("pretrain_loss") is not None
+
+
+def add_zero_shot(point: GridPoint, workdir: str, records: Sequence[dict]) -> list[dict]:
+    """`records` of a finished `point` (its pre-training finished; `_lacks_zero_shot`) with
+    the zero-shot stage's entries (`_zero_shot_stage` on its pre-trained checkpoint; entries
+    saved before are reused) as `zero_shot`; the saved records under records/ are rewritten
+    with them. Nothing is trained or fine-tuned."""
+    rundir = point.directory(workdir)
+    entries = _zero_shot_stage(point, rundir, [record["task"] for record in records])
+    amended = []
+    for record in records:
+        record = {**record, "zero_shot": entries[record["task"]]}
+        saved = rundir / "records" / f"{record['task']}.json"
+        if saved.exists():
+            _write_json(saved, record)
+        amended.append(record)
+    return amended
+
+
 # ---------------------------------------------------------------------------------------------
 # The sweep
 
@@ -317,14 +343,26 @@ def _without_sweep_settings(identity: dict[str, Any]) -> dict[str, Any]:
     return {**identity, "overrides": [item for item in identity["overrides"] if kept(*item)]}
 
 
+ZERO_SHOT_ON = ["sweep.zero_shot", True]  # the override, as a workdir's identity holds it
+
+
 def _claim_workdir(workdir: Path, identity: dict[str, Any]) -> None:
     """Record which sweep the workdir belongs to; refuse a workdir of a different sweep (other
-    experiment, preset or overrides; more seeds or tasks are the same sweep)."""
+    experiment, preset or overrides; more seeds or tasks are the same sweep). A sweep without
+    the zero-shot stage may be given it (`sweep.zero_shot=True`; see the module docstring):
+    the workdir becomes the zero-shot sweep's."""
     path = workdir / SWEEP_FILE
     identity = _without_sweep_settings(identity)
     if path.exists():
         saved = _without_sweep_settings(json.loads(path.read_text()))
-        if saved != identity:
+        without_stage = {**identity, "overrides": [
+            item for item in identity["overrides"] if item != ZERO_SHOT_ON]}
+        if without_stage != identity and saved == without_stage:
+            _log(f"{workdir} was swept without the zero-shot stage: its finished points will be "
+                 "scored zero-shot from their pre-trained checkpoints, and the workdir is a "
+                 "zero-shot sweep from now on")
+            _write_json(path, identity)
+        elif saved != identity:
             differences = ", ".join(f"{key}: {saved.get(key)!r} there, {identity[key]!r} now"
                                     for key in identity if saved.get(key) != identity[key])
             raise ConfigError(
@@ -466,6 +504,8 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
          f"{len(points[0].config.sweep.tasks)} tasks; {len(points) - len(todo)} done, "
          f"{len(todo)} to run; records in {results.path}")
     started, finished = time.perf_counter(), set()
+    # Every process's view of the records (process 0 may not have appended the last ones yet).
+    latest = {(r["point"], r["seed"], r["task"]): r for r in finished_records}
     launcher = launcher if launcher is not None else launchers.LocalLauncher()
     work = (launcher.map(run_chunk, vmap_chunks(todo, vmap), str(workdir_path)) if vmap > 1
             else launcher.map(run_point, todo, str(workdir_path)))
@@ -474,6 +514,7 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
         for record in records:
             if (record["point"], record["seed"], record["task"]) not in done:
                 results.append(record)
+                latest[record["point"], record["seed"], record["task"]] = record
             runs.setdefault((record["point"], record["seed"]), []).append(
                 f"{record['task']} {record['status']}")
         for (point, seed), statuses in runs.items():
@@ -482,8 +523,26 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
                      for key in (True, False)}
             _log(f"done {point} (seed {seed}): {', '.join(statuses)}")
             _log(progress_line(steps[True], steps[False], time.perf_counter() - started))
+    if points[0].config.sweep.zero_shot:
+        _add_zero_shot_to_finished(points, latest, workdir_path, results)
     wanted = {(p.point, p.seed) for p in points}
-    return [r for r in results.records() if (r["point"], r["seed"]) in wanted]
+    return [r for r in latest_records(results.records()) if (r["point"], r["seed"]) in wanted]
+
+
+def _add_zero_shot_to_finished(points: Sequence[GridPoint], latest: dict[tuple, dict],
+                               workdir: Path, results: ResultsFile) -> None:
+    """The zero-shot stage for the points whose records were made without it (a workdir
+    swept without the stage, or a point's tasks recorded before it was switched on), each
+    amended record appended to results.jsonl."""
+    for point in points:
+        records = [r for (name, seed, _), r in latest.items()
+                   if (name, seed) == (point.point, point.seed) and _lacks_zero_shot(r)]
+        if records:
+            amended = add_zero_shot(point, str(workdir), records)
+            for record in amended:
+                results.append(record)
+            _log(f"zero-shot scores added to {point.point} (seed {point.seed}): "
+                 + ", ".join(f"{r['task']} {r['zero_shot']['status']}" for r in amended))
 
 
 def run_demo(workdir: str, overrides: Sequence[str] = ()) -> str:

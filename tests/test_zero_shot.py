@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from t5x_lite import (architectures, batch_format, cli, decoding, distributed, grid, models,
-                      partitioning, report, report_render, sweep, train, train_step, zero_shot)
+from t5x_lite import (architectures, batch_format, cli, decoding, distributed, finetune, grid,
+                      models, partitioning, report, report_render, results, sweep, train,
+                      train_step, zero_shot)
 from t5x_lite.config import ConfigError, EOS_ID
 from t5x_lite.data import pipeline, tasks
 from t5x_lite.evaluation import TaskSplit, params_of
@@ -253,6 +254,46 @@ def test_a_resumed_zero_shot_sweep_does_not_score_again(zero_shot_sweep, tmp_pat
     with pytest.raises(ConfigError, match="holds a different sweep.*sweep.zero_shot"):
         sweep.run_sweep(experiment, "demo", str(copy),
                         overrides=[o for o in ZERO_SHOT_SWEEP if "zero_shot" not in o])
+
+
+@pytest.mark.slow
+def test_a_sweep_made_without_the_stage_gets_it_later_without_training_again(
+        zero_shot_sweep, tmp_path, monkeypatch):
+    experiment, workdir, records = zero_shot_sweep
+    copy = tmp_path / "sweep"
+    shutil.copytree(workdir, copy)
+    # The workdir as the same sweep without the stage leaves it: the same pre-training and
+    # fine-tuning (sweep.zero_shot is not in a point's config hash), records without
+    # `zero_shot`, no zero_shot.json, sweep.json without the switch.
+    without = [o for o in ZERO_SHOT_SWEEP if "zero_shot" not in o]
+    rundir = copy / "points" / "lm" / "seed0"
+    (rundir / sweep.ZERO_SHOT_FILE).unlink()
+    for path in [*(rundir / "records").glob("*.json")]:
+        path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items()
+                                    if k != "zero_shot"}))
+    (copy / "results.jsonl").write_text("".join(
+        json.dumps({k: v for k, v in r.items() if k != "zero_shot"}) + "\n" for r in records))
+    identity = json.loads((copy / sweep.SWEEP_FILE).read_text())
+    identity["overrides"].remove(sweep.ZERO_SHOT_ON)
+    (copy / sweep.SWEEP_FILE).write_text(json.dumps(identity))
+    assert [r["task"] for r in sweep.run_sweep(experiment, "demo", str(copy),
+                                               overrides=without)] == [r["task"] for r in records]
+
+    def trained_again(*args, **kwargs):
+        raise AssertionError("a finished point was trained again")
+
+    monkeypatch.setattr(train, "train", trained_again)
+    monkeypatch.setattr(finetune, "finetune", trained_again)
+    given = sweep.run_sweep(experiment, "demo", str(copy), overrides=ZERO_SHOT_SWEEP)
+    # Its records are those of the sweep that had the stage from the start, appended again.
+    assert given == records
+    assert len(results.read_records(copy / "results.jsonl")) == 2 * len(records)
+    assert [json.loads((rundir / "records" / f"{r['task']}.json").read_text())
+            for r in records] == records
+    # From then on it is a zero-shot sweep: resumed with the stage (nothing to do), not without.
+    assert sweep.run_sweep(experiment, "demo", str(copy), overrides=ZERO_SHOT_SWEEP) == records
+    with pytest.raises(ConfigError, match="holds a different sweep.*sweep.zero_shot"):
+        sweep.run_sweep(experiment, "demo", str(copy), overrides=without)
 
 
 def test_a_zero_shot_sweep_needs_a_task_with_label_options(zero_shot_sweep):
