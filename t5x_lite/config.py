@@ -166,6 +166,11 @@ def default_config() -> ml_collections.ConfigDict:
             weight_decay=0.0,  # AdamW only; Adafactor (T5) uses none
             loss_normalizing_factor=None,  # None: sum of loss weights; a number: that constant
             log_every=10,
+            # Held-out pre-training evaluation (`t5x_lite.held_out`): every eval_every steps
+            # and at the last, the objective's loss on eval_batches batches of corpus chunks
+            # the run never trains on; 0: none. It observes the run and changes no result.
+            eval_every=0,
+            eval_batches=4,
         )
     )
     config.mesh = ml_collections.ConfigDict(

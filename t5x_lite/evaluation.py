@@ -219,15 +219,9 @@ class Evaluator:
         model = nnx.merge(self.graphdef, params)
         results = {}
         for split, batches, inputs in zip(self.splits, self.batches, self.inputs):
-            sums = {"cross_entropy": 0.0, "z_loss": 0.0, "correct": 0.0, "weight": 0.0}
-            for batch in batches:
-                for name, value in self.eval_step(params, batch).items():
-                    sums[name] += value
-            weight = max(sums["weight"], 1.0)
             predictions = self.predict(model, inputs)[: len(split.examples)]
             results[split.task.name] = {
-                "loss": (sums["cross_entropy"] + sums["z_loss"]) / weight,
-                "token_accuracy": 100.0 * sums["correct"] / weight,
+                **train_step.teacher_forced(self.eval_step, params, batches),
                 "metrics": split.task.score(split.examples, predictions),
             }
         return results

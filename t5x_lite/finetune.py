@@ -16,8 +16,6 @@ validation history that the best scores are taken from, so they survive a resume
 from __future__ import annotations
 
 import copy
-import json
-import math
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -26,17 +24,15 @@ import jax
 import ml_collections
 import numpy as np
 from flax import nnx
-from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from t5x_lite import architectures, batch_format, checkpointing, train_step
 from t5x_lite.data import pipeline, tasks
 from t5x_lite.evaluation import (PARAMETER_FIELDS, Evaluator, TaskSplit, check_finetune_settings,
                                  checkpoint_dir, require_same)
-from t5x_lite.loop import keep_records_up_to, run_loop, summaries
+from t5x_lite.loop import EvalLog, run_loop, summaries
 from t5x_lite.run_setup import RunPlan, set_up
 
-EVAL_FILE = "eval.jsonl"
 # Fields a resumed fine-tuning run must share with the run that wrote its checkpoints, besides
 # `checkpointing.RESUME_FIELDS`: they fix which examples the step-indexed batches hold.
 _FINETUNE_DATA_FIELDS = ("finetune.tasks", "finetune.mixing_limit", "finetune.pack",
@@ -52,51 +48,6 @@ def finetune_train_config(config: ml_collections.ConfigDict) -> ml_collections.C
                          learning_rate=ft.learning_rate, warmup_steps=ft.warmup_steps,
                          steps=ft.steps, batch_size=ft.batch_size)
     return derived
-
-
-def _selection_score(metrics: dict[str, float]) -> float:
-    """What 'best' means for a validation record: the mean of the task's metrics (NaN, e.g. a
-    correlation of constant predictions, counts as worst)."""
-    values = [v for v in metrics.values() if not math.isnan(v)]
-    return float(np.mean(values)) if len(values) == len(metrics) else -math.inf
-
-
-class EvalLog:
-    """`workdir/eval.jsonl`: one record per (validation step, task), and the best of them.
-
-    Record: {"step", "task", "loss", "token_accuracy", "metrics": {name: value}}. Opening the
-    log of a run resumed at `start_step` drops the records of later steps (they belong to a
-    trajectory the resumed run replaces), so the best scores are those of the run's history.
-    """
-
-    def __init__(self, workdir: Path, start_step: int):
-        self.path = workdir / EVAL_FILE
-        self.records: list[dict[str, Any]] = []
-        if self.path.exists():
-            if jax.process_index() == 0:  # one writer; the others read what it kept
-                keep_records_up_to(self.path, start_step)
-            if jax.process_count() > 1:  # read only once process 0 rewrote it (cut last line)
-                multihost_utils.sync_global_devices("t5x_lite_eval_log")
-            self.records = [record for record in map(json.loads, self.path.read_text().splitlines())
-                            if record["step"] <= start_step]
-
-    def add(self, step: int, results: dict[str, dict[str, Any]]) -> None:
-        """Append the validation `results` of `step` (only process 0 writes the file)."""
-        new = [{"step": step, "task": task, **result} for task, result in results.items()]
-        self.records.extend(new)
-        if jax.process_index() == 0:
-            with self.path.open("a") as f:
-                f.writelines(json.dumps(record) + "\n" for record in new)
-
-    def best(self) -> dict[str, dict[str, Any]]:
-        """{task: the record with the best selection score (the earliest among equals)}."""
-        best: dict[str, dict[str, Any]] = {}
-        for record in self.records:
-            current = best.get(record["task"])
-            score = _selection_score(record["metrics"])
-            if current is None or score > _selection_score(current["metrics"]):
-                best[record["task"]] = record
-        return best
 
 
 class _TaskData:

@@ -171,6 +171,10 @@ def load_experiment(experiment: str) -> ModuleType:
     return module
 
 
+# Fields that change what a run measures, not what it computes: left out of `config_hash`.
+OBSERVING_FIELDS = ("train.eval_every", "train.eval_batches")
+
+
 def config_hash(config: ml_collections.ConfigDict) -> str:
     """A short stable hash of what a run computes: the config less its `sweep` section (the
     seeds, tasks and progress setting of the whole sweep, which a user may extend and resume),
@@ -183,6 +187,10 @@ def config_hash(config: ml_collections.ConfigDict) -> str:
         if name in plain["model"] and plain["model"][name] is None:
             del plain["model"][name]
     plain["objective"] = drop_unread_objective_fields(plain["objective"])
+    # The held-out evaluation observes a run and changes none of its results
+    # (`t5x_lite.held_out`), so switching it on resumes a sweep run without it.
+    for name in OBSERVING_FIELDS:
+        plain["train"].pop(name.removeprefix("train."), None)
     return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()[:16]
 
 

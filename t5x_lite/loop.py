@@ -9,7 +9,8 @@ fine-tuning): the compiled step on each step's data; each step's record to every
 every point on its schedule and at the end; and on preemption (`PreemptionWatch`: SIGTERM /
 SIGINT, or JAX's preemption notice on several processes) a save at the step reached, then
 `preemption.Preempted`, a distinct exit status. Something every run does per step is added
-here once.
+here once. `EvalLog` keeps the validation records (`eval.jsonl`) that a run's `on_step`
+appends: fine-tuning's, and pre-training's held-out loss.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -33,6 +35,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 import tqdm
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from t5x_lite import accounting, compile_events
@@ -112,6 +115,56 @@ def keep_records_up_to(path: Path, step: int) -> None:
     os.replace(partial, path)
 
 
+EVAL_FILE = "eval.jsonl"
+
+
+def _selection_score(metrics: dict[str, float]) -> float:
+    """What 'best' means for a validation record: the mean of the task's metrics (NaN, e.g. a
+    correlation of constant predictions, counts as worst)."""
+    values = [v for v in metrics.values() if not math.isnan(v)]
+    return float(np.mean(values)) if len(values) == len(metrics) else -math.inf
+
+
+class EvalLog:
+    """`workdir/eval.jsonl`: one record per (validation step, task), and the best of them:
+    fine-tuning's validation (`t5x_lite.finetune`) and pre-training's held-out text
+    (`t5x_lite.held_out`, task "held_out").
+
+    Record: {"step", "task", "loss", "token_accuracy", "metrics": {name: value}}. Opening the
+    log of a run resumed at `start_step` drops the records of later steps (they belong to a
+    trajectory the resumed run replaces), so the best scores are those of the run's history.
+    """
+
+    def __init__(self, workdir: Path, start_step: int):
+        self.path = workdir / EVAL_FILE
+        self.records: list[dict[str, Any]] = []
+        if self.path.exists():
+            if jax.process_index() == 0:  # one writer; the others read what it kept
+                keep_records_up_to(self.path, start_step)
+            if jax.process_count() > 1:  # read only once process 0 rewrote it (cut last line)
+                multihost_utils.sync_global_devices("t5x_lite_eval_log")
+            self.records = [record for record in map(json.loads, self.path.read_text().splitlines())
+                            if record["step"] <= start_step]
+
+    def add(self, step: int, results: dict[str, dict[str, Any]]) -> None:
+        """Append the validation `results` of `step` (only process 0 writes the file)."""
+        new = [{"step": step, "task": task, **result} for task, result in results.items()]
+        self.records.extend(new)
+        if jax.process_index() == 0:
+            with self.path.open("a") as f:
+                f.writelines(json.dumps(record) + "\n" for record in new)
+
+    def best(self) -> dict[str, dict[str, Any]]:
+        """{task: the record with the best selection score (the earliest among equals)}."""
+        best: dict[str, dict[str, Any]] = {}
+        for record in self.records:
+            current = best.get(record["task"])
+            score = _selection_score(record["metrics"])
+            if current is None or score > _selection_score(current["metrics"]):
+                best[record["task"]] = record
+        return best
+
+
 class Progress:
     """A tqdm bar with ETA when stderr is a terminal, else a log line every `every` steps."""
 
@@ -141,6 +194,13 @@ class Progress:
                 file=sys.stderr,
                 flush=True,
             )
+
+    def note(self, message: str) -> None:
+        """Show a line beside the steps' (e.g. a validation result), above the bar if any."""
+        if self.bar is not None:
+            self.bar.write(message, file=sys.stderr)
+        elif self.enabled:
+            print(message, file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:

@@ -56,15 +56,31 @@ def _score_columns(table: Table) -> list[str]:
     return [*table.columns, *([PAPER_AVERAGE] if unmatched else [])]
 
 
+HELD_OUT_LOSS = "Held-out loss"
+
+
+def _held_out_columns(table: Table) -> list[str]:
+    """The pre-training held-out loss column, when the sweep recorded one (`Row.held_out`)."""
+    return [HELD_OUT_LOSS] if any(row.held_out for row in table.rows) else []
+
+
+def _numeric_columns(table: Table) -> list[str]:
+    """The right-aligned columns: the held-out loss, if any, then the scores."""
+    return [*_held_out_columns(table), *_score_columns(table)]
+
+
 def _grid(table: Table, bold: Callable[[str], str]) -> list[list[str]]:
     """Header and body of the table as text cells, the scores formatted by `_cell_text`."""
     with_objective = any(row.objective for row in table.rows)
     with_average = PAPER_AVERAGE in _score_columns(table)
+    with_held_out = bool(_held_out_columns(table))
     header = [table.paper.row_header if table.paper else "Row",
               *(["Objective"] if with_objective else []), "Params", "Cost",
-              *_score_columns(table)]
+              *_numeric_columns(table)]
     body = [[row.label, *([row.objective or ""] if with_objective else []), row.params_label,
-             row.cost_label, *(_cell_text(cell, bold) for cell in row.cells.values()),
+             row.cost_label,
+             *([_cell_text(row.held_out or Cell("missing"), bold)] if with_held_out else []),
+             *(_cell_text(cell, bold) for cell in row.cells.values()),
              *([f"({_number(row.paper and row.paper.average)})"] if with_average else [])]
             for row in table.rows]
     return [header, *body]
@@ -171,6 +187,12 @@ def _notes(table: Table, bold_name: str = "Bold") -> list[str]:
     notes.append(f"{bold_name}: within two standard deviations of the column's best; the "
                  f"deviation is the spread over seeds ({spreads}), 0 with one seed, so then only "
                  "the best is bold.")
+    if _held_out_columns(table):
+        notes.append(f"{HELD_OUT_LOSS}: the pre-training objective's loss on held-out corpus "
+                     "text at the last step (train.eval_every; lower is better, bold within two "
+                     "standard deviations of the lowest, spread "
+                     f"{pooled_std(row.held_out for row in table.rows if row.held_out):.3f}); "
+                     "each objective's own loss, so it compares rows of one objective.")
     for column, tasks in table.columns.items():
         if column == "GLUE":
             missing = sorted(set(GLUE_AVERAGE_GROUPS.values())
@@ -186,7 +208,7 @@ def _notes(table: Table, bold_name: str = "Bold") -> list[str]:
 
 def to_markdown(table: Table) -> str:
     header, *body = _grid(table, lambda s: f"**{s}**")
-    n_scores = len(_score_columns(table))
+    n_scores = len(_numeric_columns(table))
     lines = [f"## {_title(table)}", "", "| " + " | ".join(header) + " |",
              "|" + "---|" * (len(header) - n_scores) + "---:|" * n_scores]
     lines += ["| " + " | ".join(row) + " |" for row in body]
@@ -250,7 +272,7 @@ def to_latex(table: Table) -> str:
         escaped = (_latex(c).replace("\x00", "\\textbf{").replace("\x01", "}") for c in cells)
         return " & ".join(escaped) + r" \\"
 
-    n_scores = len(_score_columns(table))
+    n_scores = len(_numeric_columns(table))
     spec = "l" * (len(header) - n_scores) + "r" * n_scores
     lines = [r"\begin{table}[t]", r"\centering", rf"\begin{{tabular}}{{{spec}}}", r"\toprule",
              line(header), r"\midrule", *(line(row) for row in body), r"\bottomrule",
@@ -285,16 +307,18 @@ def to_latex(table: Table) -> str:
 
 
 def to_csv(table: Table) -> str:
-    """One line per (row, column): our mean, spread, seeds, status, bold flag and paper value."""
+    """One line per (row, column): our mean, spread, seeds, status, bold flag and paper value;
+    the pre-training held-out loss, when recorded, as the column `held_out_loss`."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["experiment", "preset", "row", "objective", "params", "cost", "column",
                      "tasks", "status", "mean", "std", "seeds", "bold", "paper"])
     for row in table.rows:
-        for column, cell in row.cells.items():
+        cells = {**({"held_out_loss": row.held_out} if row.held_out else {}), **row.cells}
+        for column, cell in cells.items():
             writer.writerow([table.experiment, table.preset, row.label, row.objective or "",
                              row.params_label, row.cost_label, column,
-                             " ".join(table.columns[column]), cell.status,
+                             " ".join(table.columns.get(column, ())), cell.status,
                              "" if cell.mean is None else f"{cell.mean:.4f}",
                              f"{cell.std:.4f}", cell.seeds, int(cell.bold),
                              "" if cell.paper is None else f"{cell.paper:.2f}"])

@@ -18,6 +18,10 @@ The table follows the paper's conventions:
   paper's deviation is the spread of its baseline over 10 runs; ours is the spread over seeds,
   pooled over the rows of the column that ran several. When no row did, the deviation is 0 and
   only the best score (and exact ties) is bold: one seed gives no spread to be generous with;
+- when the records hold it (`train.eval_every` > 0, `t5x_lite.held_out`), a "Held-out loss"
+  column before the scores: the pre-training objective's loss on held-out corpus text over the
+  seeds, bold within two pooled deviations of the lowest; it is no paper column and takes no
+  part in the average, tau or the findings;
 - Kendall's tau (tau-b) between our row order and the paper's, per paper column and for the
   row average (the mean of a row's columns; the paper's side averages the same paper columns,
   or all seven when some of our columns have no paper column, e.g. the built-in tasks).
@@ -155,6 +159,9 @@ class Row:
     cost_label: str
     cells: dict[str, Cell]  # column -> cell, in the table's column order
     paper: PaperRow | None  # the published row with these labels
+    # The pre-training held-out loss over seeds (`t5x_lite.held_out`; lower is better, bold
+    # within two deviations of the lowest); None when the sweep recorded none.
+    held_out: Cell | None = None
 
     @property
     def average(self) -> float | None:
@@ -308,8 +315,10 @@ def build_table(records: Sequence[dict]) -> Table:
         flags = bold_flags([cell.mean for cell in column_cells], pooled_std(column_cells))
         for key, cell, flag in zip(keys, column_cells, flags):
             cells[key][column] = dataclasses.replace(cell, bold=flag)
+    held_out = _held_out_cells(keys, by_row)
     rows = [Row(key[0], key[1], _label(by_row[key][0], "params_label", "params_ratio"),
-                _label(by_row[key][0], "cost_label", "flops_ratio"), cells[key], published[key])
+                _label(by_row[key][0], "cost_label", "flops_ratio"), cells[key], published[key],
+                held_out.get(key))
             for key in keys]
     failures = tuple(f"{r['point']} seed {r['seed']} {r['task']}: "
                      f"{str(r.get('error') or 'no error message').splitlines()[0]}"
@@ -317,6 +326,27 @@ def build_table(records: Sequence[dict]) -> Table:
     budget, compute = _compute(keys, by_row)
     return Table(experiment, preset, paper, columns, tuple(rows), _taus(rows, columns), failures,
                  budget, compute, _zero_shot_rows(keys, by_row))
+
+
+def _held_out_cells(keys: Sequence[tuple[str, str | None]],
+                    by_row: dict[tuple[str, str | None], list[dict]]) -> dict[tuple, Cell]:
+    """Each row's pre-training held-out loss (`held_out_loss`, one per seed: the records of
+    a seed's tasks share it) as a cell, bold within two pooled deviations of the lowest; {}
+    when no record has one (a sweep without `train.eval_every`, or one run before it)."""
+    losses = {key: {r["seed"]: r["held_out_loss"] for r in by_row[key]
+                    if _is_number(r.get("held_out_loss"))} for key in keys}
+    if not any(losses.values()):
+        return {}
+    cells = {}
+    for key, by_seed in losses.items():
+        values = list(by_seed.values())
+        std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+        cells[key] = (Cell("ok", float(np.mean(values)), std, len(values)) if values
+                      else Cell("missing"))
+    flags = bold_flags([None if c.mean is None else -c.mean for c in cells.values()],
+                       pooled_std(cells.values()))
+    return {key: dataclasses.replace(cell, bold=flag)
+            for (key, cell), flag in zip(cells.items(), flags)}
 
 
 def _as_zero_shot(record: dict) -> dict | None:

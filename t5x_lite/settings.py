@@ -283,6 +283,8 @@ class Train(_Section):
     weight_decay: float
     loss_normalizing_factor: float | None  # None: the sum of the loss weights
     log_every: int
+    eval_every: int  # 0: no held-out evaluation (`t5x_lite.held_out`)
+    eval_batches: int
 
     def _check(self) -> None:
         require_choice("train.optimizer", self.optimizer, OPTIMIZERS)
@@ -293,6 +295,8 @@ class Train(_Section):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ConfigError(f"train.{field}={value!r} must be an integer")
+        require_integer("train.eval_every", self.eval_every, 0)  # 0: no held-out evaluation
+        require_integer("train.eval_batches", self.eval_batches, 1)
         require_warmup("train", self.schedule, self.warmup_steps, self.steps)
         if self.z_loss < 0 or self.weight_decay < 0:
             raise ConfigError(f"train.z_loss={self.z_loss} and train.weight_decay="

@@ -49,7 +49,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from t5x_lite import accounting, batch_format, launchers, objectives, presets
+from t5x_lite import accounting, batch_format, held_out, launchers, objectives, presets
 from t5x_lite.config import ConfigError, apply_overrides, parse_overrides
 from t5x_lite.grid import GridPoint, StepCost, config_hash, expand, user_overrides
 from t5x_lite.results import ResultsFile, is_writer, latest_records
@@ -107,6 +107,7 @@ def _base_record(point: GridPoint) -> dict[str, Any]:
         # Raw corpus tokens read, as the paper counts them (2^19 steps x 128 x 512 = 2^35).
         "pretrain_tokens": config.train.steps * config.train.batch_size * raw,
         "finetune_steps": config.finetune.steps, "pretrain_loss": None, "pretrain_curve": [],
+        "held_out_loss": None, "held_out_token_accuracy": None,
         **_budget_fields(point),
     }
 
@@ -255,8 +256,9 @@ def _finetune_tasks(point: GridPoint, workdir: str, started: float,
     if jax.process_count() > 1:  # process 0 has closed the metrics.jsonl read below
         multihost_utils.sync_global_devices("t5x_lite_pretrained")
     try:
-        history = _pretrain_history(rundir / "pretrain" / "metrics.jsonl",
-                                    config.train.log_every)
+        history = {**_pretrain_history(rundir / "pretrain" / "metrics.jsonl",
+                                       config.train.log_every),
+                   **held_out.last_scores(rundir / "pretrain")}
     except Exception as error:  # recorded as failed; the sweep goes on
         return _pretraining_failed(point, error)
     pretrain_wall_s = history.pop("pretrain_wall_s")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import sys
-import types
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -24,18 +23,34 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from t5x_lite import objectives
+from t5x_lite import held_out, objectives
 from t5x_lite.loop import run_loop, summaries
 from t5x_lite.run_setup import RunPlan, set_up
 from t5x_lite.train_step import (TrainStep, init_state, make_train_step,
                                  make_vmapped_train_step, stack_specs, state_from_params, step_key)
 
 
+class _RawBatches:
+    """The step-indexed raw tokens of K points (one but for a vmapped run): `batch(step)`,
+    stacked on a leading [K] axis for a vmapped run; `sources`, each point's
+    `pipeline.PretrainData` (its held-out batches too)."""
+
+    def __init__(self, sources: Sequence[Any], vmapped: bool):
+        self.sources, self.vmapped = list(sources), vmapped
+
+    def batch(self, step: int) -> np.ndarray:
+        if not self.vmapped:
+            return self.sources[0].batch(step)
+        return np.stack([source.batch(step) for source in self.sources])
+
+
 def _pretrain_plan(configs: Sequence[ml_collections.ConfigDict],
                    workdirs: Sequence[str | os.PathLike], layout: objectives.BatchLayout,
-                   vmapped: bool, init_params: nnx.State | None = None) -> RunPlan:
+                   vmapped: bool, init_params: nnx.State | None = None
+                   ) -> tuple[RunPlan, objectives.BatchLayout]:
     """Pre-training `configs` (one, or K vmapped points) into `workdirs`, batches in `layout`,
-    from `init_params` (one point) or from each config's seed."""
+    from `init_params` (one point) or from each config's seed; and the layout bound to the
+    run's vocabulary if it reads sentences (else `layout`)."""
     configs = list(configs)
     for config in configs:
         layout.require_objective(config.objective.name)
@@ -46,17 +61,15 @@ def _pretrain_plan(configs: Sequence[ml_collections.ConfigDict],
     specs = [objectives.spec_from_config(config.objective) for config in configs]
     keys = [step_key(config.train.seed) for config in configs]
 
-    def make_data() -> Any:
+    def make_data() -> _RawBatches:
         # Imported here: the pipeline pulls in TFDS, which the train step alone does not need.
         from t5x_lite.data.pipeline import describe_corpus, pretrain_data_from_config
 
         print(f"pre-training corpus: {describe_corpus(configs[0])}", file=sys.stderr, flush=True)
-        sources = [pretrain_data_from_config(config, layout.raw_length, jax.process_index(),
-                                             jax.process_count())[1] for config in configs]
-        if not vmapped:
-            return sources[0]
-        return types.SimpleNamespace(
-            batch=lambda step: np.stack([source.batch(step) for source in sources]))
+        return _RawBatches([pretrain_data_from_config(config, layout.raw_length,
+                                                      jax.process_index(),
+                                                      jax.process_count())[1]
+                            for config in configs], vmapped)
 
     def make_step(mesh: jax.sharding.Mesh) -> TrainStep:
         if vmapped:
@@ -69,7 +82,18 @@ def _pretrain_plan(configs: Sequence[ml_collections.ConfigDict],
         step_args=(stack_specs(specs), jnp.stack(keys)) if vmapped else (specs[0], keys[0]),
         lengths=(layout.inputs_length, layout.targets_length), vmapped=vmapped,
         fresh_state=init_state if init_params is None else (
-            lambda point, mesh: state_from_params(point, mesh, init_params)))
+            lambda point, mesh: state_from_params(point, mesh, init_params))), layout
+
+
+def _run(plan: RunPlan, layout: objectives.BatchLayout, **options: Any) -> list[dict[str, Any]]:
+    """Set up `plan` (`set_up(plan, **options)`), loop over it with the held-out evaluation
+    its configs ask for (`held_out.validation`), and summarise each point (with its latest
+    held-out scores, `held_out.last_scores`)."""
+    with set_up(plan, **options) as run:
+        records = run_loop(run, held_out.validation(run, plan.configs, layout,
+                                                    run.data.sources))
+    return [{**summary, **held_out.last_scores(summary["workdir"])}
+            for summary in summaries(run, records)]
 
 
 def train(
@@ -93,16 +117,17 @@ def train(
     Resumes from `workdir/checkpoints` when it holds a checkpoint of a compatible config
     (`restart=True` wipes them; `resume=True` makes a missing checkpoint an error). The data
     position is a function of the step, so the checkpoint is all a resume needs. Appends one
-    record per step to `workdir/metrics.jsonl`; saves every `config.checkpoint.every` steps and
-    at the end. Returns a summary of the run (`loop.summarize`). On SIGTERM / SIGINT it saves
-    the step reached and raises `preemption.Preempted` (its exit status, unless caught).
+    record per step to `workdir/metrics.jsonl`, and with `train.eval_every` > 0 the held-out
+    loss to `workdir/eval.jsonl` (`t5x_lite.held_out`); saves every `config.checkpoint.every`
+    steps and at the end. Returns a summary of the run (`loop.summarize`, with
+    `held_out.last_scores`). On SIGTERM / SIGINT it saves the step reached and raises
+    `preemption.Preempted` (its exit status, unless caught).
     """
     layout = objectives.layout_from_config(config) if layout is None else layout
-    plan = _pretrain_plan([config], [workdir], layout, vmapped=False, init_params=init_params)
-    with set_up(plan, steps=steps, progress=progress, restart=restart,
-                require_existing=resume) as run:
-        records = run_loop(run)
-    return summaries(run, records)[0]
+    plan, layout = _pretrain_plan([config], [workdir], layout, vmapped=False,
+                                  init_params=init_params)
+    return _run(plan, layout, steps=steps, progress=progress, restart=restart,
+                require_existing=resume)[0]
 
 
 def train_vmapped(
@@ -126,7 +151,5 @@ def train_vmapped(
     otherwise (a crash between the points' saves, or runs started apart) they all restart
     from step 0 and their checkpoints are deleted. Returns one `train`-style summary per point.
     """
-    plan = _pretrain_plan(configs, workdirs, layout, vmapped=True)
-    with set_up(plan, progress=progress) as run:
-        records = run_loop(run)
-    return summaries(run, records)
+    plan, layout = _pretrain_plan(configs, workdirs, layout, vmapped=True)
+    return _run(plan, layout, progress=progress)

@@ -97,14 +97,20 @@ def cross_entropy_sums(
 # State: abstract shapes, shardings, initialisation
 
 
-# Parameter initialisation and the train steps draw from separate streams of the seed key, so
-# no step's corruption or dropout noise is derived from the key that drew a parameter.
-_INIT_STREAM, _STEP_STREAM = 0, 1
+# Parameter initialisation, the train steps and the held-out batches' corruption draw from
+# separate streams of the seed key, so no noise is derived from the key that drew a parameter.
+_INIT_STREAM, _STEP_STREAM, _HELD_OUT_STREAM = 0, 1, 2
 
 
 def step_key(seed: int) -> jax.Array:
     """The key a run passes to its train steps (each step folds in its own number)."""
     return jax.random.fold_in(jax.random.key(seed), _STEP_STREAM)
+
+
+def held_out_key(seed: int, index: int) -> jax.Array:
+    """The key that corrupts held-out batch `index` of a run of `seed` (`t5x_lite.held_out`):
+    fixed, so every evaluation of the run scores the same examples."""
+    return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), _HELD_OUT_STREAM), index)
 
 
 def batch_and_dropout_keys(key: jax.Array, step: jax.Array | int) -> tuple[jax.Array, jax.Array]:
@@ -632,3 +638,16 @@ def make_eval_step(
         return {name: float(value) for name, value in sums.items()}
 
     return eval_step
+
+
+def teacher_forced(eval_step: Callable[[nnx.State, dict], dict[str, float]], params: nnx.State,
+                   batches: Sequence[dict[str, np.ndarray]]) -> dict[str, float]:
+    """{"loss", "token_accuracy"}: the mean loss (z-loss included, as the train step's) and
+    the token accuracy in % over every target of `batches`, from `make_eval_step`'s sums."""
+    sums = {"cross_entropy": 0.0, "z_loss": 0.0, "correct": 0.0, "weight": 0.0}
+    for batch in batches:
+        for name, value in eval_step(params, batch).items():
+            sums[name] += value
+    weight = max(sums["weight"], 1.0)
+    return {"loss": (sums["cross_entropy"] + sums["z_loss"]) / weight,
+            "token_accuracy": 100.0 * sums["correct"] / weight}

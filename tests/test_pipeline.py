@@ -77,6 +77,39 @@ def test_each_epoch_visits_every_chunk_once_in_a_new_order(vocab):
     assert not np.array_equal(first, second)
 
 
+def _chunk_numbers(rows: np.ndarray) -> set[int]:
+    """The chunks `rows` are, for data whose stream was replaced by np.arange (chunk c holds
+    c * 16 ... c * 16 + 15)."""
+    return set((rows[:, 0] // 16).tolist())
+
+
+def test_held_out_chunks_are_text_no_training_batch_of_a_run_that_fits_reads(vocab):
+    data = make(vocab, held_out_batches=2)
+    data.tokens = np.arange(data.num_chunks * 16, dtype=np.int32)
+    held_out = [data.held_out_batch(index) for index in range(2)]
+    assert all(batch.shape == (8, 16) for batch in held_out)
+    held = _chunk_numbers(np.concatenate(held_out))
+    assert len(held) == 16  # two batches of distinct chunks
+    steps = data.steps_before_held_out
+    assert steps == (data.num_chunks - 16) // 8 > 0
+    trained = _chunk_numbers(np.concatenate([data.batch(step) for step in range(steps)]))
+    assert not held & trained
+    assert _chunk_numbers(data.batch(steps)) & held  # the bound is tight: one step more reads them
+    with pytest.raises(ValueError, match="index=2 must be in"):
+        data.held_out_batch(2)
+
+
+def test_holding_text_out_changes_no_training_batch_and_every_process_holds_the_same(vocab):
+    plain, held = make(vocab), make(vocab, held_out_batches=3)
+    for step in (0, 1, held.steps_before_held_out - 1):
+        np.testing.assert_array_equal(held.batch(step), plain.batch(step))
+    second = make(vocab, held_out_batches=3, process_index=1, process_count=2)
+    np.testing.assert_array_equal(second.held_out_batch(2), held.held_out_batch(2))
+    # Drawn from the seed's order, like the training batches.
+    assert not np.array_equal(make(vocab, held_out_batches=3, seed=4).held_out_batch(0),
+                              held.held_out_batch(0))
+
+
 def test_two_hosts_feed_the_halves_of_the_single_host_batch(vocab):
     """Any number of processes trains on the batches of one: each feeds its contiguous rows."""
     single = make(vocab)

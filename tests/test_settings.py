@@ -82,6 +82,8 @@ def test_every_field_is_annotated_with_a_type_the_checks_know():
     ("train.warmup_steps", 3000, "train.warmup_steps=3000 must be <= train.steps=2000"),
     ("train.label_smoothing", 1.0, r"train.label_smoothing=1.0 must be in \[0, 1\)"),
     ("train.seed", None, "train.seed=None must be of type int"),
+    ("train.eval_every", -1, "train.eval_every=-1 must be an integer >= 0"),
+    ("train.eval_batches", 0, "train.eval_batches=0 must be an integer >= 1"),
     ("mesh.rules", (("batch", "data"), ("nope", None)), "mesh.rules names unknown logical "
                                                         "axis 'nope'"),
     ("mesh.shape", None, "mesh.shape=None must be of type tuple"),

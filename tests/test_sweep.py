@@ -44,7 +44,8 @@ def get_config(preset):
 RECORD_FIELDS = {
     "experiment", "preset", "point", "row", "objective", "config_hash", "seed", "task", "params",
     "params_label", "cost_label", "pretrain_steps", "pretrain_tokens", "finetune_steps", "wall_s",
-    "compile_s", "compiles", "pretrain_loss", "pretrain_curve", "metrics", "status", "error",
+    "compile_s", "compiles", "pretrain_loss", "pretrain_curve", "held_out_loss",
+    "held_out_token_accuracy", "metrics", "status", "error",
 }
 # The paper's row labels, copied from the contract.
 PAPER_ROWS = {
@@ -176,6 +177,12 @@ def test_sweep_end_to_end(uninterrupted):
         assert [step for step, _ in record["pretrain_curve"]] == [2, 4, 6]
         assert record["pretrain_loss"] == record["pretrain_curve"][-1][1]
         assert record["error"] is None
+        # The demo preset evaluates held-out text (at the last step here): its last record.
+        held_out = json.loads((workdir / "points" / record["point"] / "seed0" / "pretrain" /
+                               "eval.jsonl").read_text().splitlines()[-1])
+        assert (held_out["step"], held_out["task"]) == (6, "held_out")
+        assert record["held_out_loss"] == held_out["loss"] > 0
+        assert record["held_out_token_accuracy"] == held_out["token_accuracy"]
     lines = (workdir / "results.jsonl").read_text().splitlines()
     assert [json.loads(line) for line in lines] == records
 

@@ -90,6 +90,11 @@ class PretrainData:
     so a restart skips tokenising (and processes sharing the directory share the file). The
     content is the corpus's text, or for a local source (a glob of text files) its
     `builders.content_key`, so a restart reads no document either.
+
+    Held-out text (`held_out_batches` > 0): the last `held_out_batches` global batches of
+    chunks in the first epoch's order (`held_out_batch`). Training reads that order from its
+    start, so a run of at most `steps_before_held_out` steps never sees them, and holding them
+    out changes no training batch.
     """
 
     def __init__(
@@ -103,6 +108,7 @@ class PretrainData:
         process_count: int = 1,
         cache_dir: str | None = None,
         data_dir: str | None = None,
+        held_out_batches: int = 0,
     ):
         if raw_length <= 0:
             raise ValueError(f"raw_length={raw_length} must be positive")
@@ -127,6 +133,7 @@ class PretrainData:
         if self.num_chunks == 0:
             raise ValueError(f"the corpus has {len(self.tokens)} tokens, fewer than one chunk "
                              f"of raw_length={raw_length}: it is too small")
+        self.held_out_batches = held_out_batches
         self._permutations: dict[int, np.ndarray] = {}
 
     @staticmethod
@@ -180,8 +187,31 @@ class PretrainData:
         for epoch in np.unique(epochs):
             here = epochs == epoch
             chunks[here] = self._permutation(int(epoch))[offsets[here]]
+        return self._chunk_tokens(chunks)
+
+    def _chunk_tokens(self, chunks: np.ndarray) -> np.ndarray:
+        """The tokens of chunks `chunks` (indices into the stream's chunks): int32 [n, raw_length]."""
         index = chunks[:, None] * self.raw_length + np.arange(self.raw_length)
         return np.asarray(self.tokens[index], dtype=np.int32)
+
+    @property
+    def steps_before_held_out(self) -> int:
+        """The most steps a run can take without reading a held-out chunk."""
+        held_out = self.held_out_batches * self.global_batch_size
+        return max(self.num_chunks - held_out, 0) // self.global_batch_size
+
+    def held_out_batch(self, index: int) -> np.ndarray:
+        """Held-out global batch `index` (< `held_out_batches`), every row, the same in every
+        process: `int32 [global_batch_size, raw_length]`, chunks from the end of the first
+        epoch's order."""
+        if not 0 <= index < self.held_out_batches:
+            raise ValueError(f"index={index} must be in [0, {self.held_out_batches})")
+        if self.held_out_batches * self.global_batch_size > self.num_chunks:
+            raise ValueError(f"{self.held_out_batches} held-out batches of "
+                             f"{self.global_batch_size} need more than the corpus's "
+                             f"{self.num_chunks} chunks")
+        end = self.num_chunks - (self.held_out_batches - 1 - index) * self.global_batch_size
+        return self._chunk_tokens(self._permutation(0)[end - self.global_batch_size:end])
 
 
 def vocabulary_from_config(config: ml_collections.ConfigDict) -> Vocabulary:
@@ -271,9 +301,10 @@ def pretrain_data_from_config(
     data_dir = config.data.data_dir or default_data_dir()
     source = _corpus_source(config)
     vocab = vocabulary_from_config(config)
+    held_out = config.train.eval_batches if config.train.eval_every else 0
     data = PretrainData(source, vocab, raw_length, config.train.batch_size, config.train.seed,
                         process_index, process_count, cache_dir=os.path.join(data_dir, "tokens"),
-                        data_dir=data_dir)
+                        data_dir=data_dir, held_out_batches=held_out)
     return vocab, data
 
 

@@ -1,0 +1,121 @@
+"""Held-out pre-training evaluation: the objective's loss on corpus text the run never trains on.
+
+    train.eval_every > 0:  every eval_every steps and at the last step,
+        held-out raw chunks --objective, fixed key--> batches (made once)
+        --train_step.make_eval_step (no dropout)--> loss, token accuracy -> workdir/eval.jsonl
+
+The training loss of a step is one batch's, measured before that batch's update, and it moves
+with the batch; held-out text scored the same way at every evaluation is the number to compare
+runs by (nanoGPT's val loss, T5X's eval on the corpus's validation split).
+
+Which text: the last `train.eval_batches` global batches of chunks in the first epoch's order
+of the run's data (`pipeline.PretrainData.held_out_batch`). Training reads that order from its
+start, so a run that stops short of them never sees them (`HeldOut` refuses one that would not,
+before any step), and switching the evaluation on or off changes no training batch, so no
+result of the run. The order is drawn from `train.seed`, so runs of one seed share their
+held-out text, whatever their architecture.
+
+Which noise: the chunks are corrupted once by the run's objective (its rate and span length),
+with a key of their own (`train_step.held_out_key`, fixed per seed and batch), so every
+evaluation of a run, and every run of one seed and objective, scores the same examples. The
+loss is therefore the objective's own: it compares architectures within one objective, and
+one run over time, not one objective with another.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from t5x_lite import objectives, train_step
+from t5x_lite.config import ConfigError
+from t5x_lite.loop import EVAL_FILE, EvalLog, Run
+
+if TYPE_CHECKING:  # the pipeline pulls in TFDS, which is imported only once data is read
+    from t5x_lite.data.pipeline import PretrainData
+
+HELD_OUT = "held_out"  # the task name of the held-out records in eval.jsonl
+
+
+class HeldOut:
+    """`held_out(params) -> {"loss", "token_accuracy"}` of one run on its held-out batches.
+
+    data: the run's `pipeline.PretrainData`, made with `train.eval_batches` held-out batches;
+    steps: the run's last step, which must stay short of the held-out chunks (else a one-line
+    `ConfigError` naming train.steps, train.eval_batches and the corpus's size).
+    """
+
+    def __init__(self, config: ml_collections.ConfigDict, layout: objectives.BatchLayout,
+                 data: PretrainData, mesh: Mesh, steps: int):
+        from t5x_lite.data import pipeline
+
+        train = config.train
+        if steps > data.steps_before_held_out:
+            raise ConfigError(
+                f"train.steps={steps} x train.batch_size={train.batch_size} chunks and "
+                f"train.eval_batches={train.eval_batches} held-out batches need more than the "
+                f"corpus's {data.num_chunks} chunks of {layout.raw_length} tokens (the held-out "
+                f"text must be text the run never trains on): at most "
+                f"{data.steps_before_held_out} steps, fewer eval_batches, train.eval_every=0 "
+                "or a larger data.corpus")
+        spec = objectives.spec_from_config(config.objective)
+        # On the host's CPU, the same in every process; each then feeds its rows, as in training.
+        with jax.default_device(jax.local_devices(backend="cpu")[0]):
+            corrupt = jax.jit(lambda raw, key: objectives.corrupt(raw, spec, key, layout))
+            batches = [jax.device_get(corrupt(data.held_out_batch(index),
+                                              train_step.held_out_key(train.seed, index)))
+                       for index in range(data.held_out_batches)]
+        self.batches = [pipeline.process_rows({name: np.asarray(value)
+                                               for name, value in batch.items()},
+                                              jax.process_index(), jax.process_count())
+                        for batch in batches]
+        self.eval_step = train_step.make_eval_step(config, mesh)
+
+    def __call__(self, params: nnx.State) -> dict[str, float]:
+        return train_step.teacher_forced(self.eval_step, params, self.batches)
+
+
+def validation(run: Run, configs: Sequence[ml_collections.ConfigDict],
+               layout: objectives.BatchLayout, sources: Sequence[PretrainData]
+               ) -> Callable[[int, train_step.TrainState], None] | None:
+    """`run_loop`'s `on_step` for a pre-training run of `configs` (one per point) reading
+    `sources` (one `PretrainData` per point): every `train.eval_every` steps and at the run's
+    last step, each point's held-out loss appended to its workdir's eval.jsonl (`EvalLog`) and
+    shown with the progress (`Progress.note`); None when `train.eval_every` is 0 (no evaluation)."""
+    every = configs[0].train.eval_every
+    if not every:
+        return None
+    evaluators = [HeldOut(config, layout, source, run.mesh, run.total)
+                  for config, source in zip(configs, sources)]
+    logs = [EvalLog(point.workdir, run.start) for point in run.points]
+
+    def validate(step: int, state: train_step.TrainState) -> None:
+        if step % every and step != run.total:
+            return
+        results = [evaluate(run.point_state(index).params)
+                   for index, evaluate in enumerate(evaluators)]
+        for log, result in zip(logs, results):
+            log.add(step, {HELD_OUT: {**result, "metrics": {}}})
+        shown = ", ".join(f"{result['loss']:.4f}" for result in results)
+        run.progress.note(f"step {step}/{run.total} held-out loss {shown}")
+
+    return validate
+
+
+def last_scores(workdir: Path) -> dict[str, float | None]:
+    """{"held_out_loss", "held_out_token_accuracy"} (%): the latest held-out scores of the
+    pre-training run in `workdir`, from its eval.jsonl (both None without held-out evaluation)."""
+    path, last = Path(workdir) / EVAL_FILE, {}
+    if path.exists():
+        for record in map(json.loads, path.read_text().splitlines()):
+            if record["task"] == HELD_OUT and record["step"] >= last.get("step", -1):
+                last = record
+    return {"held_out_loss": last.get("loss"),
+            "held_out_token_accuracy": last.get("token_accuracy")}

@@ -1,0 +1,94 @@
+"""Held-out pre-training evaluation (`t5x_lite.held_out`): what it scores, that it changes no
+training step, its records, and a run too long for its corpus refused before any step."""
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from t5x_lite import evaluation, grid, objectives, partitioning, train, train_step
+from t5x_lite.config import ConfigError
+from t5x_lite.data import pipeline
+from t5x_lite.held_out import HELD_OUT
+
+from tiny_configs import tiny_train_config, write_letter_corpus
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("held_out")
+    return write_letter_corpus(root, "letters", "abcdefgh")
+
+
+def _config(corpus, **train_fields):
+    text, data_dir = corpus
+    config = tiny_train_config(mesh=(1, 1), log_every=1, **train_fields)
+    config.train.update(steps=6)
+    config.data.update(corpus=str(text), data_dir=str(data_dir))
+    config.checkpoint.update(every=100, keep=1)
+    return config
+
+
+def _records(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_the_held_out_loss_is_the_final_model_on_the_seed_s_held_out_batches(corpus, tmp_path):
+    config = _config(corpus, eval_every=4, eval_batches=2)
+    summary = train.train(config, tmp_path / "on", progress=False)
+    plain = train.train(_config(corpus), tmp_path / "off", progress=False)
+
+    # Observing changes nothing: the same steps, to the bit.
+    losses = [[r["loss"] for r in _records(tmp_path / name / "metrics.jsonl")]
+              for name in ("on", "off")]
+    assert losses[0] == losses[1] and len(losses[0]) == 6
+    assert not (tmp_path / "off" / "eval.jsonl").exists()
+    assert plain["held_out_loss"] is None
+
+    # Every eval_every steps and at the last.
+    evaluations = _records(tmp_path / "on" / "eval.jsonl")
+    assert [(r["step"], r["task"]) for r in evaluations] == [(4, HELD_OUT), (6, HELD_OUT)]
+    assert summary["held_out_loss"] == evaluations[-1]["loss"]
+    assert summary["held_out_token_accuracy"] == evaluations[-1]["token_accuracy"]
+    assert evaluations[0]["loss"] != evaluations[1]["loss"]
+
+    # Recomputed by hand: the last parameters on the held-out chunks, corrupted with the
+    # seed's held-out keys, no dropout; the mean loss over every target token.
+    mesh = partitioning.make_mesh(config.mesh)
+    params = evaluation.params_of(config, str(tmp_path / "on"), mesh)
+    layout = objectives.layout_from_config(config)
+    _, data = pipeline.pretrain_data_from_config(config, layout.raw_length)
+    spec = objectives.spec_from_config(config.objective)
+    loss_sums = train_step.loss_sums_fn(config)
+    total = {"cross_entropy": 0.0, "z_loss": 0.0, "correct": 0.0, "weight": 0.0}
+    for index in range(2):
+        batch = objectives.corrupt(data.held_out_batch(index), spec,
+                                   train_step.held_out_key(config.train.seed, index), layout)
+        for name, value in jax.device_get(loss_sums(params, batch, None)).items():
+            total[name] += float(value)
+    expected = (total["cross_entropy"] + total["z_loss"]) / total["weight"]
+    np.testing.assert_allclose(evaluations[-1]["loss"], expected, rtol=1e-5)
+    np.testing.assert_allclose(evaluations[-1]["token_accuracy"],
+                               100 * total["correct"] / total["weight"], rtol=1e-5)
+    # None of those chunks was trained on: the run stayed short of them.
+    assert 6 <= data.steps_before_held_out
+
+
+def test_a_run_that_would_train_on_its_held_out_text_is_refused_before_any_step(corpus,
+                                                                                tmp_path):
+    config = _config(corpus, eval_every=4, eval_batches=2)
+    config.train.update(steps=100_000, warmup_steps=1)
+    with pytest.raises(ConfigError, match="^train.steps=100000 x train.batch_size=8 chunks and "
+                                          "train.eval_batches=2 held-out batches need more") as error:
+        train.train(config, tmp_path / "run", progress=False)
+    assert "\n" not in str(error.value) and "train.eval_every=0" in str(error.value)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() or \
+        not (tmp_path / "run" / "metrics.jsonl").read_text()
+
+
+def test_switching_the_evaluation_on_keeps_a_sweep_point_s_identity(corpus):
+    config = _config(corpus)
+    observed = _config(corpus, eval_every=4, eval_batches=2)
+    assert grid.config_hash(observed) == grid.config_hash(config)
+    config.train.steps = 7
+    assert grid.config_hash(observed) != grid.config_hash(config)
