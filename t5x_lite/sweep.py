@@ -51,7 +51,8 @@ from jax.experimental import multihost_utils
 
 from t5x_lite import accounting, batch_format, held_out, launchers, objectives, presets
 from t5x_lite.config import ConfigError, apply_overrides, parse_overrides
-from t5x_lite.grid import GridPoint, StepCost, config_hash, expand, user_overrides
+from t5x_lite.grid import (OBSERVING_FIELDS, GridPoint, StepCost, config_hash, expand,
+                           user_overrides)
 from t5x_lite.results import ResultsFile, is_writer, latest_records
 
 
@@ -336,10 +337,13 @@ def _without_sweep_settings(identity: dict[str, Any]) -> dict[str, Any]:
     point, seed and task and checked by its config hash, which leaves out the sweep section).
     `sweep.budget` and `sweep.budget_reference` stay: they change what the points compute;
     so does `sweep.zero_shot=True` (what the records hold; False is the default, the same
-    sweep as none)."""
+    sweep as none). The held-out evaluation's fields (`grid.OBSERVING_FIELDS`) go too: they
+    change what a point measures, not what it computes."""
     def kept(field: str, value: Any) -> bool:
         if field == "sweep.zero_shot":
             return value is not False
+        if field in OBSERVING_FIELDS:
+            return False
         return not field.startswith("sweep.") or field.startswith("sweep.budget")
 
     return {**identity, "overrides": [item for item in identity["overrides"] if kept(*item)]}
@@ -502,6 +506,8 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
     todo = [p for p in points
             if any((p.point, p.seed, task) not in done for task in p.config.sweep.tasks)]
     _require_one_view_of_the_workdir(todo, workdir_path)
+    for point in todo:  # what its records hold before anything runs: a fault in that
+        _base_record(point)  # arithmetic stops the sweep here, not after hours of finished runs
     _log(f"sweep {points[0].experiment} --preset {preset}: {len(points)} runs x "
          f"{len(points[0].config.sweep.tasks)} tasks; {len(points) - len(todo)} done, "
          f"{len(todo)} to run; records in {results.path}")

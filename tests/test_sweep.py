@@ -298,6 +298,25 @@ def test_more_seeds_extend_a_finished_sweep_and_other_overrides_are_refused(
     assert after[:len(before)] == before and len(after) == len(before) + 1
     with pytest.raises(ConfigError, match="holds a different sweep.*overrides: .*train.steps"):
         sweep.run_sweep(experiment, "demo", str(copy), overrides=["train.steps=7"])
+    # The held-out evaluation's cadence only observes: the same sweep, nothing run again.
+    again = sweep.run_sweep(experiment, "demo", str(copy),
+                            overrides=["train.eval_every=3", "train.eval_batches=2"])
+    assert (copy / "results.jsonl").read_text().splitlines() == after
+    assert len(again) == len(before)
+
+
+def test_a_fault_in_a_point_s_record_fields_stops_the_sweep_before_any_run(
+        experiment, tmp_path, monkeypatch):
+    # The points' labels cannot be computed: no point may pre-train first and then be lost.
+    def broken(model, *lengths):
+        raise ValueError("no FLOP count for this model")
+
+    monkeypatch.setattr(sweep.accounting, "table2_columns", broken)
+    with pytest.raises(ValueError, match="no FLOP count"):
+        sweep.run_sweep(experiment, "demo", str(tmp_path))
+    assert not (tmp_path / "points").exists()
+    assert not (tmp_path / results.RESULTS_FILE).exists() or \
+        not (tmp_path / results.RESULTS_FILE).read_text()
 
 
 def test_records_of_a_changed_config_are_refused_not_skipped(experiment, uninterrupted,
