@@ -37,6 +37,7 @@ def configs(tmp_path_factory):
         config.train.seed = seed
         config.data.update(corpus=str(corpus / "*.txt"), data_dir=str(data_dir))
         config.checkpoint.update(every=2, keep=1)
+        config.train.update(eval_every=2, eval_batches=1)
         configs.append(config)
     return configs
 
@@ -82,6 +83,15 @@ def test_vmapped_pretraining_equals_sequential_runs(configs, sequential, vmapped
         assert summary["step"] == STEPS and summary["loss"] == _losses(together)[-1]
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
                      _final_params(config, together), _final_params(config, alone))
+        # Each point's held-out text and noise are its own run's: its seed's and objective's.
+        held_out = [[(r["step"], r["loss"]) for r in map(json.loads, lines)]
+                    for lines in ((w / "eval.jsonl").read_text().splitlines()
+                                  for w in (together, alone))]
+        assert [step for step, _ in held_out[0]] == [step for step, _ in held_out[1]] == \
+            [2, STEPS]  # every eval_every steps and at the last
+        np.testing.assert_allclose([loss for _, loss in held_out[0]],
+                                   [loss for _, loss in held_out[1]], rtol=1e-5)
+        assert summary["held_out_loss"] == held_out[0][-1][1]
     # The points really differ: different objectives and seeds give different losses.
     assert len({round(_losses(w)[0], 4) for w in workdirs}) == len(configs)
 
