@@ -31,6 +31,8 @@ STEP_SECTIONS = ("model", "train", "mesh")
 NOT_IN_THE_PROGRAM = {
     "train.seed": "the step key is an argument of the step (`train_step.step_key`)",
     "train.log_every": "read by the training loop, not the step",
+    "train.eval_every": "read by the held-out evaluation (`t5x_lite.held_out`), not the step",
+    "train.eval_batches": "read by the held-out evaluation (`t5x_lite.held_out`), not the step",
     "mesh.shape": "makes the Mesh, which keys the program cache next to the settings",
     "mesh.axis_names": "makes the Mesh, which keys the program cache next to the settings",
 }
