@@ -159,7 +159,8 @@ def _train(argv: list[str]) -> None:
     from t5x_lite.train import train
 
     parser = _config_parser("train")
-    _add_run_flags(parser, "metrics.jsonl, checkpoints and TensorBoard events")
+    _add_run_flags(parser, "metrics.jsonl, checkpoints, TensorBoard events and, with "
+                   "train.eval_every > 0, the held-out loss in eval.jsonl")
     parser.add_argument("--steps", type=int, help="train up to this many steps (default: "
                         "config.train.steps)")
     parser.add_argument("--init_from_hf", metavar="DIR", help=f"{_HF_HELP}; pre-training "

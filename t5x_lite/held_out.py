@@ -88,9 +88,10 @@ def validation(run: Run, configs: Sequence[ml_collections.ConfigDict],
     """`run_loop`'s `on_step` for a pre-training run of `configs` (one per point) reading
     `sources` (one `PretrainData` per point): every `train.eval_every` steps and at the run's
     last step, each point's held-out loss appended to its workdir's eval.jsonl (`EvalLog`) and
-    shown with the progress (`Progress.note`); None when `train.eval_every` is 0 (no evaluation)."""
+    shown with the progress (`Progress.note`); None when `train.eval_every` is 0 (no
+    evaluation) or the run has no step left (its evaluations are in its eval.jsonl)."""
     every = configs[0].train.eval_every
-    if not every:
+    if not every or run.start >= run.total:
         return None
     evaluators = [HeldOut(config, layout, source, run.mesh, run.total)
                   for config, source in zip(configs, sources)]
