@@ -189,10 +189,10 @@ def _notes(table: Table, bold_name: str = "Bold") -> list[str]:
                  "the best is bold.")
     if _held_out_columns(table):
         notes.append(f"{HELD_OUT_LOSS}: the pre-training objective's loss on held-out corpus "
-                     "text at the last step (train.eval_every; lower is better, bold within two "
-                     "standard deviations of the lowest, spread "
-                     f"{pooled_std(row.held_out for row in table.rows if row.held_out):.3f}); "
-                     "each objective's own loss, so it compares rows of one objective.")
+                     "text at the last step (train.eval_every; lower is better; spread over "
+                     f"seeds {pooled_std(row.held_out for row in table.rows if row.held_out):.3f})"
+                     ": each objective's own loss, so compare only rows that pre-trained with "
+                     "the same objective settings; never bold.")
     for column, tasks in table.columns.items():
         if column == "GLUE":
             missing = sorted(set(GLUE_AVERAGE_GROUPS.values())

@@ -20,8 +20,8 @@ The table follows the paper's conventions:
   only the best score (and exact ties) is bold: one seed gives no spread to be generous with;
 - when the records hold it (`train.eval_every` > 0, `t5x_lite.held_out`), a "Held-out loss"
   column before the scores: the pre-training objective's loss on held-out corpus text over the
-  seeds, bold within two pooled deviations of the lowest; it is no paper column and takes no
-  part in the average, tau or the findings;
+  seeds (each objective's own loss, so never bold); it is no paper column and takes no part in
+  the average, tau or the findings;
 - Kendall's tau (tau-b) between our row order and the paper's, per paper column and for the
   row average (the mean of a row's columns; the paper's side averages the same paper columns,
   or all seven when some of our columns have no paper column, e.g. the built-in tasks).
@@ -159,8 +159,8 @@ class Row:
     cost_label: str
     cells: dict[str, Cell]  # column -> cell, in the table's column order
     paper: PaperRow | None  # the published row with these labels
-    # The pre-training held-out loss over seeds (`t5x_lite.held_out`; lower is better, bold
-    # within two deviations of the lowest); None when the sweep recorded none.
+    # The pre-training held-out loss over seeds (`t5x_lite.held_out`; lower is better, never
+    # bold); None when the sweep recorded none.
     held_out: Cell | None = None
 
     @property
@@ -331,8 +331,10 @@ def build_table(records: Sequence[dict]) -> Table:
 def _held_out_cells(keys: Sequence[tuple[str, str | None]],
                     by_row: dict[tuple[str, str | None], list[dict]]) -> dict[tuple, Cell]:
     """Each row's pre-training held-out loss (`held_out_loss`, one per seed: the records of
-    a seed's tasks share it) as a cell, bold within two pooled deviations of the lowest; {}
-    when no record has one (a sweep without `train.eval_every`, or one run before it)."""
+    a seed's tasks share it) as a cell; {} when no record has one (a sweep without
+    `train.eval_every`, or one run before it). Never bold: it is each objective's own loss,
+    and rows of one label may differ in objective (Table 2's LM rows: the language model's
+    causal LM beside the others' prefix LM), so no rule picks the rows it may be compared in."""
     losses = {key: {r["seed"]: r["held_out_loss"] for r in by_row[key]
                     if _is_number(r.get("held_out_loss"))} for key in keys}
     if not any(losses.values()):
@@ -343,10 +345,7 @@ def _held_out_cells(keys: Sequence[tuple[str, str | None]],
         std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
         cells[key] = (Cell("ok", float(np.mean(values)), std, len(values)) if values
                       else Cell("missing"))
-    flags = bold_flags([None if c.mean is None else -c.mean for c in cells.values()],
-                       pooled_std(cells.values()))
-    return {key: dataclasses.replace(cell, bold=flag)
-            for (key, cell), flag in zip(cells.items(), flags)}
+    return cells
 
 
 def _as_zero_shot(record: dict) -> dict | None:
