@@ -68,9 +68,9 @@ class HeldOut:
         spec = objectives.spec_from_config(config.objective)
         # On the host's CPU, the same in every process; each then feeds its rows, as in training.
         with jax.default_device(jax.local_devices(backend="cpu")[0]):
-            corrupt = jax.jit(lambda raw, key: objectives.corrupt(raw, spec, key, layout))
-            batches = [jax.device_get(corrupt(data.held_out_batch(index),
-                                              train_step.held_out_key(train.seed, index)))
+            batches = [jax.device_get(objectives.jitted_corrupt_with_details(
+                           data.held_out_batch(index), spec,
+                           train_step.held_out_key(train.seed, index), layout)[0])
                        for index in range(data.held_out_batches)]
         self.batches = [pipeline.process_rows({name: np.asarray(value)
                                                for name, value in batch.items()},

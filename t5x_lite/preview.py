@@ -30,9 +30,6 @@ from t5x_lite.train_step import batch_and_dropout_keys, step_key
 # How an EOS id shows in text: T5's piece for it. Raw chunks hold one at every document end.
 EOS_TEXT = "</s>"
 
-# The layout is static (shapes); one compilation per layout.
-_corrupt = jax.jit(objectives.corrupt_with_details, static_argnums=3)
-
 
 @dataclasses.dataclass(frozen=True)
 class PreviewedRun:
@@ -128,7 +125,8 @@ def corrupted_examples(run: PreviewedRun, count: int = 3) -> list[dict[str, Any]
     while len(examples) < count:
         raw_tokens = data.batch(step)
         batch_key = batch_and_dropout_keys(key, step)[0]
-        batch, details = jax.device_get(_corrupt(raw_tokens, spec, batch_key, layout))
+        batch, details = jax.device_get(
+            objectives.jitted_corrupt_with_details(raw_tokens, spec, batch_key, layout))
         # Each example's denoiser, drawn as `corrupt` draws it (`ul2.choose`).
         chosen = (jax.device_get(ul2.choose(objectives.example_draws(
             batch_key, len(raw_tokens), layout)[:, 2, 0], layout.denoisers))

@@ -79,7 +79,7 @@ def _grid(table: Table, bold: Callable[[str], str]) -> list[list[str]]:
               *_numeric_columns(table)]
     body = [[row.label, *([row.objective or ""] if with_objective else []), row.params_label,
              row.cost_label,
-             *([_cell_text(row.held_out or Cell("missing"), bold)] if with_held_out else []),
+             *([_cell_text(row.held_out, bold)] if with_held_out else []),
              *(_cell_text(cell, bold) for cell in row.cells.values()),
              *([f"({_number(row.paper and row.paper.average)})"] if with_average else [])]
             for row in table.rows]

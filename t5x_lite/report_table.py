@@ -259,8 +259,13 @@ def _cell(column: str, tasks: tuple[str, ...], records: list[dict], paper: Paper
         return Cell("missing", paper=published)
     if not all(math.isfinite(value) for value in values):
         return Cell("undefined", seeds=len(values), paper=published)
+    return _over_seeds(values, published)
+
+
+def _over_seeds(values: Sequence[float], paper: float | None = None) -> Cell:
+    """An 'ok' cell of one score per seed: their mean and sample deviation (0 for one seed)."""
     std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
-    return Cell("ok", float(np.mean(values)), std, len(values), published)
+    return Cell("ok", float(np.mean(values)), std, len(values), paper)
 
 
 def _paper_average_columns(columns: Iterable[str]) -> tuple[str, ...]:
@@ -339,13 +344,8 @@ def _held_out_cells(keys: Sequence[tuple[str, str | None]],
                     if _is_number(r.get("held_out_loss"))} for key in keys}
     if not any(losses.values()):
         return {}
-    cells = {}
-    for key, by_seed in losses.items():
-        values = list(by_seed.values())
-        std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
-        cells[key] = (Cell("ok", float(np.mean(values)), std, len(values)) if values
-                      else Cell("missing"))
-    return cells
+    return {key: _over_seeds(list(by_seed.values())) if by_seed else Cell("missing")
+            for key, by_seed in losses.items()}
 
 
 def _as_zero_shot(record: dict) -> dict | None:
