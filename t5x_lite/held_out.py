@@ -19,14 +19,17 @@ Which noise: the chunks are corrupted once by the run's objective (its rate and 
 with a key of their own (`train_step.held_out_key`, fixed per seed and batch), so every
 evaluation of a run, and every run of one seed and objective, scores the same examples. The
 loss is therefore the objective's own: it compares architectures within one objective, and
-one run over time, not one objective with another.
+one run over time, not one objective with another. Which runs scored the same examples is
+recorded, not assumed: every evaluation carries `examples_fingerprint` of its batches, and the
+report compares (bolds) held-out losses only among rows whose fingerprints agree seed by seed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import jax
 import ml_collections
@@ -34,7 +37,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from t5x_lite import objectives, train_step
+from t5x_lite import batch_format, objectives, train_step
 from t5x_lite.config import ConfigError
 from t5x_lite.loop import EVAL_FILE, EvalLog, Run
 
@@ -44,8 +47,27 @@ if TYPE_CHECKING:  # the pipeline pulls in TFDS, which is imported only once dat
 HELD_OUT = "held_out"  # the task name of the held-out records in eval.jsonl
 
 
+def examples_fingerprint(family: str, batches: Sequence[dict[str, np.ndarray]]) -> str:
+    """12 hex digits that name what the held-out `batches` (global numpy rows of `family`) ask
+    of a model: per example, its inputs, its targets (`batch_format.inputs_and_targets`) and
+    whether it bears loss (one that overflowed the layout bears none). Runs of different batch
+    families that score the same examples (an encoder-decoder and a prefix LM on one seed and
+    objective) share it; a different seed, objective, rate, span length, corpus or vocabulary
+    changes it, and so does a family whose targets differ (`encoder_only` predicts the noise
+    positions only)."""
+    _, weights_key = batch_format.loss_keys(family)
+    digest = hashlib.sha256()
+    for batch in batches:
+        for index in range(len(batch[weights_key])):
+            row = {key: value[index] for key, value in batch.items()}
+            inputs, targets = batch_format.inputs_and_targets(family, row)
+            digest.update(json.dumps([inputs, targets, bool(row[weights_key].any())]).encode())
+    return digest.hexdigest()[:12]
+
+
 class HeldOut:
-    """`held_out(params) -> {"loss", "token_accuracy"}` of one run on its held-out batches.
+    """`held_out(params) -> {"loss", "token_accuracy"}` of one run on its held-out batches,
+    whose `examples_fingerprint` is `examples`.
 
     data: the run's `pipeline.PretrainData`, made with `train.eval_batches` held-out batches;
     steps: the run's last step, which must stay short of the held-out chunks (else a one-line
@@ -72,9 +94,10 @@ class HeldOut:
                            data.held_out_batch(index), spec,
                            train_step.held_out_key(train.seed, index), layout)[0])
                        for index in range(data.held_out_batches)]
-        self.batches = [pipeline.process_rows({name: np.asarray(value)
-                                               for name, value in batch.items()},
-                                              jax.process_index(), jax.process_count())
+        batches = [{name: np.asarray(value) for name, value in batch.items()}
+                   for batch in batches]
+        self.examples = examples_fingerprint(layout.family, batches)
+        self.batches = [pipeline.process_rows(batch, jax.process_index(), jax.process_count())
                         for batch in batches]
         self.eval_step = train_step.make_eval_step(config, mesh)
 
@@ -102,21 +125,25 @@ def validation(run: Run, configs: Sequence[ml_collections.ConfigDict],
             return
         results = [evaluate(run.point_state(index).params)
                    for index, evaluate in enumerate(evaluators)]
-        for log, result in zip(logs, results):
-            log.add(step, {HELD_OUT: {**result, "metrics": {}}})
+        for log, result, evaluator in zip(logs, results, evaluators):
+            log.add(step, {HELD_OUT: {**result, "examples": evaluator.examples, "metrics": {}}})
         shown = ", ".join(f"{result['loss']:.4f}" for result in results)
         run.progress.note(f"step {step}/{run.total} held-out loss {shown}")
 
     return validate
 
 
-def last_scores(workdir: Path) -> dict[str, float | None]:
-    """{"held_out_loss", "held_out_token_accuracy"} (%): the latest held-out scores of the
-    pre-training run in `workdir`, from its eval.jsonl (both None without held-out evaluation)."""
-    path, last = Path(workdir) / EVAL_FILE, {}
-    if path.exists():
-        for record in map(json.loads, path.read_text().splitlines()):
-            if record["task"] == HELD_OUT and record["step"] >= last.get("step", -1):
-                last = record
+def last_scores(workdir: Path) -> dict[str, Any]:
+    """The held-out evaluations of the pre-training run in `workdir`, from its eval.jsonl:
+    `held_out_loss` and `held_out_token_accuracy` (%) of the last one, the `held_out_examples`
+    it scored (`examples_fingerprint`) and `held_out_curve`, [[step, loss], ...] of every one
+    (None, None, None and [] without held-out evaluation)."""
+    path = Path(workdir) / EVAL_FILE
+    records = [record for record in map(json.loads, path.read_text().splitlines())
+               if record["task"] == HELD_OUT] if path.exists() else []
+    # EvalLog keeps one trajectory (a resumed run drops later steps), so steps increase.
+    last = records[-1] if records else {}
     return {"held_out_loss": last.get("loss"),
-            "held_out_token_accuracy": last.get("token_accuracy")}
+            "held_out_token_accuracy": last.get("token_accuracy"),
+            "held_out_examples": last.get("examples"),
+            "held_out_curve": [[record["step"], record["loss"]] for record in records]}

@@ -130,7 +130,8 @@ class EvalLog:
     fine-tuning's validation (`t5x_lite.finetune`) and pre-training's held-out text
     (`t5x_lite.held_out`, task "held_out").
 
-    Record: {"step", "task", "loss", "token_accuracy", "metrics": {name: value}}. Opening the
+    Record: {"step", "task", "loss", "token_accuracy", "metrics": {name: value}}, and a
+    held-out record "examples" too (`held_out.examples_fingerprint`). Opening the
     log of a run resumed at `start_step` drops the records of later steps (they belong to a
     trajectory the resumed run replaces), so the best scores are those of the run's history.
     """

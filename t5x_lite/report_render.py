@@ -11,7 +11,7 @@ import csv
 import io
 import os
 import re
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
@@ -19,6 +19,9 @@ from t5x_lite import findings, paper_results
 from t5x_lite.data.tasks import GLUE_AVERAGE_GROUPS
 from t5x_lite.report_table import Cell, Table, ZeroShotRow, findings_of, pooled_std
 from t5x_lite.results import latest_records
+
+if TYPE_CHECKING:  # imported when plotting: matplotlib takes a second to import
+    from matplotlib.figure import Figure
 
 
 def _findings_lines(table: Table, verdict: Callable[[str], str], indent: str) -> list[str]:
@@ -170,6 +173,30 @@ def _compute_notes(table: Table) -> list[str]:
             "target tokens with a loss weight (objectives.expected_loss_tokens)."]
 
 
+def _held_out_note(table: Table) -> list[str]:
+    """What the held-out loss column is and which of its rows compare (`Row.held_out_group`)."""
+    if not _held_out_columns(table):
+        return []
+    groups: dict[int | None, list[str]] = {}
+    for row in table.rows:
+        if row.held_out and row.held_out.status == "ok":
+            groups.setdefault(row.held_out_group, []).append(_row_name(row.label, row.objective))
+    alone = [names[0] for number, names in groups.items() if number and len(names) == 1]
+    compared = "; ".join(", ".join(names) for number, names in groups.items()
+                         if number and len(names) > 1)
+    unknown = groups.get(None, [])
+    return [f"{HELD_OUT_LOSS}: the pre-training objective's loss on held-out corpus text at the "
+            "last step (train.eval_every; lower is better). It is each objective's own loss, so "
+            "rows compare only when they scored the same examples (the same text, objective "
+            "settings and noise, seed by seed); bold: within two standard deviations of the "
+            "lowest of such rows (spread over seeds "
+            f"{pooled_std(row.held_out for row in table.rows if row.held_out):.3f})."
+            + (f" Scored the same examples: {compared}." if compared else "")
+            + (f" Alone: {', '.join(alone)}." if alone else "")
+            + (f" Not known which examples (a sweep older than the records' held_out_examples)"
+               f": {', '.join(unknown)}." if unknown else "")]
+
+
 def _notes(table: Table, bold_name: str = "Bold") -> list[str]:
     """The lines under the table: tau, the bolding rule, sources of the columns, failures."""
     taus = ", ".join(f"{column} {_number(tau)}" for column, tau in table.tau.items())
@@ -187,12 +214,7 @@ def _notes(table: Table, bold_name: str = "Bold") -> list[str]:
     notes.append(f"{bold_name}: within two standard deviations of the column's best; the "
                  f"deviation is the spread over seeds ({spreads}), 0 with one seed, so then only "
                  "the best is bold.")
-    if _held_out_columns(table):
-        notes.append(f"{HELD_OUT_LOSS}: the pre-training objective's loss on held-out corpus "
-                     "text at the last step (train.eval_every; lower is better; spread over "
-                     f"seeds {pooled_std(row.held_out for row in table.rows if row.held_out):.3f})"
-                     ": each objective's own loss, so compare only rows that pre-trained with "
-                     "the same objective settings; never bold.")
+    notes += _held_out_note(table)
     for column, tasks in table.columns.items():
         if column == "GLUE":
             missing = sorted(set(GLUE_AVERAGE_GROUPS.values())
@@ -388,32 +410,47 @@ def _row_name(label: str, objective: str | None) -> str:
     return f"{label} ({objective})" if objective else label
 
 
+def _curves_figure(records: Sequence[dict], field: str, title: str) -> Figure | None:
+    """One line per (grid point, seed) of the [[step, loss], ...] curves in the records'
+    `field`; None when no record has one."""
+    from matplotlib.figure import Figure  # see write_plots
+
+    curves: dict[tuple[str, int], tuple[str, list]] = {}
+    seeds = {r["seed"] for r in records}
+    for r in latest_records(records):
+        if r.get(field):
+            name = _row_name(r["row"], r.get("objective"))
+            name += f", seed {r['seed']}" if len(seeds) > 1 else ""
+            curves.setdefault((r["point"], r["seed"]), (name, r[field]))
+    if not curves:
+        return None
+    figure = Figure(figsize=(7, 4.5), layout="constrained")
+    axes = figure.add_subplot()
+    for name, curve in curves.values():
+        steps, losses = zip(*curve)
+        axes.plot(steps, losses, label=name, marker="." if len(steps) < 20 else None)
+    axes.set(xlabel="pre-training step", ylabel="loss", title=title)
+    axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1, 1))
+    return figure
+
+
 def write_plots(table: Table, records: Sequence[dict], out_dir: str) -> list[str]:
-    """PNG plots: `pretrain_loss.png`, the pre-training loss curve of every
-    grid point and seed, and `bars_<column>.png` per column, our scores as bars (spread over
+    """PNG plots: `pretrain_loss.png`, the pre-training loss curve of every grid point and
+    seed, `held_out_loss.png`, their held-out losses at each evaluation (when recorded,
+    `t5x_lite.held_out`), and `bars_<column>.png` per column, our scores as bars (spread over
     seeds as error bars) and the paper's as black diamonds. Returns the paths written."""
     # Imported here: matplotlib takes a second to import, which the table-only readers skip.
     from matplotlib.figure import Figure  # no pyplot: no global state, no display, over SSH too
 
     paths = []
-    curves: dict[tuple[str, int], tuple[str, list]] = {}
-    seeds = {r["seed"] for r in records}
-    for r in latest_records(records):
-        if r.get("pretrain_curve"):
-            name = _row_name(r["row"], r.get("objective"))
-            name += f", seed {r['seed']}" if len(seeds) > 1 else ""
-            curves.setdefault((r["point"], r["seed"]), (name, r["pretrain_curve"]))
-    if curves:
-        figure = Figure(figsize=(7, 4.5), layout="constrained")
-        axes = figure.add_subplot()
-        for name, curve in curves.values():
-            steps, losses = zip(*curve)
-            axes.plot(steps, losses, label=name)
-        axes.set(xlabel="pre-training step", ylabel="loss",
-                 title=f"Pre-training loss: {table.experiment}, preset {table.preset}")
-        axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1, 1))
-        paths.append(os.path.join(out_dir, "pretrain_loss.png"))
-        figure.savefig(paths[-1], dpi=120)
+    curves = {"pretrain_loss.png": ("pretrain_curve", "Pre-training loss"),
+              "held_out_loss.png": ("held_out_curve", "Held-out pre-training loss")}
+    for file_name, (field, title) in curves.items():
+        figure = _curves_figure(records, field,
+                                f"{title}: {table.experiment}, preset {table.preset}")
+        if figure is not None:
+            paths.append(os.path.join(out_dir, file_name))
+            figure.savefig(paths[-1], dpi=120)
     x = np.arange(len(table.rows))
     names = [_row_name(row.label, row.objective) for row in table.rows]
     for column in table.columns:

@@ -20,8 +20,11 @@ The table follows the paper's conventions:
   only the best score (and exact ties) is bold: one seed gives no spread to be generous with;
 - when the records hold it (`train.eval_every` > 0, `t5x_lite.held_out`), a "Held-out loss"
   column before the scores: the pre-training objective's loss on held-out corpus text over the
-  seeds (each objective's own loss, so never bold); it is no paper column and takes no part in
-  the average, tau or the findings;
+  seeds. It is each objective's own loss, so rows compare only when they scored the same
+  examples: the records' `held_out_examples` (`held_out.examples_fingerprint`) agree seed by
+  seed. Rows that do form a group (`Row.held_out_group`), and within a group of two or more
+  the paper's rule bolds the lowest losses, with the group's spread over seeds. It is no paper
+  column and takes no part in the average, tau or the findings;
 - Kendall's tau (tau-b) between our row order and the paper's, per paper column and for the
   row average (the mean of a row's columns; the paper's side averages the same paper columns,
   or all seven when some of our columns have no paper column, e.g. the built-in tasks).
@@ -159,9 +162,11 @@ class Row:
     cost_label: str
     cells: dict[str, Cell]  # column -> cell, in the table's column order
     paper: PaperRow | None  # the published row with these labels
-    # The pre-training held-out loss over seeds (`t5x_lite.held_out`; lower is better, never
-    # bold); None when the sweep recorded none.
+    # The pre-training held-out loss over seeds (`t5x_lite.held_out`; lower is better); None
+    # when the sweep recorded none. held_out_group: the rows with one number scored the same
+    # examples (1, 2, ... in row order), so only they compare; None when unknown.
     held_out: Cell | None = None
+    held_out_group: int | None = None
 
     @property
     def average(self) -> float | None:
@@ -320,10 +325,10 @@ def build_table(records: Sequence[dict]) -> Table:
         flags = bold_flags([cell.mean for cell in column_cells], pooled_std(column_cells))
         for key, cell, flag in zip(keys, column_cells, flags):
             cells[key][column] = dataclasses.replace(cell, bold=flag)
-    held_out = _held_out_cells(keys, by_row)
+    held_out, held_out_groups = _held_out_cells(keys, by_row)
     rows = [Row(key[0], key[1], _label(by_row[key][0], "params_label", "params_ratio"),
                 _label(by_row[key][0], "cost_label", "flops_ratio"), cells[key], published[key],
-                held_out.get(key))
+                held_out.get(key), held_out_groups.get(key))
             for key in keys]
     failures = tuple(f"{r['point']} seed {r['seed']} {r['task']}: "
                      f"{str(r.get('error') or 'no error message').splitlines()[0]}"
@@ -334,18 +339,33 @@ def build_table(records: Sequence[dict]) -> Table:
 
 
 def _held_out_cells(keys: Sequence[tuple[str, str | None]],
-                    by_row: dict[tuple[str, str | None], list[dict]]) -> dict[tuple, Cell]:
+                    by_row: dict[tuple[str, str | None], list[dict]]
+                    ) -> tuple[dict[tuple, Cell], dict[tuple, int]]:
     """Each row's pre-training held-out loss (`held_out_loss`, one per seed: the records of
-    a seed's tasks share it) as a cell; {} when no record has one (a sweep without
-    `train.eval_every`, or one run before it). Never bold: it is each objective's own loss,
-    and rows of one label may differ in objective (Table 2's LM rows: the language model's
-    causal LM beside the others' prefix LM), so no rule picks the rows it may be compared in."""
-    losses = {key: {r["seed"]: r["held_out_loss"] for r in by_row[key]
-                    if _is_number(r.get("held_out_loss"))} for key in keys}
-    if not any(losses.values()):
-        return {}
-    return {key: _over_seeds(list(by_seed.values())) if by_seed else Cell("missing")
-            for key, by_seed in losses.items()}
+    a seed's tasks share it) as a cell, and its group: the rows whose records name the same
+    examples (`held_out_examples`) for the same seeds, numbered from 1 in row order. Within a
+    group of two or more, the paper's rule bolds the lowest losses (`bold_flags` on the negated
+    means, the group's `pooled_std`); a row alone, or one of a sweep run before the records
+    named their examples, has nothing to be compared with. ({}, {}) when no record has a loss
+    (a sweep without `train.eval_every`)."""
+    scored = {key: [r for r in by_row[key] if _is_number(r.get("held_out_loss"))] for key in keys}
+    if not any(scored.values()):
+        return {}, {}
+    cells = {key: _over_seeds(list({r["seed"]: r["held_out_loss"] for r in records}.values()))
+             if records else Cell("missing") for key, records in scored.items()}
+    groups: dict[tuple, list[tuple[str, str | None]]] = {}
+    for key, records in scored.items():
+        examples = tuple(sorted({(r["seed"], r.get("held_out_examples")) for r in records}))
+        if examples and all(fingerprint for _, fingerprint in examples):
+            groups.setdefault(examples, []).append(key)
+    for group in groups.values():
+        if len(group) > 1:
+            flags = bold_flags([-cells[key].mean for key in group],
+                               pooled_std(cells[key] for key in group))
+            for key, flag in zip(group, flags):
+                cells[key] = dataclasses.replace(cells[key], bold=flag)
+    numbers = {key: number for number, group in enumerate(groups.values(), 1) for key in group}
+    return cells, numbers
 
 
 def _as_zero_shot(record: dict) -> dict | None:

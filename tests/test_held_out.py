@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from t5x_lite import evaluation, grid, objectives, partitioning, train, train_step
+from t5x_lite import evaluation, grid, held_out, objectives, partitioning, train, train_step
 from t5x_lite.config import ConfigError
 from t5x_lite.data import pipeline
 from t5x_lite.held_out import HELD_OUT
@@ -50,6 +50,8 @@ def test_the_held_out_loss_is_the_final_model_on_the_seed_s_held_out_batches(cor
     assert [(r["step"], r["task"]) for r in evaluations] == [(4, HELD_OUT), (6, HELD_OUT)]
     assert summary["held_out_loss"] == evaluations[-1]["loss"]
     assert summary["held_out_token_accuracy"] == evaluations[-1]["token_accuracy"]
+    assert summary["held_out_curve"] == [[r["step"], r["loss"]] for r in evaluations]
+    assert summary["held_out_examples"] == evaluations[0]["examples"] == evaluations[1]["examples"]
     assert evaluations[0]["loss"] != evaluations[1]["loss"]
 
     # Recomputed by hand: the last parameters on the held-out chunks, corrupted with the
@@ -92,3 +94,38 @@ def test_switching_the_evaluation_on_keeps_a_sweep_point_s_identity(corpus):
     assert grid.config_hash(observed) == grid.config_hash(config)
     config.train.steps = 7
     assert grid.config_hash(observed) != grid.config_hash(config)
+
+
+def _fingerprint(config):
+    layout = objectives.layout_from_config(config)
+    _, data = pipeline.pretrain_data_from_config(config, layout.raw_length)
+    mesh = partitioning.make_mesh(config.mesh)
+    return held_out.HeldOut(config, layout, data, mesh, steps=1).examples
+
+
+def _changed(corpus, arch="encoder_decoder", seed=0, **objective_fields):
+    config = _config(corpus, eval_every=4, eval_batches=2, seed=seed)
+    config.model.arch = arch
+    config.objective.update(objective_fields)
+    return config
+
+
+def test_the_fingerprint_names_the_examples_scored_whatever_the_batch_family(corpus):
+    """The report compares held-out losses of rows whose fingerprints agree: an encoder-decoder,
+    a causal and a prefix LM on one seed and objective score the same examples (their rows
+    differ, their (inputs, targets) do not); another seed, objective or rate does not."""
+    denoising = _fingerprint(_changed(corpus))
+    assert denoising == _fingerprint(_changed(corpus, "prefix_lm"))
+    assert denoising == _fingerprint(_changed(corpus, "language_model"))
+    shallower = _changed(corpus)
+    shallower.model.num_layers = 1
+    assert denoising == _fingerprint(shallower)
+    others = [_fingerprint(_changed(corpus, seed=1)),
+              _fingerprint(_changed(corpus, noise_density=0.5)),
+              _fingerprint(_changed(corpus, name="prefix_lm")),
+              _fingerprint(_changed(corpus, "prefix_lm", name="prefix_lm"))]
+    assert len({denoising, *others}) == 4
+    assert others[2] == others[3]
+    # BERT-style on an encoder-only model predicts the masked positions only, not the text.
+    bert = _fingerprint(_changed(corpus, name="bert_style"))
+    assert bert != _fingerprint(_changed(corpus, "encoder_only", name="bert_style"))

@@ -373,14 +373,18 @@ def test_the_held_out_loss_is_a_column_beside_the_scores_over_seeds(tmp_path):
     cells = {row.label: row.held_out for row in result.table.rows}
     spread = math.sqrt(0.02)  # each row's sample sd is sqrt(0.02); pooled the same
     assert [c.mean for c in cells.values()] == pytest.approx([3.1, 3.2, 4.1])
-    # Each objective's own loss (here three corruption rates): no row is bold.
+    # Records that do not name their examples (written before `held_out_examples`): no row
+    # is known to compare with another, so none is bold.
     assert [(c.seeds, c.bold) for c in cells.values()] == [(2, False)] * 3
+    assert [row.held_out_group for row in result.table.rows] == [None] * 3
     assert cells["10%"].std == pytest.approx(spread)
     markdown = (tmp_path / "report" / "table.md").read_text()
     header = next(line for line in markdown.splitlines() if line.startswith("| Corruption"))
     assert header.split(" | ")[2:4] == ["Cost", "Held-out loss"]
     assert "| 3.10 ± 0.14 | " in markdown and "| 4.10 ± 0.14 | " in markdown
-    assert f"lower is better; spread over seeds {spread:.3f})" in markdown
+    assert f"lowest of such rows (spread over seeds {spread:.3f})." in markdown
+    assert "Not known which examples (a sweep older than the records' held_out_examples): " \
+        "10%, 15%, 50%." in markdown
     rows = list(csv.DictReader(io.StringIO((tmp_path / "report" / "table.csv").read_text())))
     held = [(r["row"], r["mean"], r["seeds"]) for r in rows if r["column"] == "held_out_loss"]
     assert held == [("10%", "3.1000", "2"), ("15%", "3.2000", "2"), ("50%", "4.1000", "2")]
@@ -391,6 +395,49 @@ def test_the_held_out_loss_is_a_column_beside_the_scores_over_seeds(tmp_path):
     plain.mkdir()
     _write(plain / "results.jsonl", [_record(point="rate_10", row="10%")])
     assert "Held-out loss" not in report.report(str(plain)).text
+
+
+def test_held_out_losses_are_compared_only_among_rows_that_scored_the_same_examples(tmp_path):
+    """Table 2's rows: the denoising rows scored one set of examples per seed, the LM rows of
+    the encoder-decoders and the prefix LM another (the prefix LM objective), the language
+    model a third (its causal LM objective) with the lowest loss of all: bold is the paper's
+    rule within each set of two or more rows, so never the language model's."""
+    def rows(objective, losses, examples):
+        return [_record(experiment="table2", point=f"{row}/{objective}", row=row,
+                        objective=objective, seed=seed, held_out_loss=loss,
+                        held_out_examples=f"{examples}{seed}",
+                        held_out_curve=[[100, loss + 1.0], [200, loss]])
+                for row, pair in losses.items() for seed, loss in enumerate(pair)]
+
+    records = [
+        *rows("Denoising", {"Encoder-decoder": (3.0, 3.2), "Enc-dec, shared": (3.05, 3.25),
+                            "Enc-dec, 6 layers": (3.6, 3.8)}, "d"),
+        *rows("LM", {"Encoder-decoder": (4.0, 4.2), "Prefix LM": (4.4, 4.6)}, "p"),
+        *rows("LM", {"Language model": (2.0, 2.2)}, "c"),
+        # Another set of examples in seed 1 (say, another corruption rate): not comparable.
+        _record(experiment="table2", point="x", row="Prefix LM", objective="Denoising", seed=0,
+                held_out_loss=1.0, held_out_examples="d0"),
+        _record(experiment="table2", point="x", row="Prefix LM", objective="Denoising", seed=1,
+                held_out_loss=1.0, held_out_examples="e1"),
+    ]
+    _write(tmp_path / "results.jsonl", records)
+    result = report.report(str(tmp_path))
+    held = {(row.label, row.objective): (row.held_out.bold, row.held_out_group)
+            for row in result.table.rows}
+    # Pooled sd sqrt(0.02) = 0.141 in each group: bold within 0.283 of the group's lowest.
+    assert held == {("Encoder-decoder", "Denoising"): (True, 1),
+                    ("Enc-dec, shared", "Denoising"): (True, 1),
+                    ("Enc-dec, 6 layers", "Denoising"): (False, 1),
+                    ("Prefix LM", "Denoising"): (False, 2),
+                    ("Encoder-decoder", "LM"): (True, 3),
+                    ("Prefix LM", "LM"): (False, 3),
+                    ("Language model", "LM"): (False, 4)}
+    markdown = (tmp_path / "report" / "table.md").read_text()
+    assert "| **3.10** ± 0.14 |" in markdown and "| 2.10 ± 0.14 |" in markdown
+    assert ("Scored the same examples: Encoder-decoder (Denoising), Enc-dec, shared "
+            "(Denoising), Enc-dec, 6 layers (Denoising); Encoder-decoder (LM), Prefix LM (LM). "
+            "Alone: Prefix LM (Denoising), Language model (LM).") in markdown
+    assert (tmp_path / "report" / "held_out_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_records_of_two_experiments_are_an_error(tmp_path):

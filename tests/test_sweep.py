@@ -45,7 +45,7 @@ RECORD_FIELDS = {
     "experiment", "preset", "point", "row", "objective", "config_hash", "seed", "task", "params",
     "params_label", "cost_label", "pretrain_steps", "pretrain_tokens", "finetune_steps", "wall_s",
     "compile_s", "compiles", "pretrain_loss", "pretrain_curve", "held_out_loss",
-    "held_out_token_accuracy", "metrics", "status", "error",
+    "held_out_token_accuracy", "held_out_examples", "held_out_curve", "metrics", "status", "error",
 }
 # The paper's row labels, copied from the contract.
 PAPER_ROWS = {
@@ -183,6 +183,10 @@ def test_sweep_end_to_end(uninterrupted):
         assert (held_out["step"], held_out["task"]) == (6, "held_out")
         assert record["held_out_loss"] == held_out["loss"] > 0
         assert record["held_out_token_accuracy"] == held_out["token_accuracy"]
+        assert record["held_out_curve"] == [[6, held_out["loss"]]]
+        assert record["held_out_examples"] == held_out["examples"]
+    # Two objectives (denoising, prefix LM) ask different things of the same text.
+    assert len({r["held_out_examples"] for r in ok}) == 2
     lines = (workdir / "results.jsonl").read_text().splitlines()
     assert [json.loads(line) for line in lines] == records
 
