@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from t5x_lite.report_render import (compute_csv, findings_csv, to_csv, to_latex, to_markdown,
-                                    to_text, write_plots, zero_shot_csv)
+from t5x_lite.report_render import (compute_csv, findings_csv, held_out_differences_csv, to_csv,
+                                    to_latex, to_markdown, to_text, write_plots, zero_shot_csv)
 from t5x_lite.report_table import Table, build_table, read_results
 from t5x_lite.results import results_path
 
@@ -27,7 +27,8 @@ class Report:
 def report(workdir: str, *, out_dir: str | None = None) -> Report:
     """Reads `workdir/results.jsonl` and writes table.md, table.csv, table.tex, findings.csv
     (compute.csv too for a compute-matched sweep, zero_shot.csv for one with zero-shot
-    scores) and the PNG plots to `out_dir` (default `workdir/report`). Nothing interactive
+    scores, held_out_differences.csv for one with held-out losses of several seeds to pair)
+    and the PNG plots to `out_dir` (default `workdir/report`). Nothing interactive
     opens: the plots are drawn off screen."""
     records = read_results(str(results_path(workdir)))
     table = build_table(records)
@@ -40,6 +41,8 @@ def report(workdir: str, *, out_dir: str | None = None) -> Report:
         renders.append(("compute.csv", compute_csv))
     if table.zero_shot:
         renders.append(("zero_shot.csv", zero_shot_csv))
+    if table.held_out_differences:
+        renders.append(("held_out_differences.csv", held_out_differences_csv))
     for name, render in renders:
         files.append(os.path.join(out_dir, name))
         with open(files[-1], "w", encoding="utf-8") as f:

@@ -8,6 +8,7 @@ compute and zero-shot tables when the sweep has them, and the Findings section
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import os
 import re
@@ -17,7 +18,8 @@ import numpy as np
 
 from t5x_lite import findings, paper_results
 from t5x_lite.data.tasks import GLUE_AVERAGE_GROUPS
-from t5x_lite.report_table import Cell, Table, ZeroShotRow, findings_of, pooled_std
+from t5x_lite.report_table import (Cell, Table, ZeroShotRow, findings_of, pooled_std,
+                                   row_name)
 from t5x_lite.results import latest_records
 
 if TYPE_CHECKING:  # imported when plotting: matplotlib takes a second to import
@@ -130,7 +132,7 @@ def _zero_shot_grid(table: Table, bold: Callable[[str], str]) -> list[list[str]]
 
 def _best_rows(rows: Sequence[ZeroShotRow], cells_of: Callable[[ZeroShotRow], Cell]) -> str:
     """The rows with the best mean score of a column, or 'none scored'."""
-    scored = [(cells_of(row).mean, _row_name(row.label, row.objective)) for row in rows
+    scored = [(cells_of(row).mean, row_name(row.label, row.objective)) for row in rows
               if cells_of(row).status == "ok"]
     if not scored:
         return "none scored"
@@ -173,6 +175,60 @@ def _compute_notes(table: Table) -> list[str]:
             "target tokens with a loss weight (objectives.expected_loss_tokens)."]
 
 
+HELD_OUT_DIFFERENCES_TITLE = "Held-out loss, paired by seed"
+
+
+def _held_out_differences_grid(table: Table) -> list[list[str]]:
+    """Header and body of the paired held-out table: a row per `HeldOutDifference`."""
+    rows = table.held_out_differences
+    with_objective = any(row.objective for row in rows)
+    header = [table.paper.row_header if table.paper else "Row",
+              *(["Objective"] if with_objective else []), "Compared with", "Difference",
+              "Lower in", "Per seed"]
+    body = [[row.label, *([row.objective or ""] if with_objective else []), row.reference,
+             f"{row.difference.mean:+.3f} ± {row.difference.std:.3f}",
+             f"{sum(value < 0 for value in row.per_seed.values())} of {len(row.per_seed)} seeds",
+             ", ".join(f"{value:+.3f}" for value in row.per_seed.values())]
+            for row in rows]
+    return [header, *body]
+
+
+def _held_out_differences_notes(table: Table) -> list[str]:
+    seeds = ", ".join(str(seed) for seed in table.held_out_differences[0].per_seed)
+    return [f"{HELD_OUT_DIFFERENCES_TITLE}: each row's held-out loss minus that of the row it "
+            "is compared with (the first row that scored the same examples), in each seed "
+            f"({seeds}), then their mean ± sample deviation; negative: the row's loss is "
+            "lower. The seed draws a group's held-out text and noise, which moves all its rows "
+            "together, so these differences spread less than the column's losses."]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Section:
+    """A table under the main one, drawn alike by every format: its title, its header and body
+    as text cells (`numeric` columns last, right-aligned) and the notes under it."""
+
+    title: str
+    grid: list[list[str]]
+    numeric: int
+    notes: list[str]
+
+
+def _sections(table: Table, bold: Callable[[str], str]) -> list[_Section]:
+    """The tables under the main one that the sweep has: the pre-training compute of a
+    compute-matched sweep, the zero-shot scores and the paired held-out losses."""
+    sections = []
+    if table.compute:
+        sections.append(_Section(f"{COMPUTE_TITLE} (sweep.budget={table.budget.kind})",
+                                 _compute_grid(table), 5, _compute_notes(table)))
+    if table.zero_shot:
+        sections.append(_Section(ZERO_SHOT_TITLE, _zero_shot_grid(table, bold),
+                                 2 * len(table.zero_shot[0].zero_shot), _zero_shot_notes(table)))
+    if table.held_out_differences:
+        sections.append(_Section(HELD_OUT_DIFFERENCES_TITLE, _held_out_differences_grid(table),
+                                 3, _held_out_differences_notes(table)))
+    return sections
+
+
 def _held_out_note(table: Table) -> list[str]:
     """What the held-out loss column is and which of its rows compare (`Row.held_out_group`)."""
     if not _held_out_columns(table):
@@ -180,7 +236,7 @@ def _held_out_note(table: Table) -> list[str]:
     groups: dict[int | None, list[str]] = {}
     for row in table.rows:
         if row.held_out and row.held_out.status == "ok":
-            groups.setdefault(row.held_out_group, []).append(_row_name(row.label, row.objective))
+            groups.setdefault(row.held_out_group, []).append(row_name(row.label, row.objective))
     alone = [names[0] for number, names in groups.items() if number and len(names) == 1]
     compared = "; ".join(", ".join(names) for number, names in groups.items()
                          if number and len(names) > 1)
@@ -228,30 +284,25 @@ def _notes(table: Table, bold_name: str = "Bold") -> list[str]:
     return notes + _budget_note(table)
 
 
+def _markdown_table(grid: list[list[str]], numeric: int) -> list[str]:
+    header, *body = grid
+    return ["| " + " | ".join(header) + " |",
+            "|" + "---|" * (len(header) - numeric) + "---:|" * numeric,
+            *("| " + " | ".join(row) + " |" for row in body)]
+
+
 def to_markdown(table: Table) -> str:
-    header, *body = _grid(table, lambda s: f"**{s}**")
-    n_scores = len(_numeric_columns(table))
-    lines = [f"## {_title(table)}", "", "| " + " | ".join(header) + " |",
-             "|" + "---|" * (len(header) - n_scores) + "---:|" * n_scores]
-    lines += ["| " + " | ".join(row) + " |" for row in body]
-    compute = []
-    if table.compute:
-        header, *body = _compute_grid(table)
-        compute = ["", f"### {COMPUTE_TITLE} (sweep.budget={table.budget.kind})", "",
-                   "| " + " | ".join(header) + " |",
-                   "|" + "---|" * (len(header) - 5) + "---:|" * 5,
-                   *("| " + " | ".join(row) + " |" for row in body), "", *_compute_notes(table)]
-    zero_shot = []
-    if table.zero_shot:
-        header, *body = _zero_shot_grid(table, lambda s: f"**{s}**")
-        scores = 2 * len(table.zero_shot[0].zero_shot)
-        zero_shot = ["", f"### {ZERO_SHOT_TITLE}", "", "| " + " | ".join(header) + " |",
-                     "|" + "---|" * (len(header) - scores) + "---:|" * scores,
-                     *("| " + " | ".join(row) + " |" for row in body), "",
-                     *_zero_shot_notes(table)]
+    bold = "**{}**".format
+    lines = [f"## {_title(table)}", "",
+             *_markdown_table(_grid(table, bold), len(_numeric_columns(table))), "",
+             *_notes(table)]
+    for section in _sections(table, bold):
+        lines += ["", f"### {section.title}", "", *_markdown_table(section.grid, section.numeric),
+                  "", *section.notes]
     items = _findings_lines(table, lambda verdict: f"**{verdict}**", "  ")
-    section = ["", "### Findings", "", findings.EXPLANATION, "", *items] if items else []
-    return "\n".join([*lines, "", *_notes(table), *compute, *zero_shot, *section]) + "\n"
+    if items:
+        lines += ["", "### Findings", "", findings.EXPLANATION, "", *items]
+    return "\n".join(lines) + "\n"
 
 
 def _aligned(grid: list[list[str]]) -> list[str]:
@@ -263,19 +314,15 @@ def _aligned(grid: list[list[str]]) -> list[str]:
 
 def to_text(table: Table) -> str:
     """The terminal rendering: aligned columns, bold scores marked with '*'."""
-    lines = _aligned(_grid(table, lambda s: f"{s}*"))
-    compute = []
-    if table.compute:
-        compute = ["", f"{COMPUTE_TITLE} (sweep.budget={table.budget.kind})", "",
-                   *_aligned(_compute_grid(table)), "", *_compute_notes(table)]
-    zero_shot = []
-    if table.zero_shot:
-        zero_shot = ["", ZERO_SHOT_TITLE, "", *_aligned(_zero_shot_grid(table, lambda s: f"{s}*")),
-                     "", *_zero_shot_notes(table)]
+    bold = "{}*".format
+    lines = [_title(table), "", *_aligned(_grid(table, bold)), "",
+             *_notes(table, bold_name="*")]
+    for section in _sections(table, bold):
+        lines += ["", section.title, "", *_aligned(section.grid), "", *section.notes]
     items = _findings_lines(table, lambda verdict: verdict.upper(), "    ")
-    section = ["", "Findings", "", findings.EXPLANATION, "", *items] if items else []
-    return "\n".join([_title(table), "", *lines, "", *_notes(table, bold_name="*"),
-                      *compute, *zero_shot, *section]) + "\n"
+    if items:
+        lines += ["", "Findings", "", findings.EXPLANATION, "", *items]
+    return "\n".join(lines) + "\n"
 
 
 _LATEX_SPECIAL = re.compile(r"([&%$#_{}])")
@@ -286,37 +333,28 @@ def _latex(text: str) -> str:
             .replace("σ", "$\\sigma$").replace(">", "$>$"))
 
 
-def to_latex(table: Table) -> str:
-    """A booktabs `table` environment (needs \\usepackage{booktabs})."""
-    header, *body = _grid(table, lambda s: f"\x00{s}\x01")  # bold markers, escaped after
-
+def _latex_table(grid: list[list[str]], numeric: int, caption: str) -> list[str]:
+    """A booktabs `table` environment of text cells whose bold parts are marked \\x00...\\x01."""
     def line(cells: list[str]) -> str:
         escaped = (_latex(c).replace("\x00", "\\textbf{").replace("\x01", "}") for c in cells)
         return " & ".join(escaped) + r" \\"
 
-    n_scores = len(_numeric_columns(table))
-    spec = "l" * (len(header) - n_scores) + "r" * n_scores
-    lines = [r"\begin{table}[t]", r"\centering", rf"\begin{{tabular}}{{{spec}}}", r"\toprule",
-             line(header), r"\midrule", *(line(row) for row in body), r"\bottomrule",
-             r"\end{tabular}", rf"\caption{{{_latex(_title(table))}. "
-             + " ".join(_latex(note) for note in _notes(table)) + "}", r"\end{table}"]
-    if table.compute:
-        header, *body = _compute_grid(table)
-        lines += ["", r"\begin{table}[t]", r"\centering",
-                  rf"\begin{{tabular}}{{{'l' * (len(header) - 5) + 'r' * 5}}}", r"\toprule",
-                  line(header), r"\midrule", *(line(row) for row in body), r"\bottomrule",
-                  r"\end{tabular}",
-                  rf"\caption{{{' '.join(_latex(note) for note in _compute_notes(table))}}}",
-                  r"\end{table}"]
-    if table.zero_shot:
-        header, *body = _zero_shot_grid(table, lambda s: f"\x00{s}\x01")
-        scores = 2 * len(table.zero_shot[0].zero_shot)
-        lines += ["", r"\begin{table}[t]", r"\centering",
-                  rf"\begin{{tabular}}{{{'l' * (len(header) - scores) + 'r' * scores}}}",
-                  r"\toprule", line(header), r"\midrule", *(line(row) for row in body),
-                  r"\bottomrule", r"\end{tabular}",
-                  rf"\caption{{{' '.join(_latex(note) for note in _zero_shot_notes(table))}}}",
-                  r"\end{table}"]
+    header, *body = grid
+    spec = "l" * (len(header) - numeric) + "r" * numeric
+    return [r"\begin{table}[t]", r"\centering", rf"\begin{{tabular}}{{{spec}}}", r"\toprule",
+            line(header), r"\midrule", *(line(row) for row in body), r"\bottomrule",
+            r"\end{tabular}", rf"\caption{{{caption}}}", r"\end{table}"]
+
+
+def to_latex(table: Table) -> str:
+    """Booktabs `table` environments (needs \\usepackage{booktabs})."""
+    bold = "\x00{}\x01".format  # markers, escaped by _latex_table
+    lines = _latex_table(_grid(table, bold), len(_numeric_columns(table)),
+                         f"{_latex(_title(table))}. "
+                         + " ".join(_latex(note) for note in _notes(table)))
+    for section in _sections(table, bold):
+        lines += ["", *_latex_table(section.grid, section.numeric,
+                                    " ".join(_latex(note) for note in section.notes))]
     items = findings_of(table)
     if items:
         lines += ["", r"\paragraph{Findings}", _latex(findings.EXPLANATION), r"\begin{itemize}"]
@@ -379,6 +417,21 @@ def zero_shot_csv(table: Table) -> str:
     return out.getvalue()
 
 
+def held_out_differences_csv(table: Table) -> str:
+    """One line per `HeldOutDifference`: the row, the row it is compared with, the mean and
+    spread over seeds, and each seed's difference ("seed:value" separated by spaces)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["experiment", "preset", "row", "objective", "reference", "mean", "std",
+                     "seeds", "per_seed"])
+    for row in table.held_out_differences:
+        writer.writerow([table.experiment, table.preset, row.label, row.objective or "",
+                         row.reference, f"{row.difference.mean:.4f}",
+                         f"{row.difference.std:.4f}", row.difference.seeds,
+                         " ".join(f"{seed}:{value:.4f}" for seed, value in row.per_seed.items())])
+    return out.getvalue()
+
+
 def findings_csv(table: Table) -> str:
     """One line per check of each finding: the finding's verdict, then the check's column,
     predicate, verdict and numbers, and the paper's margin for the same check."""
@@ -406,10 +459,6 @@ def findings_csv(table: Table) -> str:
 # ----------------------------------------------------------------------------- plots
 
 
-def _row_name(label: str, objective: str | None) -> str:
-    return f"{label} ({objective})" if objective else label
-
-
 def _curves_figure(records: Sequence[dict], field: str, title: str) -> Figure | None:
     """One line per (grid point, seed) of the [[step, loss], ...] curves in the records'
     `field`; None when no record has one."""
@@ -419,7 +468,7 @@ def _curves_figure(records: Sequence[dict], field: str, title: str) -> Figure | 
     seeds = {r["seed"] for r in records}
     for r in latest_records(records):
         if r.get(field):
-            name = _row_name(r["row"], r.get("objective"))
+            name = row_name(r["row"], r.get("objective"))
             name += f", seed {r['seed']}" if len(seeds) > 1 else ""
             curves.setdefault((r["point"], r["seed"]), (name, r[field]))
     if not curves:
@@ -452,7 +501,7 @@ def write_plots(table: Table, records: Sequence[dict], out_dir: str) -> list[str
             paths.append(os.path.join(out_dir, file_name))
             figure.savefig(paths[-1], dpi=120)
     x = np.arange(len(table.rows))
-    names = [_row_name(row.label, row.objective) for row in table.rows]
+    names = [row_name(row.label, row.objective) for row in table.rows]
     for column in table.columns:
         cells = [row.cells[column] for row in table.rows]
         figure = Figure(figsize=(3.5 + 0.9 * len(cells), 4.5), layout="constrained")

@@ -24,7 +24,9 @@ The table follows the paper's conventions:
   examples: the records' `held_out_examples` (`held_out.examples_fingerprint`) agree seed by
   seed. Rows that do form a group (`Row.held_out_group`), and within a group of two or more
   the paper's rule bolds the lowest losses, with the group's spread over seeds. It is no paper
-  column and takes no part in the average, tau or the findings;
+  column and takes no part in the average, tau or the findings. With two or more seeds, each
+  row's loss minus its group's first row's, seed by seed (`HeldOutDifference`), makes a table
+  of its own: the seed moves a group's rows together, so the paired differences spread less;
 - Kendall's tau (tau-b) between our row order and the paper's, per paper column and for the
   row average (the mean of a row's columns; the paper's side averages the same paper columns,
   or all seven when some of our columns have no paper column, e.g. the built-in tasks).
@@ -176,6 +178,20 @@ class Row:
 
 
 @dataclasses.dataclass(frozen=True)
+class HeldOutDifference:
+    """A row's held-out loss minus that of the first row of its group (the rows that scored
+    the same examples, `Row.held_out_group`), seed by seed. The seed moves every row of a group
+    together (it draws their held-out text and noise), so a paired difference has a smaller
+    spread than the rows' losses."""
+
+    label: str
+    objective: str | None
+    reference: str  # the row it is compared with, "label (objective)"
+    per_seed: dict[int, float]  # seed -> this row's loss minus the reference's
+    difference: Cell  # their mean and sample deviation over seeds
+
+
+@dataclasses.dataclass(frozen=True)
 class Compute:
     """A row's pre-training compute in a compute-matched sweep (the sweep's `_budget_fields`)."""
 
@@ -222,6 +238,9 @@ class Table:
     budget: Budget | None = None  # None: sweep.budget="steps", each point's configured steps
     compute: tuple[Compute, ...] = ()  # one per row, in the rows' order, when budget is set
     zero_shot: tuple[ZeroShotRow, ...] = ()  # one per row, when some record has zero-shot scores
+    # One per row after the first of each group of rows that scored the same held-out examples
+    # in two or more seeds (`_held_out`), group by group.
+    held_out_differences: tuple[HeldOutDifference, ...] = ()
 
 
 def kendall_tau(ours: Sequence[float], paper: Sequence[float]) -> float | None:
@@ -325,7 +344,7 @@ def build_table(records: Sequence[dict]) -> Table:
         flags = bold_flags([cell.mean for cell in column_cells], pooled_std(column_cells))
         for key, cell, flag in zip(keys, column_cells, flags):
             cells[key][column] = dataclasses.replace(cell, bold=flag)
-    held_out, held_out_groups = _held_out_cells(keys, by_row)
+    held_out, held_out_groups, differences = _held_out(keys, by_row)
     rows = [Row(key[0], key[1], _label(by_row[key][0], "params_label", "params_ratio"),
                 _label(by_row[key][0], "cost_label", "flops_ratio"), cells[key], published[key],
                 held_out.get(key), held_out_groups.get(key))
@@ -335,37 +354,51 @@ def build_table(records: Sequence[dict]) -> Table:
                      for r in records if r["status"] == "failed")
     budget, compute = _compute(keys, by_row)
     return Table(experiment, preset, paper, columns, tuple(rows), _taus(rows, columns), failures,
-                 budget, compute, _zero_shot_rows(keys, by_row))
+                 budget, compute, _zero_shot_rows(keys, by_row), differences)
 
 
-def _held_out_cells(keys: Sequence[tuple[str, str | None]],
-                    by_row: dict[tuple[str, str | None], list[dict]]
-                    ) -> tuple[dict[tuple, Cell], dict[tuple, int]]:
+def row_name(label: str, objective: str | None) -> str:
+    """A row as prose: "Encoder-decoder (Denoising)", or the label alone."""
+    return f"{label} ({objective})" if objective else label
+
+
+def _held_out(keys: Sequence[tuple[str, str | None]],
+              by_row: dict[tuple[str, str | None], list[dict]]
+              ) -> tuple[dict[tuple, Cell], dict[tuple, int], tuple[HeldOutDifference, ...]]:
     """Each row's pre-training held-out loss (`held_out_loss`, one per seed: the records of
-    a seed's tasks share it) as a cell, and its group: the rows whose records name the same
-    examples (`held_out_examples`) for the same seeds, numbered from 1 in row order. Within a
-    group of two or more, the paper's rule bolds the lowest losses (`bold_flags` on the negated
-    means, the group's `pooled_std`); a row alone, or one of a sweep run before the records
-    named their examples, has nothing to be compared with. ({}, {}) when no record has a loss
-    (a sweep without `train.eval_every`)."""
-    scored = {key: [r for r in by_row[key] if _is_number(r.get("held_out_loss"))] for key in keys}
-    if not any(scored.values()):
-        return {}, {}
-    cells = {key: _over_seeds(list({r["seed"]: r["held_out_loss"] for r in records}.values()))
-             if records else Cell("missing") for key, records in scored.items()}
+    a seed's tasks share it) as a cell; its group: the rows whose records name the same
+    examples (`held_out_examples`) for the same seeds, numbered from 1 in row order; and,
+    in groups of two or more rows with two or more seeds, each row's `HeldOutDifference` from
+    the group's first row. Within a group of two or more, the paper's rule bolds the lowest
+    losses (`bold_flags` on the negated means, the group's `pooled_std`); a row alone, or one
+    of a sweep run before the records named their examples, has nothing to be compared with.
+    ({}, {}, ()) when no record has a loss (a sweep without `train.eval_every`)."""
+    losses = {key: {r["seed"]: r["held_out_loss"] for r in by_row[key]
+                    if _is_number(r.get("held_out_loss"))} for key in keys}
+    if not any(losses.values()):
+        return {}, {}, ()
+    cells = {key: _over_seeds(list(by_seed.values())) if by_seed else Cell("missing")
+             for key, by_seed in losses.items()}
     groups: dict[tuple, list[tuple[str, str | None]]] = {}
-    for key, records in scored.items():
-        examples = tuple(sorted({(r["seed"], r.get("held_out_examples")) for r in records}))
+    for key in keys:
+        examples = tuple(sorted({(r["seed"], r.get("held_out_examples")) for r in by_row[key]
+                                 if _is_number(r.get("held_out_loss"))}))
         if examples and all(fingerprint for _, fingerprint in examples):
             groups.setdefault(examples, []).append(key)
-    for group in groups.values():
-        if len(group) > 1:
-            flags = bold_flags([-cells[key].mean for key in group],
-                               pooled_std(cells[key] for key in group))
-            for key, flag in zip(group, flags):
-                cells[key] = dataclasses.replace(cells[key], bold=flag)
+    differences = []
+    for group in (group for group in groups.values() if len(group) > 1):
+        flags = bold_flags([-cells[key].mean for key in group],
+                           pooled_std(cells[key] for key in group))
+        for key, flag in zip(group, flags):
+            cells[key] = dataclasses.replace(cells[key], bold=flag)
+        reference = losses[group[0]]
+        if len(reference) > 1:  # the group's rows share their seeds (their examples name them)
+            for key in group[1:]:
+                per_seed = {seed: losses[key][seed] - reference[seed] for seed in sorted(reference)}
+                differences.append(HeldOutDifference(key[0], key[1], row_name(*group[0]),
+                                                     per_seed, _over_seeds(list(per_seed.values()))))
     numbers = {key: number for number, group in enumerate(groups.values(), 1) for key in group}
-    return cells, numbers
+    return cells, numbers, tuple(differences)
 
 
 def _as_zero_shot(record: dict) -> dict | None:

@@ -377,6 +377,8 @@ def test_the_held_out_loss_is_a_column_beside_the_scores_over_seeds(tmp_path):
     # is known to compare with another, so none is bold.
     assert [(c.seeds, c.bold) for c in cells.values()] == [(2, False)] * 3
     assert [row.held_out_group for row in result.table.rows] == [None] * 3
+    assert not result.table.held_out_differences
+    assert not (tmp_path / "report" / "held_out_differences.csv").exists()
     assert cells["10%"].std == pytest.approx(spread)
     markdown = (tmp_path / "report" / "table.md").read_text()
     header = next(line for line in markdown.splitlines() if line.startswith("| Corruption"))
@@ -410,7 +412,7 @@ def test_held_out_losses_are_compared_only_among_rows_that_scored_the_same_examp
                 for row, pair in losses.items() for seed, loss in enumerate(pair)]
 
     records = [
-        *rows("Denoising", {"Encoder-decoder": (3.0, 3.2), "Enc-dec, shared": (3.05, 3.25),
+        *rows("Denoising", {"Encoder-decoder": (3.0, 3.2), "Enc-dec, shared": (2.95, 3.25),
                             "Enc-dec, 6 layers": (3.6, 3.8)}, "d"),
         *rows("LM", {"Encoder-decoder": (4.0, 4.2), "Prefix LM": (4.4, 4.6)}, "p"),
         *rows("LM", {"Language model": (2.0, 2.2)}, "c"),
@@ -424,7 +426,7 @@ def test_held_out_losses_are_compared_only_among_rows_that_scored_the_same_examp
     result = report.report(str(tmp_path))
     held = {(row.label, row.objective): (row.held_out.bold, row.held_out_group)
             for row in result.table.rows}
-    # Pooled sd sqrt(0.02) = 0.141 in each group: bold within 0.283 of the group's lowest.
+    # Bold within two pooled sds of the group's lowest mean: denoising, 2 x 0.168 of 3.10.
     assert held == {("Encoder-decoder", "Denoising"): (True, 1),
                     ("Enc-dec, shared", "Denoising"): (True, 1),
                     ("Enc-dec, 6 layers", "Denoising"): (False, 1),
@@ -438,6 +440,26 @@ def test_held_out_losses_are_compared_only_among_rows_that_scored_the_same_examp
             "(Denoising), Enc-dec, 6 layers (Denoising); Encoder-decoder (LM), Prefix LM (LM). "
             "Alone: Prefix LM (Denoising), Language model (LM).") in markdown
     assert (tmp_path / "report" / "held_out_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # Paired by seed within each group, against the group's first row.
+    paired = [(d.label, d.objective, d.reference, d.per_seed)
+              for d in result.table.held_out_differences]
+    assert paired == [
+        ("Enc-dec, shared", "Denoising", "Encoder-decoder (Denoising)",
+         pytest.approx({0: -0.05, 1: 0.05})),
+        ("Enc-dec, 6 layers", "Denoising", "Encoder-decoder (Denoising)",
+         pytest.approx({0: 0.6, 1: 0.6})),
+        ("Prefix LM", "LM", "Encoder-decoder (LM)", pytest.approx({0: 0.4, 1: 0.4}))]
+    assert ("| Enc-dec, shared | Denoising | Encoder-decoder (Denoising) | +0.000 ± 0.071 | "
+            "1 of 2 seeds | -0.050, +0.050 |") in markdown
+    assert "### Held-out loss, paired by seed" in markdown
+    assert "Held-out loss, paired by seed" in result.text
+    assert r"Enc-dec, 6 layers & Denoising & Encoder-decoder (Denoising) & +0.600 $\pm$ 0.000" \
+        in (tmp_path / "report" / "table.tex").read_text()
+    lines = (tmp_path / "report" / "held_out_differences.csv").read_text().splitlines()
+    assert lines[0] == "experiment,preset,row,objective,reference,mean,std,seeds,per_seed"
+    assert lines[3] == "table2,tiny,Prefix LM,LM,Encoder-decoder (LM),0.4000,0.0000,2," \
+        "0:0.4000 1:0.4000"
 
 
 def test_records_of_two_experiments_are_an_error(tmp_path):
