@@ -179,11 +179,16 @@ def _header(run: PreviewedRun) -> list[str]:
         settings = ": denoisers " + ", ".join(
             f"{d.kind}(r={d.noise_density:g}, mu={d.mean_noise_span_length:g}, "
             f"share={d.share:g}) {ul2.MODE_OF_KIND[d.kind]}" for d in layout.denoisers)
+    # An encoder_only layout has no target positions: it predicts at the noise positions of
+    # its inputs (`batch_format`), so "targets 0 tokens" would read as no targets at all.
+    lengths = (f"inputs {layout.inputs_length}, targets {layout.targets_length} tokens"
+               if layout.targets_length else
+               f"inputs {layout.inputs_length} tokens, targets predicted in place")
     return [
         f"{where}, seed {run.seed}",
         f"objective {objective.name}{settings}; model.arch {config.model.arch}",
         f"corpus {config.data.corpus}; {layout_source}: {layout.family}, raw {layout.raw_length}"
-        f", inputs {layout.inputs_length}, targets {layout.targets_length} tokens",
+        f", {lengths}",
     ]
 
 

@@ -2,8 +2,8 @@
 
 Every format shows the same cells (`_cell_text`: our mean, ± the spread over seeds, the
 paper's value in parentheses, bold by the paper's rule), the notes under the table, the
-compute and zero-shot tables when the sweep has them, and the Findings section
-(`report_table.findings_of`, worded by `findings.describe`).
+compute, zero-shot and paired held-out tables when the sweep has them (`_sections`), and the
+Findings section (`report_table.findings_of`, worded by `findings.describe`).
 """
 from __future__ import annotations
 

@@ -125,6 +125,19 @@ def test_seeds_draw_different_noise_and_the_text_shows_the_run(rate_15):
     assert f"  targets: {examples[0]['targets_text']}" in text
 
 
+def test_the_header_gives_the_layout_s_lengths_and_says_where_encoder_only_predicts(rate_15):
+    run, examples = rate_15
+    layout = run.layout
+    assert (f"the grid's shared layout: encoder_decoder, raw {layout.raw_length}, inputs "
+            f"{layout.inputs_length}, targets {layout.targets_length} tokens") in \
+        preview.format_text(run, examples[:1])
+    # BERT's masked LM on one bidirectional stack: no target positions, the noise predicted.
+    bert = preview.previewed_run("families", "encoder_only/natural", "demo")
+    text = preview.format_text(bert, preview.corrupted_examples(bert, count=1))
+    assert (f"encoder_only, raw {bert.layout.raw_length}, inputs {bert.layout.inputs_length} "
+            "tokens, targets predicted in place") in text
+
+
 def test_the_50_percent_row_draws_iid_runs_that_differ_by_seed():
     # Random spans of mean length 1 at 50% gave every seed the same alternating mask; the
     # i.i.d. baseline varies the count, merges neighbours into runs, and differs by seed.
