@@ -460,32 +460,45 @@ def findings_csv(table: Table) -> str:
 
 
 def _curves_figure(records: Sequence[dict], field: str, title: str) -> Figure | None:
-    """One line per (grid point, seed) of the [[step, loss], ...] curves in the records'
-    `field`; None when no record has one."""
+    """The [[step, loss], ...] curves in the records' `field`, one line per table row: the mean
+    over its seeds at the steps they all reached, their range shaded. One panel per objective
+    label (Table 2's denoising and LM losses lie far apart; a table without objective labels
+    has one panel), so that a sweep of many seeds stays readable. None when no record has a
+    curve."""
     from matplotlib.figure import Figure  # see write_plots
 
-    curves: dict[tuple[str, int], tuple[str, list]] = {}
-    seeds = {r["seed"] for r in records}
+    curves: dict[tuple[str, str | None], dict[int, dict[int, float]]] = {}  # row -> seed -> curve
     for r in latest_records(records):
-        if r.get(field):
-            name = row_name(r["row"], r.get("objective"))
-            name += f", seed {r['seed']}" if len(seeds) > 1 else ""
-            curves.setdefault((r["point"], r["seed"]), (name, r[field]))
+        if r.get(field):  # a point's records (one per task) share its curve
+            curves.setdefault((r["row"], r.get("objective")), {}).setdefault(
+                r["seed"], {step: loss for step, loss in r[field]})
     if not curves:
         return None
-    figure = Figure(figsize=(7, 4.5), layout="constrained")
-    axes = figure.add_subplot()
-    for name, curve in curves.values():
-        steps, losses = zip(*curve)
-        axes.plot(steps, losses, label=name, marker="." if len(steps) < 20 else None)
-    axes.set(xlabel="pre-training step", ylabel="loss", title=title)
-    axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1, 1))
+    objectives = list(dict.fromkeys(objective for _, objective in curves))
+    figure = Figure(figsize=(7.5, 0.8 + 3.2 * len(objectives)), layout="constrained")
+    for axes, objective in zip(figure.subplots(len(objectives), 1, squeeze=False)[:, 0],
+                               objectives):
+        for (label, row_objective), by_seed in curves.items():
+            steps = sorted(set.intersection(*(set(curve) for curve in by_seed.values())))
+            if row_objective != objective or not steps:
+                continue
+            losses = np.array([[curve[step] for step in steps] for curve in by_seed.values()])
+            (line,) = axes.plot(steps, losses.mean(axis=0), label=label,
+                                marker="." if len(steps) < 20 else None)
+            if len(by_seed) > 1:
+                axes.fill_between(steps, losses.min(axis=0), losses.max(axis=0),
+                                  color=line.get_color(), alpha=0.2, linewidth=0)
+        axes.set(xlabel="pre-training step", ylabel="loss", title=objective or "")
+        axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1, 1))
+    seeds = sorted({seed for by_seed in curves.values() for seed in by_seed})
+    figure.suptitle(title + (f"\nmean of seeds {', '.join(map(str, seeds))}; shaded: their range"
+                             if len(seeds) > 1 else ""))
     return figure
 
 
 def write_plots(table: Table, records: Sequence[dict], out_dir: str) -> list[str]:
-    """PNG plots: `pretrain_loss.png`, the pre-training loss curve of every grid point and
-    seed, `held_out_loss.png`, their held-out losses at each evaluation (when recorded,
+    """PNG plots: `pretrain_loss.png`, each row's pre-training loss curve (`_curves_figure`),
+    `held_out_loss.png`, its held-out losses at each evaluation (when recorded,
     `t5x_lite.held_out`), and `bars_<column>.png` per column, our scores as bars (spread over
     seeds as error bars) and the paper's as black diamonds. Returns the paths written."""
     # Imported here: matplotlib takes a second to import, which the table-only readers skip.

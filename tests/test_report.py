@@ -441,6 +441,18 @@ def test_held_out_losses_are_compared_only_among_rows_that_scored_the_same_examp
             "Alone: Prefix LM (Denoising), Language model (LM).") in markdown
     assert (tmp_path / "report" / "held_out_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
+    # The curves: a panel per objective, a line per row, the mean of its seeds.
+    figure = report_render._curves_figure(records, "held_out_curve", "held-out")
+    panels = {axes.get_title(): axes for axes in figure.axes}
+    assert list(panels) == ["Denoising", "LM"]
+    lines = {line.get_label(): line for line in panels["Denoising"].get_lines()}
+    assert list(lines) == ["Encoder-decoder", "Enc-dec, shared", "Enc-dec, 6 layers"]
+    assert list(lines["Encoder-decoder"].get_xdata()) == [100, 200]
+    assert list(lines["Encoder-decoder"].get_ydata()) == pytest.approx([4.1, 3.1])
+    assert [line.get_label() for line in panels["LM"].get_lines()] == [
+        "Encoder-decoder", "Prefix LM", "Language model"]
+    assert "mean of seeds 0, 1; shaded: their range" in figure.get_suptitle()
+
     # Paired by seed within each group, against the group's first row.
     paired = [(d.label, d.objective, d.reference, d.per_seed)
               for d in result.table.held_out_differences]
