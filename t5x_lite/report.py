@@ -3,16 +3,17 @@
 `report(workdir)` reads `workdir/results.jsonl` (one record per grid point and task, written by
 `t5x_lite.sweep`), builds a `Table` in the layout of the paper's table for that experiment
 (`t5x_lite.report_table`, whose docstring gives the paper's conventions the table follows)
-and writes it to `workdir/report/` as Markdown, CSV and LaTeX, with PNG plots
-(`t5x_lite.report_render`). `Report.text` is the terminal rendering.
+and writes it to `workdir/report/` as Markdown, CSV and LaTeX (`t5x_lite.report_render`), with
+PNG plots (`t5x_lite.report_plots`). `Report.text` is the terminal rendering.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 
+from t5x_lite.report_plots import write_plots
 from t5x_lite.report_render import (compute_csv, findings_csv, held_out_differences_csv, to_csv,
-                                    to_latex, to_markdown, to_text, write_plots, zero_shot_csv)
+                                    to_latex, to_markdown, to_text, zero_shot_csv)
 from t5x_lite.report_table import Table, build_table, read_results
 from t5x_lite.results import results_path
 

@@ -11,7 +11,8 @@ import sys
 import pytest
 import scipy.stats
 
-from t5x_lite import accounting, grid, paper_results, report, report_render, report_table, sweep
+from t5x_lite import (accounting, grid, paper_results, report, report_plots, report_render,
+                      report_table, sweep)
 from t5x_lite.architectures import names as architecture_names
 from t5x_lite.config import ConfigError, model_config
 from t5x_lite.report_table import Cell
@@ -442,7 +443,7 @@ def test_held_out_losses_are_compared_only_among_rows_that_scored_the_same_examp
     assert (tmp_path / "report" / "held_out_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # The curves: a panel per objective, a line per row, the mean of its seeds.
-    figure = report_render._curves_figure(records, "held_out_curve", "held-out")
+    figure = report_plots._curves_figure(records, "held_out_curve", "held-out")
     panels = {axes.get_title(): axes for axes in figure.axes}
     assert list(panels) == ["Denoising", "LM"]
     lines = {line.get_label(): line for line in panels["Denoising"].get_lines()}
