@@ -112,25 +112,37 @@ def validation(run: Run, configs: Sequence[ml_collections.ConfigDict],
     `sources` (one `PretrainData` per point): every `train.eval_every` steps and at the run's
     last step, each point's held-out loss appended to its workdir's eval.jsonl (`EvalLog`) and
     shown with the progress (`Progress.note`); None when `train.eval_every` is 0 (no
-    evaluation) or the run has no step left (its evaluations are in its eval.jsonl)."""
+    evaluation) or the run has no step left. A run with no step left whose eval.jsonl lacks
+    its last step's held-out loss (one that finished before the evaluation was switched on)
+    is evaluated here, once: its final model, as if it had been on."""
     every = configs[0].train.eval_every
-    if not every or run.start >= run.total:
+    if not every:
         return None
-    evaluators = [HeldOut(config, layout, source, run.mesh, run.total)
-                  for config, source in zip(configs, sources)]
     logs = [EvalLog(point.workdir, run.start) for point in run.points]
+    finished = run.start >= run.total
+    points = [index for index, log in enumerate(logs) if not finished or not any(
+        record["task"] == HELD_OUT and record["step"] == run.total for record in log.records)]
+    evaluators = {index: HeldOut(configs[index], layout, sources[index], run.mesh, run.total)
+                  for index in points}
 
-    def validate(step: int, state: train_step.TrainState) -> None:
-        if step % every and step != run.total:
-            return
-        results = [evaluate(run.point_state(index).params)
-                   for index, evaluate in enumerate(evaluators)]
-        for log, result, evaluator in zip(logs, results, evaluators):
-            log.add(step, {HELD_OUT: {**result, "examples": evaluator.examples, "metrics": {}}})
-        shown = ", ".join(f"{result['loss']:.4f}" for result in results)
+    def evaluate(step: int) -> None:
+        results = {index: score(run.point_state(index).params)
+                   for index, score in evaluators.items()}
+        for index, result in results.items():
+            logs[index].add(step, {HELD_OUT: {**result, "examples": evaluators[index].examples,
+                                              "metrics": {}}})
+        shown = ", ".join(f"{result['loss']:.4f}" for result in results.values())
         run.progress.note(f"step {step}/{run.total} held-out loss {shown}")
 
-    return validate
+    def validate(step: int, state: train_step.TrainState) -> None:
+        if step % every == 0 or step == run.total:
+            evaluate(step)
+
+    if not finished:
+        return validate
+    if points:
+        evaluate(run.total)
+    return None
 
 
 def last_scores(workdir: Path) -> dict[str, Any]:

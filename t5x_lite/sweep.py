@@ -14,6 +14,11 @@ finished is scored from its checkpoint (nothing is trained again) and its record
 again with `zero_shot` (the last record of a key counts, `results.latest_records`); from then
 on the workdir is a zero-shot sweep, which is not resumed without the stage.
 
+Held-out loss: with `train.eval_every` > 0 each point's records carry its pre-training
+held-out loss (`t5x_lite.held_out`). It observes and computes nothing, so switching it on
+keeps the workdir's sweep; a re-run with it scores every finished point that lacks it from its
+final checkpoint (nothing is trained again) and appends its records again with it.
+
 Points sharing a layout (`t5x_lite.grid`) share one compiled pre-training step; with
 `run_sweep(..., vmap=K)` up to K of them (differing only in objective and seed) pre-train
 together in one `jax.vmap`-ed step (`vmap_chunks`, `run_chunk`).
@@ -43,7 +48,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -311,21 +316,59 @@ def _lacks_zero_shot(record: dict) -> bool:
     return "zero_shot" not in record and record.get("pretrain_loss") is not None
 
 
-def add_zero_shot(point: GridPoint, workdir: str, records: Sequence[dict]) -> list[dict]:
-    """`records` of a finished `point` (its pre-training finished; `_lacks_zero_shot`) with
-    the zero-shot stage's entries (`_zero_shot_stage` on its pre-trained checkpoint; entries
-    saved before are reused) as `zero_shot`; the saved records under records/ are rewritten
-    with them. Nothing is trained or fine-tuned."""
-    rundir = point.directory(workdir)
-    entries = _zero_shot_stage(point, rundir, [record["task"] for record in records])
-    amended = []
-    for record in records:
-        record = {**record, "zero_shot": entries[record["task"]]}
-        saved = rundir / "records" / f"{record['task']}.json"
-        if saved.exists():
-            _write_json(saved, record)
-        amended.append(record)
-    return amended
+def _zero_shot_fields(point: GridPoint, workdir: str, records: Sequence[dict]
+                      ) -> dict[str, dict[str, Any]]:
+    """{task: {"zero_shot": entry}} for `records` of a finished `point` (`_zero_shot_stage`
+    on its pre-trained checkpoint; entries saved before are reused)."""
+    entries = _zero_shot_stage(point, point.directory(workdir), [r["task"] for r in records])
+    return {task: {"zero_shot": entry} for task, entry in entries.items()}
+
+
+def _lacks_held_out(record: dict) -> bool:
+    """A record of a point whose pre-training finished made without its held-out loss."""
+    return record.get("held_out_loss") is None and record.get("pretrain_loss") is not None
+
+
+def _held_out_fields(point: GridPoint, workdir: str, records: Sequence[dict]
+                     ) -> dict[str, dict[str, Any]]:
+    """{task: the held-out fields} for `records` of a finished `point`: `train.train` on its
+    finished pre-training runs no step and evaluates the final model on the held-out text
+    (`held_out.validation`), then `held_out.last_scores` reads it back."""
+    from t5x_lite import train
+
+    pretrain = point.directory(workdir) / "pretrain"
+    train.train(point.config, pretrain, progress=False, layout=point.layout)
+    scores = held_out.last_scores(pretrain)
+    return {record["task"]: scores for record in records}
+
+
+# {task: the fields a later stage adds} of a finished point's records (`_add_to_finished`).
+FieldsOf = Callable[[GridPoint, str, Sequence[dict]], dict[str, dict[str, Any]]]
+
+
+def _add_to_finished(points: Sequence[GridPoint], latest: dict[tuple, dict], workdir: Path,
+                     results: ResultsFile, what: str, lacks: Callable[[dict], bool],
+                     fields_of: FieldsOf, shown: Callable[[dict[str, Any]], str]) -> None:
+    """Give the points whose records were made without `what` (a workdir swept without it, or
+    a point's tasks recorded before it was switched on) its fields, from the pre-trained
+    checkpoint: `lacks(record)` picks the records, `fields_of(point, workdir, records)` gives
+    {task: fields}, `shown(fields)` a few words of them for the log. Each amended record is
+    appended to results.jsonl (the last record of a key counts) and rewrites the point's
+    saved record; nothing is trained or fine-tuned."""
+    for point in points:
+        records = [r for (name, seed, _), r in latest.items()
+                   if (name, seed) == (point.point, point.seed) and lacks(r)]
+        if not records:
+            continue
+        fields = fields_of(point, str(workdir), records)
+        for record in records:
+            record = {**record, **fields[record["task"]]}
+            saved = point.directory(workdir) / "records" / f"{record['task']}.json"
+            if saved.exists():
+                _write_json(saved, record)
+            results.append(record)
+        _log(f"{what} added to {point.point} (seed {point.seed}): "
+             + ", ".join(f"{task} {shown(value)}" for task, value in fields.items()))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -533,25 +576,15 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
             _log(f"done {point} (seed {seed}): {', '.join(statuses)}")
             _log(progress_line(steps[True], steps[False], time.perf_counter() - started))
     if points[0].config.sweep.zero_shot:
-        _add_zero_shot_to_finished(points, latest, workdir_path, results)
+        _add_to_finished(points, latest, workdir_path, results, "zero-shot scores",
+                         _lacks_zero_shot, _zero_shot_fields,
+                         lambda fields: fields["zero_shot"]["status"])
+    if points[0].config.train.eval_every:
+        _add_to_finished(points, latest, workdir_path, results, "held-out loss",
+                         _lacks_held_out, _held_out_fields,
+                         lambda fields: f"{fields['held_out_loss']:.4f}")
     wanted = {(p.point, p.seed) for p in points}
     return [r for r in latest_records(results.records()) if (r["point"], r["seed"]) in wanted]
-
-
-def _add_zero_shot_to_finished(points: Sequence[GridPoint], latest: dict[tuple, dict],
-                               workdir: Path, results: ResultsFile) -> None:
-    """The zero-shot stage for the points whose records were made without it (a workdir
-    swept without the stage, or a point's tasks recorded before it was switched on), each
-    amended record appended to results.jsonl."""
-    for point in points:
-        records = [r for (name, seed, _), r in latest.items()
-                   if (name, seed) == (point.point, point.seed) and _lacks_zero_shot(r)]
-        if records:
-            amended = add_zero_shot(point, str(workdir), records)
-            for record in amended:
-                results.append(record)
-            _log(f"zero-shot scores added to {point.point} (seed {point.seed}): "
-                 + ", ".join(f"{r['task']} {r['zero_shot']['status']}" for r in amended))
 
 
 def run_demo(workdir: str, overrides: Sequence[str] = ()) -> str:

@@ -75,6 +75,17 @@ def test_the_held_out_loss_is_the_final_model_on_the_seed_s_held_out_batches(cor
     # None of those chunks was trained on: the run stayed short of them.
     assert 6 <= data.steps_before_held_out
 
+    # The finished run without it, run again with it: no step, its final model scored once.
+    trained = (tmp_path / "off" / "metrics.jsonl").read_text()
+    later = train.train(config, tmp_path / "off", progress=False)
+    assert (tmp_path / "off" / "metrics.jsonl").read_text() == trained
+    assert [(r["step"], r["loss"], r["examples"])
+            for r in _records(tmp_path / "off" / "eval.jsonl")] == [
+        (6, evaluations[-1]["loss"], evaluations[-1]["examples"])]
+    assert later["held_out_curve"] == [[6, evaluations[-1]["loss"]]]
+    train.train(config, tmp_path / "off", progress=False)  # already scored: nothing added
+    assert len(_records(tmp_path / "off" / "eval.jsonl")) == 1
+
 
 def test_a_run_that_would_train_on_its_held_out_text_is_refused_before_any_step(corpus,
                                                                                 tmp_path):

@@ -309,6 +309,35 @@ def test_more_seeds_extend_a_finished_sweep_and_other_overrides_are_refused(
     assert len(again) == len(before)
 
 
+def test_switching_the_held_out_loss_on_scores_finished_points_without_training_them(
+        experiment, uninterrupted, tmp_path):
+    # A point swept without the evaluation, then the same sweep with it (the demo preset's
+    # eval_every): its final checkpoint is scored, its records are appended again with the
+    # held-out fields, and they equal those of the sweep that had it on from the start.
+    _, records = uninterrupted
+    workdir = tmp_path / "sweep"
+    plain = sweep.run_sweep(experiment, "demo", str(workdir), overrides=["train.eval_every=0"],
+                            point_index=0)
+    assert [(r["point"], r["held_out_loss"]) for r in plain] == [("denoising", None)]
+    lines = (workdir / "results.jsonl").read_text().splitlines()
+    metrics = (workdir / "points" / "denoising" / "seed0" / "pretrain" / "metrics.jsonl")
+    trained = metrics.read_text()
+    amended = sweep.run_sweep(experiment, "demo", str(workdir), point_index=0)
+    assert metrics.read_text() == trained  # no step trained again
+    after = (workdir / "results.jsonl").read_text().splitlines()
+    assert after[:len(lines)] == lines and len(after) == len(lines) + 1
+    fields = ("held_out_loss", "held_out_token_accuracy", "held_out_examples", "held_out_curve")
+    expected = next(r for r in records if r["point"] == "denoising")
+    assert [{f: r[f] for f in fields} for r in amended] == [{f: expected[f] for f in fields}]
+    assert amended[0]["metrics"] == plain[0]["metrics"]  # fine-tuning not run again
+    saved = json.loads((workdir / "points" / "denoising" / "seed0" / "records" /
+                        "builtin_reverse.json").read_text())
+    assert saved["held_out_loss"] == expected["held_out_loss"]
+    # Run once more: nothing lacks it now.
+    sweep.run_sweep(experiment, "demo", str(workdir), point_index=0)
+    assert (workdir / "results.jsonl").read_text().splitlines() == after
+
+
 def test_a_fault_in_a_point_s_record_fields_stops_the_sweep_before_any_run(
         experiment, tmp_path, monkeypatch):
     # The points' labels cannot be computed: no point may pre-train first and then be lost.
