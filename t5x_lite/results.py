@@ -12,8 +12,8 @@ so a killed run leaves at most its last line cut short, and concurrent job-array
 interleave lines. Only process 0 of a multi-process run (TPU pod hosts, SLURM tasks) writes.
 
 When one (grid point, seed, task) has several records, the last one counts (`latest_records`):
-a re-run of a failed point, or a finished point given its zero-shot scores later, appends a new
-record rather than rewriting the old one.
+a re-run of a failed point, or a finished point given its zero-shot scores or held-out loss
+later, appends a new record rather than rewriting the old one.
 
 Reading: a last line without its newline that is not JSON is what a killed run leaves; it is
 skipped with a warning (and cut by the next sweep before it appends; a whole record without
@@ -46,6 +46,18 @@ def is_writer() -> bool:
     import jax  # here, not at the top: reading records (the report) needs no JAX
 
     return jax.process_index() == 0
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write a sweep's JSON file (a saved record, the zero-shot entries, the workdir's
+    identity) to a temporary file and rename it, so a crash never leaves half a file; process
+    0 only (`is_writer`)."""
+    if not is_writer():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.tmp")
+    partial.write_text(json.dumps(data))
+    os.replace(partial, path)
 
 
 def numbered_records(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:

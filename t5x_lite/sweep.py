@@ -25,6 +25,7 @@ together in one `jax.vmap`-ed step (`vmap_chunks`, `run_chunk`).
 
 The workdir:
   sweep.json                                  experiment, preset and overrides it belongs to
+                                              (`t5x_lite.sweep_workdir`)
   results.jsonl                               the records (`t5x_lite.results`); the sweep
                                               process is the one writer (process 0 of a
                                               multi-process run)
@@ -41,9 +42,7 @@ their lines to retry them) and resumes the others from their checkpoints. A poin
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
-import os
 import sys
 import time
 import traceback
@@ -51,17 +50,16 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import jax
-import numpy as np
 from jax.experimental import multihost_utils
 
 from t5x_lite import accounting, batch_format, held_out, launchers, objectives, presets
 from t5x_lite.config import ConfigError, apply_overrides, parse_overrides
-from t5x_lite.grid import (OBSERVING_FIELDS, GridPoint, StepCost, config_hash, expand,
-                           user_overrides)
-from t5x_lite.results import ResultsFile, is_writer, latest_records
+from t5x_lite.grid import GridPoint, StepCost, config_hash, expand, user_overrides
+from t5x_lite.results import ResultsFile, latest_records, write_json
+from t5x_lite.sweep_workdir import (claim_workdir, require_current,
+                                    require_one_view_of_the_workdir)
 
 
-SWEEP_FILE = "sweep.json"
 # Record fields that measure time or depend on how often a run was interrupted, not on what it
 # computed (a resumed point compiles once per process).
 TIMING_FIELDS = ("wall_s", "compile_s", "compiles", "train_step_compiles", "finetune_compile_s",
@@ -139,17 +137,6 @@ def _failed(base: dict[str, Any], task: str, error: Exception) -> dict[str, Any]
          + "".join(traceback.format_exception(error)))
     return {"wall_s": None, "compile_s": None, "compiles": None, **base, "task": task,
             "metrics": {}, "status": "failed", "error": f"{type(error).__name__}: {error}"}
-
-
-def _write_json(path: Path, data: Any) -> None:
-    """Write to a temporary file and rename, so a crash never leaves half a file (process 0
-    only, see `results.is_writer`: every process of a multi-process run runs the sweep)."""
-    if not is_writer():
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.tmp")
-    partial.write_text(json.dumps(data))
-    os.replace(partial, path)
 
 
 def _pretraining_failed(point: GridPoint, error: Exception) -> list[dict]:
@@ -240,7 +227,7 @@ def _zero_shot_stage(point: GridPoint, rundir: Path, task_names: Sequence[str]) 
         entries.update({task: {"status": "ok", "metrics": results[task], "error": None}
                         for task in scored})
     if missing:
-        _write_json(path, entries)
+        write_json(path, entries)
     return entries
 
 
@@ -285,7 +272,7 @@ def _finetune_tasks(point: GridPoint, workdir: str, started: float,
         if reason:  # e.g. a generation task for encoder_only: recorded, not run, not failed
             record = {"wall_s": None, "compile_s": None, "compiles": None, **stages,
                       "task": task, "metrics": {}, "status": "not_applicable", "error": reason}
-            _write_json(saved, record)
+            write_json(saved, record)
             records.append(record)
             continue
         _log(f"{point.experiment} {point.run_name}: fine-tuning on {task} "
@@ -305,7 +292,7 @@ def _finetune_tasks(point: GridPoint, workdir: str, started: float,
             "finetune_compile_s": result["compile_s"], "finetune_compiles": result["compiles"],
             "metrics": result["scores"][task], "status": "ok", "error": None,
         }
-        _write_json(saved, record)
+        write_json(saved, record)
         records.append(record)
     return records
 
@@ -365,7 +352,7 @@ def _add_to_finished(points: Sequence[GridPoint], latest: dict[tuple, dict], wor
             record = {**record, **fields[record["task"]]}
             saved = point.directory(workdir) / "records" / f"{record['task']}.json"
             if saved.exists():
-                _write_json(saved, record)
+                write_json(saved, record)
             results.append(record)
         _log(f"{what} added to {point.point} (seed {point.seed}): "
              + ", ".join(f"{task} {shown(value)}" for task, value in fields.items()))
@@ -373,86 +360,6 @@ def _add_to_finished(points: Sequence[GridPoint], latest: dict[tuple, dict], wor
 
 # ---------------------------------------------------------------------------------------------
 # The sweep
-
-
-def _without_sweep_settings(identity: dict[str, Any]) -> dict[str, Any]:
-    """`identity` less its `sweep.*` overrides (seeds, tasks, progress): a sweep extended by
-    seeds or tasks is the same sweep, whose finished records resume (each record is keyed by
-    point, seed and task and checked by its config hash, which leaves out the sweep section).
-    `sweep.budget` and `sweep.budget_reference` stay: they change what the points compute;
-    so does `sweep.zero_shot=True` (what the records hold; False is the default, the same
-    sweep as none). The held-out evaluation's fields (`grid.OBSERVING_FIELDS`) go too: they
-    change what a point measures, not what it computes."""
-    def kept(field: str, value: Any) -> bool:
-        if field == "sweep.zero_shot":
-            return value is not False
-        if field in OBSERVING_FIELDS:
-            return False
-        return not field.startswith("sweep.") or field.startswith("sweep.budget")
-
-    return {**identity, "overrides": [item for item in identity["overrides"] if kept(*item)]}
-
-
-ZERO_SHOT_ON = ["sweep.zero_shot", True]  # the override, as a workdir's identity holds it
-
-
-def _claim_workdir(workdir: Path, identity: dict[str, Any]) -> None:
-    """Record which sweep the workdir belongs to; refuse a workdir of a different sweep (other
-    experiment, preset or overrides; more seeds or tasks are the same sweep). A sweep without
-    the zero-shot stage may be given it (`sweep.zero_shot=True`; see the module docstring):
-    the workdir becomes the zero-shot sweep's."""
-    path = workdir / SWEEP_FILE
-    identity = _without_sweep_settings(identity)
-    if path.exists():
-        saved = _without_sweep_settings(json.loads(path.read_text()))
-        without_stage = {**identity, "overrides": [
-            item for item in identity["overrides"] if item != ZERO_SHOT_ON]}
-        if without_stage != identity and saved == without_stage:
-            _log(f"{workdir} was swept without the zero-shot stage: its finished points will be "
-                 "scored zero-shot from their pre-trained checkpoints, and the workdir is a "
-                 "zero-shot sweep from now on")
-            _write_json(path, identity)
-        elif saved != identity:
-            differences = ", ".join(f"{key}: {saved.get(key)!r} there, {identity[key]!r} now"
-                                    for key in identity if saved.get(key) != identity[key])
-            raise ConfigError(
-                f"workdir {workdir} holds a different sweep ({differences}); use another "
-                "--workdir, or the same experiment, preset and overrides to resume it")
-        return
-    _write_json(path, identity)
-
-
-def _require_current(records: Sequence[dict], points: Sequence[GridPoint], path: Path) -> None:
-    """Refuse records of a point whose config has changed since they were written (e.g. a grid
-    row moved to another objective): skipping that point as finished would mix two experiments
-    in one table."""
-    hashes = {(p.point, p.seed): config_hash(p.config) for p in points}
-    for record in records:
-        expected = hashes.get((record["point"], record["seed"]))
-        if expected is not None and record.get("config_hash", expected) != expected:
-            raise ConfigError(
-                f"{path} holds a record of point {record['point']!r} (seed {record['seed']}) made "
-                f"with another config (config_hash {record['config_hash']}, now {expected}): the "
-                "grid or its defaults changed since; use a new --workdir, or delete that "
-                "point's lines to run it again")
-
-
-def _require_one_view_of_the_workdir(todo: Sequence[GridPoint], workdir: Path) -> None:
-    """Refuse a multi-process sweep whose processes see different finished points: they would
-    run different points and wait forever in each other's collectives. It happens when each
-    host has its own workdir (a host-local `runs/table2`) where one shared by every host (NFS,
-    a mounted bucket) is needed, since only process 0 writes the records."""
-    if jax.process_count() == 1:
-        return
-    todo_keys = json.dumps([[p.point, p.seed] for p in todo]).encode()
-    mine = np.frombuffer(hashlib.sha256(todo_keys).digest()[:8], np.int32)
-    every_process = multihost_utils.process_allgather(mine)  # [processes, 2]
-    if not (every_process == mine).all():
-        raise ConfigError(
-            f"the {jax.process_count()} processes see different finished points in "
-            f"--workdir={workdir} (process {jax.process_index()}: {len(todo)} runs to do): a "
-            "multi-process sweep needs one workdir that every host shares (NFS, a mounted "
-            "bucket), not a directory on each host")
 
 
 def _log_budget(points: Sequence[GridPoint]) -> None:
@@ -541,15 +448,15 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
     identity = json.loads(json.dumps({
         "experiment": points[0].experiment, "preset": preset,
         "overrides": [list(item) for item in user_overrides(experiment, preset, overrides)]}))
-    _claim_workdir(workdir_path, identity)
+    claim_workdir(workdir_path, identity)
     results = ResultsFile(workdir_path)
     results.finish_last_line()
     finished_records = results.records()
-    _require_current(finished_records, points, results.path)
+    require_current(finished_records, points, results.path)
     done = {(r["point"], r["seed"], r["task"]) for r in finished_records}
     todo = [p for p in points
             if any((p.point, p.seed, task) not in done for task in p.config.sweep.tasks)]
-    _require_one_view_of_the_workdir(todo, workdir_path)
+    require_one_view_of_the_workdir(todo, workdir_path)
     for point in todo:  # what its records hold before anything runs: a fault in that
         _base_record(point)  # arithmetic stops the sweep here, not after hours of finished runs
     _log(f"sweep {points[0].experiment} --preset {preset}: {len(points)} runs x "

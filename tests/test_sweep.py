@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from t5x_lite import grid, launchers, noise_lengths, results, sweep
+from t5x_lite import grid, launchers, noise_lengths, results, sweep, sweep_workdir
 from t5x_lite.config import ConfigError
 from t5x_lite.data import tasks
 from t5x_lite.preemption import Preempted
@@ -468,7 +468,7 @@ def test_bad_inputs(tmp_path, experiment):
     # A workdir of another sweep is refused before anything runs.
     other = tmp_path / "other"
     other.mkdir()
-    (other / sweep.SWEEP_FILE).write_text(
+    (other / sweep_workdir.SWEEP_FILE).write_text(
         json.dumps({"experiment": "table6", "preset": "demo", "overrides": []}))
     with pytest.raises(ConfigError, match="holds a different sweep.*experiment: 'table6' there"):
         sweep.run_sweep("table4", "demo", str(other))

@@ -15,8 +15,8 @@ import pytest
 from flax import nnx
 
 from t5x_lite import (architectures, batch_format, cli, decoding, distributed, finetune, grid,
-                      models, partitioning, report, report_render, results, sweep, train,
-                      train_step, zero_shot)
+                      models, partitioning, report, report_render, results, sweep,
+                      sweep_workdir, train, train_step, zero_shot)
 from t5x_lite.config import ConfigError, EOS_ID
 from t5x_lite.data import pipeline, tasks
 from t5x_lite.evaluation import TaskSplit, params_of
@@ -273,9 +273,9 @@ def test_a_sweep_made_without_the_stage_gets_it_later_without_training_again(
                                     if k != "zero_shot"}))
     (copy / "results.jsonl").write_text("".join(
         json.dumps({k: v for k, v in r.items() if k != "zero_shot"}) + "\n" for r in records))
-    identity = json.loads((copy / sweep.SWEEP_FILE).read_text())
-    identity["overrides"].remove(sweep.ZERO_SHOT_ON)
-    (copy / sweep.SWEEP_FILE).write_text(json.dumps(identity))
+    identity = json.loads((copy / sweep_workdir.SWEEP_FILE).read_text())
+    identity["overrides"].remove(sweep_workdir.ZERO_SHOT_ON)
+    (copy / sweep_workdir.SWEEP_FILE).write_text(json.dumps(identity))
     assert [r["task"] for r in sweep.run_sweep(experiment, "demo", str(copy),
                                                overrides=without)] == [r["task"] for r in records]
 

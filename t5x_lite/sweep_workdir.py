@@ -1,0 +1,103 @@
+"""Which sweep a workdir holds: its identity in `sweep.json` (experiment, preset and the
+overrides that change what the points compute), and the checks a sweep makes before it runs
+anything there: the workdir is this sweep's (`claim_workdir`), its records were made by the
+points' current configs (`require_current`), and every process of a multi-process sweep sees
+the same finished points (`require_one_view_of_the_workdir`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+from t5x_lite.config import ConfigError
+from t5x_lite.grid import OBSERVING_FIELDS, GridPoint, config_hash
+from t5x_lite.results import write_json
+
+SWEEP_FILE = "sweep.json"
+
+
+def without_sweep_settings(identity: dict[str, Any]) -> dict[str, Any]:
+    """`identity` less its `sweep.*` overrides (seeds, tasks, progress): a sweep extended by
+    seeds or tasks is the same sweep, whose finished records resume (each record is keyed by
+    point, seed and task and checked by its config hash, which leaves out the sweep section).
+    `sweep.budget` and `sweep.budget_reference` stay: they change what the points compute;
+    so does `sweep.zero_shot=True` (what the records hold; False is the default, the same
+    sweep as none). The held-out evaluation's fields (`grid.OBSERVING_FIELDS`) go too: they
+    change what a point measures, not what it computes."""
+    def kept(field: str, value: Any) -> bool:
+        if field == "sweep.zero_shot":
+            return value is not False
+        if field in OBSERVING_FIELDS:
+            return False
+        return not field.startswith("sweep.") or field.startswith("sweep.budget")
+
+    return {**identity, "overrides": [item for item in identity["overrides"] if kept(*item)]}
+
+
+ZERO_SHOT_ON = ["sweep.zero_shot", True]  # the override, as a workdir's identity holds it
+
+
+def claim_workdir(workdir: Path, identity: dict[str, Any]) -> None:
+    """Record which sweep the workdir belongs to; refuse a workdir of a different sweep (other
+    experiment, preset or overrides; more seeds or tasks are the same sweep). A sweep without
+    the zero-shot stage may be given it (`sweep.zero_shot=True`; see `t5x_lite.sweep`):
+    the workdir becomes the zero-shot sweep's."""
+    path = workdir / SWEEP_FILE
+    identity = without_sweep_settings(identity)
+    if path.exists():
+        saved = without_sweep_settings(json.loads(path.read_text()))
+        without_stage = {**identity, "overrides": [
+            item for item in identity["overrides"] if item != ZERO_SHOT_ON]}
+        if without_stage != identity and saved == without_stage:
+            print(f"{workdir} was swept without the zero-shot stage: its finished points will be "
+                 "scored zero-shot from their pre-trained checkpoints, and the workdir is a "
+                  "zero-shot sweep from now on", file=sys.stderr, flush=True)
+            write_json(path, identity)
+        elif saved != identity:
+            differences = ", ".join(f"{key}: {saved.get(key)!r} there, {identity[key]!r} now"
+                                    for key in identity if saved.get(key) != identity[key])
+            raise ConfigError(
+                f"workdir {workdir} holds a different sweep ({differences}); use another "
+                "--workdir, or the same experiment, preset and overrides to resume it")
+        return
+    write_json(path, identity)
+
+
+def require_current(records: Sequence[dict], points: Sequence[GridPoint], path: Path) -> None:
+    """Refuse records of a point whose config has changed since they were written (e.g. a grid
+    row moved to another objective): skipping that point as finished would mix two experiments
+    in one table."""
+    hashes = {(p.point, p.seed): config_hash(p.config) for p in points}
+    for record in records:
+        expected = hashes.get((record["point"], record["seed"]))
+        if expected is not None and record.get("config_hash", expected) != expected:
+            raise ConfigError(
+                f"{path} holds a record of point {record['point']!r} (seed {record['seed']}) made "
+                f"with another config (config_hash {record['config_hash']}, now {expected}): the "
+                "grid or its defaults changed since; use a new --workdir, or delete that "
+                "point's lines to run it again")
+
+
+def require_one_view_of_the_workdir(todo: Sequence[GridPoint], workdir: Path) -> None:
+    """Refuse a multi-process sweep whose processes see different finished points: they would
+    run different points and wait forever in each other's collectives. It happens when each
+    host has its own workdir (a host-local `runs/table2`) where one shared by every host (NFS,
+    a mounted bucket) is needed, since only process 0 writes the records."""
+    if jax.process_count() == 1:
+        return
+    todo_keys = json.dumps([[p.point, p.seed] for p in todo]).encode()
+    mine = np.frombuffer(hashlib.sha256(todo_keys).digest()[:8], np.int32)
+    every_process = multihost_utils.process_allgather(mine)  # [processes, 2]
+    if not (every_process == mine).all():
+        raise ConfigError(
+            f"the {jax.process_count()} processes see different finished points in "
+            f"--workdir={workdir} (process {jax.process_index()}: {len(todo)} runs to do): a "
+            "multi-process sweep needs one workdir that every host shares (NFS, a mounted "
+            "bucket), not a directory on each host")
