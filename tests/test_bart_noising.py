@@ -17,7 +17,7 @@ from hypothesis import given, strategies as st
 from scipy import stats
 
 from t5x_lite import bart_noising, objectives, presets
-from t5x_lite.config import OBJECTIVES
+from t5x_lite.config import OBJECTIVES, ConfigError
 from t5x_lite.data import builders, pipeline
 from t5x_lite.noise_lengths import OVERFLOW_PROBABILITY
 from t5x_lite.objectives import BatchLayout, ObjectiveSpec
@@ -463,7 +463,7 @@ def test_one_program_serves_a_batch_mixing_every_objective():
 def test_an_inputs_length_too_short_for_text_infilling_names_the_field(changes):
     point = dict(name="text_infilling", noise_density=0.15, mean_noise_span_length=3.0,
                  random_token_fraction=0.1, targets_length=None, **changes)
-    with pytest.raises(objectives.ConfigError, match=r"objective.inputs_length=\d is too small "
+    with pytest.raises(ConfigError, match=r"objective.inputs_length=\d is too small "
                                                      r"for objective.name='text_infilling'"):
         objectives.spec_from_config(point)
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from t5x_lite import batch_format, objectives, preview, ul2
+from t5x_lite import batch_format, objective_layout, objectives, preview, ul2
 from t5x_lite.config import UL2_DENOISERS, ConfigError, default_config
 from t5x_lite.objectives import ObjectiveSpec
 from t5x_lite.settings import Settings
@@ -135,8 +135,8 @@ def test_draw_frequencies_match_the_shares():
     def signature(denoiser):
         if denoiser.kind == "S":
             return ul2.MODE_OF_KIND["S"], 0, 0
-        noise, spans = objectives._noise_counts(denoiser.raw_length, denoiser.noise_density,
-                                                denoiser.mean_noise_span_length, np)
+        noise, spans = objectives.noise_counts(denoiser.raw_length, denoiser.noise_density,
+                                               denoiser.mean_noise_span_length, np)
         return ul2.MODE_OF_KIND[denoiser.kind], int(noise), int(spans)
 
     groups = {}
@@ -184,7 +184,7 @@ def test_the_layout_holds_every_denoiser_and_the_mode_tokens():
     assert grid.objectives == ("span_corruption", "ul2") and grid.denoisers == layout.denoisers
     assert grid.raw_length >= layout.raw_length and grid.targets_length >= layout.targets_length
     # The mode tokens take the last three sentinels: span corruption must leave them alone.
-    spans = max(objectives._ul2_sentinels(d) for d in layout.denoisers)
+    spans = max(objective_layout._ul2_sentinels(d) for d in layout.denoisers)
     with pytest.raises(ConfigError, match="model.num_sentinels"):
         objectives.layout_for([point], "encoder_decoder", VOCAB, spans - 1)
     assert objectives.layout_for([point], "encoder_decoder", VOCAB, spans).denoisers
