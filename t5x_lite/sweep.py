@@ -340,16 +340,17 @@ def _add_to_finished(points: Sequence[GridPoint], latest: dict[tuple, dict], wor
     a point's tasks recorded before it was switched on) its fields, from the pre-trained
     checkpoint: `lacks(record)` picks the records, `fields_of(point, workdir, records)` gives
     {task: fields}, `shown(fields)` a few words of them for the log. Each amended record is
-    appended to results.jsonl (the last record of a key counts) and rewrites the point's
-    saved record; nothing is trained or fine-tuned."""
+    appended to results.jsonl (the last record of a key counts), rewrites the point's saved
+    record and replaces its entry in `latest`, so that a stage after this one amends it and
+    keeps these fields; nothing is trained or fine-tuned."""
     for point in points:
-        records = [r for (name, seed, _), r in latest.items()
-                   if (name, seed) == (point.point, point.seed) and lacks(r)]
-        if not records:
+        keys = [key for key, record in latest.items()
+                if key[:2] == (point.point, point.seed) and lacks(record)]
+        if not keys:
             continue
-        fields = fields_of(point, str(workdir), records)
-        for record in records:
-            record = {**record, **fields[record["task"]]}
+        fields = fields_of(point, str(workdir), [latest[key] for key in keys])
+        for key in keys:
+            record = latest[key] = {**latest[key], **fields[key[2]]}
             saved = point.directory(workdir) / "records" / f"{record['task']}.json"
             if saved.exists():
                 write_json(saved, record)

@@ -296,6 +296,37 @@ def test_a_sweep_made_without_the_stage_gets_it_later_without_training_again(
         sweep.run_sweep(experiment, "demo", str(copy), overrides=without)
 
 
+HELD_OUT_FIELDS = {"held_out_loss": None, "held_out_token_accuracy": None,
+                   "held_out_examples": None, "held_out_curve": []}
+
+
+@pytest.mark.slow
+def test_both_later_stages_given_at_once_keep_each_other_s_fields(zero_shot_sweep, tmp_path):
+    # The workdir as a sweep with neither the zero-shot stage nor the held-out loss leaves it;
+    # re-run with both, each finished record gets both, in results.jsonl's last record and in
+    # the saved one (the second stage amends what the first appended, not the older record).
+    experiment, workdir, records = zero_shot_sweep
+    copy = tmp_path / "sweep"
+    shutil.copytree(workdir, copy)
+    rundir = copy / "points" / "lm" / "seed0"
+    (rundir / sweep.ZERO_SHOT_FILE).unlink()
+    (rundir / "pretrain" / "eval.jsonl").unlink()
+
+    def stripped(record):
+        return {**{k: v for k, v in record.items() if k != "zero_shot"}, **HELD_OUT_FIELDS}
+
+    for path in [*(rundir / "records").glob("*.json")]:
+        path.write_text(json.dumps(stripped(json.loads(path.read_text()))))
+    (copy / "results.jsonl").write_text("".join(json.dumps(stripped(r)) + "\n" for r in records))
+    identity = json.loads((copy / sweep_workdir.SWEEP_FILE).read_text())
+    identity["overrides"].remove(sweep_workdir.ZERO_SHOT_ON)
+    (copy / sweep_workdir.SWEEP_FILE).write_text(json.dumps(identity))
+    given = sweep.run_sweep(experiment, "demo", str(copy), overrides=ZERO_SHOT_SWEEP)
+    assert given == records
+    assert [json.loads((rundir / "records" / f"{r['task']}.json").read_text())
+            for r in records] == records
+
+
 def test_a_zero_shot_sweep_needs_a_task_with_label_options(zero_shot_sweep):
     experiment, _, _ = zero_shot_sweep
     with pytest.raises(ConfigError, match=r"point 'lm': sweep.zero_shot=True needs a task with "
