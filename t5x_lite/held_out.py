@@ -145,17 +145,22 @@ def validation(run: Run, configs: Sequence[ml_collections.ConfigDict],
     return None
 
 
-def last_scores(workdir: Path) -> dict[str, Any]:
-    """The held-out evaluations of the pre-training run in `workdir`, from its eval.jsonl:
-    `held_out_loss` and `held_out_token_accuracy` (%) of the last one, the `held_out_examples`
-    it scored (`examples_fingerprint`) and `held_out_curve`, [[step, loss], ...] of every one
-    (None, None, None and [] without held-out evaluation)."""
-    path = Path(workdir) / EVAL_FILE
-    records = [record for record in map(json.loads, path.read_text().splitlines())
-               if record["task"] == HELD_OUT] if path.exists() else []
-    # EvalLog keeps one trajectory (a resumed run drops later steps), so steps increase.
+def scores_of(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The record fields of a run's held-out evaluations `records` (its eval.jsonl's, in step
+    order): `held_out_loss` and `held_out_token_accuracy` (%) of the last one, the
+    `held_out_examples` it scored (`examples_fingerprint`) and `held_out_curve`, [[step, loss],
+    ...] of every one; with none (no held-out evaluation), None, None, None and []."""
     last = records[-1] if records else {}
     return {"held_out_loss": last.get("loss"),
             "held_out_token_accuracy": last.get("token_accuracy"),
             "held_out_examples": last.get("examples"),
             "held_out_curve": [[record["step"], record["loss"]] for record in records]}
+
+
+def last_scores(workdir: Path) -> dict[str, Any]:
+    """`scores_of` the held-out evaluations of the pre-training run in `workdir`, read from its
+    eval.jsonl (EvalLog keeps one trajectory, a resumed run dropping later steps, so they come
+    in step order)."""
+    path = Path(workdir) / EVAL_FILE
+    return scores_of([record for record in map(json.loads, path.read_text().splitlines())
+                      if record["task"] == HELD_OUT] if path.exists() else [])

@@ -373,16 +373,17 @@ def _held_out(keys: Sequence[tuple[str, str | None]],
     losses (`bold_flags` on the negated means, the group's `pooled_std`); a row alone, or one
     of a sweep run before the records named their examples, has nothing to be compared with.
     ({}, {}, ()) when no record has a loss (a sweep without `train.eval_every`)."""
-    losses = {key: {r["seed"]: r["held_out_loss"] for r in by_row[key]
-                    if _is_number(r.get("held_out_loss"))} for key in keys}
+    scored = {key: [r for r in by_row[key] if _is_number(r.get("held_out_loss"))]
+              for key in keys}
+    losses = {key: {r["seed"]: r["held_out_loss"] for r in records}
+              for key, records in scored.items()}
     if not any(losses.values()):
         return {}, {}, ()
     cells = {key: _over_seeds(list(by_seed.values())) if by_seed else Cell("missing")
              for key, by_seed in losses.items()}
     groups: dict[tuple, list[tuple[str, str | None]]] = {}
-    for key in keys:
-        examples = tuple(sorted({(r["seed"], r.get("held_out_examples")) for r in by_row[key]
-                                 if _is_number(r.get("held_out_loss"))}))
+    for key, records in scored.items():
+        examples = tuple(sorted({(r["seed"], r.get("held_out_examples")) for r in records}))
         if examples and all(fingerprint for _, fingerprint in examples):
             groups.setdefault(examples, []).append(key)
     differences = []

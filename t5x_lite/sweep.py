@@ -111,8 +111,7 @@ def _base_record(point: GridPoint) -> dict[str, Any]:
         # Raw corpus tokens read, as the paper counts them (2^19 steps x 128 x 512 = 2^35).
         "pretrain_tokens": config.train.steps * config.train.batch_size * raw,
         "finetune_steps": config.finetune.steps, "pretrain_loss": None, "pretrain_curve": [],
-        "held_out_loss": None, "held_out_token_accuracy": None, "held_out_examples": None,
-        "held_out_curve": [],
+        **held_out.scores_of(()),  # the held-out fields, none yet
         **_budget_fields(point),
     }
 
