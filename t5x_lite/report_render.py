@@ -176,22 +176,27 @@ def _held_out_differences_grid(table: Table) -> list[list[str]]:
     """Header and body of the paired held-out table: a row per `HeldOutDifference`."""
     rows = table.held_out_differences
     with_objective = any(row.objective for row in rows)
+    # One seed set for every row: the note names it once; else each value names its seed.
+    labelled = len({tuple(row.per_seed) for row in rows}) > 1
     header = [table.paper.row_header if table.paper else "Row",
               *(["Objective"] if with_objective else []), "Compared with", "Difference",
               "Lower in", "Per seed"]
     body = [[row.label, *([row.objective or ""] if with_objective else []), row.reference,
              f"{row.difference.mean:+.3f} ± {row.difference.std:.3f}",
              f"{sum(value < 0 for value in row.per_seed.values())} of {len(row.per_seed)} seeds",
-             ", ".join(f"{value:+.3f}" for value in row.per_seed.values())]
+             ", ".join(f"{seed}: {value:+.3f}" if labelled else f"{value:+.3f}"
+                       for seed, value in row.per_seed.items())]
             for row in rows]
     return [header, *body]
 
 
 def _held_out_differences_notes(table: Table) -> list[str]:
-    seeds = ", ".join(str(seed) for seed in table.held_out_differences[0].per_seed)
+    seed_sets = {tuple(row.per_seed) for row in table.held_out_differences}
+    seeds = (f"({', '.join(str(seed) for seed in seed_sets.pop())})" if len(seed_sets) == 1
+             else "(the seeds its group shares, named in Per seed)")
     return [f"{HELD_OUT_DIFFERENCES_TITLE}: each row's held-out loss minus that of the row it "
             "is compared with (the first row that scored the same examples), in each seed "
-            f"({seeds}), then their mean ± sample deviation; negative: the row's loss is "
+            f"{seeds}, then their mean ± sample deviation; negative: the row's loss is "
             "lower. The seed draws a group's held-out text and noise, which moves all its rows "
             "together, so these differences spread less than the column's losses."]
 

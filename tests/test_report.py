@@ -475,6 +475,28 @@ def test_held_out_losses_are_compared_only_among_rows_that_scored_the_same_examp
         "0:0.4000 1:0.4000"
 
 
+def test_paired_values_name_their_seeds_when_groups_have_different_seeds(tmp_path):
+    """A seed that failed for one group's rows leaves that group fewer seeds than another's:
+    the note cannot name one seed list, so each paired value names its seed."""
+    records = [_record(point=f"{row}/{objective}", row=row, objective=objective, seed=seed,
+                       held_out_loss=loss + seed / 10, held_out_examples=f"{objective}{seed}")
+               for objective, rows, seeds in (("A", {"x": 3.0, "y": 3.5}, (0, 1, 2)),
+                                              ("B", {"x": 4.0, "y": 3.8}, (0, 2)))
+               for row, loss in rows.items() for seed in seeds]
+    _write(tmp_path / "results.jsonl", records)
+    report.report(str(tmp_path))
+    markdown = (tmp_path / "report" / "table.md").read_text()
+    assert "| 2 of 2 seeds | 0: -0.200, 2: -0.200 |" in markdown
+    assert "| 0 of 3 seeds | 0: +0.500, 1: +0.500, 2: +0.500 |" in markdown
+    assert "in each seed (the seeds its group shares, named in Per seed)" in markdown
+    # One seed set for all: the values are bare and the note names the seeds once.
+    _write(tmp_path / "results.jsonl", [r for r in records if r["seed"] != 1])
+    report.report(str(tmp_path))
+    markdown = (tmp_path / "report" / "table.md").read_text()
+    assert "| 0 of 2 seeds | +0.500, +0.500 |" in markdown
+    assert "in each seed (0, 2)," in markdown
+
+
 def test_records_of_two_experiments_are_an_error(tmp_path):
     _write(tmp_path / "results.jsonl",
            [_record(), _record(experiment="table4", row="BERT-style")])
