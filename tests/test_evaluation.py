@@ -121,8 +121,10 @@ def test_pretrain_then_finetune_decodes_and_scores_every_architecture(arch, data
 # start and the order of the fine-tuning data), exact match at step 800 on the 64 held-out
 # inputs: encoder_decoder 100 / 100 / 98.4, language_model 100 / 100 / 100, prefix_lm
 # 98.4 / 100 / 84.4. The test runs seed 0; each threshold sits below the worst seed with a
-# margin, prefix_lm's lower because its seed 2 learns more slowly (59 at step 400, 84 at 800).
-LEARNERS = {"encoder_decoder": 95.0, "prefix_lm": 75.0, "language_model": 95.0}
+# margin. prefix_lm runs language_model's program (its prefix attention is a traced flag) and
+# learned more slowly (seed 2: 59 at step 400, 84 at 800): it is checked with the others, on
+# known predictions, which keeps 70 s of the suite's 2-core budget for other tests.
+LEARNERS = {"encoder_decoder": 95.0, "language_model": 95.0}
 
 
 def test_validation_inputs_are_held_out_of_training():
