@@ -309,6 +309,9 @@ def _sweep_parser() -> argparse.ArgumentParser:
                         help="run only this grid point (job arrays)")
     parser.add_argument("--vmap", type=int, default=1, help="pre-train up to K compatible grid "
                         "points together in one vmapped step (fills an accelerator)")
+    parser.add_argument("--dry_run", action="store_true", help="check the grid and the workdir "
+                        "and list every run with its steps, FLOPs, shared program and status; "
+                        "run and write nothing")
     return parser
 
 
@@ -317,6 +320,12 @@ def _sweep(argv: list[str]) -> None:
     from t5x_lite.distributed import initialize_distributed
 
     args, overrides = _parse(_sweep_parser(), argv)
+    if args.dry_run:
+        from t5x_lite import sweep_plan
+
+        print(sweep_plan.render(sweep_plan.plan_sweep(args.experiment, args.preset, args.workdir,
+                                                      overrides, vmap=args.vmap)), end="")
+        return
     initialize_distributed()  # a TPU pod's hosts / a SLURM task's processes join one run
     try:  # a bad or silent Ray address, or Ray not installed: say so, no traceback
         launcher = launchers.make_launcher(args.launcher, workers=args.workers,

@@ -304,7 +304,9 @@ def to_markdown(table: Table) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _aligned(grid: list[list[str]]) -> list[str]:
+def aligned(grid: list[list[str]]) -> list[str]:
+    """A header row and body as terminal lines: columns padded to their widest cell, a rule
+    under the header."""
     widths = [max(len(row[i]) for row in grid) for i in range(len(grid[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in grid]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -314,10 +316,10 @@ def _aligned(grid: list[list[str]]) -> list[str]:
 def to_text(table: Table) -> str:
     """The terminal rendering: aligned columns, bold scores marked with '*'."""
     bold = "{}*".format
-    lines = [_title(table), "", *_aligned(_grid(table, bold)), "",
+    lines = [_title(table), "", *aligned(_grid(table, bold)), "",
              *_notes(table, bold_name="*")]
     for section in _sections(table, bold):
-        lines += ["", section.title, "", *_aligned(section.grid), "", *section.notes]
+        lines += ["", section.title, "", *aligned(section.grid), "", *section.notes]
     items = _findings_lines(table, lambda verdict: verdict.upper(), "    ")
     if items:
         lines += ["", "Findings", "", findings.EXPLANATION, "", *items]

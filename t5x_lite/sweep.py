@@ -42,6 +42,7 @@ their lines to retry them) and resumes the others from their checkpoints. A poin
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import sys
 import time
@@ -54,10 +55,10 @@ from jax.experimental import multihost_utils
 
 from t5x_lite import accounting, batch_format, held_out, launchers, objectives, presets
 from t5x_lite.config import ConfigError, apply_overrides, parse_overrides
-from t5x_lite.grid import GridPoint, StepCost, config_hash, expand, user_overrides
+from t5x_lite.grid import GridPoint, StepCost, config_hash, expand
 from t5x_lite.results import ResultsFile, latest_records, write_json
 from t5x_lite.sweep_workdir import (claim_workdir, require_current,
-                                    require_one_view_of_the_workdir)
+                                    require_one_view_of_the_workdir, sweep_identity)
 
 
 # Record fields that measure time or depend on how often a run was interrupted, not on what it
@@ -92,7 +93,7 @@ def _pretrain_history(metrics_path: Path, log_every: int) -> dict[str, Any]:
     }
 
 
-def _base_record(point: GridPoint) -> dict[str, Any]:
+def base_record(point: GridPoint) -> dict[str, Any]:
     """The fields every record of `point` shares, known before anything runs."""
     config, objective = point.config, point.config.objective
     raw, inputs, targets = objectives.lengths_for(
@@ -139,7 +140,7 @@ def _failed(base: dict[str, Any], task: str, error: Exception) -> dict[str, Any]
 
 
 def _pretraining_failed(point: GridPoint, error: Exception) -> list[dict]:
-    return [_failed(_base_record(point), task, error) for task in point.config.sweep.tasks]
+    return [_failed(base_record(point), task, error) for task in point.config.sweep.tasks]
 
 
 def run_point(point: GridPoint, workdir: str) -> list[dict]:
@@ -245,7 +246,7 @@ def _finetune_tasks(point: GridPoint, workdir: str, started: float,
     from t5x_lite.data import tasks
 
     config, rundir = point.config, point.directory(workdir)
-    base = _base_record(point)
+    base = base_record(point)
     if jax.process_count() > 1:  # process 0 has closed the metrics.jsonl read below
         multihost_utils.sync_global_devices("t5x_lite_pretrained")
     try:
@@ -328,48 +329,65 @@ def _held_out_fields(point: GridPoint, workdir: str, records: Sequence[dict]
     return {record["task"]: scores for record in records}
 
 
-# {task: the fields a later stage adds} of a finished point's records (`_add_to_finished`).
-FieldsOf = Callable[[GridPoint, str, Sequence[dict]], dict[str, dict[str, Any]]]
+@dataclasses.dataclass(frozen=True)
+class LaterStage:
+    """A stage that a sweep gives finished points' records after its runs, from their
+    pre-trained checkpoints (`_add_to_finished`): `what` it adds, whether the config switches
+    it `on`, which records `lacks` it, `fields_of(point, workdir, records)` -> {task: the
+    fields it adds}, and a few words of them for the log (`shown`)."""
+
+    what: str
+    on: Callable[[Any], bool]
+    lacks: Callable[[dict], bool]
+    fields_of: Callable[[GridPoint, str, Sequence[dict]], dict[str, dict[str, Any]]]
+    shown: Callable[[dict[str, Any]], str]
+
+
+# In the order they run: a later one amends the records the one before amended.
+LATER_STAGES = (
+    LaterStage("zero-shot scores", lambda config: bool(config.sweep.zero_shot), _lacks_zero_shot,
+               _zero_shot_fields, lambda fields: fields["zero_shot"]["status"]),
+    LaterStage("held-out loss", lambda config: bool(config.train.eval_every), _lacks_held_out,
+               _held_out_fields, lambda fields: f"{fields['held_out_loss']:.4f}"),
+)
 
 
 def _add_to_finished(points: Sequence[GridPoint], latest: dict[tuple, dict], workdir: Path,
-                     results: ResultsFile, what: str, lacks: Callable[[dict], bool],
-                     fields_of: FieldsOf, shown: Callable[[dict[str, Any]], str]) -> None:
-    """Give the points whose records were made without `what` (a workdir swept without it, or
-    a point's tasks recorded before it was switched on) its fields, from the pre-trained
-    checkpoint: `lacks(record)` picks the records, `fields_of(point, workdir, records)` gives
-    {task: fields}, `shown(fields)` a few words of them for the log. Each amended record is
-    appended to results.jsonl (the last record of a key counts), rewrites the point's saved
-    record and replaces its entry in `latest`, so that a stage after this one amends it and
-    keeps these fields; nothing is trained or fine-tuned."""
+                     results: ResultsFile, stage: LaterStage) -> None:
+    """Give the points whose records were made without `stage.what` (a workdir swept without
+    it, or a point's tasks recorded before it was switched on) its fields, from the pre-trained
+    checkpoint. Each amended record is appended to results.jsonl (the last record of a key
+    counts), rewrites the point's saved record and replaces its entry in `latest`, so that a
+    stage after this one amends it and keeps these fields; nothing is trained or fine-tuned."""
     for point in points:
         keys = [key for key, record in latest.items()
-                if key[:2] == (point.point, point.seed) and lacks(record)]
+                if key[:2] == (point.point, point.seed) and stage.lacks(record)]
         if not keys:
             continue
-        fields = fields_of(point, str(workdir), [latest[key] for key in keys])
+        fields = stage.fields_of(point, str(workdir), [latest[key] for key in keys])
         for key in keys:
             record = latest[key] = {**latest[key], **fields[key[2]]}
             saved = point.directory(workdir) / "records" / f"{record['task']}.json"
             if saved.exists():
                 write_json(saved, record)
             results.append(record)
-        _log(f"{what} added to {point.point} (seed {point.seed}): "
-             + ", ".join(f"{task} {shown(value)}" for task, value in fields.items()))
+        _log(f"{stage.what} added to {point.point} (seed {point.seed}): "
+             + ", ".join(f"{task} {stage.shown(value)}" for task, value in fields.items()))
 
 
 # ---------------------------------------------------------------------------------------------
 # The sweep
 
 
-def _log_budget(points: Sequence[GridPoint]) -> None:
+def budget_line(points: Sequence[GridPoint]) -> str | None:
     """Under a compute-matched budget, one line with the steps derived for each point."""
     budget = points[0].budget
-    if budget is not None:
-        steps = {p.point: p.config.train.steps for p in points}
-        _log(f"sweep.budget={budget.kind}: every point spends what {budget.reference} spends in "
-             f"{budget.reference_steps} steps ({budget.total:.4g}); pre-training steps: "
-             + ", ".join(f"{point} {count}" for point, count in steps.items()))
+    if budget is None:
+        return None
+    steps = {p.point: p.config.train.steps for p in points}
+    return (f"sweep.budget={budget.kind}: every point spends what {budget.reference} spends in "
+            f"{budget.reference_steps} steps ({budget.total:.4g}); pre-training steps: "
+            + ", ".join(f"{point} {count}" for point, count in steps.items()))
 
 
 def vmap_chunks(points: Sequence[GridPoint], size: int) -> list[tuple[GridPoint, ...]]:
@@ -411,6 +429,16 @@ def progress_line(finished_steps: Sequence[int], left_steps: Sequence[int],
     return text
 
 
+def require_vmap(vmap: int, launcher: launchers.Launcher | None = None) -> None:
+    """Refuse a `vmap` that is not a count of points, or one the launcher cannot honour."""
+    if isinstance(vmap, bool) or not isinstance(vmap, int) or vmap < 1:
+        raise ConfigError(f"vmap={vmap!r} must be an integer >= 1 (the most points pre-trained "
+                          "together in one vmapped step; 1 runs them one by one)")
+    if vmap > 1 and isinstance(launcher, launchers.RayLauncher):
+        raise ConfigError(f"vmap={vmap} needs the local or parallel launcher; the ray "
+                          "launcher sizes its tasks per point")
+
+
 def run_sweep(experiment: str, preset: str, workdir: str, *,
               launcher: launchers.Launcher | None = None,
               overrides: Sequence[str] = (), point_index: int | None = None,
@@ -430,25 +458,17 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
     else the chunk pre-trains again from step 0 (see `train.train_vmapped`). Ray sizes its
     tasks per point, so vmap needs the local or parallel launcher.
     """
-    if isinstance(vmap, bool) or not isinstance(vmap, int) or vmap < 1:
-        raise ConfigError(f"vmap={vmap!r} must be an integer >= 1 (the most points pre-trained "
-                          "together in one vmapped step; 1 runs them one by one)")
-    if vmap > 1 and isinstance(launcher, launchers.RayLauncher):
-        raise ConfigError(f"vmap={vmap} needs the local or parallel launcher; the ray "
-                          "launcher sizes its tasks per point")
+    require_vmap(vmap, launcher)
     points = expand(experiment, preset, overrides)
-    _log_budget(points)
+    if budget_line(points):
+        _log(budget_line(points))
     if point_index is not None:
         if not 0 <= point_index < len(points):
             raise ConfigError(f"point_index={point_index} must be in [0, {len(points)})")
         points = [points[point_index]]
     workdir_path = Path(workdir)
     workdir_path.mkdir(parents=True, exist_ok=True)
-    # As JSON sees it, so that it compares equal to the saved copy.
-    identity = json.loads(json.dumps({
-        "experiment": points[0].experiment, "preset": preset,
-        "overrides": [list(item) for item in user_overrides(experiment, preset, overrides)]}))
-    claim_workdir(workdir_path, identity)
+    claim_workdir(workdir_path, sweep_identity(experiment, points, overrides))
     results = ResultsFile(workdir_path)
     results.finish_last_line()
     finished_records = results.records()
@@ -458,7 +478,7 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
             if any((p.point, p.seed, task) not in done for task in p.config.sweep.tasks)]
     require_one_view_of_the_workdir(todo, workdir_path)
     for point in todo:  # what its records hold before anything runs: a fault in that
-        _base_record(point)  # arithmetic stops the sweep here, not after hours of finished runs
+        base_record(point)  # arithmetic stops the sweep here, not after hours of finished runs
     _log(f"sweep {points[0].experiment} --preset {preset}: {len(points)} runs x "
          f"{len(points[0].config.sweep.tasks)} tasks; {len(points) - len(todo)} done, "
          f"{len(todo)} to run; records in {results.path}")
@@ -482,14 +502,9 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
                      for key in (True, False)}
             _log(f"done {point} (seed {seed}): {', '.join(statuses)}")
             _log(progress_line(steps[True], steps[False], time.perf_counter() - started))
-    if points[0].config.sweep.zero_shot:
-        _add_to_finished(points, latest, workdir_path, results, "zero-shot scores",
-                         _lacks_zero_shot, _zero_shot_fields,
-                         lambda fields: fields["zero_shot"]["status"])
-    if points[0].config.train.eval_every:
-        _add_to_finished(points, latest, workdir_path, results, "held-out loss",
-                         _lacks_held_out, _held_out_fields,
-                         lambda fields: f"{fields['held_out_loss']:.4f}")
+    for stage in LATER_STAGES:
+        if stage.on(points[0].config):
+            _add_to_finished(points, latest, workdir_path, results, stage)
     wanted = {(p.point, p.seed) for p in points}
     return [r for r in latest_records(results.records()) if (r["point"], r["seed"]) in wanted]
 

@@ -17,7 +17,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from t5x_lite.config import ConfigError
-from t5x_lite.grid import OBSERVING_FIELDS, GridPoint, config_hash
+from t5x_lite.grid import OBSERVING_FIELDS, GridPoint, config_hash, user_overrides
 from t5x_lite.results import write_json
 
 SWEEP_FILE = "sweep.json"
@@ -44,30 +44,50 @@ def without_sweep_settings(identity: dict[str, Any]) -> dict[str, Any]:
 ZERO_SHOT_ON = ["sweep.zero_shot", True]  # the override, as a workdir's identity holds it
 
 
-def claim_workdir(workdir: Path, identity: dict[str, Any]) -> None:
-    """Record which sweep the workdir belongs to; refuse a workdir of a different sweep (other
-    experiment, preset or overrides; more seeds or tasks are the same sweep). A sweep without
-    the zero-shot stage may be given it (`sweep.zero_shot=True`; see `t5x_lite.sweep`):
-    the workdir becomes the zero-shot sweep's."""
+def sweep_identity(experiment: str, points: Sequence[GridPoint],
+                   overrides: Sequence[str]) -> dict[str, Any]:
+    """What `sweep.json` holds for `expand(experiment, preset, overrides)`'s `points`: the
+    experiment's name, the preset and the user's overrides that reach the points
+    (`grid.user_overrides`), as JSON reads them back, so it compares equal to the saved copy."""
+    preset = points[0].preset
+    return json.loads(json.dumps({
+        "experiment": points[0].experiment, "preset": preset,
+        "overrides": [list(item) for item in user_overrides(experiment, preset, overrides)]}))
+
+
+def check_workdir(workdir: Path, identity: dict[str, Any]) -> str:
+    """Whether the workdir can hold this sweep, writing nothing: "new" (no sweep there yet),
+    "same" (this sweep, to resume or extend by seeds or tasks) or "adds zero-shot" (a sweep
+    without the zero-shot stage, given it now; see `t5x_lite.sweep`). A workdir of a different
+    sweep (other experiment, preset or overrides) is a `ConfigError` naming the differences."""
     path = workdir / SWEEP_FILE
+    if not path.exists():
+        return "new"
     identity = without_sweep_settings(identity)
-    if path.exists():
-        saved = without_sweep_settings(json.loads(path.read_text()))
-        without_stage = {**identity, "overrides": [
-            item for item in identity["overrides"] if item != ZERO_SHOT_ON]}
-        if without_stage != identity and saved == without_stage:
-            print(f"{workdir} was swept without the zero-shot stage: its finished points will be "
-                 "scored zero-shot from their pre-trained checkpoints, and the workdir is a "
-                  "zero-shot sweep from now on", file=sys.stderr, flush=True)
-            write_json(path, identity)
-        elif saved != identity:
-            differences = ", ".join(f"{key}: {saved.get(key)!r} there, {identity[key]!r} now"
-                                    for key in identity if saved.get(key) != identity[key])
-            raise ConfigError(
-                f"workdir {workdir} holds a different sweep ({differences}); use another "
-                "--workdir, or the same experiment, preset and overrides to resume it")
-        return
-    write_json(path, identity)
+    saved = without_sweep_settings(json.loads(path.read_text()))
+    without_stage = {**identity, "overrides": [
+        item for item in identity["overrides"] if item != ZERO_SHOT_ON]}
+    if without_stage != identity and saved == without_stage:
+        return "adds zero-shot"
+    if saved != identity:
+        differences = ", ".join(f"{key}: {saved.get(key)!r} there, {identity[key]!r} now"
+                                for key in identity if saved.get(key) != identity[key])
+        raise ConfigError(
+            f"workdir {workdir} holds a different sweep ({differences}); use another "
+            "--workdir, or the same experiment, preset and overrides to resume it")
+    return "same"
+
+
+def claim_workdir(workdir: Path, identity: dict[str, Any]) -> None:
+    """Record which sweep the workdir belongs to (`check_workdir` first): a new workdir, or
+    one whose sweep is given the zero-shot stage now, which becomes the zero-shot sweep's."""
+    state = check_workdir(workdir, identity)
+    if state == "adds zero-shot":
+        print(f"{workdir} was swept without the zero-shot stage: its finished points will be "
+              "scored zero-shot from their pre-trained checkpoints, and the workdir is a "
+              "zero-shot sweep from now on", file=sys.stderr, flush=True)
+    if state != "same":
+        write_json(workdir / SWEEP_FILE, without_sweep_settings(identity))
 
 
 def require_current(records: Sequence[dict], points: Sequence[GridPoint], path: Path) -> None:

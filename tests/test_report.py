@@ -555,7 +555,7 @@ def test_a_seed_whose_score_is_not_a_number_makes_the_cell_undefined(tmp_path):
 
 
 def test_params_and_cost_are_the_papers_labels_with_our_measured_ratios():
-    records = [{**sweep._base_record(point), "task": "builtin_reverse", "status": "ok",
+    records = [{**sweep.base_record(point), "task": "builtin_reverse", "status": "ok",
                 "metrics": {"accuracy": 50.0}} for point in grid.expand("table2", "demo")]
     labels = {(row.label, row.objective): (row.params_label, row.cost_label)
               for row in report_table.build_table(records).rows}

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from t5x_lite import grid, launchers, noise_lengths, results, sweep, sweep_workdir
+from t5x_lite import cli, grid, launchers, noise_lengths, results, sweep, sweep_plan, sweep_workdir
 from t5x_lite.config import ConfigError
 from t5x_lite.data import tasks
 from t5x_lite.preemption import Preempted
@@ -110,7 +110,7 @@ def test_grids_have_the_paper_rows_and_one_layout_per_family(experiment_name):
         assert objective_names[("language_model", "LM")] == "lm"
         assert objective_names[("prefix_lm", "LM")] == "prefix_lm"
         assert objective_names[("language_model", "Denoising")] == "iid_denoising"
-        paper = {p.point: sweep._base_record(p) for p in points}
+        paper = {p.point: sweep.base_record(p) for p in points}
         assert paper["encoder_decoder/denoising"]["params_label"] == "2P"
         assert paper["encoder_decoder_half/lm"]["cost_label"] == "M/2"
 
@@ -523,7 +523,7 @@ def test_table2_points_spend_the_reference_budget(kind):
         before = configured[point.point].train
         assert train.warmup_steps == max(1, round(before.warmup_steps * train.steps
                                                   / before.steps))
-        record = sweep._base_record(point)
+        record = sweep.base_record(point)
         assert record["pretrain_steps"] == train.steps
         assert (record["budget"], record["budget_reference"]) == (kind, reference.point)
         assert record["pretrain_flops"] == pytest.approx(
@@ -583,7 +583,7 @@ def test_a_steps_budget_leaves_the_configs_and_records_as_they_were():
     assert [p.config.to_dict() for p in explicit] == [p.config.to_dict() for p in default]
     assert {p.config.train.steps for p in default} == {200}
     assert all(p.budget is None for p in explicit)
-    record = sweep._base_record(explicit[3])
+    record = sweep.base_record(explicit[3])
     assert not {"budget", "flops_per_step", "pretrain_flops"} & record.keys()
     assert RECORD_FIELDS - {"task", "wall_s", "compile_s", "compiles", "metrics", "status",
                             "error"} <= record.keys()
@@ -670,3 +670,95 @@ def test_a_flops_matched_sweep_records_and_reports_its_compute(tmp_path):
             str(record["tokens_per_step"]), f"{record['loss_tokens_per_step']:.1f}",
             f"{record['pretrain_flops']:.4g}"]
     assert (workdir / "report" / "compute.csv").read_text().count("\n") == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Dry runs (t5x_lite.sweep_plan)
+
+
+def test_a_dry_run_lists_the_runs_it_would_make_and_writes_nothing(experiment, tmp_path,
+                                                                  capsys):
+    workdir = tmp_path / "new"
+    cli.main(["t5x-lite", "sweep", experiment, "--preset", "demo", "--workdir", str(workdir),
+              "--dry_run"])
+    out = capsys.readouterr().out
+    assert not workdir.exists()
+    assert out.startswith(f"Dry run of sweep tiny_grid --preset demo --workdir {workdir} (a new "
+                          "workdir): nothing is trained, compiled or written.\n3 runs ")
+    rows = {line.split()[1]: line.split() for line in out.splitlines()
+            if re.match(r"\d+  ", line)}
+    assert list(rows) == ["denoising", "broken", "prefix_lm"]
+    assert all(row[-2:] == ["to", "run"] for row in rows.values())
+    plan = sweep_plan.plan_sweep(experiment, "demo", str(workdir))
+    points = grid.expand(experiment, "demo")
+    for run, point in zip(plan.runs, points):
+        assert (run.index, run.point, run.seed, run.steps) == (
+            point.index, point.point, point.seed, point.config.train.steps)
+        assert run.flops_per_step == grid.StepCost.of(point.config, point.layout).flops
+    assert "Left to run: 3 pre-trainings (18 steps," in out
+
+
+def test_table2_s_dry_run_counts_the_four_programs_its_sweep_compiles():
+    """README: "all of Table 2 compiles four: three encoder-decoders and one for both
+    decoder-only architectures"."""
+    plan = sweep_plan.plan_sweep("table2", "demo", "/nonexistent/t5x_lite_plan")
+    programs = {run.point: run.program for run in plan.runs}
+    assert plan.programs == 4
+    assert programs["language_model/lm"] == programs["prefix_lm/denoising"] == 4
+    assert len({programs[f"{arch}/lm"] for arch in (
+        "encoder_decoder", "encoder_decoder_shared", "encoder_decoder_half")}) == 3
+    assert all(programs[p.replace("/lm", "/denoising")] == n
+               for p, n in programs.items() if p.endswith("/lm"))
+    grouped = sweep_plan.plan_sweep("table2", "demo", "/nonexistent/t5x_lite_plan", vmap=4)
+    assert grouped.vmap_groups == ((0, 5), (1, 6), (2, 7), (3, 4, 8, 9))
+    # README's sizing of the paper preset: 2^19 steps of 128 rows of 511 corpus tokens (+ EOS:
+    # the paper's 2^35 tokens a run) for each of the 10 runs.
+    plan = sweep_plan.plan_sweep("table2", "paper", "/nonexistent/t5x_lite_plan")
+    assert {(run.steps, run.corpus_tokens) for run in plan.runs} == {(2**19, 2**19 * 128 * 511)}
+    assert plan.programs == 4
+    assert ("In all: 4.76e20 pre-training FLOPs (3 x forward matmuls, attention and logits "
+            "included), 343G corpus tokens read,") in sweep_plan.render(plan)
+
+
+def test_a_dry_run_of_a_started_sweep_says_what_is_done_and_what_resumes(
+        experiment, uninterrupted, tmp_path, capsys):
+    workdir, records = uninterrupted
+    copy = tmp_path / "sweep"
+    shutil.copytree(workdir, copy)
+    # prefix_lm's record is lost and its pre-training stopped at step 4 of 6.
+    lines = (copy / "results.jsonl").read_text().splitlines()
+    (copy / "results.jsonl").write_text(
+        "".join(line + "\n" for line in lines if json.loads(line)["point"] != "prefix_lm"))
+    checkpoints = copy / "points" / "prefix_lm" / "seed0" / "pretrain" / "checkpoints"
+    for path in checkpoints.iterdir():
+        if path.name.isdigit():
+            shutil.rmtree(path)
+    (checkpoints / "4").mkdir()
+    (checkpoints / "6.orbax-checkpoint-tmp-1").mkdir()  # a save cut short: not a step
+    plan = sweep_plan.plan_sweep(experiment, "demo", str(copy))
+    assert [(run.point, run.status) for run in plan.runs] == [
+        ("denoising", "done"), ("broken", "done"), ("prefix_lm", "resumes at step 4")]
+    text = sweep_plan.render(plan)
+    assert "(resumed)" in text
+    assert re.search(r"Left to run: 1 pre-training \(2 steps, \S+ FLOPs\) and 1 fine-tuning "
+                     r"\(\d+ steps, \S+ FLOPs\); 2 of 3 runs done\.", text)
+    (checkpoints / "6").mkdir()
+    assert sweep_plan.plan_sweep(experiment, "demo", str(copy)).runs[2].status == (
+        "pre-trained, 1 task left")
+    # A stage a re-run gives finished records: the held-out loss that a record lacks.
+    lines = (copy / "results.jsonl").read_text().splitlines()
+    first = json.loads(lines[0])
+    assert first["point"] == "denoising"
+    (copy / "results.jsonl").write_text("\n".join(
+        [json.dumps({**first, "held_out_loss": None}), *lines[1:]]) + "\n")
+    plan = sweep_plan.plan_sweep(experiment, "demo", str(copy))
+    assert [run.status for run in plan.runs[:2]] == ["done; adds held-out loss", "done"]
+    assert ("Then held-out loss added to the finished records of 1 run, from their pre-trained "
+            "checkpoints (nothing is trained again).") in sweep_plan.render(plan)
+    # A dry run checks the workdir as the sweep does, in one line.
+    with pytest.raises(SystemExit, match=r"^t5x-lite sweep: invalid config: workdir .* holds a "
+                                         r"different sweep \(overrides: .*\)"):
+        cli.main(["t5x-lite", "sweep", experiment, "--preset", "demo", "--workdir", str(copy),
+                  "--dry_run", "--config.train.learning_rate=0.5"])
+    with pytest.raises(ConfigError, match=r"vmap=0 must be an integer >= 1"):
+        sweep_plan.plan_sweep(experiment, "demo", str(copy), vmap=0)

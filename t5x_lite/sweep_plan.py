@@ -1,0 +1,193 @@
+"""What a sweep would run, before it runs: `t5x-lite sweep EXPERIMENT --dry_run`.
+
+    print(render(plan_sweep("table2", "paper", "runs/table2")))
+
+The grid is expanded and checked exactly as `sweep.run_sweep` checks it before its first run
+(every point's config, the corpora, the tasks' splits, a compute budget's derived steps, the
+workdir's sweep and its records), then each run (grid point x seed) is listed with what it
+costs and how far it got: its pre-training steps, parameters, training FLOPs per step and in
+all, the compiled pre-training program it shares (points with equal `StepSettings` and layout
+compile once), and, in an existing workdir, whether it is done, resumes from a checkpoint or
+has not started. Nothing is trained, compiled or written, and no device is touched: it is
+how a researcher sizes a sweep at the `paper` preset before asking a pod for it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Sequence
+
+from t5x_lite import accounting
+from t5x_lite.grid import GridPoint, StepCost, expand
+from t5x_lite.results import ResultsFile, latest_records
+from t5x_lite.step_settings import step_settings
+from t5x_lite.sweep import LATER_STAGES, base_record, budget_line, require_vmap, vmap_chunks
+from t5x_lite.sweep_workdir import check_workdir, require_current, sweep_identity
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedRun:
+    """One run of the sweep as planned. index: its position in the grid's list (what
+    `--point_index` takes); program: the compiled pre-training step it shares, numbered from 1
+    in grid order; checkpoint_step: its pre-training's newest saved step (None: none yet);
+    tasks_left: the tasks whose records are not in results.jsonl."""
+
+    index: int
+    point: str
+    row: str
+    objective: str | None
+    seed: int
+    steps: int
+    params: int
+    flops_per_step: float
+    corpus_tokens: int  # raw corpus tokens read, as the paper counts them
+    finetune_flops: float  # one task's fine-tuning, at the fine-tuning lengths
+    program: int
+    checkpoint_step: int | None
+    tasks_left: int
+    stages_left: tuple[str, ...]  # what `sweep.LATER_STAGES` would add to its records
+
+    @property
+    def status(self) -> str:
+        """'done', 'to run', 'resumes at step N', 'pre-trained, 2 tasks left', or 'done;
+        adds held-out loss' (a later stage that scores its checkpoint, training nothing)."""
+        if not self.tasks_left:
+            return "; adds ".join(["done", *self.stages_left])
+        if self.checkpoint_step is None:
+            return "to run"
+        if self.checkpoint_step >= self.steps:
+            return f"pre-trained, {self.tasks_left} task{'s' * (self.tasks_left > 1)} left"
+        return f"resumes at step {self.checkpoint_step}"
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepPlan:
+    """A sweep's runs before it runs. workdir_state: `sweep_workdir.check_workdir`'s answer;
+    vmap_groups: with vmap > 1, the indices of the runs left that pre-train together."""
+
+    experiment: str
+    preset: str
+    workdir: str
+    workdir_state: str
+    budget: str | None  # `sweep.budget_line`: a compute-matched sweep's derived steps
+    tasks: tuple[str, ...]
+    finetune_steps: int
+    runs: tuple[PlannedRun, ...]
+    vmap: int
+    vmap_groups: tuple[tuple[int, ...], ...]
+
+    @property
+    def programs(self) -> int:
+        return max(run.program for run in self.runs)
+
+
+def _checkpoint_step(point: GridPoint, workdir: Path) -> int | None:
+    """The newest finished save of the point's pre-training (orbax names each by its step;
+    a save cut short has a temporary name), or None."""
+    directory = point.directory(workdir) / "pretrain" / "checkpoints"
+    if not directory.is_dir():
+        return None
+    steps = [int(path.name) for path in directory.iterdir() if path.name.isdigit()]
+    return max(steps, default=None)
+
+
+def plan_sweep(experiment: str, preset: str, workdir: str, overrides: Sequence[str] = (),
+               vmap: int = 1) -> SweepPlan:
+    """The plan of `run_sweep(experiment, preset, workdir, overrides=..., vmap=vmap)`, with its
+    checks (a `ConfigError` where the sweep would stop before running), writing nothing."""
+    require_vmap(vmap)
+    points = expand(experiment, preset, overrides)
+    workdir_path = Path(workdir)
+    state = check_workdir(workdir_path, sweep_identity(experiment, points, overrides))
+    records = ResultsFile(workdir_path).records() if state != "new" else []
+    require_current(records, points, workdir_path / "results.jsonl")
+    done = {(r["point"], r["seed"], r["task"]) for r in records}
+    latest = latest_records(records)
+    programs: dict = {}
+    runs = []
+    for point in points:
+        record, finetune = base_record(point), point.config.finetune
+        program = programs.setdefault(step_settings(point.config, point.layout),
+                                      len(programs) + 1)
+        tasks_left = sum((point.point, point.seed, task) not in done
+                         for task in point.config.sweep.tasks)
+        runs.append(PlannedRun(
+            point.index, point.point, point.row, point.objective, point.seed,
+            point.config.train.steps, record["params"],
+            StepCost.of(point.config, point.layout).flops, record["pretrain_tokens"],
+            finetune.steps * finetune.batch_size * accounting.train_flops_per_example(
+                point.config.model, finetune.inputs_length, finetune.targets_length),
+            program,
+            _checkpoint_step(point, workdir_path) if state != "new" else None, tasks_left,
+            tuple(stage.what for stage in LATER_STAGES if stage.on(point.config) and any(
+                stage.lacks(r) for r in latest if (r["point"], r["seed"]) == (point.point,
+                                                                             point.seed)))))
+    todo = [point for point, run in zip(points, runs) if run.tasks_left]
+    return SweepPlan(
+        points[0].experiment, preset, workdir, state, budget_line(points),
+        tuple(points[0].config.sweep.tasks), points[0].config.finetune.steps, tuple(runs), vmap,
+        tuple(tuple(point.index for point in chunk) for chunk in vmap_chunks(todo, vmap))
+        if vmap > 1 else ())
+
+
+def _count(number: float) -> str:
+    """1.23e+18 -> '1.23e18', 3100000 -> '3.1M': short, and exact enough to size a sweep."""
+    for size, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if number < 1e12 and number >= size:
+            return f"{number / size:.3g}{unit}"
+    return f"{number:.3g}".replace("e+", "e") if number >= 1e12 else f"{number:g}"
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count:,} {noun}{'s' * (count != 1)}"
+
+
+def render(plan: SweepPlan) -> str:
+    """The plan as text: a header, one aligned line per run, the totals of what is left."""
+    from t5x_lite.report_render import aligned
+
+    runs, tasks = plan.runs, plan.tasks
+    with_objective = any(run.objective for run in runs)
+    grid = [["#", "point", "row", *(["objective"] if with_objective else []), "seed", "steps",
+             "params", "FLOPs/step", "pre-training FLOPs", "program", "status"]]
+    grid += [[str(run.index), run.point, run.row, *([run.objective or ""] if with_objective
+                                                    else []),
+              str(run.seed), str(run.steps), _count(run.params), _count(run.flops_per_step),
+              _count(run.steps * run.flops_per_step), str(run.program), run.status]
+             for run in runs]
+    left = [run for run in runs if run.tasks_left]
+    pretrain_left = {run.index: run.steps - (run.checkpoint_step or 0) for run in left
+                     if (run.checkpoint_step or 0) < run.steps}
+    finetunes_left = sum(run.tasks_left for run in left)
+    where = {"new": "a new workdir", "same": "resumed",
+             "adds zero-shot": "resumed, adding the zero-shot stage"}[plan.workdir_state]
+    lines = [
+        f"Dry run of sweep {plan.experiment} --preset {plan.preset} --workdir {plan.workdir} "
+        f"({where}): nothing is trained, compiled or written.",
+        f"{_plural(len(runs), 'run')} (grid points x seeds), each pre-trained, then fine-tuned "
+        f"on {_plural(len(tasks), 'task')} ({', '.join(tasks)}) for {plan.finetune_steps:,} "
+        f"steps; {_plural(plan.programs, 'compiled pre-training program')} (runs with the "
+        "same program number share one).",
+        *([plan.budget] if plan.budget else []), "", *aligned(grid), "",
+        f"In all: {_count(sum(r.steps * r.flops_per_step for r in runs))} pre-training FLOPs "
+        "(3 x forward matmuls, attention and logits included), "
+        f"{_count(sum(r.corpus_tokens for r in runs))} corpus tokens read, "
+        f"{_count(sum(len(tasks) * r.finetune_flops for r in runs))} fine-tuning FLOPs.",
+        f"Left to run: {_plural(len(pretrain_left), 'pre-training')} "
+        f"({sum(pretrain_left.values()):,} steps, "
+        f"{_count(sum(runs[i].flops_per_step * steps for i, steps in pretrain_left.items()))} "
+        f"FLOPs) and {_plural(finetunes_left, 'fine-tuning')} "
+        f"({finetunes_left * plan.finetune_steps:,} steps, "
+        f"{_count(sum(r.tasks_left * r.finetune_flops for r in left))} FLOPs); "
+        f"{len(runs) - len(left)} of {len(runs)} runs done."]
+    for stage in LATER_STAGES:
+        amended = sum(stage.what in run.stages_left for run in runs)
+        if amended:
+            lines.append(f"Then {stage.what} added to the finished records of "
+                         f"{_plural(amended, 'run')}, from their pre-trained checkpoints "
+                         "(nothing is trained again).")
+    if plan.vmap > 1:
+        groups = "; ".join(", ".join(map(str, group)) for group in plan.vmap_groups)
+        lines.append(f"--vmap {plan.vmap}: the runs left pre-train in "
+                     f"{_plural(len(plan.vmap_groups), 'vmapped group')} (by #): {groups}.")
+    return "\n".join(lines) + "\n"
