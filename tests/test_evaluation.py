@@ -121,13 +121,10 @@ def test_pretrain_then_finetune_decodes_and_scores_every_architecture(arch, data
 # start and the order of the fine-tuning data), exact match at step 800 on the 64 held-out
 # inputs: encoder_decoder 100 / 100 / 98.4, language_model 100 / 100 / 100, prefix_lm
 # 98.4 / 100 / 84.4. The test runs seed 0; each threshold sits below the worst seed with a
-# margin. Only the encoder-decoder, the paper's baseline, runs it in the suite: each run is
-# 70-90 s of one CI core, and with all three the suite passed its 20-minute budget on the
-# 2-core machine (20:47 on 2026-12-03). The decoder-only models are checked on known
-# predictions with the others; their learning is what the demo's and the sweeps' fine-tuned
-# scores measure (experiments/README.md). Shortening the run instead does not hold: at 500
-# steps, or 800 with batch 16, language_model's seed 1 reached only 70 and 72.
-LEARNERS = {"encoder_decoder": 95.0}
+# margin. prefix_lm runs language_model's program (its prefix attention is a traced flag) and
+# learned more slowly (seed 2: 59 at step 400, 84 at 800): it is checked with the others, on
+# known predictions, which keeps 70 s of the suite's 2-core budget for other tests.
+LEARNERS = {"encoder_decoder": 95.0, "language_model": 95.0}
 
 
 def test_validation_inputs_are_held_out_of_training():
