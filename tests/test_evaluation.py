@@ -121,10 +121,13 @@ def test_pretrain_then_finetune_decodes_and_scores_every_architecture(arch, data
 # start and the order of the fine-tuning data), exact match at step 800 on the 64 held-out
 # inputs: encoder_decoder 100 / 100 / 98.4, language_model 100 / 100 / 100, prefix_lm
 # 98.4 / 100 / 84.4. The test runs seed 0; each threshold sits below the worst seed with a
-# margin. prefix_lm runs language_model's program (its prefix attention is a traced flag) and
-# learned more slowly (seed 2: 59 at step 400, 84 at 800): it is checked with the others, on
-# known predictions, which keeps 70 s of the suite's 2-core budget for other tests.
-LEARNERS = {"encoder_decoder": 95.0, "language_model": 95.0}
+# margin. Only the encoder-decoder, the paper's baseline, runs it in the suite: each run is
+# 70-90 s of one CI core, and with all three the suite passed its 20-minute budget on the
+# 2-core machine (20:47 on 2026-12-03). The decoder-only models are checked on known
+# predictions with the others; their learning is what the demo's and the sweeps' fine-tuned
+# scores measure (experiments/README.md). Shortening the run instead does not hold: at 500
+# steps, or 800 with batch 16, language_model's seed 1 reached only 70 and 72.
+LEARNERS = {"encoder_decoder": 95.0}
 
 
 def test_validation_inputs_are_held_out_of_training():
@@ -209,7 +212,10 @@ def test_evaluate_scores_a_model_of_every_other_architecture_as_it_predicts(arch
     must score exactly 7/8 of that, so the score really compares predictions with targets."""
     config = config_for(data, arch, eval_examples=8, decode={"max_length": 4})
     model = models.build_model(config.model, nnx.Rngs(0))
-    rng = np.random.default_rng(0)  # large random weights: outputs that depend on the inputs
+    # Large random weights: outputs that depend on the inputs. Seed 1: with seed 0, the
+    # language model's attention saturates on a position every input shares, and it decodes
+    # one answer for all eight (the assertion below says so if a seed does).
+    rng = np.random.default_rng(1)
     nnx.update(model, jax.tree_util.tree_map_with_path(
         lambda path, x: (rng.uniform(0.5, 1.5, x.shape) if "norm" in jax.tree_util.keystr(path)
                          else rng.normal(0.0, 1.0, x.shape)).astype(x.dtype),
