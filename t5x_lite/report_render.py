@@ -176,8 +176,7 @@ def _held_out_differences_grid(table: Table) -> list[list[str]]:
     """Header and body of the paired held-out table: a row per `HeldOutDifference`."""
     rows = table.held_out_differences
     with_objective = any(row.objective for row in rows)
-    # One seed set for every row: the note names it once; else each value names its seed.
-    labelled = len({tuple(row.per_seed) for row in rows}) > 1
+    labelled = _paired_seeds(table) is None  # else the note names the seeds once
     header = [table.paper.row_header if table.paper else "Row",
               *(["Objective"] if with_objective else []), "Compared with", "Difference",
               "Lower in", "Per seed"]
@@ -190,9 +189,16 @@ def _held_out_differences_grid(table: Table) -> list[list[str]]:
     return [header, *body]
 
 
-def _held_out_differences_notes(table: Table) -> list[str]:
+def _paired_seeds(table: Table) -> tuple[int, ...] | None:
+    """The seeds of every paired row, or None when the groups have different seeds (a seed
+    failed for one group): then each per-seed value names its seed."""
     seed_sets = {tuple(row.per_seed) for row in table.held_out_differences}
-    seeds = (f"({', '.join(str(seed) for seed in seed_sets.pop())})" if len(seed_sets) == 1
+    return seed_sets.pop() if len(seed_sets) == 1 else None
+
+
+def _held_out_differences_notes(table: Table) -> list[str]:
+    shared = _paired_seeds(table)
+    seeds = (f"({', '.join(map(str, shared))})" if shared is not None
              else "(the seeds its group shares, named in Per seed)")
     return [f"{HELD_OUT_DIFFERENCES_TITLE}: each row's held-out loss minus that of the row it "
             "is compared with (the first row that scored the same examples), in each seed "

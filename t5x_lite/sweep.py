@@ -429,6 +429,13 @@ def progress_line(finished_steps: Sequence[int], left_steps: Sequence[int],
     return text
 
 
+def unrecorded_tasks(point: GridPoint, recorded: set[tuple[str, int, str]]) -> list[str]:
+    """The tasks of `point` without a record among `recorded` ({(point, seed, task)}); a point
+    with none left is finished, failed records included (delete their lines to retry them)."""
+    return [task for task in point.config.sweep.tasks
+            if (point.point, point.seed, task) not in recorded]
+
+
 def require_vmap(vmap: int, launcher: launchers.Launcher | None = None) -> None:
     """Refuse a `vmap` that is not a count of points, or one the launcher cannot honour."""
     if isinstance(vmap, bool) or not isinstance(vmap, int) or vmap < 1:
@@ -460,8 +467,9 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
     """
     require_vmap(vmap, launcher)
     points = expand(experiment, preset, overrides)
-    if budget_line(points):
-        _log(budget_line(points))
+    budget = budget_line(points)
+    if budget:
+        _log(budget)
     if point_index is not None:
         if not 0 <= point_index < len(points):
             raise ConfigError(f"point_index={point_index} must be in [0, {len(points)})")
@@ -474,8 +482,7 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
     finished_records = results.records()
     require_current(finished_records, points, results.path)
     done = {(r["point"], r["seed"], r["task"]) for r in finished_records}
-    todo = [p for p in points
-            if any((p.point, p.seed, task) not in done for task in p.config.sweep.tasks)]
+    todo = [p for p in points if unrecorded_tasks(p, done)]
     require_one_view_of_the_workdir(todo, workdir_path)
     for point in todo:  # what its records hold before anything runs: a fault in that
         base_record(point)  # arithmetic stops the sweep here, not after hours of finished runs

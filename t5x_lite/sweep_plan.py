@@ -21,7 +21,8 @@ from t5x_lite import accounting
 from t5x_lite.grid import GridPoint, StepCost, expand
 from t5x_lite.results import ResultsFile, latest_records
 from t5x_lite.step_settings import step_settings
-from t5x_lite.sweep import LATER_STAGES, base_record, budget_line, require_vmap, vmap_chunks
+from t5x_lite.sweep import (LATER_STAGES, base_record, budget_line, require_vmap,
+                            unrecorded_tasks, vmap_chunks)
 from t5x_lite.sweep_workdir import check_workdir, require_current, sweep_identity
 
 
@@ -102,15 +103,16 @@ def plan_sweep(experiment: str, preset: str, workdir: str, overrides: Sequence[s
     records = ResultsFile(workdir_path).records() if state != "new" else []
     require_current(records, points, workdir_path / "results.jsonl")
     done = {(r["point"], r["seed"], r["task"]) for r in records}
-    latest = latest_records(records)
+    latest_of_run: dict[tuple[str, int], list[dict]] = {}
+    for record in latest_records(records):
+        latest_of_run.setdefault((record["point"], record["seed"]), []).append(record)
     programs: dict = {}
     runs = []
     for point in points:
         record, finetune = base_record(point), point.config.finetune
         program = programs.setdefault(step_settings(point.config, point.layout),
                                       len(programs) + 1)
-        tasks_left = sum((point.point, point.seed, task) not in done
-                         for task in point.config.sweep.tasks)
+        latest = latest_of_run.get((point.point, point.seed), [])
         runs.append(PlannedRun(
             point.index, point.point, point.row, point.objective, point.seed,
             point.config.train.steps, record["params"],
@@ -118,10 +120,10 @@ def plan_sweep(experiment: str, preset: str, workdir: str, overrides: Sequence[s
             finetune.steps * finetune.batch_size * accounting.train_flops_per_example(
                 point.config.model, finetune.inputs_length, finetune.targets_length),
             program,
-            _checkpoint_step(point, workdir_path) if state != "new" else None, tasks_left,
-            tuple(stage.what for stage in LATER_STAGES if stage.on(point.config) and any(
-                stage.lacks(r) for r in latest if (r["point"], r["seed"]) == (point.point,
-                                                                             point.seed)))))
+            _checkpoint_step(point, workdir_path) if state != "new" else None,
+            len(unrecorded_tasks(point, done)),
+            tuple(stage.what for stage in LATER_STAGES
+                  if stage.on(point.config) and any(map(stage.lacks, latest)))))
     todo = [point for point, run in zip(points, runs) if run.tasks_left]
     return SweepPlan(
         points[0].experiment, preset, workdir, state, budget_line(points),
@@ -132,10 +134,12 @@ def plan_sweep(experiment: str, preset: str, workdir: str, overrides: Sequence[s
 
 def _count(number: float) -> str:
     """1.23e+18 -> '1.23e18', 3100000 -> '3.1M': short, and exact enough to size a sweep."""
+    if number >= 1e12:
+        return f"{number:.3g}".replace("e+", "e")
     for size, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if number < 1e12 and number >= size:
+        if number >= size:
             return f"{number / size:.3g}{unit}"
-    return f"{number:.3g}".replace("e+", "e") if number >= 1e12 else f"{number:g}"
+    return f"{number:g}"
 
 
 def _plural(count: int, noun: str) -> str:
@@ -156,8 +160,9 @@ def render(plan: SweepPlan) -> str:
               _count(run.steps * run.flops_per_step), str(run.program), run.status]
              for run in runs]
     left = [run for run in runs if run.tasks_left]
-    pretrain_left = {run.index: run.steps - (run.checkpoint_step or 0) for run in left
-                     if (run.checkpoint_step or 0) < run.steps}
+    # (run, its pre-training steps left) for each run whose pre-training is not finished.
+    pretrain_left = [(run, run.steps - (run.checkpoint_step or 0)) for run in left
+                     if (run.checkpoint_step or 0) < run.steps]
     finetunes_left = sum(run.tasks_left for run in left)
     where = {"new": "a new workdir", "same": "resumed",
              "adds zero-shot": "resumed, adding the zero-shot stage"}[plan.workdir_state]
@@ -174,8 +179,8 @@ def render(plan: SweepPlan) -> str:
         f"{_count(sum(r.corpus_tokens for r in runs))} corpus tokens read, "
         f"{_count(sum(len(tasks) * r.finetune_flops for r in runs))} fine-tuning FLOPs.",
         f"Left to run: {_plural(len(pretrain_left), 'pre-training')} "
-        f"({sum(pretrain_left.values()):,} steps, "
-        f"{_count(sum(runs[i].flops_per_step * steps for i, steps in pretrain_left.items()))} "
+        f"({sum(steps for _, steps in pretrain_left):,} steps, "
+        f"{_count(sum(run.flops_per_step * steps for run, steps in pretrain_left))} "
         f"FLOPs) and {_plural(finetunes_left, 'fine-tuning')} "
         f"({finetunes_left * plan.finetune_steps:,} steps, "
         f"{_count(sum(r.tasks_left * r.finetune_flops for r in left))} FLOPs); "
