@@ -38,15 +38,10 @@ import tqdm
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
-from t5x_lite import accounting, compile_events
+from t5x_lite import accounting, compile_events, tensorboard
 from t5x_lite.checkpointing import Checkpointer
 from t5x_lite.preemption import Preempted
 from t5x_lite.train_step import FinetuneStep, TrainState, TrainStep, unstack_state
-
-try:
-    from tensorboardX import SummaryWriter
-except ImportError:  # an optional extra: metrics.jsonl stays the canonical record without it
-    SummaryWriter = None
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +52,8 @@ log = logging.getLogger(__name__)
 
 class MetricsWriter:
     """One JSON object per step appended (and flushed) to `workdir/metrics.jsonl`, mirrored to
-    TensorBoard event files when the optional `tensorboardX` is installed. Only process 0
-    writes; elsewhere every method is a no-op.
+    TensorBoard event files in `workdir/tensorboard` (`tensorboard.EventFileWriter`). Only
+    process 0 writes; elsewhere every method is a no-op.
 
     A run that resumes from step `start_step` first drops the records of later steps (logged
     after the checkpoint it resumes from, or by a run now restarted), so the file always holds
@@ -71,19 +66,17 @@ class MetricsWriter:
         if self.enabled and self.path.exists():
             keep_records_up_to(self.path, start_step)
         self._file = self.path.open("a") if self.enabled else None
-        self._tensorboard = None
-        if self.enabled and SummaryWriter is not None:
-            self._tensorboard = SummaryWriter(str(workdir / "tensorboard"))
+        self._tensorboard = (tensorboard.EventFileWriter(workdir / "tensorboard")
+                             if self.enabled else None)
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
-        if self._tensorboard is not None:
-            for name, value in record.items():
-                if name != "step" and isinstance(value, (int, float)):
-                    self._tensorboard.add_scalar(f"train/{name}", value, record["step"])
+        self._tensorboard.add_scalars(
+            {f"train/{name}": value for name, value in record.items()
+             if name != "step" and isinstance(value, (int, float))}, record["step"])
 
     def close(self) -> None:
         if self._file is not None:

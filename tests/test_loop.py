@@ -8,6 +8,7 @@ import pathlib
 import pickle
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import textwrap
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 from jax.sharding import SingleDeviceSharding
 
-from t5x_lite import loop
+from t5x_lite import loop, tensorboard
 from t5x_lite.checkpointing import Checkpointer
 from t5x_lite.config import default_config
 from t5x_lite.preemption import PREEMPTED_EXIT_STATUS, Preempted
@@ -76,8 +77,6 @@ def test_a_non_finite_loss_stops_the_loop_without_saving_that_state(tmp_path):
 
 
 def test_metrics_writer_appends_json_lines_and_tensorboard_events(tmp_path):
-    pytest.importorskip("tensorboardX", reason="tensorboardX (the `tensorboard` extra) is not installed")
-
     writer = loop.MetricsWriter(tmp_path)
     writer.write({"step": 1, "loss": 2.5, "mfu": None})
     writer.write({"step": 2, "loss": 2.0, "mfu": 0.5})
@@ -85,9 +84,57 @@ def test_metrics_writer_appends_json_lines_and_tensorboard_events(tmp_path):
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["loss"]) for r in lines] == [(1, 2.5), (2, 2.0)]
     events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
-    assert len(events) == 1 and events[0].stat().st_size > 0
-    # The event file holds the scalar tags we wrote (TensorBoard's record format stores tags as text).
-    assert b"train/loss" in events[0].read_bytes() and b"train/mfu" in events[0].read_bytes()
+    assert len(events) == 1
+    records = _tfrecords(events[0].read_bytes())
+    # The version event, then one event per scalar: loss at step 1 (mfu None is left out);
+    # loss and mfu at step 2.
+    assert len(records) == 4
+    assert records[0].endswith(b"brain.Event:2")
+    assert [b"train/loss" in r for r in records[1:]] == [True, True, False]
+    assert b"train/mfu" in records[3]
+
+
+def _tfrecords(data: bytes) -> list[bytes]:
+    """The records of a TFRecord file, each checked against its two masked CRC-32Cs."""
+    records = []
+    while data:
+        header, data = data[:12], data[12:]
+        length = struct.unpack("<Q", header[:8])[0]
+        assert header[8:] == tensorboard._masked_crc(header[:8])
+        record, crc, data = data[:length], data[length:length + 4], data[length + 4:]
+        assert crc == tensorboard._masked_crc(record)
+        records.append(record)
+    return records
+
+
+def test_crc32c_is_the_castagnoli_crc():
+    # The check value of CRC-32C (the CRC catalogue's "123456789") and RFC 3720's test vectors.
+    assert tensorboard.crc32c(b"123456789") == 0xE3069283
+    assert tensorboard.crc32c(bytes(32)) == 0x8A9136AA
+    assert tensorboard.crc32c(bytes([0xFF] * 32)) == 0x62A8AB43
+    assert tensorboard.crc32c(bytes(range(32))) == 0x46DD794E
+
+
+def test_event_files_hold_the_bytes_tensorboardx_writes(tmp_path):
+    """tensorboardX (the reference writer; it imports torch, so only here) and ours write the
+    same records for the same scalars, steps and wall times; the version events differ only in
+    their wall time (the first field: a 1-byte key and an 8-byte double)."""
+    tensorboardx = pytest.importorskip("tensorboardX", reason="tensorboardX (in the test extra) "
+                                       "is the reference the event files are checked against")
+    scalars = [("train/loss", 2.5, 1), ("train/mfu", 0.375, 1), ("eval/loss", -1e-3, 2),
+               ("train/lr", 3e-4, 2**40)]
+    theirs = tensorboardx.SummaryWriter(str(tmp_path / "theirs"))
+    ours = tensorboard.EventFileWriter(tmp_path / "ours")
+    for tag, value, step in scalars:
+        theirs.add_scalar(tag, value, step, walltime=1234.5)
+        ours.add_scalars({tag: value}, step, wall_time=1234.5)
+    theirs.close()
+    ours.close()
+    (their_file,) = (tmp_path / "theirs").glob("events.out.tfevents.*")
+    their_records = _tfrecords(their_file.read_bytes())
+    our_records = _tfrecords(ours.path.read_bytes())
+    assert our_records[1:] == their_records[1:] and len(our_records) == len(scalars) + 1
+    assert our_records[0][9:] == their_records[0][9:]
 
 
 def test_metrics_of_steps_after_the_resumed_checkpoint_are_replaced(tmp_path):
@@ -124,7 +171,6 @@ CHILD = textwrap.dedent(
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(f"localhost:{cluster[0]}", num_processes=2, process_id=int(cluster[1]))
     import pathlib
-    sys.modules["tensorboardX"] = None  # no TensorBoard mirror: it would import torch here
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
     from t5x_lite import loop, run_setup
