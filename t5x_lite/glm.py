@@ -71,7 +71,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from scipy import stats
 
 from t5x_lite.bart_noising import num_to_mask, poisson_lengths
 from t5x_lite.config import EOS_ID
@@ -197,6 +196,8 @@ def expected_targets(raw_length: int, noise_density: float, poisson_lambda: floa
     budget = int(num_to_mask(n, noise_density, np))
     if budget == 0:
         return 0.0
+    from scipy import stats  # here, not at the top: importing it adds ~1 s to every process
+
     lam = float(poisson_lambda)
     lengths = np.arange(1, n + 1)
     pmf = stats.poisson.pmf(lengths, lam)
