@@ -21,6 +21,7 @@ one step `jax.vmap`-ed over their stacked states, specs and step keys
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import time
@@ -141,6 +142,10 @@ def _init_fn(settings: StepSettings) -> Callable[[jax.Array], TrainState]:
     return init
 
 
+# Tracing the model's construction takes ~0.2 s on a CPU, and every run of a sweep asks for its
+# structure several times (init, restore, fine-tuning, evaluation): each is traced once per
+# process. Both results are immutable (a GraphDef; a tree of ShapeDtypeStructs nobody mutates).
+@functools.lru_cache(maxsize=None)
 def _graphdef(model: ModelSettings) -> nnx.GraphDef:
     graphdef, _ = nnx.split(
         nnx.eval_shape(lambda: build_model(model, nnx.Rngs(0))), nnx.Param)
@@ -152,6 +157,7 @@ def model_graphdef(config: ml_collections.ConfigDict) -> nnx.GraphDef:
     return _graphdef(step_settings(config).model)
 
 
+@functools.lru_cache(maxsize=None)
 def _abstract_state(settings: StepSettings, mesh: Mesh) -> TrainState:
     shapes = jax.eval_shape(_init_fn(settings), jax.random.key(0))
     shardings = partitioning.state_shardings(shapes, mesh, settings.rules)
@@ -590,9 +596,15 @@ def stack_states(states: Sequence[TrainState], config: ml_collections.ConfigDict
     return stack(*states)
 
 
-def unstack_state(state: TrainState, index: int) -> TrainState:
-    """Point `index` of a stacked train state."""
+@jax.jit
+def _point_of(state: TrainState, index: jax.Array) -> TrainState:
     return jax.tree.map(lambda x: x[index], state)
+
+
+def unstack_state(state: TrainState, index: int) -> TrainState:
+    """Point `index` of a stacked train state. One program for all points (the index is an
+    argument): slicing each array eagerly costs a dispatch, and a compile per shape, per array."""
+    return _point_of(state, np.int32(index))
 
 
 _READY_BATCHES = "ready batches"  # the data kind of fine-tuning programs (no corruption)
