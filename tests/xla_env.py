@@ -1,9 +1,11 @@
 """The XLA flags and compilation cache of every test process and of every child a test starts.
 
 Tests compile far more than they run (tiny models, a few steps), so:
-- XLA's CPU backend skips its slow optimisation passes (`FAST_COMPILE_FLAGS`); the programs
-  compute the same thing, a quarter faster to compile (the every-architecture fine-tuning test:
-  40 s -> 30 s, measured on this project's 2-core CI machine);
+- XLA's CPU backend skips its slow optimisation passes and emits fusions with its older
+  emitters (`FAST_COMPILE_FLAGS`); the programs compute the same thing, faster to compile (the
+  first two flags: the every-architecture fine-tuning test 40 s -> 30 s; the third: the scanned
+  models' parity and decoding tests 52 s -> 39 s, -n 0, two runs each; measured on this
+  project's 2-core CI machine);
 - all processes of one test session share one persistent compilation cache
   (`COMPILATION_CACHE_ENV`, set up by conftest.py), so a program compiled by one test, xdist
   worker or child process is loaded by the others: a killed run and its resumption, a sweep run
@@ -19,7 +21,8 @@ import os
 from t5x_lite.host_memory import with_cpu_device_count
 
 FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0",
-                      "--xla_llvm_disable_expensive_passes=true")
+                      "--xla_llvm_disable_expensive_passes=true",
+                      "--xla_cpu_use_fusion_emitters=false")
 # The persistent cache's variables (the directory is conftest's); every program is cached.
 COMPILATION_CACHE_VARIABLES = ("JAX_COMPILATION_CACHE_DIR",
                                "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
