@@ -85,7 +85,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
     `finetune.eval_every` steps and at the end, appending to `workdir/eval.jsonl`; train
     metrics go to `workdir/metrics.jsonl`. Returns {"scores": {task: {metric: value}} (each
     task's best validation record, the paper's convention), "best_step": {task: step},
-    "steps", "loss" (last train loss; None if no step ran), "wall_s", "compile_s",
+    "steps", "loss" (the last step's train loss), "wall_s", "compile_s",
     "compiles" (of the train step), "truncated": {task: training examples cut}}. Preempted,
     it saves and raises `preemption.Preempted` as pre-training does (`train.train`).
     """

@@ -389,6 +389,10 @@ def _loop(run: Run, on_step: Callable[[int, TrainState], None] | None,
     """`run_loop`'s steps; `compiled` collects the names of the programs compiled meanwhile."""
     records = []
     step, train_step = run.start, run.step
+    if step >= run.total:
+        run.progress.note(f"{', '.join(str(point.workdir) for point in run.points)}: nothing to "
+                          f"train: the newest checkpoint is at step {step} and the run ends at "
+                          f"step {run.total}")
     compiles_before = train_step.compiles
     batch = run.data.batch(step) if step < run.total else None
     last = time.perf_counter()
@@ -430,9 +434,26 @@ def _loop(run: Run, on_step: Callable[[int, TrainState], None] | None,
     return records
 
 
+def logged_record(workdir: Path, step: int) -> dict[str, Any]:
+    """`workdir/metrics.jsonl`'s record of `step` if it is the file's last one, else {} (no
+    file: another process than 0, or a run that has not logged that step). A resumed run's
+    file ends at the step it resumed from (`MetricsWriter`), so only its tail is read."""
+    path = workdir / "metrics.jsonl"
+    if not path.exists():
+        return {}
+    with path.open("rb") as file:
+        file.seek(max(0, file.seek(0, os.SEEK_END) - 65536))
+        lines = file.read().splitlines()
+    record = json.loads(lines[-1]) if lines else {}
+    return record if record.get("step") == step else {}
+
+
 def summarize(records: list[dict[str, Any]], workdir: Path, start: int) -> dict[str, Any]:
     """Final step and loss, medians of the speed metrics over steps that did not compile, and
-    the pre-training examples left out of the loss because they did not fit the layout."""
+    the pre-training examples left out of the loss because they did not fit the layout.
+
+    A run that trained no step (it resumed at its end) reports the loss and accuracy its
+    state was logged with (`logged_record`), and no speed."""
     steady = [r for r in records if r["compile_s"] == 0.0] or records
 
     def median(name: str) -> float | None:
@@ -440,9 +461,10 @@ def summarize(records: list[dict[str, Any]], workdir: Path, start: int) -> dict[
         return float(np.median(values)) if values else None
 
     last = records[-1] if records else {}
+    final = last or logged_record(workdir, start)
     return {
         "workdir": str(workdir), "start_step": start, "step": last.get("step", start),
-        "loss": last.get("loss"), "accuracy": last.get("accuracy"),
+        "loss": final.get("loss"), "accuracy": final.get("accuracy"),
         "tokens_per_s": median("tokens_per_s"), "step_s": median("step_s"), "mfu": median("mfu"),
         "compiles": last.get("compiles", 0), "compile_s": sum(r["compile_s"] for r in records),
         "objective_overflow": sum(r.get("objective_overflow", 0) for r in records),

@@ -150,6 +150,19 @@ def test_metrics_of_steps_after_the_resumed_checkpoint_are_replaced(tmp_path):
     assert [(r["step"], r["loss"]) for r in records] == [(1, 9.0), (2, 8.0), (3, 7.0), (4, 1.5)]
 
 
+def test_the_logged_record_of_a_run_that_trained_nothing_is_its_files_last(tmp_path):
+    """A run resumed at its end reports the step's logged loss: the file's last record (read
+    from its tail, here 200 kB long), and nothing when the last record is another step's."""
+    assert loop.logged_record(tmp_path, 3) == {}  # no file (e.g. a process other than 0)
+    lines = [json.dumps({"step": step, "loss": 1.0 / step, "note": "x" * 100})
+             for step in range(1, 2001)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    assert loop.logged_record(tmp_path, 2000)["loss"] == 1.0 / 2000
+    assert loop.logged_record(tmp_path, 1999) == {}
+    summary = loop.summarize([], tmp_path, 2000)
+    assert (summary["step"], summary["loss"], summary["step_s"]) == (2000, 1.0 / 2000, None)
+
+
 def test_a_damaged_metrics_line_in_the_middle_is_an_error_not_a_silent_loss(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 2}\n')
     with pytest.raises(ValueError, match="line 2 is not JSON"):

@@ -373,6 +373,16 @@ def test_train_writes_metrics_checkpoints_and_resumes(tmp_path, capsys):
         assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
         assert summary["start_step"] == 4 and summary["step"] == 6 and summary["compiles"] == 0
 
+        # Again at its end: nothing trains, and the summary gives the loss step 6 logged.
+        capsys.readouterr()
+        again = train.train(config, workdir, steps=6, progress=True)
+        assert "nothing to train: the newest checkpoint is at step 6" in capsys.readouterr().err
+        assert (again["start_step"], again["step"], again["compiles"]) == (6, 6, 0)
+        assert (again["loss"], again["accuracy"]) == (records[-1]["loss"],
+                                                      records[-1]["accuracy"])
+        assert again["step_s"] is None
+        assert len((workdir / "metrics.jsonl").read_text().splitlines()) == 6
+
     other = tiny_config()
     other.update_from_flattened_dict({"model.vocab_size": 320, "data.corpus": config.data.corpus})
     with pytest.raises(ConfigError, match="model.vocab_size"):
