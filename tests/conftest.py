@@ -22,9 +22,32 @@ if os.environ.get("T5X_LITE_TEST_ON_ACCELERATOR") != "1":
     os.environ["JAX_PLATFORMS"] = "cpu"
 # One persistent compilation cache for the session (xla_env.py): made here by the first process
 # (pytest itself, before xdist starts its workers, which inherit the variable), removed by it.
+# Its name holds that process's id, so that the next session removes the cache of one killed
+# before it could (`remove_caches_of_ended_sessions`).
+CACHE_PREFIX = "t5x_lite_tests_jax_cache_"
+
+
+def remove_caches_of_ended_sessions(folder: str) -> list[str]:
+    """Delete the session caches in `folder` whose process has ended; returns their paths."""
+    removed = []
+    for name in os.listdir(folder):
+        pid = name[len(CACHE_PREFIX):].split("_")[0] if name.startswith(CACHE_PREFIX) else ""
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+            removed.append(os.path.join(folder, name))
+        except PermissionError:  # alive, another user's
+            pass
+    return removed
+
+
 _OWN_CACHE = None
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    _OWN_CACHE = tempfile.mkdtemp(prefix="t5x_lite_tests_jax_cache_")
+    remove_caches_of_ended_sessions(tempfile.gettempdir())
+    _OWN_CACHE = tempfile.mkdtemp(prefix=f"{CACHE_PREFIX}{os.getpid()}_")
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_CACHE
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")

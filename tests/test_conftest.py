@@ -18,6 +18,18 @@ from xla_env import FAST_COMPILE_FLAGS, child_env, with_device_count
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
+def test_a_killed_sessions_compilation_cache_is_removed_by_the_next_one(tmp_path):
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)
+    dead = tmp_path / f"{conftest.CACHE_PREFIX}{ended.stdout.strip()}_abc"
+    alive = tmp_path / f"{conftest.CACHE_PREFIX}{os.getpid()}_def"
+    other = tmp_path / "another_folder_1"
+    for folder in (dead, alive, other):
+        folder.mkdir()
+    assert conftest.remove_caches_of_ended_sessions(str(tmp_path)) == [str(dead)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, other.name])
+
+
 def test_the_session_has_eight_cpu_devices():
     assert jax.default_backend() == "cpu"
     assert [d.platform for d in jax.devices()] == ["cpu"] * 8

@@ -1,0 +1,59 @@
+"""The persistent compilation cache of the `t5x-lite` commands: an XLA program one command
+compiled is loaded from disk, not compiled again, by the next command that needs it.
+
+A researcher's day is the same programs in many processes: a run resumed after a preemption,
+`finetune` then `eval` of its checkpoint, a sweep's workers, the same model again with one
+setting changed (the objective, rate and span length are traced, so another objective is the
+same program). Each would otherwise compile everything anew: seconds on a CPU, minutes for the
+paper's model on an accelerator.
+
+Where and how (`use_default`, called once by `cli.main` before anything compiles):
+- `$JAX_COMPILATION_CACHE_DIR` when set: JAX's own variable, and then every other setting is
+  JAX's (e.g. `JAX_COMPILATION_CACHE_MAX_SIZE`); the test suite points it at a session folder;
+- otherwise `DEFAULT_DIR` under `$XDG_CACHE_HOME` (default `~/.cache`), kept under
+  `DEFAULT_MAX_BYTES` by JAX, least recently used entries deleted first;
+- `JAX_ENABLE_COMPILATION_CACHE=false` turns it off.
+JAX stores a program only if compiling it took at least a second (its default,
+`JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS`), and its key holds the program, the XLA flags,
+the devices and the JAX version, so another machine, mesh or release never loads a stale one.
+Compilations loaded from the cache still count as compilations (`compile_events`), so a run's
+`compiles` and `step_compiles` mean what they meant without it; its `compile_s` is shorter.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import jax
+
+DEFAULT_DIR = Path("t5x_lite") / "jax_compilation_cache"
+DEFAULT_MAX_BYTES = 4 * 2**30
+
+
+def default_dir() -> Path:
+    """`DEFAULT_DIR` under the user's cache folder (`$XDG_CACHE_HOME`, default `~/.cache`)."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / DEFAULT_DIR
+
+
+def use_default() -> Path | None:
+    """Turn on the persistent compilation cache (see the module) unless JAX was told where or
+    not to; returns the folder it uses, None when it is off."""
+    if not jax.config.jax_enable_compilation_cache:
+        return None
+    if jax.config.jax_compilation_cache_dir is None:
+        folder = default_dir()
+        try:  # only this user may write it: a program in it is run as loaded (JAX's warning)
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as error:  # e.g. a read-only home: the commands work, compiling anew
+            warnings.warn(f"no persistent compilation cache: cannot create {folder} ({error}); "
+                          "set JAX_COMPILATION_CACHE_DIR to a writable folder")
+            return None
+        # Also in the environment, which JAX reads at import: the Python processes a command
+        # starts (a parallel sweep's workers) share the cache.
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = str(folder)
+        os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(DEFAULT_MAX_BYTES)
+        jax.config.update("jax_compilation_cache_dir", str(folder))
+        jax.config.update("jax_compilation_cache_max_size", DEFAULT_MAX_BYTES)
+    return Path(jax.config.jax_compilation_cache_dir)

@@ -1,0 +1,93 @@
+"""The commands' persistent compilation cache (`t5x_lite.compilation_cache`): where it goes, that
+a second process loads what the first compiled, and that JAX's own variables override it.
+
+Each case runs in a child process: the cache is process-wide JAX state, and this session's
+processes already use the test suite's own cache (conftest.py), which the children are given
+without (`_environment`)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from xla_env import child_env
+
+from t5x_lite import compilation_cache
+
+# Turns the cache on as the commands do, compiles one small program and prints what happened.
+CHILD = """
+import json, warnings
+import jax
+from t5x_lite import compilation_cache
+
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    folder = compilation_cache.use_default()
+hits = []
+jax.monitoring.register_event_listener(
+    lambda event, **kwargs: hits.append(event) if event.endswith("/cache_hits") else None)
+jax.jit(lambda x: x * 2.0 + 1.0)(jax.numpy.arange(3.0)).block_until_ready()
+print(json.dumps({"folder": folder and str(folder), "hits": len(hits),
+                  "max_size": jax.config.jax_compilation_cache_max_size,
+                  "warnings": [str(w.message) for w in caught]}))
+"""
+
+
+def _environment(cache_home: Path, **variables: str) -> dict[str, str]:
+    """One CPU device, the user's cache folder at `cache_home`, no JAX cache variable but
+    `variables`; every program is stored, however fast it compiled."""
+    env = {name: value for name, value in child_env(1).items()
+           if not name.startswith(("JAX_COMPILATION_CACHE", "JAX_ENABLE_COMPILATION_CACHE"))}
+    return {**env, "XDG_CACHE_HOME": str(cache_home),
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", **variables}
+
+
+def _child(env: dict[str, str]) -> dict:
+    done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_a_second_process_loads_what_the_first_compiled_from_the_users_cache_folder(tmp_path):
+    env = _environment(tmp_path)
+    folder = tmp_path / compilation_cache.DEFAULT_DIR
+    first = _child(env)
+    assert first == {"folder": str(folder), "hits": 0,
+                     "max_size": compilation_cache.DEFAULT_MAX_BYTES, "warnings": []}
+    assert any(folder.iterdir()) and folder.stat().st_mode & 0o777 == 0o700
+    second = _child(env)
+    assert second["hits"] > 0 and second["folder"] == str(folder)
+
+
+def test_jax_variables_choose_the_folder_or_turn_the_cache_off(tmp_path):
+    chosen = tmp_path / "chosen"
+    mine = _child(_environment(tmp_path, JAX_COMPILATION_CACHE_DIR=str(chosen)))
+    assert mine["folder"] == str(chosen) and mine["max_size"] == -1  # JAX's settings, not ours
+    assert any(chosen.iterdir()) and not (tmp_path / compilation_cache.DEFAULT_DIR).exists()
+
+    off = _child(_environment(tmp_path, JAX_ENABLE_COMPILATION_CACHE="false"))
+    assert off["folder"] is None and not (tmp_path / "t5x_lite").exists()
+
+
+def test_a_cache_folder_that_cannot_be_made_is_a_warning_not_a_failure(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    result = _child(_environment(blocker))  # the cache folder would be under a file
+    assert result["folder"] is None and result["hits"] == 0
+    assert len(result["warnings"]) == 1 and "JAX_COMPILATION_CACHE_DIR" in result["warnings"][0]
+
+
+def test_the_commands_turn_the_cache_on_and_pass_it_to_the_processes_they_start(tmp_path):
+    """`t5x-lite preview` compiles the corruption; a worker started from the command (here, any
+    Python child) inherits the folder through the environment."""
+    code = ("import os, sys; from t5x_lite import cli; cli.main(['t5x-lite', *sys.argv[1:]]); "
+            "print(os.environ['JAX_COMPILATION_CACHE_DIR'])")
+    done = subprocess.run(
+        [sys.executable, "-c", code, "preview", "table6", "--point", "rate_50", "--preset",
+         "demo", "--examples", "1"],
+        env=_environment(tmp_path), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    folder = tmp_path / compilation_cache.DEFAULT_DIR
+    assert done.stdout.splitlines()[-1] == str(folder) and any(folder.iterdir())
