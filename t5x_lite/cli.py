@@ -30,7 +30,7 @@ from typing import Any, Callable, NamedTuple
 import ml_collections
 from absl import logging
 
-from t5x_lite import host_memory, presets
+from t5x_lite import compilation_cache, host_memory, presets
 from t5x_lite.config import (OVERRIDES_HELP, ConfigError, apply_overrides, load_config_file,
                              parse_overrides, split_overrides)
 from t5x_lite.preemption import PREEMPTED_EXIT_STATUS
@@ -529,6 +529,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(0 if len(argv) >= 2 and argv[1] in ("-h", "--help") else 2)
     command = argv.pop(1)
     host_memory.retain_if_requested()  # before JAX starts its threads (see the module)
+    compilation_cache.use_default()  # before anything compiles
     # orbax and TFDS log every save and build step (and TFDS each custom config) through absl;
     # our own warnings go through `warnings` and still show.
     logging.set_verbosity(logging.ERROR)
