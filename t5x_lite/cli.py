@@ -529,7 +529,11 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(0 if len(argv) >= 2 and argv[1] in ("-h", "--help") else 2)
     command = argv.pop(1)
     host_memory.retain_if_requested()  # before JAX starts its threads (see the module)
-    compilation_cache.use_default()  # before anything compiles
+    # Before anything compiles. bench measures compile time: it compiles everything.
+    if command == "bench":
+        compilation_cache.turn_off()
+    else:
+        compilation_cache.use_default()
     # orbax and TFDS log every save and build step (and TFDS each custom config) through absl;
     # our own warnings go through `warnings` and still show.
     logging.set_verbosity(logging.ERROR)

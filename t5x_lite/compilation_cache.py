@@ -12,7 +12,8 @@ Where and how (`use_default`, called once by `cli.main` before anything compiles
   JAX's (e.g. `JAX_COMPILATION_CACHE_MAX_SIZE`); the test suite points it at a session folder;
 - otherwise `DEFAULT_DIR` under `$XDG_CACHE_HOME` (default `~/.cache`), kept under
   `DEFAULT_MAX_BYTES` by JAX, least recently used entries deleted first;
-- `JAX_ENABLE_COMPILATION_CACHE=false` turns it off.
+- `JAX_ENABLE_COMPILATION_CACHE=false` turns it off; `t5x-lite bench` always does
+  (`turn_off`): the compile time it reports is a measurement.
 JAX stores a program only if compiling it took at least a second (its default,
 `JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS`), and its key holds the program, the XLA flags,
 the devices and the JAX version, so another machine, mesh or release never loads a stale one.
@@ -57,3 +58,9 @@ def use_default() -> Path | None:
         jax.config.update("jax_compilation_cache_dir", str(folder))
         jax.config.update("jax_compilation_cache_max_size", DEFAULT_MAX_BYTES)
     return Path(jax.config.jax_compilation_cache_dir)
+
+
+def turn_off() -> None:
+    """No persistent compilation cache in this process, whatever the environment says: every
+    program is compiled (`t5x-lite bench`, whose compile times are measurements)."""
+    jax.config.update("jax_enable_compilation_cache", False)

@@ -9,18 +9,20 @@ import sys
 import jax
 import pytest
 
-from t5x_lite import accounting, bench, presets
+from t5x_lite import accounting, bench, compilation_cache, presets
 from t5x_lite.config import ConfigError
 from tiny_configs import tiny_train_config
-from xla_env import child_env
+from xla_env import user_env
 
 
-def test_bench_command_prints_one_consistent_json_object():
+def test_bench_command_prints_one_consistent_json_object(tmp_path):
     """`t5x-lite bench --preset tiny --json`, shrunk by overrides to run in seconds, in a fresh
     process on one CPU device: one JSON object whose numbers agree with each other and with
-    the accounting module, for the config the overrides made."""
-    # One CPU device, as on a laptop; with XLA's freed host memory kept (`host_memory`).
-    env = child_env(1, T5X_LITE_RETAIN_HOST_MEMORY="1")
+    the accounting module, for the config the overrides made. Its compile time is measured:
+    it neither loads from nor writes to the commands' persistent compilation cache."""
+    # One CPU device, as on a laptop, with a user's environment (the commands' own compilation
+    # cache) and XLA's freed host memory kept (`host_memory`).
+    env = user_env(1, str(tmp_path), T5X_LITE_RETAIN_HOST_MEMORY="1")
     done = subprocess.run(
         [sys.executable, "-m", "t5x_lite.cli", "bench", "--preset", "tiny", "--json",
          "--bench_steps", "2", "--config.model.num_layers=1", "--config.model.d_ff=256",
@@ -52,6 +54,7 @@ def test_bench_command_prints_one_consistent_json_object():
     assert result["host_memory_retained"] is glibc
     assert result["peak_memory_gib"] is None  # JAX keeps no memory statistics for a CPU
     assert "torch" not in result
+    assert not (tmp_path / compilation_cache.DEFAULT_DIR).exists()
 
 
 def test_torch_comparison_needs_the_like_for_like_model():

@@ -3,7 +3,8 @@ a second process loads what the first compiled, and that JAX's own variables ove
 
 Each case runs in a child process: the cache is process-wide JAX state, and this session's
 processes already use the test suite's own cache (conftest.py), which the children are given
-without (`_environment`)."""
+without (`xla_env.user_env`). That `t5x-lite bench` compiles everything is checked in
+test_bench.py."""
 from __future__ import annotations
 
 import json
@@ -11,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from xla_env import child_env
+from xla_env import user_env
 
 from t5x_lite import compilation_cache
 
@@ -35,12 +36,7 @@ print(json.dumps({"folder": folder and str(folder), "hits": len(hits),
 
 
 def _environment(cache_home: Path, **variables: str) -> dict[str, str]:
-    """One CPU device, the user's cache folder at `cache_home`, no JAX cache variable but
-    `variables`; every program is stored, however fast it compiled."""
-    env = {name: value for name, value in child_env(1).items()
-           if not name.startswith(("JAX_COMPILATION_CACHE", "JAX_ENABLE_COMPILATION_CACHE"))}
-    return {**env, "XDG_CACHE_HOME": str(cache_home),
-            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", **variables}
+    return user_env(1, str(cache_home), **variables)
 
 
 def _child(env: dict[str, str]) -> dict:

@@ -45,3 +45,14 @@ def child_env(devices: int, base: dict[str, str] | None = None, **variables: str
                 if name in os.environ})
     env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=with_device_count("", devices), **variables)
     return env
+
+
+def user_env(devices: int, cache_home: str, **variables: str) -> dict[str, str]:
+    """`child_env(devices)` as a user's shell would have it: none of JAX's compilation cache
+    variables (the commands choose their cache, `t5x_lite.compilation_cache`), the user's cache
+    folder at `cache_home`, and every program stored however fast it compiled; `variables` on
+    top."""
+    env = {name: value for name, value in child_env(devices).items()
+           if not name.startswith(("JAX_COMPILATION_CACHE", "JAX_ENABLE_COMPILATION_CACHE"))}
+    return {**env, "XDG_CACHE_HOME": cache_home, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            **variables}
