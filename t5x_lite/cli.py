@@ -518,7 +518,13 @@ def usage() -> str:
               "commands that read a config take --config.FIELD=VALUE overrides, e.g.",
               "--config.train.steps=100. Launching on clusters: launch/README.md.", "",
               textwrap.fill(f"Preemption ({', '.join(_TRAINING_COMMANDS)}): {_PREEMPTION_HELP}",
-                            78)]
+                            78), "",
+              textwrap.fill("Compiled programs are kept for the next command in "
+                            f"{compilation_cache.default_dir()} (at most "
+                            f"{compilation_cache.DEFAULT_MAX_BYTES / 2**30:g} GiB; "
+                            "JAX_COMPILATION_CACHE_DIR=DIR puts them elsewhere, "
+                            "JAX_ENABLE_COMPILATION_CACHE=false turns this off).", 78,
+                            break_long_words=False, break_on_hyphens=False)]
     return "\n".join(lines)
 
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from t5x_lite import cli, presets
+from t5x_lite import cli, compilation_cache, presets
 from t5x_lite.config import ConfigError, apply_overrides, load_config_file, parse_overrides
 from t5x_lite.preemption import PREEMPTED_EXIT_STATUS
 from xla_env import child_env
@@ -93,6 +93,8 @@ def test_help_lists_every_command_in_one_line_each(capsys):
     out = capsys.readouterr().out
     for name, command in cli.COMMANDS.items():
         assert re.search(rf"^  {name} +{re.escape(command.summary)}$", out, re.M), name
+    # Where the commands keep compiled programs: disk a user should know about.
+    assert str(compilation_cache.default_dir()) in " ".join(out.split())
 
 
 # Flags each command's --help must show (beside -h and an example).
