@@ -130,6 +130,17 @@ def _comma_list(text: str) -> list[str]:
     return [item for item in text.split(",") if item]
 
 
+def _positive_int(text: str) -> int:
+    """A count flag's value; anything but an integer >= 1 is argparse's one-line error."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
+    return value
+
+
 # --init_from_hf, as train / finetune / eval take it.
 _HF_HELP = ("a local Hugging Face T5 checkpoint directory (config.json, model.safetensors or "
             "pytorch_model.bin, spiece.model when present; nothing is downloaded): its model, "
@@ -161,8 +172,8 @@ def _train(argv: list[str]) -> None:
     parser = _config_parser("train")
     _add_run_flags(parser, "metrics.jsonl, checkpoints, TensorBoard events and, with "
                    "train.eval_every > 0, the held-out loss in eval.jsonl")
-    parser.add_argument("--steps", type=int, help="train up to this many steps (default: "
-                        "config.train.steps)")
+    parser.add_argument("--steps", type=_positive_int, help="train up to this many steps "
+                        "(default: config.train.steps)")
     parser.add_argument("--init_from_hf", metavar="DIR", help=f"{_HF_HELP}; pre-training "
                         "continues from its parameters (default: random parameters)")
     args, overrides = _parse(parser, argv)
@@ -249,7 +260,7 @@ def _bench(argv: list[str]) -> None:
                         help="also time the input pipeline on the configured corpus")
     parser.add_argument("--decode", action="store_true",
                         help="time cached greedy decoding against re-computation instead")
-    parser.add_argument("--bench_steps", type=int, default=10,
+    parser.add_argument("--bench_steps", type=_positive_int, default=10,
                         help="timed steps; the median is reported (default: 10)")
     args, overrides = _parse(parser, argv)
     config = _config(args, overrides)

@@ -140,6 +140,19 @@ def test_every_command_names_its_flags_and_an_example_in_its_help(capsys):
         assert "example:\n  t5x-lite launch " + target in out
 
 
+@pytest.mark.parametrize("command, flag, value", [
+    ("train", "--steps", "0"), ("train", "--steps", "-2"), ("train", "--steps", "ten"),
+    ("bench", "--bench_steps", "0")])
+def test_a_count_flag_below_one_is_a_usage_error_before_any_work(command, flag, value, tmp_path,
+                                                                 capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        workdir = [f"--workdir={tmp_path}"] if command == "train" else []
+        cli.main(["t5x-lite", command, "--preset=demo", *workdir, flag, value])
+    assert exit_info.value.code == 2 and not any(tmp_path.iterdir())
+    assert (f"t5x-lite {command}: error: argument {flag}: {value!r} is not an integer >= 1"
+            in capsys.readouterr().err)
+
+
 @pytest.mark.parametrize("command", ["train", "finetune", "eval", "bench", "sweep", "demo",
                                      "preview"])
 def test_a_bad_override_is_one_line_naming_the_field(command, tmp_path):
