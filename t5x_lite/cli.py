@@ -335,7 +335,8 @@ def _sweep(argv: list[str]) -> None:
         from t5x_lite import sweep_plan
 
         print(sweep_plan.render(sweep_plan.plan_sweep(args.experiment, args.preset, args.workdir,
-                                                      overrides, vmap=args.vmap)), end="")
+                                                      overrides, vmap=args.vmap,
+                                                      point_index=args.point_index)), end="")
         return
     initialize_distributed()  # a TPU pod's hosts / a SLURM task's processes join one run
     try:  # a bad or silent Ray address, or Ray not installed: say so, no traceback

@@ -446,6 +446,15 @@ def require_vmap(vmap: int, launcher: launchers.Launcher | None = None) -> None:
                           "launcher sizes its tasks per point")
 
 
+def select_point(points: Sequence[GridPoint], point_index: int | None) -> list[GridPoint]:
+    """`points`, or with `point_index` (one job of a job array) only that one of them."""
+    if point_index is None:
+        return list(points)
+    if not 0 <= point_index < len(points):
+        raise ConfigError(f"point_index={point_index} must be in [0, {len(points)})")
+    return [points[point_index]]
+
+
 def run_sweep(experiment: str, preset: str, workdir: str, *,
               launcher: launchers.Launcher | None = None,
               overrides: Sequence[str] = (), point_index: int | None = None,
@@ -470,10 +479,7 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
     budget = budget_line(points)
     if budget:
         _log(budget)
-    if point_index is not None:
-        if not 0 <= point_index < len(points):
-            raise ConfigError(f"point_index={point_index} must be in [0, {len(points)})")
-        points = [points[point_index]]
+    points = select_point(points, point_index)
     workdir_path = Path(workdir)
     workdir_path.mkdir(parents=True, exist_ok=True)
     claim_workdir(workdir_path, sweep_identity(experiment, points, overrides))

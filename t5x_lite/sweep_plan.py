@@ -21,7 +21,7 @@ from t5x_lite import accounting
 from t5x_lite.grid import GridPoint, StepCost, expand
 from t5x_lite.results import ResultsFile, latest_records
 from t5x_lite.step_settings import step_settings
-from t5x_lite.sweep import (LATER_STAGES, base_record, budget_line, require_vmap,
+from t5x_lite.sweep import (LATER_STAGES, base_record, budget_line, require_vmap, select_point,
                             unrecorded_tasks, vmap_chunks)
 from t5x_lite.sweep_workdir import check_workdir, require_current, sweep_identity
 
@@ -76,6 +76,7 @@ class SweepPlan:
     runs: tuple[PlannedRun, ...]
     vmap: int
     vmap_groups: tuple[tuple[int, ...], ...]
+    point_index: int | None = None  # a job array's one point
 
     @property
     def programs(self) -> int:
@@ -93,11 +94,14 @@ def _checkpoint_step(point: GridPoint, workdir: Path) -> int | None:
 
 
 def plan_sweep(experiment: str, preset: str, workdir: str, overrides: Sequence[str] = (),
-               vmap: int = 1) -> SweepPlan:
-    """The plan of `run_sweep(experiment, preset, workdir, overrides=..., vmap=vmap)`, with its
-    checks (a `ConfigError` where the sweep would stop before running), writing nothing."""
+               vmap: int = 1, point_index: int | None = None) -> SweepPlan:
+    """The plan of `run_sweep(experiment, preset, workdir, overrides=..., vmap=vmap,
+    point_index=point_index)`, with its checks (a `ConfigError` where the sweep would stop
+    before running), writing nothing."""
     require_vmap(vmap)
-    points = expand(experiment, preset, overrides)
+    every_point = expand(experiment, preset, overrides)
+    budget = budget_line(every_point)  # the sweep's, as `run_sweep` logs it
+    points = select_point(every_point, point_index)
     workdir_path = Path(workdir)
     state = check_workdir(workdir_path, sweep_identity(experiment, points, overrides))
     records = ResultsFile(workdir_path).records() if state != "new" else []
@@ -126,10 +130,10 @@ def plan_sweep(experiment: str, preset: str, workdir: str, overrides: Sequence[s
                   if stage.on(point.config) and any(map(stage.lacks, latest)))))
     todo = [point for point, run in zip(points, runs) if run.tasks_left]
     return SweepPlan(
-        points[0].experiment, preset, workdir, state, budget_line(points),
+        points[0].experiment, preset, workdir, state, budget,
         tuple(points[0].config.sweep.tasks), points[0].config.finetune.steps, tuple(runs), vmap,
         tuple(tuple(point.index for point in chunk) for chunk in vmap_chunks(todo, vmap))
-        if vmap > 1 else ())
+        if vmap > 1 else (), point_index)
 
 
 def _count(number: float) -> str:
@@ -167,8 +171,9 @@ def render(plan: SweepPlan) -> str:
     where = {"new": "a new workdir", "same": "resumed",
              "adds zero-shot": "resumed, adding the zero-shot stage"}[plan.workdir_state]
     lines = [
-        f"Dry run of sweep {plan.experiment} --preset {plan.preset} --workdir {plan.workdir} "
-        f"({where}): nothing is trained, compiled or written.",
+        f"Dry run of sweep {plan.experiment} --preset {plan.preset} --workdir {plan.workdir}"
+        + ("" if plan.point_index is None else f" --point_index {plan.point_index}")
+        + f" ({where}): nothing is trained, compiled or written.",
         f"{_plural(len(runs), 'run')} (grid points x seeds), each pre-trained, then fine-tuned "
         f"on {_plural(len(tasks), 'task')} ({', '.join(tasks)}) for {plan.finetune_steps:,} "
         f"steps; {_plural(plan.programs, 'compiled pre-training program')} (runs with the "

@@ -697,6 +697,20 @@ def test_a_dry_run_lists_the_runs_it_would_make_and_writes_nothing(experiment, t
         assert run.flops_per_step == grid.StepCost.of(point.config, point.layout).flops
     assert "Left to run: 3 pre-trainings (18 steps," in out
 
+    # A job array's one point: the plan of that point alone; one past the grid is an error.
+    cli.main(["t5x-lite", "sweep", experiment, "--preset", "demo", "--workdir", str(workdir),
+              "--dry_run", "--point_index", "1"])
+    out = capsys.readouterr().out
+    assert out.startswith(f"Dry run of sweep tiny_grid --preset demo --workdir {workdir} "
+                          "--point_index 1 (a new workdir): nothing is trained, compiled or "
+                          "written.\n1 run ")
+    assert [line.split()[1] for line in out.splitlines() if re.match(r"\d+  ", line)] == [
+        "broken"]
+    with pytest.raises(SystemExit, match=r"point_index=3 must be in \[0, 3\)"):
+        cli.main(["t5x-lite", "sweep", experiment, "--preset", "demo", "--workdir",
+                  str(workdir), "--dry_run", "--point_index", "3"])
+    assert not workdir.exists()
+
 
 def test_table2_s_dry_run_counts_the_four_programs_its_sweep_compiles():
     """README: "all of Table 2 compiles four: three encoder-decoders and one for both
