@@ -393,6 +393,9 @@ def _loop(run: Run, on_step: Callable[[int, TrainState], None] | None,
         run.progress.note(f"{', '.join(str(point.workdir) for point in run.points)}: nothing to "
                           f"train: the newest checkpoint is at step {step} and the run ends at "
                           f"step {run.total}")
+    elif not train_step.program.executables:  # the first step waits: say why
+        run.progress.note("the first step waits for its program: compiled (minutes for a large "
+                          "model), or loaded if an earlier command compiled it")
     compiles_before = train_step.compiles
     batch = run.data.batch(step) if step < run.total else None
     last = time.perf_counter()
@@ -407,6 +410,8 @@ def _loop(run: Run, on_step: Callable[[int, TrainState], None] | None,
                    for name, value in jax.device_get(metrics).items()}
         now = time.perf_counter()
         compile_s = train_step.program.compile_seconds - compile_before
+        if compile_s:
+            run.progress.note(f"step {step}: the step program was ready in {compile_s:.1f} s")
         step_s, last = now - last - compile_s, now
         record = {"step": step, **metrics, **run.speed(step_s), "compile_s": compile_s,
                   "compiles": train_step.compiles - compiles_before}

@@ -366,6 +366,9 @@ def test_train_writes_metrics_checkpoints_and_resumes(tmp_path, capsys):
         assert saved == ["2", "4"]
         logged = capsys.readouterr().err
         assert "step 2/4 loss" in logged and "step 4/4 loss" in logged and "eta" in logged
+        # The wait for the first step's compile is announced, and its length told after.
+        assert logged.count("the first step waits for its program") == 1
+        assert f"step 1: the step program was ready in {records[0]['compile_s']:.1f} s" in logged
 
         # Resume: continues at step 5 from the checkpoint; the executable is reused.
         summary = train.train(config, workdir, steps=6, progress=False)
