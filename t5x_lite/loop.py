@@ -393,7 +393,7 @@ def _loop(run: Run, on_step: Callable[[int, TrainState], None] | None,
         run.progress.note(f"{', '.join(str(point.workdir) for point in run.points)}: nothing to "
                           f"train: the newest checkpoint is at step {step} and the run ends at "
                           f"step {run.total}")
-    elif not train_step.program.executables:  # the first step waits: say why
+    elif train_step.compiles == 0:  # its program never compiled: the first step waits
         run.progress.note("the first step waits for its program: compiled (minutes for a large "
                           "model), or loaded if an earlier command compiled it")
     compiles_before = train_step.compiles
