@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from t5x_lite import compilation_cache
+
 WAYS = ("off", "empty", "filled")
 
 
@@ -62,7 +64,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     base = {name: value for name, value in os.environ.items()
-            if not name.startswith(("JAX_COMPILATION_CACHE", "JAX_ENABLE_COMPILATION_CACHE"))}
+            if not name.startswith(compilation_cache.JAX_VARIABLE_PREFIXES)}
     times: dict[str, list[dict[str, float]]] = {way: [] for way in WAYS}
     for _ in range(args.repeats):
         cache = tempfile.mkdtemp(prefix="t5x_lite_cache_bench_")

@@ -30,6 +30,9 @@ import jax
 
 DEFAULT_DIR = Path("t5x_lite") / "jax_compilation_cache"
 DEFAULT_MAX_BYTES = 4 * 2**30
+# The prefixes of JAX's variables that choose its cache (folder, size, on or off): with any of
+# them set, the choice is the user's. Without them, an environment gets the commands' default.
+JAX_VARIABLE_PREFIXES = ("JAX_COMPILATION_CACHE", "JAX_ENABLE_COMPILATION_CACHE")
 
 
 def default_dir() -> Path:

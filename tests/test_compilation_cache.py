@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 from xla_env import user_env
 
@@ -35,10 +34,6 @@ print(json.dumps({"folder": folder and str(folder), "hits": len(hits),
 """
 
 
-def _environment(cache_home: Path, **variables: str) -> dict[str, str]:
-    return user_env(1, str(cache_home), **variables)
-
-
 def _child(env: dict[str, str]) -> dict:
     done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True,
                           text=True, timeout=300)
@@ -47,7 +42,7 @@ def _child(env: dict[str, str]) -> dict:
 
 
 def test_a_second_process_loads_what_the_first_compiled_from_the_users_cache_folder(tmp_path):
-    env = _environment(tmp_path)
+    env = user_env(1, str(tmp_path))
     folder = tmp_path / compilation_cache.DEFAULT_DIR
     first = _child(env)
     assert first == {"folder": str(folder), "hits": 0,
@@ -59,18 +54,18 @@ def test_a_second_process_loads_what_the_first_compiled_from_the_users_cache_fol
 
 def test_jax_variables_choose_the_folder_or_turn_the_cache_off(tmp_path):
     chosen = tmp_path / "chosen"
-    mine = _child(_environment(tmp_path, JAX_COMPILATION_CACHE_DIR=str(chosen)))
+    mine = _child(user_env(1, str(tmp_path), JAX_COMPILATION_CACHE_DIR=str(chosen)))
     assert mine["folder"] == str(chosen) and mine["max_size"] == -1  # JAX's settings, not ours
     assert any(chosen.iterdir()) and not (tmp_path / compilation_cache.DEFAULT_DIR).exists()
 
-    off = _child(_environment(tmp_path, JAX_ENABLE_COMPILATION_CACHE="false"))
+    off = _child(user_env(1, str(tmp_path), JAX_ENABLE_COMPILATION_CACHE="false"))
     assert off["folder"] is None and not (tmp_path / "t5x_lite").exists()
 
 
 def test_a_cache_folder_that_cannot_be_made_is_a_warning_not_a_failure(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    result = _child(_environment(blocker))  # the cache folder would be under a file
+    result = _child(user_env(1, str(blocker)))  # the cache folder would be under a file
     assert result["folder"] is None and result["hits"] == 0
     assert len(result["warnings"]) == 1 and "JAX_COMPILATION_CACHE_DIR" in result["warnings"][0]
 
@@ -83,7 +78,7 @@ def test_the_commands_turn_the_cache_on_and_pass_it_to_the_processes_they_start(
     done = subprocess.run(
         [sys.executable, "-c", code, "preview", "table6", "--point", "rate_50", "--preset",
          "demo", "--examples", "1"],
-        env=_environment(tmp_path), capture_output=True, text=True, timeout=300)
+        env=user_env(1, str(tmp_path)), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     folder = tmp_path / compilation_cache.DEFAULT_DIR
     assert done.stdout.splitlines()[-1] == str(folder) and any(folder.iterdir())

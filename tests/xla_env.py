@@ -52,7 +52,10 @@ def user_env(devices: int, cache_home: str, **variables: str) -> dict[str, str]:
     variables (the commands choose their cache, `t5x_lite.compilation_cache`), the user's cache
     folder at `cache_home`, and every program stored however fast it compiled; `variables` on
     top."""
+    # Imported here: it imports jax, which conftest.py must not do before it sets the variables.
+    from t5x_lite.compilation_cache import JAX_VARIABLE_PREFIXES
+
     env = {name: value for name, value in child_env(devices).items()
-           if not name.startswith(("JAX_COMPILATION_CACHE", "JAX_ENABLE_COMPILATION_CACHE"))}
+           if not name.startswith(JAX_VARIABLE_PREFIXES)}
     return {**env, "XDG_CACHE_HOME": cache_home, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
             **variables}
