@@ -23,10 +23,9 @@ Compilations loaded from the cache still count as compilations (`compile_events`
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from pathlib import Path
-
-import jax
 
 DEFAULT_DIR = Path("t5x_lite") / "jax_compilation_cache"
 DEFAULT_MAX_BYTES = 4 * 2**30
@@ -43,27 +42,41 @@ def default_dir() -> Path:
 
 def use_default() -> Path | None:
     """Turn on the persistent compilation cache (see the module) unless JAX was told where or
-    not to; returns the folder it uses, None when it is off."""
-    if not jax.config.jax_enable_compilation_cache:
-        return None
-    if jax.config.jax_compilation_cache_dir is None:
-        folder = default_dir()
-        try:  # only this user may write it: a program in it is run as loaded (JAX's warning)
-            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as error:  # e.g. a read-only home: the commands work, compiling anew
-            warnings.warn(f"no persistent compilation cache: cannot create {folder} ({error}); "
-                          "set JAX_COMPILATION_CACHE_DIR to a writable folder")
+    not to; returns the folder it uses, None when it is off.
+
+    JAX reads its variables when it is imported. So before that, with none of them set, the
+    default is put in the environment and jax is not imported here: `t5x-lite --help`, a flag's
+    error, `report` and `launch` never pay its ~1.3 s import. Otherwise JAX's configuration
+    says what the user chose, and an already imported JAX is updated."""
+    if "jax" in sys.modules or any(name.startswith(JAX_VARIABLE_PREFIXES) for name in os.environ):
+        import jax
+
+        if not jax.config.jax_enable_compilation_cache:
             return None
-        # Also in the environment, which JAX reads at import: the Python processes a command
-        # starts (a parallel sweep's workers) share the cache.
-        os.environ["JAX_COMPILATION_CACHE_DIR"] = str(folder)
-        os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(DEFAULT_MAX_BYTES)
+        if jax.config.jax_compilation_cache_dir is not None:
+            return Path(jax.config.jax_compilation_cache_dir)
+    folder = default_dir()
+    try:  # only this user may write it: a program in it is run as loaded (JAX's warning)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as error:  # e.g. a read-only home: the commands work, compiling anew
+        warnings.warn(f"no persistent compilation cache: cannot create {folder} ({error}); "
+                      "set JAX_COMPILATION_CACHE_DIR to a writable folder")
+        return None
+    # In the environment: for JAX when this process imports it, and for the Python processes a
+    # command starts (a parallel sweep's workers), which share the cache.
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(folder)
+    os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(DEFAULT_MAX_BYTES)
+    if "jax" in sys.modules:  # it read its variables already (here above, or before)
+        import jax
+
         jax.config.update("jax_compilation_cache_dir", str(folder))
         jax.config.update("jax_compilation_cache_max_size", DEFAULT_MAX_BYTES)
-    return Path(jax.config.jax_compilation_cache_dir)
+    return folder
 
 
 def turn_off() -> None:
     """No persistent compilation cache in this process, whatever the environment says: every
     program is compiled (`t5x-lite bench`, whose compile times are measurements)."""
+    import jax
+
     jax.config.update("jax_enable_compilation_cache", False)

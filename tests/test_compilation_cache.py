@@ -52,6 +52,16 @@ def test_a_second_process_loads_what_the_first_compiled_from_the_users_cache_fol
     assert second["hits"] > 0 and second["folder"] == str(folder)
 
 
+def test_before_jax_is_imported_the_default_costs_no_import_of_it(tmp_path):
+    """`t5x-lite --help`, a flag's error, `report` and `launch` never import jax: the default is
+    put in the environment, which JAX reads when a command does import it."""
+    code = ("import sys; from t5x_lite import compilation_cache; "
+            "print(compilation_cache.use_default(), 'jax' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], env=user_env(1, str(tmp_path)),
+                          capture_output=True, text=True, timeout=300, check=True)
+    assert done.stdout.split() == [str(tmp_path / compilation_cache.DEFAULT_DIR), "False"]
+
+
 def test_jax_variables_choose_the_folder_or_turn_the_cache_off(tmp_path):
     chosen = tmp_path / "chosen"
     mine = _child(user_env(1, str(tmp_path), JAX_COMPILATION_CACHE_DIR=str(chosen)))
