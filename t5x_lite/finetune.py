@@ -30,7 +30,7 @@ from t5x_lite import architectures, batch_format, checkpointing, train_step
 from t5x_lite.data import pipeline, tasks
 from t5x_lite.evaluation import (PARAMETER_FIELDS, Evaluator, TaskSplit, check_finetune_settings,
                                  checkpoint_dir, require_same)
-from t5x_lite.loop import EvalLog, run_loop, summaries
+from t5x_lite.loop import EvalLog, Every, run_loop, summaries
 from t5x_lite.run_setup import RunPlan, set_up
 
 # Fields a resumed fine-tuning run must share with the run that wrote its checkpoints, besides
@@ -120,10 +120,9 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
         log = EvalLog(workdir, run.start)
 
         def validate(step: int, state: train_step.TrainState) -> None:
-            if step % ft.eval_every == 0 or step == ft.steps:
-                log.add(step, evaluator(state.params))
+            log.add(step, evaluator(state.params))
 
-        records = run_loop(run, validate)
+        records = run_loop(run, Every(ft.eval_every, validate))
     summary = summaries(run, records)[0]
     best = log.best()
     return {

@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import jax
 import ml_collections
@@ -39,7 +39,7 @@ from jax.sharding import Mesh
 
 from t5x_lite import batch_format, objectives, train_step
 from t5x_lite.config import ConfigError
-from t5x_lite.loop import EVAL_FILE, EvalLog, Run
+from t5x_lite.loop import EVAL_FILE, EvalLog, Every, Run
 
 if TYPE_CHECKING:  # the pipeline pulls in TFDS, which is imported only once data is read
     from t5x_lite.data.pipeline import PretrainData
@@ -107,8 +107,8 @@ class HeldOut:
 
 def validation(run: Run, configs: Sequence[ml_collections.ConfigDict],
                layout: objectives.BatchLayout, sources: Sequence[PretrainData]
-               ) -> Callable[[int, train_step.TrainState], None] | None:
-    """`run_loop`'s `on_step` for a pre-training run of `configs` (one per point) reading
+               ) -> Every | None:
+    """`run_loop`'s hook for a pre-training run of `configs` (one per point) reading
     `sources` (one `PretrainData` per point): every `train.eval_every` steps and at the run's
     last step, each point's held-out loss appended to its workdir's eval.jsonl (`EvalLog`) and
     shown with the progress (`Progress.note`); None when `train.eval_every` is 0 (no
@@ -134,12 +134,8 @@ def validation(run: Run, configs: Sequence[ml_collections.ConfigDict],
         shown = ", ".join(f"{result['loss']:.4f}" for result in results.values())
         run.progress.note(f"step {step}/{run.total} held-out loss {shown}")
 
-    def validate(step: int, state: train_step.TrainState) -> None:
-        if step % every == 0 or step == run.total:
-            evaluate(step)
-
-    if not finished:
-        return validate
+    if not finished:  # the hook reads each point's state from the run (`Run.point_state`)
+        return Every(every, lambda step, state: evaluate(step))
     if points:
         evaluate(run.total)
     return None

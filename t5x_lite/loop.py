@@ -9,8 +9,9 @@ fine-tuning): the compiled step on each step's data; each step's record to every
 every point on its schedule and at the end; and on preemption (`PreemptionWatch`: SIGTERM /
 SIGINT, or JAX's preemption notice on several processes) a save at the step reached, then
 `preemption.Preempted`, a distinct exit status. Something every run does per step is added
-here once. `EvalLog` keeps the validation records (`eval.jsonl`) that a run's `on_step`
-appends: fine-tuning's, and pre-training's held-out loss.
+here once. The host's work per step overlaps the device's: a step is queued before the previous
+one's metrics are read. `EvalLog` keeps the validation records (`eval.jsonl`) that a run's hook
+(`Every`) appends: fine-tuning's, and pre-training's held-out loss.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import time
 import warnings
 from pathlib import Path
 from types import FrameType
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -359,35 +360,96 @@ class Run:
                 for name, value in record.items()}
 
 
-def _save(run: Run, step: int, force: bool = False) -> None:
-    """Start saving every point's state at `step` if its schedule says so (or `force`)."""
-    for index, point in enumerate(run.points):
-        # Asked first: slicing a point out of a vmapped state costs a dispatch per array.
-        if force or point.checkpointer.should_save(step):
-            point.checkpointer.maybe_save(step, run.point_state(index), force=force)
+@dataclasses.dataclass(frozen=True)
+class Every:
+    """A hook of `run_loop`: `call(step, state)` after every `steps`-th step and after the
+    run's last (fine-tuning's validation, pre-training's held-out loss). The loop reads the
+    state only at such steps: between them a step is queued before the previous one's metrics
+    are read, so the loop must know them in advance."""
+
+    steps: int
+    call: Callable[[int, TrainState], None]
+
+    def due(self, step: int, total: int) -> bool:
+        """Whether the hook runs after `step` of a run that ends at step `total`."""
+        return step % self.steps == 0 or step == total
 
 
-def run_loop(run: Run, on_step: Callable[[int, TrainState], None] | None = None
-             ) -> list[dict[str, Any]]:
+class _Records:
+    """`run_loop`'s step records, one step behind the device. `queue` holds a just-called
+    step's metrics and records the step queued before it; `flush` records the held step.
+    Recording a step reads its metrics (waiting for its device work), writes the record to
+    every point's writer and the progress, and stops the run on a non-finite loss. A step's
+    `step_s` is the wall time since the previous record less the compilations within it: with
+    a step queued ahead, the device's time per step."""
+
+    def __init__(self, run: Run):
+        self.run, self.records, self.queued = run, [], None
+        self.restart_clock()
+
+    def restart_clock(self) -> None:
+        """The next step's time starts now (a hook's time is not step time)."""
+        self.last, self.compiled_s = time.perf_counter(), self.run.step.program.compile_seconds
+
+    def queue(self, step: int, metrics: dict[str, Any], compile_s: float, compiles: int) -> None:
+        """Hold step `step`'s device `metrics`, after recording the step held before it."""
+        self.flush()
+        self.queued = {"step": step, "metrics": metrics, "compile_s": compile_s,
+                       "compiles": compiles}
+
+    def flush(self) -> None:
+        """Record the held step, if any."""
+        if self.queued is None:
+            return
+        queued, self.queued, run = self.queued, None, self.run
+        metrics = {name: np.asarray(value).tolist()  # a float, or K of them
+                   for name, value in jax.device_get(queued.pop("metrics")).items()}
+        now, compiled_s = time.perf_counter(), run.step.program.compile_seconds
+        step_s = now - self.last - (compiled_s - self.compiled_s)
+        self.last, self.compiled_s = now, compiled_s
+        record = {"step": queued["step"], **metrics, **run.speed(step_s), **queued}
+        for index, point in enumerate(run.points):
+            point.writer.write(run.point_record(record, index))
+        run.progress.update(record)
+        self.records.append(record)
+        if not np.all(np.isfinite(record["loss"])):
+            raise FloatingPointError(
+                f"loss is {record['loss']} at step {record['step']}; stopping without saving "
+                f"this state (last checkpoint: step {run.points[0].checkpointer.latest_step()})"
+            )
+
+
+def _save(run: Run, step: int, points: Sequence[int], force: bool = False) -> None:
+    """Start saving the state at `step` of the points at indices `points`."""
+    for index in points:
+        # Slicing a point out of a vmapped state costs a dispatch per array: only when saved.
+        run.points[index].checkpointer.maybe_save(step, run.point_state(index), force=force)
+
+
+def run_loop(run: Run, hook: Every | None = None) -> list[dict[str, Any]]:
     """Steps `run.start` -> `run.total`: `run.step(state, run.data.batch(step), *step_args)`,
-    its record to every point's writer and the progress, `on_step(step, state)` (e.g.
-    fine-tuning's validation), every point's checkpoint when due and at the end. Returns the
-    step records. On preemption it saves every point at the step reached and raises
-    `preemption.Preempted`, which ends the process with `PREEMPTED_EXIT_STATUS` unless caught.
+    its record to every point's writer and the progress, `hook` when due (e.g. fine-tuning's
+    validation), every point's checkpoint when due and at the end. Returns the step records.
+    On preemption it saves every point at the step reached and raises `preemption.Preempted`,
+    which ends the process with `PREEMPTED_EXIT_STATUS` unless caught.
+
+    The device is kept busy: step N + 1 is queued (JAX dispatches asynchronously) and the next
+    batch made before step N's metrics are read and written, so the host's work per step
+    overlaps the device's. Where the state itself is needed (a checkpoint, the hook,
+    preemption, the last step) the loop first reads the step's metrics, so a non-finite loss
+    of any point still stops the loop before that state is saved or used (one further step
+    may have been queued, and is dropped).
 
     A record holds the step's metrics as floats, or as lists of K floats for a vmapped run
-    (`Run.point_record` picks one point's); a non-finite loss of any point stops the loop
-    without saving that state. Its `compiles` is the program cache's count since the loop
-    started; `run.step_compiles` adds up, from JAX's backend-compile events, the compilations
-    of the step's program during the steps' calls (`compile_events`)."""
+    (`Run.point_record` picks one point's). Its `compiles` is the program cache's count since
+    the loop started; `run.step_compiles` adds up, from JAX's backend-compile events, the
+    compilations of the step's program during the steps' calls (`compile_events`)."""
     with compile_events.compilations() as compiled:
-        return _loop(run, on_step, compiled)
+        return _loop(run, hook, compiled)
 
 
-def _loop(run: Run, on_step: Callable[[int, TrainState], None] | None,
-          compiled: list[str]) -> list[dict[str, Any]]:
+def _loop(run: Run, hook: Every | None, compiled: list[str]) -> list[dict[str, Any]]:
     """`run_loop`'s steps; `compiled` collects the names of the programs compiled meanwhile."""
-    records = []
     step, train_step = run.start, run.step
     if step >= run.total:
         run.progress.note(f"{', '.join(str(point.workdir) for point in run.points)}: nothing to "
@@ -397,46 +459,40 @@ def _loop(run: Run, on_step: Callable[[int, TrainState], None] | None,
         run.progress.note("the first step waits for its program: compiled (minutes for a large "
                           "model), or loaded if an earlier command compiled it")
     compiles_before = train_step.compiles
+    records = _Records(run)
     batch = run.data.batch(step) if step < run.total else None
-    last = time.perf_counter()
     while step < run.total:
         compile_before = train_step.program.compile_seconds
         seen = len(compiled)
         run.state, metrics = train_step(run.state, batch, *run.step_args)
         run.step_compiles += compile_events.count(compiled[seen:], train_step.function_name)
         step += 1
-        batch = run.data.batch(step) if step < run.total else None  # overlaps the device step
-        metrics = {name: np.asarray(value).tolist()  # a float, or K of them
-                   for name, value in jax.device_get(metrics).items()}
-        now = time.perf_counter()
         compile_s = train_step.program.compile_seconds - compile_before
         if compile_s:
             run.progress.note(f"step {step}: the step program was ready in {compile_s:.1f} s")
-        step_s, last = now - last - compile_s, now
-        record = {"step": step, **metrics, **run.speed(step_s), "compile_s": compile_s,
-                  "compiles": train_step.compiles - compiles_before}
-        for index, point in enumerate(run.points):
-            point.writer.write(run.point_record(record, index))
-        run.progress.update(record)
-        records.append(record)
-        if not np.all(np.isfinite(record["loss"])):
-            raise FloatingPointError(
-                f"loss is {record['loss']} at step {step}; stopping without saving this state "
-                f"(last checkpoint: step {run.points[0].checkpointer.latest_step()})"
-            )
-        if on_step is not None:
-            on_step(step, run.state)
-            last = time.perf_counter()  # validation time is not step time
+        batch = run.data.batch(step) if step < run.total else None  # overlaps the device step
+        # The previous step is recorded while this one runs.
+        records.queue(step, metrics, compile_s, train_step.compiles - compiles_before)
+        if hook is not None and hook.due(step, run.total):
+            records.flush()
+            hook.call(step, run.state)
+            records.restart_clock()
+        # Asked every step, on every process alike: on several processes it is a sync point.
         if run.preemption.reached(step):
-            _save(run, step, force=True)
+            records.flush()
+            _save(run, step, range(len(run.points)), force=True)
             stop = Preempted(step, [point.workdir for point in run.points],
                              run.preemption.cause)
             if jax.process_index() == 0:
                 print(stop, file=sys.stderr, flush=True)
             raise stop  # leaving the run's set-up waits for the saves to finish
-        _save(run, step)
-    _save(run, step, force=True)
-    return records
+        saves = [index for index, point in enumerate(run.points)
+                 if point.checkpointer.should_save(step)]
+        if saves or step == run.total:  # the state is saved: its step's loss is checked first
+            records.flush()
+            _save(run, step, saves)
+    _save(run, step, range(len(run.points)), force=True)
+    return records.records
 
 
 def logged_record(workdir: Path, step: int) -> dict[str, Any]:

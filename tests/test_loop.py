@@ -31,49 +31,96 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 class _FakeStep:
-    """Stands in for a TrainStep: returns scripted losses, never compiles."""
+    """Stands in for a TrainStep: returns scripted losses, never compiles, and notes in
+    `events` each call ("step N") and each read of a step's metrics ("read N")."""
 
     compiles, function_name = 0, "fake_step"
     program = types.SimpleNamespace(compile_seconds=0.0)
 
-    def __init__(self, losses):
-        self.losses = iter(losses)
+    def __init__(self, losses, events=None):
+        self.losses, self.calls = list(losses), 0
+        self.events = [] if events is None else events
 
     def __call__(self, state, batch, *step_args):
-        return state, {"loss": next(self.losses), "learning_rate": 0.1, "accuracy": 0.0}
+        self.calls += 1
+        self.events.append(f"step {self.calls}")
+        return state, {"loss": _Metric(self.losses[self.calls - 1], self.calls, self.events),
+                       "learning_rate": 0.1, "accuracy": 0.0}
+
+
+class _Metric:
+    """A device value as `jax.device_get` sees it: read through `__array__`, noted when read."""
+
+    def __init__(self, value, step, events):
+        self.value, self.step, self.events = value, step, events
+
+    def __array__(self, dtype=None, copy=None):
+        self.events.append(f"read {self.step}")
+        return np.asarray(self.value, dtype)
 
 
 class _FakeCheckpointer:
-    def __init__(self):
-        self.asked, self.saved = [], []
+    def __init__(self, saves_at=(), events=None):
+        self.saves_at, self.asked, self.saved = set(saves_at), [], []
+        self.events = [] if events is None else events
 
     def should_save(self, step):
         self.asked.append(step)
-        return False
+        return step in self.saves_at
 
     def maybe_save(self, step, state, force=False):
+        self.events.append(f"save {step}")
         self.saved.append((step, force))
 
     def latest_step(self):
         return self.saved[-1][0] if self.saved else None
 
 
-def test_a_non_finite_loss_stops_the_loop_without_saving_that_state(tmp_path):
-    checkpointer, writer = _FakeCheckpointer(), loop.MetricsWriter(tmp_path)
-    run = loop.Run(
-        mesh=None, step=_FakeStep([2.0, float("nan")]),
+def _fake_run(tmp_path, step, checkpointer, total):
+    return loop.Run(
+        mesh=None, step=step,
         data=types.SimpleNamespace(batch=lambda step: np.zeros((8, 4), np.int32)),
-        step_args=(None, None), state=None, start=0, total=5,
-        points=[loop.Point(tmp_path, checkpointer, writer)], vmapped=False,
-        speed=loop.Throughput(tokens_per_step=10, flops_per_step=1.0, peak=None),
-        progress=loop.Progress(0, 5, every=1, enabled=False), preemption=loop.PreemptionWatch())
+        step_args=(None, None), state=None, start=0, total=total,
+        points=[loop.Point(tmp_path, checkpointer, loop.MetricsWriter(tmp_path))],
+        vmapped=False, speed=loop.Throughput(tokens_per_step=10, flops_per_step=1.0, peak=None),
+        progress=loop.Progress(0, total, every=1, enabled=False),
+        preemption=loop.PreemptionWatch())
+
+
+@pytest.mark.parametrize("schedule_wants_step_2", [False, True])
+def test_a_non_finite_loss_stops_the_loop_without_saving_that_state(tmp_path,
+                                                                     schedule_wants_step_2):
+    """Whether or not step 2 is due for a checkpoint, its NaN loss stops the run with nothing
+    saved. When it is not due, step 3 was already queued (its state is dropped)."""
+    checkpointer = _FakeCheckpointer(saves_at={2} if schedule_wants_step_2 else ())
+    run = _fake_run(tmp_path, _FakeStep([2.0, float("nan"), 1.0]), checkpointer, total=5)
     with pytest.raises(FloatingPointError, match="loss is nan at step 2; stopping without saving"):
         loop.run_loop(run)
-    writer.close()
-    # Step 1 offered to the schedule (which declined), step 2 never.
-    assert checkpointer.asked == [1] and checkpointer.saved == []
+    run.points[0].writer.close()
+    assert checkpointer.saved == []
+    assert run.step.calls == (2 if schedule_wants_step_2 else 3)
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2]  # the bad step is on record
+
+
+def test_the_loop_queues_the_next_step_before_reading_metrics_except_where_it_needs_the_state(
+        tmp_path):
+    """Step N + 1 is called (queued on the device) before step N's metrics are read, so the
+    host's work overlaps the device's; before a checkpoint (step 2), the hook (every 3 steps)
+    and the last step, the step's metrics are read first and nothing is queued ahead."""
+    events = []
+    checkpointer = _FakeCheckpointer(saves_at={2}, events=events)
+    run = _fake_run(tmp_path, _FakeStep([1.0] * 7, events), checkpointer, total=7)
+    records = loop.run_loop(run, loop.Every(3, lambda step, state: events.append(f"hook {step}")))
+    run.points[0].writer.close()
+    assert events == ["step 1", "step 2", "read 1", "read 2", "save 2",
+                      "step 3", "read 3", "hook 3",
+                      "step 4", "step 5", "read 4", "step 6", "read 5", "read 6", "hook 6",
+                      "step 7", "read 7", "hook 7", "save 7"]
+    assert [record["step"] for record in records] == list(range(1, 8))
+    assert [r["step"] for r in map(json.loads, (tmp_path / "metrics.jsonl").open())] == [
+        *range(1, 8)]
+    assert checkpointer.saved == [(2, False), (7, True)]
 
 
 def test_metrics_writer_appends_json_lines_and_tensorboard_events(tmp_path):
@@ -213,7 +260,7 @@ CHILD = textwrap.dedent(
         make_data=lambda: types.SimpleNamespace(batch=lambda step: None),
         make_step=lambda mesh: ToyStep(), step_args=(), lengths=(1, 1), fresh_state=fresh_state)
     with run_setup.set_up(plan, steps=10_000, progress=False) as run:
-        loop.run_loop(run, show)
+        loop.run_loop(run, loop.Every(1, show))
     """
 )
 
