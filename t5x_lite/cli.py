@@ -14,13 +14,15 @@ sweep point of that preset does; eval takes the model and vocabulary from the ch
 config (`evaluation.config_from_checkpoint`); export takes both from the checkpoint alone.
 `eval --zero_shot` ranks the label options instead of decoding (`zero_shot.evaluate`).
 train / finetune / eval also start from a local Hugging Face T5 directory (`--init_from_hf DIR`,
-`convert.with_hf_t5`): its model, vocabulary and parameters. sweep / demo / preview read an
+`convert.with_hf_t5`): its model, vocabulary and parameters. sweep / demo read an
 experiment's config under a preset (`presets.sweep_preset`, with the `sweep` section); there the
-overrides apply to every grid point.
+overrides apply to every grid point. preview reads the same for an experiment's point, and the
+plain preset (`presets.get_preset`) without one.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import textwrap
@@ -225,7 +227,8 @@ def _eval(argv: list[str]) -> None:
     source.add_argument("--init_from_hf", metavar="DIR", help=f"{_HF_HELP}; it is scored")
     parser.add_argument("--tasks", type=_comma_list, help="task names, comma-separated "
                         "(default: config.finetune.tasks, with --preset its sweep's tasks)")
-    parser.add_argument("--split", default="validation", help="the split to score")
+    parser.add_argument("--split", default="validation",
+                        help="the split to score (default: validation)")
     parser.add_argument("--zero_shot", action="store_true", help="rank each task's label "
                         "options by the model's log-likelihood instead of decoding (zero-shot "
                         "scoring, as a sweep's zero_shot stage does); tasks without label "
@@ -255,7 +258,8 @@ def _bench(argv: list[str]) -> None:
     parser = _config_parser("bench")
     parser.add_argument("--json", action="store_true", help="print one JSON object, not a table")
     parser.add_argument("--compare_torch", action="store_true",
-                        help="also time the PyTorch (transformers) T5 step")
+                        help="also time the PyTorch (transformers) T5 step; needs torch and "
+                        "transformers (the test extra)")
     parser.add_argument("--pipeline", action="store_true",
                         help="also time the input pipeline on the configured corpus")
     parser.add_argument("--decode", action="store_true",
@@ -263,6 +267,11 @@ def _bench(argv: list[str]) -> None:
     parser.add_argument("--bench_steps", type=_positive_int, default=10,
                         help="timed steps; the median is reported (default: 10)")
     args, overrides = _parse(parser, argv)
+    missing = [name for name in ("torch", "transformers") if importlib.util.find_spec(name) is None
+               ] if args.compare_torch else []
+    if missing:
+        parser.error(f"--compare_torch needs {' and '.join(missing)} (not installed here); "
+                     'pip install ".[test]" installs torch (its CPU build) and transformers')
     config = _config(args, overrides)
     if args.decode:
         result = bench.decode_benchmark(config)
@@ -433,17 +442,18 @@ def _launch(argv: list[str]) -> None:
                              description="Print the gcloud commands that install this "
                              "repository on every host of a TPU pod slice and start the sweep "
                              "there (--submit runs them).")
-    tpu.add_argument("--tpu", help="TPU VM name")
-    tpu.add_argument("--zone", help="its zone, e.g. us-central2-b")
+    tpu.add_argument("--tpu", help="TPU VM name (required)")
+    tpu.add_argument("--zone", help="its zone, e.g. us-central2-b (required)")
     tpu.add_argument("--project", help="Google Cloud project (default: gcloud's)")
-    tpu.add_argument("--repo", help="git URL of this repository, cloned on every host")
+    tpu.add_argument("--repo", help="git URL of this repository, cloned on every host "
+                     "(required)")
     slurm = targets.add_parser("slurm", help="an sbatch job-array script",
                                description="Print an sbatch script: a job array with one task "
                                "per grid point (--submit writes and submits it).")
     slurm.add_argument("--partition", help="the SLURM partition (`sinfo -s` lists them)")
     slurm.add_argument("--nodes", type=int, default=1, help="nodes per grid point (default: 1)")
     slurm.add_argument("--gpus_per_node", type=int, default=1, help="default: 1")
-    slurm.add_argument("--time", default="24:00:00", help="time limit per grid point")
+    slurm.add_argument("--time", default="24:00:00", help="time limit per grid point (default: 24:00:00)")
     slurm.add_argument("--account", help="the account to charge")
     slurm.add_argument("--setup", action="append", default=[], help="a shell line run first "
                        "(repeatable): module loads, activating a virtualenv")

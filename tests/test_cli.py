@@ -1,5 +1,6 @@
 """The command line: presets expand to config files, bad names fail fast, and the README's
 `t5x-lite demo` runs end to end (a few steps) in a fresh process."""
+import importlib.util
 import json
 import os
 import re
@@ -150,6 +151,21 @@ def test_a_count_flag_below_one_is_a_usage_error_before_any_work(command, flag, 
         cli.main(["t5x-lite", command, "--preset=demo", *workdir, flag, value])
     assert exit_info.value.code == 2 and not any(tmp_path.iterdir())
     assert (f"t5x-lite {command}: error: argument {flag}: {value!r} is not an integer >= 1"
+            in capsys.readouterr().err)
+
+
+def test_compare_torch_without_torch_is_a_usage_error_before_any_work(monkeypatch, capsys):
+    """A plain `pip install .` has no torch: `bench --compare_torch` says so in one line
+    instead of a traceback after timing the JAX step."""
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "torch" else find_spec(name, *args))
+    monkeypatch.setattr("t5x_lite.bench.run_benchmarks", lambda *args, **kwargs: pytest.fail(
+        "the benchmark ran"))
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["t5x-lite", "bench", "--preset=demo", "--compare_torch"])
+    assert exit_info.value.code == 2
+    assert ("t5x-lite bench: error: --compare_torch needs torch (not installed here)"
             in capsys.readouterr().err)
 
 
