@@ -16,26 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
-from typing import Any, Callable
+from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from t5x_lite import bench, grid, objectives, partitioning, sweep, train_step
-
-
-def _median_seconds(fn: Callable[[], Any], steps: int, warmup: int) -> float:
-    for _ in range(warmup):
-        jax.block_until_ready(fn())
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def vmap_benchmark(experiment: str = "table6", preset: str = "demo", steps: int = 20,
@@ -74,11 +60,8 @@ def vmap_benchmark(experiment: str = "table6", preset: str = "demo", steps: int 
         stacked[0], metrics = vmapped_step(stacked[0], stacked_raw, stacked_specs, stacked_keys)
         return metrics
 
-    # Alternate the two in rounds so drift in the machine's speed affects both alike.
-    rounds = [(_median_seconds(sequential, steps, warmup), _median_seconds(vmapped, steps, warmup))
-              for _ in range(3)]
-    sequential_s = statistics.median(r[0] for r in rounds)
-    vmapped_s = statistics.median(r[1] for r in rounds)
+    sequential_s, vmapped_s = bench.median_seconds(sequential, vmapped, steps=steps,
+                                                   warmup=warmup)
     tokens = len(configs) * configs[0].train.batch_size * (layout.inputs_length
                                                            + layout.targets_length)
     return {

@@ -2,8 +2,11 @@
 
 Override any field on the command line, e.g. `--config.train.steps=100`.
 """
+import ml_collections
+
 from t5x_lite import presets
 
 
-def get_config():
+def get_config() -> ml_collections.ConfigDict:
+    """A fresh `demo` config (`presets.demo`): what `--config=configs/demo.py` loads."""
     return presets.demo()

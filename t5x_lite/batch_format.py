@@ -54,6 +54,10 @@ import numpy as np
 from t5x_lite.config import EOS_ID, PAD_ID, sentinel_id
 from t5x_lite.errors import require_choice
 
+# The key of a decoder-only row's explicit positions (GLM's blank infilling, `t5x_lite.glm`),
+# which the model's relative position bias reads as `{stack}_positions` (`models._positions`).
+POSITIONS_KEY = "decoder_positions"
+
 Row = dict[str, Any]  # key -> one row's array, numpy or jax
 
 
@@ -114,7 +118,7 @@ def _decoder_only_row(xp: Any, inputs: Any, targets: Any, inputs_length: int,
     }
     if target_positions is not None:  # shifted by one, so that the gather's padding is -1
         given = _gather_or_pad(xp, target_positions + 1, position - num_inputs) - 1
-        row["decoder_positions"] = xp.where(given >= 0, given, position).astype(xp.int32)
+        row[POSITIONS_KEY] = xp.where(given >= 0, given, position).astype(xp.int32)
     return row
 
 

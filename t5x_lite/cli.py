@@ -40,6 +40,8 @@ from t5x_lite.results import RESULTS_FILE, ResultsError, is_writer
 
 
 class Command(NamedTuple):
+    """One `t5x-lite` command: its help line, its example and the function that runs it."""
+
     summary: str  # the line `t5x-lite --help` shows, and the start of the command's --help
     example: str  # shown at the end of the command's --help
     run: Callable[[list[str]], None]  # called with the arguments after the command's name
@@ -551,6 +553,8 @@ def usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """`t5x-lite COMMAND ...` (the console script): `argv` as `sys.argv`, the program name
+    first. Exits 2 with the usage for an unknown command."""
     argv = list(sys.argv if argv is None else argv)
     if len(argv) < 2 or argv[1] not in COMMANDS:
         print(usage())

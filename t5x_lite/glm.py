@@ -79,9 +79,7 @@ NAME = "blank_infilling"
 # Rows of R uniform draws an example needs: span lengths, their order in the text, their
 # places, their order in Part B.
 UNIFORM_ROWS = 4
-# The batch key the row's explicit positions go to (`batch_format`), which the model's
-# relative position bias reads (`models._positions`).
-POSITIONS_KEY = "decoder_positions"
+# A target slot without an explicit position (`batch_format.POSITIONS_KEY`: then its row's).
 NO_POSITION = -1  # a target slot whose position is its row position
 
 

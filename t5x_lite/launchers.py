@@ -301,6 +301,7 @@ def tpu_commands(
 
 
 def require_partition(partition: str | None) -> None:
+    """Raise the one-line error of a SLURM launch without a partition (before any work)."""
     if not partition:
         raise ValueError("partition is required for a SLURM launch (--partition NAME); "
                          "`sinfo -s` lists the cluster's partitions")

@@ -130,8 +130,10 @@ class BatchLayout:
 # ---------------------------------------------------------------------------------------------
 
 
-def noise_counts(length: Any, noise_density: Any, mean_noise_span_length: Any, xp: Any = jnp):
-    """(num_noise, num_spans) for `length` tokens, as T5's `random_spans_noise_mask` counts them.
+def noise_counts(length: Any, noise_density: Any, mean_noise_span_length: Any,
+                 xp: Any = jnp) -> tuple[Any, Any]:
+    """(num_noise, num_spans) for `length` tokens, as T5's `random_spans_noise_mask` counts them:
+    int32 scalars or arrays of the inputs' broadcast shape (numpy for xp=np, jax for xp=jnp).
 
     Shared by the host length arithmetic (xp=np) and the device masks (xp=jnp) so both round
     identically: float32 products, round half to even, as T5's TensorFlow code does.

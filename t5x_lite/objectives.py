@@ -85,7 +85,7 @@ ceil(n * noise_density) tokens are masked; the inputs (Part A) are the text with
 replaced by one mask token, the targets (Part B) the spans in a random order, each followed by
 EOS (GLM's [END]; its [START] is the EOS each span's first position is fed). Its rows carry
 explicit positions, `decoder_positions` (Part B's tokens at their span's mask position plus
-their offset in it: `glm.POSITIONS_KEY`), in every example of a decoder-only layout that runs
+their offset in it: `batch_format.POSITIONS_KEY`), in every example of a decoder-only layout that runs
 it; the loss is on Part B only.
 
 The masked language models, and the two definitions of them:
@@ -126,7 +126,7 @@ from t5x_lite.config import EOS_ID, NUM_RESERVED_IDS, OBJECTIVES, PAD_ID, sentin
 # through this module.
 from t5x_lite.objective_layout import (  # noqa: F401
     HAS_NOISE_MASK, INFILLING_OBJECTIVES, POISSON_SPAN_OBJECTIVES, READS_MEAN_SPAN_LENGTH,
-    SENTENCE_OBJECTIVES, BatchLayout, ObjectiveSpec, expected_loss_tokens, layout_for,
+    BatchLayout, ObjectiveSpec, expected_loss_tokens, layout_for,
     layout_from_config, lengths_for, noise_counts, raw_length_for, spec_from_config,
     ul2_denoiser_lengths, validate_vocab)
 
@@ -586,7 +586,7 @@ def corrupt(raw_tokens: jax.Array, spec: ObjectiveSpec, rng: jax.Array,
     decoder_target_tokens / decoder_loss_weights [B, targets_length]; decoder_only: those three
     decoder keys [B, inputs_length + targets_length] (inputs incl. EOS, then targets incl. EOS,
     then padding) plus the bool inputs_mask, and int32 decoder_positions when the layout runs
-    blank_infilling (`glm.POSITIONS_KEY`); encoder_only (a layout without target positions):
+    blank_infilling (`batch_format.POSITIONS_KEY`); encoder_only (a layout without target positions):
     encoder_input_tokens (the corrupted inputs), encoder_target_tokens (the original tokens
     at the noise mask, 0 elsewhere) and encoder_loss_weights (the noise mask) [B,
     inputs_length]. An example longer than the layout is cut and gets

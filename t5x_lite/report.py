@@ -20,6 +20,8 @@ from t5x_lite.results import results_path
 
 @dataclasses.dataclass(frozen=True)
 class Report:
+    """What `report` made of a sweep: the table, its terminal text and the files written."""
+
     table: Table
     text: str  # the terminal rendering, with a line naming what was written
     files: tuple[str, ...]  # every file written

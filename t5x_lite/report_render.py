@@ -297,6 +297,8 @@ def _markdown_table(grid: list[list[str]], numeric: int) -> list[str]:
 
 
 def to_markdown(table: Table) -> str:
+    """`table` as table.md: its title, the rows beside the paper's, the notes, then each
+    further section (held-out loss, findings, zero-shot, ...) as its own Markdown table."""
     bold = "**{}**".format
     lines = [f"## {_title(table)}", "",
              *_markdown_table(_grid(table, bold), len(_numeric_columns(table))), "",

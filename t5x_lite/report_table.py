@@ -158,6 +158,9 @@ class Cell:
 
 @dataclasses.dataclass(frozen=True)
 class Row:
+    """One row of the table: an architecture (and objective) with its cells over seeds and
+    the paper's published row beside it."""
+
     label: str
     objective: str | None
     params_label: str
@@ -228,6 +231,9 @@ class ZeroShotRow:
 
 @dataclasses.dataclass(frozen=True)
 class Table:
+    """An experiment's results as the paper's table: its rows, columns, the paper's numbers,
+    the rank agreement with them and the failed records (rendered by `report_render`)."""
+
     experiment: str
     preset: str
     paper: PaperTable | None  # None for an experiment that is not one of the paper's tables

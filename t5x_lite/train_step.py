@@ -14,8 +14,8 @@ family shares one executable.
 
 Vectorised sweeps: K points that differ only in that traced data (`vmap_group_key`) can share
 one step `jax.vmap`-ed over their stacked states, specs and step keys
-(`make_vmapped_train_step`), one compilation for the K. The loops around these steps are in
-`t5x_lite.train`.
+(`make_vmapped_train_step`), one compilation for the K. The one loop around these steps is
+`t5x_lite.loop.run_loop` (pre-training, vmapped points and fine-tuning alike).
 """
 
 from __future__ import annotations

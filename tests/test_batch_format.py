@@ -87,7 +87,7 @@ def test_corrupted_rows_are_the_finetuning_rows_of_their_examples(family, name, 
         row = {key: value[i:i + 1] for key, value in batch.items()}
         # blank_infilling's explicit positions (tests/test_glm.py), which no fine-tuning row
         # has; every other objective's are the row's own.
-        positions = row.pop(glm.POSITIONS_KEY, None)
+        positions = row.pop(batch_format.POSITIONS_KEY, None)
         if positions is not None and name != glm.NAME:
             np.testing.assert_array_equal(positions[0], np.arange(positions.shape[1]))
         example = batch_format.inputs_and_targets(family, {k: v[0] for k, v in row.items()})

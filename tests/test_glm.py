@@ -210,7 +210,7 @@ def test_a_prefix_lm_trains_on_it_and_its_model_reads_the_positions():
     batch = jax.device_get(corrupt_jit(raw, spec, jax.random.key(0), layout)[0])
     # The positions reach the relative position bias: without them the logits differ.
     model, forward = models.build_model(config.model, nnx.Rngs(0)), nnx.jit(lambda m, b: m(b))
-    own = forward(model, {k: v for k, v in batch.items() if k != glm.POSITIONS_KEY})
+    own = forward(model, {k: v for k, v in batch.items() if k != batch_format.POSITIONS_KEY})
     assert not np.allclose(forward(model, batch), own)
     state = train_step.init_state(config, mesh)
     step = train_step.make_train_step(config, layout, mesh)
@@ -249,5 +249,5 @@ def test_only_a_layout_running_it_carries_positions():
             r, objectives.spec_from_config(points[0]), jax.random.key(0), layout), raw))
     assert keys(["span_corruption"]) == set(batch_format.row_keys("decoder_only"))
     assert keys(["span_corruption", "blank_infilling"]) == keys(["span_corruption"]) | {
-        glm.POSITIONS_KEY}
-    assert glm.POSITIONS_KEY not in keys(["blank_infilling"], "encoder_decoder")
+        batch_format.POSITIONS_KEY}
+    assert batch_format.POSITIONS_KEY not in keys(["blank_infilling"], "encoder_decoder")

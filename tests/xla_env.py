@@ -7,7 +7,7 @@ Tests compile far more than they run (tiny models, a few steps), so:
   models' parity and decoding tests 52 s -> 39 s, -n 0, two runs each; measured on this
   project's 2-core CI machine);
 - all processes of one test session share one persistent compilation cache
-  (`COMPILATION_CACHE_ENV`, set up by conftest.py), so a program compiled by one test, xdist
+  (`COMPILATION_CACHE_VARIABLES`, set up by conftest.py), so a program compiled by one test, xdist
   worker or child process is loaded by the others: a killed run and its resumption, a sweep run
   twice, the same tiny step in several files. The cache key holds the flags and the device
   count, so a child with other devices never loads another's program.
