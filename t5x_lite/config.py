@@ -86,6 +86,9 @@ BUDGETS = ("steps", "tokens", "flops")
 # Token ids shared by the vocabulary, the objectives and the model.
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 NUM_RESERVED_IDS = 3
+# T5's sentinel count: the default of `model.num_sentinels`, of a vocabulary's extra ids and of
+# a Hugging Face tokenizer_config.json's `extra_ids`.
+DEFAULT_NUM_SENTINELS = 100
 
 
 def sentinel_id(vocab_size: int, index: Any) -> Any:
@@ -102,7 +105,8 @@ def model_config() -> ml_collections.ConfigDict:
         dict(
             arch="encoder_decoder",  # a name of t5x_lite.architectures
             vocab_size=32000,  # the vocabulary's ids: SentencePiece pieces + sentinels
-            num_sentinels=100,  # <extra_id_0> = vocab_size - 1, counting down (`sentinel_id`)
+            # <extra_id_0> = vocab_size - 1, counting down (`sentinel_id`)
+            num_sentinels=DEFAULT_NUM_SENTINELS,
             d_model=768,
             d_ff=3072,
             num_heads=12,

@@ -20,9 +20,12 @@ transformers is not imported here: the model is read through its `config` and `s
 `spiece.model` when present), without transformers; `with_hf_t5(config, path, overrides)`
 is what `--init_from_hf` runs: the user's config with the checkpoint's model and vocabulary,
 and its parameters. With a SentencePiece model the vocabulary is its pieces plus
-`extra_ids` sentinels (tokenizer_config.json, default 100) and the embedding may have up to
-`MAX_EMBEDDING_PADDING - 1` more rows (`model.embedding_rows`): public T5 has 32128 rows for
-32000 + 100 ids, and `<extra_id_0>` is id 32099, as in T5.
+`extra_ids` sentinels (tokenizer_config.json, default `config.DEFAULT_NUM_SENTINELS`) and the
+embedding may have up to `MAX_EMBEDDING_PADDING - 1` more rows (`model.embedding_rows`): public
+T5 has 32128 rows for 32000 + 100 ids, and `<extra_id_0>` is id 32099, as in T5.
+
+`hf_t5_weights` and `HF_CONFIG_FIELDS` describe Hugging Face's T5 layout for both directions:
+`export.to_hf_t5` reads them backwards.
 """
 from __future__ import annotations
 
@@ -40,17 +43,34 @@ from flax import nnx
 
 from t5x_lite import architectures
 from t5x_lite.checkpointing import PARAMETER_NEUTRAL_FIELDS
-from t5x_lite.config import MLP_KINDS, NUM_RESERVED_IDS, ConfigError, default_config
+from t5x_lite.config import (DEFAULT_NUM_SENTINELS, MLP_KINDS, NUM_RESERVED_IDS, ConfigError,
+                             default_config)
+from t5x_lite.data.hf_tokenizer import SPIECE_FILE, TOKENIZER_CONFIG_FILE
 from t5x_lite.data.vocabulary import load_vocabulary
 from t5x_lite.models import build_model, scan_layers
 from t5x_lite.settings import Model
 
 # (HF projection name, our projection name) per sub-block kind.
-ATTENTION_PROJECTIONS = (("q", "query"), ("k", "key"), ("v", "value"), ("o", "out"))
-MLP_PROJECTIONS = {
+_ATTENTION_PROJECTIONS = (("q", "query"), ("k", "key"), ("v", "value"), ("o", "out"))
+_MLP_PROJECTIONS = {
     "relu": (("wi", "wi"), ("wo", "wo")),
     "gated-gelu": (("wi_0", "wi_0"), ("wi_1", "wi_1"), ("wo", "wo")),
 }
+# The weights outside the stacks: the embedding both HF stacks share, and the LM head.
+_HF_EMBEDDING, _HF_LM_HEAD = "shared.weight", "lm_head.weight"
+# The T5Config fields that are one of our model fields, as (HF name, our name). The others
+# (the vocabulary's size, each stack's depth, the head's tie and scale) need code both ways.
+HF_CONFIG_FIELDS = (
+    ("d_model", "d_model"),
+    ("d_ff", "d_ff"),
+    ("num_heads", "num_heads"),
+    ("d_kv", "d_kv"),
+    ("feed_forward_proj", "mlp"),  # HF's names for our MLPs are ours (config.MLP_KINDS)
+    ("relative_attention_num_buckets", "relpos_buckets"),
+    ("relative_attention_max_distance", "relpos_max_distance"),
+    ("dropout_rate", "dropout_rate"),
+    ("layer_norm_epsilon", "layer_norm_epsilon"),
+)
 # Our logical axis -> the config field that sets its size (for error messages).
 _AXIS_FIELDS = {
     "vocab": "model.embedding_rows",
@@ -74,10 +94,11 @@ _T5_CONFIG_DEFAULTS = dict(
     dropout_rate=0.1, layer_norm_epsilon=1e-6, feed_forward_proj="relu",
     tie_word_embeddings=True,
 )
-# The weight files a checkpoint directory may hold, in the order they are looked for; each
-# may also be sharded, listed by `<name>.index.json`.
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-SPIECE_FILE = "spiece.model"
+HF_CONFIG_FILE = "config.json"
+# The weight files a checkpoint directory may hold, in the order they are looked for (export
+# writes the first); each may also be sharded, listed by `<name>.index.json`.
+WEIGHTS_FILE = "model.safetensors"
+WEIGHT_FILES = (WEIGHTS_FILE, "pytorch_model.bin")
 # More embedding rows than vocabulary ids count as padding below this many (T5 rounds its
 # embedding up to a multiple of 128); a larger gap means another tokenizer.
 MAX_EMBEDDING_PADDING = 128
@@ -90,7 +111,7 @@ def from_hf_t5(hf_model: Any) -> tuple[ml_collections.ConfigDict, nnx.Module]:
     (arch 'encoder_decoder'); `model(batch)` on `encoder_input_tokens` / `decoder_input_tokens`
     returns the same float32 logits [batch, target_len, vocab] as the HF model in eval mode
     (call it without `dropout_rng`). Without a tokenizer every embedding row is a vocabulary
-    id; `model.num_sentinels` keeps its default (100) unless the vocabulary is too small for
+    id; `model.num_sentinels` keeps its default unless the vocabulary is too small for
     it; then it is lowered to the most the vocabulary allows, so the config validates. A
     decoder deeper or shallower than the encoder sets `model.num_decoder_layers`.
 
@@ -120,8 +141,8 @@ def _convert_t5(hf_config: Mapping[str, Any], weights: Mapping[str, np.ndarray],
     # saved tied may leave the head out).
     fields = {**_T5_CONFIG_DEFAULTS, **hf_config}
     scale_logits = fields.get("scale_decoder_outputs", fields["tie_word_embeddings"])
-    embedding = _tensor(weights, "shared.weight", source, "encoder.embed_tokens.weight")
-    head = weights.get("lm_head.weight", embedding)
+    embedding = _tensor(weights, _HF_EMBEDDING, source, "encoder.embed_tokens.weight")
+    head = weights.get(_HF_LM_HEAD, embedding)
     tied = bool(scale_logits) and np.array_equal(head, embedding)
     config = default_config()
     config.model = _model_config(fields, tie_embeddings=tied, vocab_size=vocab_size,
@@ -133,16 +154,14 @@ def _convert_t5(hf_config: Mapping[str, Any], weights: Mapping[str, np.ndarray],
     targets = dict(nnx.to_flat_state(abstract_state))
     depths = {stack.role: stack.num_layers(config.model)
               for stack in architectures.get(HF_T5_ARCH).stacks}
+    # The embedding under either name; an untied head with the logit scale folded in.
+    weights = {**weights, _HF_EMBEDDING: embedding}
+    if not tied:
+        weights[_HF_LM_HEAD] = head * (config.model.d_model**-0.5 if scale_logits else 1.0)
     params = {
         path: _convert(_tensor(weights, hf_name, source), hf_name, targets[path], linear_inputs)
-        for hf_name, path, linear_inputs in _weight_map(depths, config.model.mlp)
+        for hf_name, path, linear_inputs in hf_t5_weights(depths, config.model.mlp, tied=tied)
     }
-    params[("token_embedder", "embedding")] = _convert(
-        embedding, "shared.weight", targets[("token_embedder", "embedding")], 0)
-    if not tied:
-        head = head * (config.model.d_model**-0.5 if scale_logits else 1.0)
-        head_path = ("lm_head", "kernel")
-        params[head_path] = _convert(head, "lm_head.weight", targets[head_path], 1)
     missing = targets.keys() - params.keys()
     if missing:  # the model grew a parameter this converter does not know
         raise ValueError(f"no HF weight converts to {sorted(map(str, missing))}")
@@ -168,46 +187,44 @@ def _model_config(fields: Mapping[str, Any], *, tie_embeddings: bool, vocab_size
         # Validation wants vocab_size >= num_sentinels + reserved ids + one real token.
         num_sentinels = min(model.num_sentinels, max(ids - NUM_RESERVED_IDS - 1, 0))
     decoder_layers = fields["num_decoder_layers"]
+    # float(): JSON may write a float field as an integer (dropout_rate: 0).
+    model.update({ours: float(fields[hf]) if isinstance(model[ours], float) else fields[hf]
+                  for hf, ours in HF_CONFIG_FIELDS})
     model.update(
         arch=HF_T5_ARCH,
         vocab_size=ids,
         num_sentinels=num_sentinels,
-        d_model=fields["d_model"],
-        d_ff=fields["d_ff"],
-        num_heads=fields["num_heads"],
-        d_kv=fields["d_kv"],
         num_layers=fields["num_layers"],
         # None when equal: the config then reads as one of ours with both stacks alike.
         num_decoder_layers=None if decoder_layers in (None, fields["num_layers"])
         else decoder_layers,
-        mlp=fields["feed_forward_proj"],
         tie_embeddings=tie_embeddings,
-        relpos_buckets=fields["relative_attention_num_buckets"],
-        relpos_max_distance=fields["relative_attention_max_distance"],
-        dropout_rate=float(fields["dropout_rate"]),
-        layer_norm_epsilon=float(fields["layer_norm_epsilon"]),
         embedding_rows=None if rows == ids else rows,
     )
     Model.from_config(model)  # a ConfigError naming the field, before any array is built
     return model
 
 
-def _weight_map(depths: Mapping[str, int], mlp: str) -> Iterator[tuple[str, Path, int]]:
-    """(HF tensor name, our parameter path, linear_inputs) for every weight of the stacks,
-    `depths[stack]` layers each (the embedding and the LM head are the caller's).
+def hf_t5_weights(depths: Mapping[str, int], mlp: str, *,
+                  tied: bool) -> Iterator[tuple[str, Path, int]]:
+    """Hugging Face T5's weight layout: (HF tensor name, our parameter path, linear_inputs) for
+    every weight of a T5ForConditionalGeneration with `depths[stack]` layers per stack, the
+    `mlp` kind, and (unless `tied`) an LM head of its own.
 
-    linear_inputs is 0 for tensors stored alike on both sides (norms, relpos tables); for a
-    torch Linear weight it is how many leading axes of our kernel are its input axes.
+    linear_inputs is 0 for tensors stored alike on both sides (embedding, norms, relpos
+    tables); for a torch Linear weight it is how many leading axes of our kernel are its input
+    axes.
     """
+    yield _HF_EMBEDDING, ("token_embedder", "embedding"), 0
     for stack in ("encoder", "decoder"):
         relpos = f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
         yield relpos, (stack, "relpos", "embedding"), 0
         yield f"{stack}.final_layer_norm.weight", (stack, "final_norm", "scale"), 0
         # HF numbers a block's sub-layers: self-attention, [cross-attention,] feed-forward.
-        sublayers = [("SelfAttention", "self_attention", ATTENTION_PROJECTIONS)]
+        sublayers = [("SelfAttention", "self_attention", _ATTENTION_PROJECTIONS)]
         if stack == "decoder":
-            sublayers.append(("EncDecAttention", "cross_attention", ATTENTION_PROJECTIONS))
-        sublayers.append(("DenseReluDense", "mlp", MLP_PROJECTIONS[mlp]))
+            sublayers.append(("EncDecAttention", "cross_attention", _ATTENTION_PROJECTIONS))
+        sublayers.append(("DenseReluDense", "mlp", _MLP_PROJECTIONS[mlp]))
         for i in range(depths[stack]):
             for j, (hf_block, ours, projections) in enumerate(sublayers):
                 hf_prefix, path = f"{stack}.block.{i}.layer.{j}", (stack, "layers", i)
@@ -217,6 +234,8 @@ def _weight_map(depths: Mapping[str, int], mlp: str) -> Iterator[tuple[str, Path
                     inputs = 2 if our_proj == "out" else 1
                     hf_name = f"{hf_prefix}.{hf_block}.{hf_proj}.weight"
                     yield hf_name, (*path, ours, our_proj), inputs
+    if not tied:
+        yield _HF_LM_HEAD, ("lm_head", "kernel"), 1
 
 
 def _convert(
@@ -245,7 +264,7 @@ def _tensor(weights: Mapping[str, np.ndarray], name: str, source: str,
     for key in (name, alias):
         if key in weights:
             return weights[key]
-    raise ConfigError(f"{source} has no tensor {name}, which its config.json needs; the "
+    raise ConfigError(f"{source} has no tensor {name}, which its {HF_CONFIG_FILE} needs; the "
                       "config disagrees with its weights")
 
 
@@ -267,12 +286,13 @@ def _read_hf_config(path: str | FilePath) -> dict[str, Any]:
     """The T5Config fields of the checkpoint directory `path` (its config.json); a
     `ConfigError` unless it is a T5 checkpoint with a weight file, before any weight is read."""
     directory = FilePath(path)
-    if not (directory / "config.json").is_file():
+    file = directory / HF_CONFIG_FILE
+    if not file.is_file():
         raise ConfigError(f"{directory} is not a Hugging Face checkpoint directory: it has no "
-                          "config.json")
-    fields = _read_json(directory / "config.json")
+                          f"{HF_CONFIG_FILE}")
+    fields = _read_json(file)
     if fields.get("model_type") not in HF_MODEL_TYPES:
-        raise ConfigError(f"{directory}/config.json has model_type={fields.get('model_type')!r}; "
+        raise ConfigError(f"{file} has model_type={fields.get('model_type')!r}; "
                           f"only {', '.join(map(repr, HF_MODEL_TYPES))} checkpoints "
                           "(T5ForConditionalGeneration's architecture) convert")
     _weight_files(directory)
@@ -314,7 +334,7 @@ def _load_weights(files: list[FilePath]) -> dict[str, np.ndarray]:
             import torch
         except ImportError:
             raise ConfigError(f"reading {file} needs torch (pip install torch), or save the "
-                              "checkpoint as model.safetensors") from None
+                              f"checkpoint as {WEIGHTS_FILE}") from None
         try:  # weights_only: tensors, never code, from the pickle
             state = torch.load(file, map_location="cpu", weights_only=True)
         except (RuntimeError, EOFError, pickle.UnpicklingError) as error:
@@ -330,8 +350,9 @@ def from_hf_t5_dir(path: str | FilePath) -> tuple[ml_collections.ConfigDict, nnx
     there, its SentencePiece model (`SPIECE_FILE`).
 
     With a SentencePiece model, `config.data.vocab` is that file, `model.vocab_size` its
-    pieces plus `extra_ids` sentinels (tokenizer_config.json, default 100, `num_sentinels`),
-    and the embedding's extra rows, fewer than `MAX_EMBEDDING_PADDING`, `model.embedding_rows`.
+    pieces plus `extra_ids` sentinels (`TOKENIZER_CONFIG_FILE`, default `DEFAULT_NUM_SENTINELS`;
+    `num_sentinels`), and the embedding's extra rows, fewer than `MAX_EMBEDDING_PADDING`,
+    `model.embedding_rows`.
     Without one, every row is an id (as `from_hf_t5`). Raises a one-line `ConfigError` for a
     directory that is not a T5 checkpoint, a tokenizer whose size disagrees with the embedding
     beyond padding (before reading weights) and a tensor whose shape disagrees with config.json
@@ -342,8 +363,9 @@ def from_hf_t5_dir(path: str | FilePath) -> tuple[ml_collections.ConfigDict, nnx
     vocab_size = num_sentinels = None
     spiece = directory / SPIECE_FILE
     if spiece.is_file():
-        tokenizer = directory / "tokenizer_config.json"
-        num_sentinels = _read_json(tokenizer).get("extra_ids", 100) if tokenizer.is_file() else 100
+        tokenizer = directory / TOKENIZER_CONFIG_FILE
+        tokenizer_config = _read_json(tokenizer) if tokenizer.is_file() else {}
+        num_sentinels = tokenizer_config.get("extra_ids", DEFAULT_NUM_SENTINELS)
         try:
             vocab_size = load_vocabulary(str(spiece), num_sentinels).vocab_size
         except (ValueError, RuntimeError) as error:  # not SentencePiece, or T5's ids differ
@@ -352,7 +374,7 @@ def from_hf_t5_dir(path: str | FilePath) -> tuple[ml_collections.ConfigDict, nnx
         if not 0 <= padding < MAX_EMBEDDING_PADDING:
             raise ConfigError(
                 f"{spiece} has {vocab_size - num_sentinels} pieces + {num_sentinels} sentinels = "
-                f"{vocab_size} ids, but config.json has vocab_size={fields['vocab_size']} "
+                f"{vocab_size} ids, but {HF_CONFIG_FILE} has vocab_size={fields['vocab_size']} "
                 f"embedding rows; the rows may pad the ids by 0 to {MAX_EMBEDDING_PADDING - 1}, "
                 "so this tokenizer belongs to another model")
     weights = _load_weights(_weight_files(directory))
@@ -363,7 +385,10 @@ def from_hf_t5_dir(path: str | FilePath) -> tuple[ml_collections.ConfigDict, nnx
 
 
 # Model fields a checkpoint directory does not describe (how to compute, not what): they stay
-# the user's config's.
+# the user's config's. Not checkpointing.PARAMETER_NEUTRAL_FIELDS (what a checkpoint restores
+# under any value of), though dtype, attention_impl and remat are both: config.json sets
+# dropout_rate, which is neutral (so the user's override of it wins), and no HF checkpoint
+# has scan_layers, which is not (it stacks the parameters).
 _COMPUTE_FIELDS = ("model.dtype", "model.attention_impl", "model.remat", "model.scan_layers")
 
 

@@ -12,8 +12,9 @@ export` command) does so for a t5x_lite checkpoint:
     spiece.model, tokenizer.json,         the run's vocabulary (`data.hf_tokenizer`), giving
     tokenizer_config.json                 the ids our pipeline gives
 
-Layouts, the reverse of convert's: our kernels [in..., out...] become torch Linear [out, in];
-scanned stacks (`model.scan_layers`) are unstacked into HF's numbered blocks; the layers
+Layouts, convert's read backwards (`convert.hf_t5_weights`, `convert.HF_CONFIG_FIELDS`): our
+kernels [in..., out...] become torch Linear [out, in]; scanned stacks (`model.scan_layers`)
+are unstacked into HF's numbered blocks; the layers
 `encoder_decoder_shared`'s decoder reuses are written into both stacks (HF T5 shares nothing);
 each stack's depth is read from the model, so the encoder and decoder may differ
 (`encoder_decoder_half` is a T5 of half depth). Logits: our tied head (scaled by d_model**-0.5)
@@ -43,17 +44,12 @@ from safetensors.numpy import save_file
 
 from t5x_lite import architectures, checkpointing, evaluation, partitioning, train_step
 from t5x_lite.config import EOS_ID, PAD_ID, ConfigError, default_config
-from t5x_lite.convert import ATTENTION_PROJECTIONS, MLP_PROJECTIONS
+from t5x_lite.convert import HF_CONFIG_FIELDS, HF_CONFIG_FILE, WEIGHTS_FILE, hf_t5_weights
 from t5x_lite.data import hf_tokenizer, pipeline
 from t5x_lite.data.vocabulary import Vocabulary
 from t5x_lite.settings import Model
 
-HF_CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
-WEIGHTS_FILE = "model.safetensors"
-# HF numbers a block's sub-layers: self-attention, [cross-attention,] feed-forward.
-_SELF_ATTENTION = ("SelfAttention", "self_attention", ATTENTION_PROJECTIONS)
-_CROSS_ATTENTION = ("EncDecAttention", "cross_attention", ATTENTION_PROJECTIONS)
 
 
 def _is_hf_t5(architecture: architectures.Architecture) -> bool:
@@ -92,17 +88,9 @@ def to_hf_t5(config: ml_collections.ConfigDict,
         "architectures": ["T5ForConditionalGeneration"],
         "model_type": "t5",
         "vocab_size": cfg.num_embeddings,  # the rows; padding past the tokenizer's ids included
-        "d_model": cfg.d_model,
-        "d_kv": cfg.d_kv,
-        "d_ff": cfg.d_ff,
-        "num_heads": cfg.num_heads,
+        **{hf: getattr(cfg, ours) for hf, ours in HF_CONFIG_FIELDS},
         "num_layers": depths["encoder"],
         "num_decoder_layers": depths["decoder"],
-        "feed_forward_proj": cfg.mlp,  # HF's names for our MLPs are ours (config.MLP_KINDS)
-        "relative_attention_num_buckets": cfg.relpos_buckets,
-        "relative_attention_max_distance": cfg.relpos_max_distance,
-        "dropout_rate": cfg.dropout_rate,
-        "layer_norm_epsilon": cfg.layer_norm_epsilon,
         # transformers < 5 reads both the tie and the scale from tie_word_embeddings.
         "tie_word_embeddings": cfg.tie_embeddings,
         "scale_decoder_outputs": cfg.tie_embeddings,
@@ -113,50 +101,35 @@ def to_hf_t5(config: ml_collections.ConfigDict,
         "initializer_factor": 1.0,
         "dtype": "float32",
     }
-    weights = {"shared.weight": _value(model.token_embedder, "embedding")}
-    for stack in architectures.get(cfg.arch).stacks:
-        weights.update(_stack_weights(stack.role, getattr(model, stack.role),
-                                      stack.cross_attention, cfg.mlp))
-    if not cfg.tie_embeddings:
-        weights["lm_head.weight"] = _value(model.lm_head, "kernel").T
+    weights: dict[str, np.ndarray] = {}
+    stacked: dict[tuple[Any, ...], np.ndarray] = {}
+    for hf_name, path, linear_inputs in hf_t5_weights(depths, cfg.mlp, tied=cfg.tie_embeddings):
+        value = _parameter(model, path, stacked)
+        weights[hf_name] = _torch_linear(value, linear_inputs) if linear_inputs else value
     return hf_config, {name: np.ascontiguousarray(w) for name, w in weights.items()}
 
 
-def _value(module: Any, *names: str) -> np.ndarray:
-    """The float32 value of the parameter `module.names[0].names[1]...`, on the host."""
+def _value(module: Any, *names: str | int) -> np.ndarray:
+    """The float32 value of the parameter at `names` under `module` (attribute names, and
+    indices into a stack's unscanned layers), on the host."""
     for name in names:
-        module = getattr(module, name)
+        module = module[name] if isinstance(name, int) else getattr(module, name)
     return np.asarray(module[...], np.float32)
 
 
-def _stack_weights(role: str, stack: nnx.Module, cross_attention: bool,
-                   mlp: str) -> dict[str, np.ndarray]:
-    """HF's weights of the `models.TransformerStack` of `role` (HF's prefix too)."""
-    weights = {
-        f"{role}.block.0.layer.0.SelfAttention.relative_attention_bias.weight":
-            _value(stack.relpos, "embedding"),
-        f"{role}.final_layer_norm.weight": _value(stack.final_norm, "scale"),
-    }
-    sublayers = [_SELF_ATTENTION, *([_CROSS_ATTENTION] if cross_attention else []),
-                 ("DenseReluDense", "mlp", MLP_PROJECTIONS[mlp])]
-    stacked: dict[tuple[str, ...], np.ndarray] = {}
-
-    def layer_value(i: int, *names: str) -> np.ndarray:
-        if not stack.scanned:
-            return _value(stack.layers[i], *names)
-        if names not in stacked:  # [layers, ...]: read each stacked parameter once
-            stacked[names] = _value(stack.layers, *names)
-        return stacked[names][i]
-
-    for i in range(stack.num_layers):
-        for j, (hf_block, ours, projections) in enumerate(sublayers):
-            prefix = f"{role}.block.{i}.layer.{j}"
-            weights[f"{prefix}.layer_norm.weight"] = layer_value(i, f"{ours}_norm", "scale")
-            for hf_proj, our_proj in projections:
-                # Only the attention output projection has two input axes (heads, kv).
-                weights[f"{prefix}.{hf_block}.{hf_proj}.weight"] = _torch_linear(
-                    layer_value(i, ours, our_proj), 2 if our_proj == "out" else 1)
-    return weights
+def _parameter(model: nnx.Module, path: tuple[Any, ...],
+               stacked: dict[tuple[Any, ...], np.ndarray]) -> np.ndarray:
+    """`_value(model, *path)` for a parameter path of an unscanned model (as
+    `convert.hf_t5_weights` gives it), also when the stack holding it is scanned: then layer
+    i's parameter is row i of the stacked one [layers, ...], read once into `stacked`."""
+    role, *rest = path
+    if rest[0] == "layers" and getattr(model, role).scanned:
+        layer, *names = rest[1:]
+        key = (role, "layers", *names)
+        if key not in stacked:
+            stacked[key] = _value(model, *key)
+        return stacked[key][layer]
+    return _value(model, *path)
 
 
 def _torch_linear(kernel: np.ndarray, inputs: int) -> np.ndarray:

@@ -136,9 +136,10 @@ def test_a_decoder_deeper_or_shallower_than_the_encoder_keeps_the_logits(decoder
 def test_a_parameter_without_an_hf_weight_is_reported(monkeypatch):
     from t5x_lite import convert
 
-    full_map = convert._weight_map
-    monkeypatch.setattr(convert, "_weight_map", lambda *args: (
-        entry for entry in full_map(*args) if entry[1] != ("decoder", "final_norm", "scale")))
+    full_map = convert.hf_t5_weights
+    monkeypatch.setattr(convert, "hf_t5_weights", lambda *args, **kwargs: (
+        entry for entry in full_map(*args, **kwargs)
+        if entry[1] != ("decoder", "final_norm", "scale")))
     with pytest.raises(ValueError, match="no HF weight converts to.*'decoder', 'final_norm'"):
         from_hf_t5(_hf_t5(**V1_0))
 

@@ -16,7 +16,8 @@ from typing import Iterable, Sequence
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
-from t5x_lite.config import EOS_ID, NUM_RESERVED_IDS, PAD_ID, UNK_ID, sentinel_id
+from t5x_lite.config import (DEFAULT_NUM_SENTINELS, EOS_ID, NUM_RESERVED_IDS, PAD_ID, UNK_ID,
+                             sentinel_id)
 
 # Byte fallback needs 256 byte pieces; below this many pieces they would crowd out subwords.
 _MIN_PIECES_FOR_BYTE_FALLBACK = 1024
@@ -35,7 +36,7 @@ class Vocabulary:
     Picklable: it pickles as the model bytes and rebuilds the processor when loaded.
     """
 
-    def __init__(self, model_proto: bytes, num_extra_ids: int = 100):
+    def __init__(self, model_proto: bytes, num_extra_ids: int = DEFAULT_NUM_SENTINELS):
         if num_extra_ids < 0:
             raise ValueError(f"num_extra_ids={num_extra_ids} must be >= 0")
         self._model_proto = model_proto
@@ -111,7 +112,7 @@ def _with_sentinels(model_proto: bytes, num_extra_ids: int) -> bytes:
     return model.SerializeToString()
 
 
-def load_vocabulary(path: str, num_extra_ids: int = 100) -> Vocabulary:
+def load_vocabulary(path: str, num_extra_ids: int = DEFAULT_NUM_SENTINELS) -> Vocabulary:
     """A `Vocabulary` from an existing SentencePiece `.model` file (e.g. T5's public one)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"vocabulary path {path!r} is not a file")
@@ -122,7 +123,7 @@ def load_vocabulary(path: str, num_extra_ids: int = 100) -> Vocabulary:
 def train_vocabulary(
     texts: Iterable[str],
     vocab_size: int,
-    num_extra_ids: int = 100,
+    num_extra_ids: int = DEFAULT_NUM_SENTINELS,
     cache_dir: str | None = None,
 ) -> Vocabulary:
     """Trains a unigram SentencePiece model so that the vocabulary has `vocab_size` ids.
