@@ -105,7 +105,8 @@ def _config_parser(command: str, preset_help: str = "") -> argparse.ArgumentPars
 def _add_run_flags(parser: argparse.ArgumentParser, writes: str) -> None:
     """--workdir and --restart, which train and finetune share: the run's folder (`writes`:
     what goes there), resumed from its checkpoints unless --restart."""
-    parser.add_argument("--workdir", required=True, help=f"where {writes} go; re-running "
+    parser.add_argument("--workdir", required=True, type=_folder,
+                        help=f"where {writes} go; re-running "
                         "resumes from its checkpoints")
     parser.add_argument("--restart", action="store_true",
                         help="discard the checkpoints in --workdir and start from step 0")
@@ -131,7 +132,21 @@ _FINETUNE_PRESET_HELP = ("; its fine-tuning settings and tasks are those of a sw
 
 
 def _comma_list(text: str) -> list[str]:
-    return [item for item in text.split(",") if item]
+    """A comma-separated names flag's value; one that names nothing is argparse's error."""
+    items = [item for item in text.split(",") if item]
+    if not items:
+        raise argparse.ArgumentTypeError(f"{text!r} names nothing")
+    return items
+
+
+def _folder(text: str) -> str:
+    """An output folder flag's value: made if missing; '' (the current folder, by accident)
+    or an existing file is argparse's one-line error before any work."""
+    if not text:
+        raise argparse.ArgumentTypeError("'' is no folder name")
+    if Path(text).exists() and not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a file, not a folder")
+    return text
 
 
 def _positive_int(text: str) -> int:
@@ -293,7 +308,8 @@ def _export(argv: list[str]) -> None:
     parser.add_argument("--checkpoint", required=True,
                         help="a train or finetune workdir (or its checkpoints/); its newest "
                         "checkpoint, model and vocabulary are exported")
-    parser.add_argument("--out", required=True, help="the Hugging Face directory to write "
+    parser.add_argument("--out", required=True, type=_folder,
+                        help="the Hugging Face directory to write "
                         "(must not exist, or be empty)")
     args = parser.parse_args(argv)
     from t5x_lite.export import export_checkpoint
@@ -319,11 +335,13 @@ def _sweep_parser() -> argparse.ArgumentParser:
                         "or a path to an experiment file")
     parser.add_argument("--preset", default="tiny",
                         help=f"{', '.join(presets.PRESETS)} (default: tiny)")
-    parser.add_argument("--workdir", required=True, help=f"where {RESULTS_FILE} and the runs "
+    parser.add_argument("--workdir", required=True, type=_folder,
+                        help=f"where {RESULTS_FILE} and the runs "
                         "go; re-running resumes the sweep")
     parser.add_argument("--launcher", default="local", choices=launchers.LAUNCHERS,
                         help="where the grid points run (default: local, one after another)")
-    parser.add_argument("--workers", type=int, default=1, help="--launcher parallel: processes")
+    parser.add_argument("--workers", type=_positive_int, default=1,
+                        help="--launcher parallel: processes (default: 1)")
     parser.add_argument("--address", help="--launcher ray: the cluster's HOST:PORT")
     parser.add_argument("--accelerator", default="cpu", choices=launchers.ACCELERATORS,
                         help="--launcher ray: what each grid point asks for")
@@ -370,7 +388,8 @@ def _print_report(workdir: str, out_dir: str | None) -> None:
 def _report(argv: list[str]) -> None:
     parser = _parser("report", None)
     parser.add_argument("workdir", help=f"a sweep's workdir (holding {RESULTS_FILE})")
-    parser.add_argument("--out", help="where the tables and plots go (default: WORKDIR/report)")
+    parser.add_argument("--out", type=_folder,
+                        help="where the tables and plots go (default: WORKDIR/report)")
     args = parser.parse_args(argv)
     try:
         _print_report(args.workdir, args.out)
@@ -382,7 +401,7 @@ def _demo(argv: list[str]) -> None:
     from t5x_lite import sweep
 
     parser = _parser("demo", presets.sweep_preset("demo"))
-    parser.add_argument("--workdir", default="t5x_lite_demo",
+    parser.add_argument("--workdir", default="t5x_lite_demo", type=_folder,
                         help="where the sweep goes (default: t5x_lite_demo); re-running resumes")
     args, overrides = _parse(parser, argv)
     print(sweep.run_demo(args.workdir, overrides=overrides))
@@ -417,13 +436,22 @@ def _preview(argv: list[str]) -> None:
 # launch: TPU pods and SLURM clusters
 
 
-def _count_points(sweep_args: list[str]) -> int:
+def _launched_sweep_points(sweep_args: list[str], target: str) -> int:
     """The number of runs (grid rows x seeds) of `t5x-lite sweep SWEEP_ARGS`, read with the
-    sweep's own parser, for the SLURM array."""
-    from t5x_lite import grid
+    sweep's own parser, after refusing what a sweep launched on `target` cannot do: a bad
+    argument fails here, not on every host of the cluster."""
+    from t5x_lite import grid, sweep
 
     args, overrides = _parse(_sweep_parser(), sweep_args)
-    return len(grid.expand(args.experiment, args.preset, overrides))
+    if args.dry_run:
+        raise ValueError("--dry_run in SWEEP_ARGS would only print a plan on every host; run "
+                         "`t5x-lite sweep SWEEP_ARGS --dry_run` here instead")
+    if args.point_index is not None and target == "slurm":
+        raise ValueError("--point_index in SWEEP_ARGS: the job array sets it, one task per "
+                         "grid point; leave it out")
+    points = grid.expand(args.experiment, args.preset, overrides)
+    sweep.select_point(points, args.point_index)  # an index past the grid
+    return len(points)
 
 
 def _launch(argv: list[str]) -> None:
@@ -455,7 +483,8 @@ def _launch(argv: list[str]) -> None:
     slurm.add_argument("--partition", help="the SLURM partition (`sinfo -s` lists them)")
     slurm.add_argument("--nodes", type=int, default=1, help="nodes per grid point (default: 1)")
     slurm.add_argument("--gpus_per_node", type=int, default=1, help="default: 1")
-    slurm.add_argument("--time", default="24:00:00", help="time limit per grid point (default: 24:00:00)")
+    slurm.add_argument("--time", default="24:00:00",
+                       help="time limit per grid point (default: 24:00:00)")
     slurm.add_argument("--account", help="the account to charge")
     slurm.add_argument("--setup", action="append", default=[], help="a shell line run first "
                        "(repeatable): module loads, activating a virtualenv")
@@ -476,12 +505,13 @@ def _launch(argv: list[str]) -> None:
         if args.target == "tpu":
             commands = launchers.tpu_commands(sweep_args, tpu=args.tpu, zone=args.zone,
                                               repo=args.repo, project=args.project)
-            _parse(_sweep_parser(), sweep_args)  # a bad sweep argument fails here, not on a host
+            _launched_sweep_points(sweep_args, "tpu")
             launchers.run_commands(commands, dry_run=not args.submit)
             return
         launchers.require_partition(args.partition)  # before counting the grid (builds configs)
         script = launchers.slurm_script(
-            sweep_args, num_points=_count_points(sweep_args), partition=args.partition,
+            sweep_args, num_points=_launched_sweep_points(sweep_args, "slurm"),
+            partition=args.partition,
             nodes=args.nodes, gpus_per_node=args.gpus_per_node, time=args.time,
             account=args.account, setup=args.setup,
         )
@@ -554,11 +584,15 @@ def usage() -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """`t5x-lite COMMAND ...` (the console script): `argv` as `sys.argv`, the program name
-    first. Exits 2 with the usage for an unknown command."""
+    first. Without a command it prints the usage (exit 2); an unknown one is a one-line error."""
     argv = list(sys.argv if argv is None else argv)
-    if len(argv) < 2 or argv[1] not in COMMANDS:
+    if len(argv) < 2 or argv[1] in ("-h", "--help"):
         print(usage())
-        raise SystemExit(0 if len(argv) >= 2 and argv[1] in ("-h", "--help") else 2)
+        raise SystemExit(0 if len(argv) >= 2 else 2)
+    if argv[1] not in COMMANDS:  # a usage error, as argparse's: exit status 2
+        print(f"t5x-lite: unknown command {argv[1]!r}; the commands: {', '.join(COMMANDS)} "
+              "(t5x-lite --help says what each does)", file=sys.stderr)
+        raise SystemExit(2)
     command = argv.pop(1)
     host_memory.retain_if_requested()  # before JAX starts its threads (see the module)
     # Before anything compiles. bench measures compile time: it compiles everything.
@@ -574,6 +608,8 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as error:  # a bad setting: the message names it; no traceback needed
         raise SystemExit(f"t5x-lite {command}: invalid config: {error}") from None
     except ResultsError as error:  # a damaged results.jsonl: the message names the line
+        raise SystemExit(f"t5x-lite {command}: {error}") from None
+    except FloatingPointError as error:  # a diverged run: the step, and the checkpoint kept
         raise SystemExit(f"t5x-lite {command}: {error}") from None
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import types
 import typing
 from typing import Any, Callable, ClassVar, Mapping
@@ -157,6 +158,10 @@ class _Section:
             if name not in section:
                 raise ConfigError(f"{cls.NAME}.{name} is missing from the config")
         settings = cls(**{name: cls._read(name, section[name]) for name in names})
+        for name in names:  # a NaN passes every comparison's check unnoticed; inf, most
+            value = getattr(settings, name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{cls.NAME}.{name}={value!r} must be a finite number")
         settings._check()
         for field in dataclasses.fields(cls):
             value = getattr(settings, field.name)
@@ -444,6 +449,8 @@ class Sweep(_Section):
         if isinstance(self.tasks, str) or not self.tasks:
             raise ConfigError(f"sweep.tasks={self.tasks!r} must be a non-empty list of task "
                               "names")
+        if isinstance(self.seeds, int) or not self.seeds:
+            raise ConfigError(f"sweep.seeds={self.seeds!r} must be a non-empty list of seeds")
 
 
 @dataclasses.dataclass(frozen=True)

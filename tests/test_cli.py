@@ -80,11 +80,41 @@ def test_unknown_preset_names_the_choices():
         cli.main(["t5x-lite", "train", "--preset", "huge", "--workdir=w"])
 
 
-def test_unknown_command_prints_usage_and_exits_2(capsys):
+def test_an_unknown_command_is_one_line_naming_the_commands_and_no_command_the_usage(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        cli.main(["t5x-lite", "fly"])
+        cli.main(["t5x-lite", "trian"])
     assert exit_info.value.code == 2
-    assert "Commands:" in capsys.readouterr().out
+    err = capsys.readouterr().err
+    assert err == (f"t5x-lite: unknown command 'trian'; the commands: {', '.join(cli.COMMANDS)} "
+                   "(t5x-lite --help says what each does)\n")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["t5x-lite"])
+    assert exit_info.value.code == 2 and "Commands:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--preset=demo", "--workdir="], "argument --workdir: '' is no folder name"),
+    (["train", "--preset=demo", "--workdir={file}"], "argument --workdir: '{file}' is a file, "
+                                                    "not a folder"),
+    (["sweep", "table2", "--preset=demo", "--workdir={file}", "--dry_run"],
+     "argument --workdir: '{file}' is a file, not a folder"),
+    (["report", "{tmp}", "--out={file}"], "argument --out: '{file}' is a file, not a folder"),
+    (["finetune", "--preset=demo", "--workdir={tmp}/ft", "--tasks="],
+     "argument --tasks: '' names nothing"),
+    (["sweep", "table2", "--preset=demo", "--workdir={tmp}/s", "--launcher=parallel",
+      "--workers=0", "--dry_run"], "argument --workers: '0' is not an integer >= 1"),
+])
+def test_a_bad_folder_task_list_or_worker_count_is_a_usage_error_before_any_work(
+        argv, message, tmp_path, capsys):
+    """An empty --workdir trained into the current folder and a file a traceback from orbax;
+    an empty --tasks fine-tuned on the preset's tasks; --workers 0 passed the dry run."""
+    file = tmp_path / "a_file"
+    file.write_text("not a folder")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["t5x-lite", *(arg.format(tmp=tmp_path, file=file) for arg in argv)])
+    assert exit_info.value.code == 2
+    assert message.format(tmp=tmp_path, file=file) in capsys.readouterr().err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["a_file"]  # nothing written
 
 
 def test_help_lists_every_command_in_one_line_each(capsys):
@@ -152,6 +182,21 @@ def test_a_count_flag_below_one_is_a_usage_error_before_any_work(command, flag, 
     assert exit_info.value.code == 2 and not any(tmp_path.iterdir())
     assert (f"t5x-lite {command}: error: argument {flag}: {value!r} is not an integer >= 1"
             in capsys.readouterr().err)
+
+
+def test_a_diverged_run_ends_with_one_line_naming_the_step_and_its_checkpoint(monkeypatch,
+                                                                               tmp_path):
+    """The loop's FloatingPointError (`loop._Records.flush`) says everything a user needs; the
+    command ends with it, not with a traceback through the loop."""
+    message = "loss is nan at step 7; stopping without saving this state (last checkpoint: 5)"
+
+    def diverge(*args, **kwargs):
+        raise FloatingPointError(message)
+
+    monkeypatch.setattr("t5x_lite.train.train", diverge)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["t5x-lite", "train", "--preset=demo", f"--workdir={tmp_path}"])
+    assert exit_info.value.code == f"t5x-lite train: {message}"
 
 
 def test_compare_torch_without_torch_is_a_usage_error_before_any_work(monkeypatch, capsys):

@@ -399,6 +399,28 @@ def test_launch_command_reports_bad_input_without_a_traceback(capsys):
     assert "give the sweep's arguments after '--'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("target, sweep_flags, message", [
+    ("slurm", ["--dry_run"], "--dry_run in SWEEP_ARGS would only print a plan on every host"),
+    ("tpu", ["--dry_run"], "--dry_run in SWEEP_ARGS would only print a plan on every host"),
+    ("slurm", ["--point_index", "3"], "--point_index in SWEEP_ARGS: the job array sets it"),
+    ("tpu", ["--point_index", "99"], "point_index=99 must be in [0, 10)"),
+    ("slurm", ["--launcher", "parallel", "--workers", "0"],
+     "argument --workers: '0' is not an integer >= 1"),
+])
+def test_a_launched_sweep_that_cannot_work_is_refused_here_not_on_the_cluster(
+        target, sweep_flags, message, capsys):
+    """Each printed a script or commands (exit 0): every array task would have only planned,
+    had its index overridden, or failed on the cluster."""
+    flags = (["--partition", "gpu"] if target == "slurm"
+             else ["--tpu", "t", "--zone", "z", "--repo", "r"])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["t5x-lite", "launch", target, *flags, "--", "table2", "--preset", "demo",
+                  "--workdir", "w", *sweep_flags])
+    assert exit_info.value.code == 2
+    out, err = capsys.readouterr()
+    assert message in err and out == ""
+
+
 def test_slurm_bad_sizes():
     with pytest.raises(ValueError, match="gpus_per_node=0 must be an integer >= 1"):
         launchers.slurm_script(["table2"], num_points=2, partition="gpu", gpus_per_node=0)

@@ -103,6 +103,12 @@ def test_every_field_is_annotated_with_a_type_the_checks_know():
                                "tokens, flops"),
     ("sweep.tasks", (), r"sweep.tasks=\(\) must be a non-empty list of task names"),
     ("sweep.seeds", (0, "1"), r"sweep.seeds=\(0, '1'\) must be of type tuple\[int, ...\]"),
+    ("sweep.seeds", (), r"sweep.seeds=\(\) must be a non-empty list of seeds"),
+    # NaN passes every comparison unnoticed: a run of it trained, then stopped at a NaN loss.
+    ("train.learning_rate", float("nan"), "train.learning_rate=nan must be a finite number"),
+    ("train.learning_rate", float("inf"), "train.learning_rate=inf must be a finite number"),
+    ("train.z_loss", float("nan"), "train.z_loss=nan must be a finite number"),
+    ("finetune.decode.alpha", float("inf"), "finetune.decode.alpha=inf must be a finite number"),
 ])
 def test_a_bad_value_is_a_one_line_error_naming_the_field(path, value, message):
     # Not type-safe: as a config read back from JSON, whose fields take values of any type.
