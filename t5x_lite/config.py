@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import inspect
+import math
 import os
 import sys
 from pathlib import Path
@@ -271,11 +273,15 @@ def split_overrides(args: Sequence[str]) -> tuple[list[str], list[str]]:
 def _field(config: ml_collections.ConfigDict, field: str, value: Any) -> tuple[Any, str]:
     """The section holding dotted `field` and the field's last name; `ConfigError` naming the
     field when the config has no such field."""
-    node = config
+    node, path = config, []
     for part in field.split("."):
         if not isinstance(node, ml_collections.ConfigDict) or part not in node:
-            raise ConfigError(f"override {field}={value!r}: the config has no field {field!r}")
+            has = (f"; {'.'.join(path) or 'the config'} has {', '.join(node)}"
+                   if isinstance(node, ml_collections.ConfigDict) else "")
+            raise ConfigError(f"override {field}={value!r}: the config has no field "
+                              f"{field!r}{has}")
         parent, node = node, node[part]
+        path.append(part)
     return parent, part
 
 
@@ -287,14 +293,25 @@ def _parse_value(kind: type, value: str) -> Any:
         if value.lower() not in ("true", "false", "1", "0"):
             raise ValueError(f"{value!r} is not a bool (true or false)")
         return value.lower() in ("true", "1")
-    if kind in (int, float):
-        return kind(value)
+    if kind is float:
+        try:
+            return float(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a number") from None
+    if kind is int:  # 1e3 is 1000; 3.5 is no integer
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not number.is_integer():
+            raise ValueError(f"{value!r} is not an integer")
+        return int(number)
     if kind is str:
         return value
     if kind is tuple:
         parsed = _literal(value)
-        if isinstance(parsed, str) and "," in value:  # unquoted names: 'a,b' -> ('a', 'b')
-            return tuple(_literal(item.strip()) for item in value.split(","))
+        if isinstance(parsed, str) and "," in value:  # unquoted names: 'a,b' or '(a,b)'
+            return tuple(_literal(item.strip()) for item in value.strip("()[] ").split(","))
         return tuple(parsed) if isinstance(parsed, (tuple, list)) else (parsed,)
     # A None field without a declared type (or another type): a Python literal, else the text.
     return _literal(value)
@@ -347,14 +364,24 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
     """The config of an ml_collections config file, `path.py` or `path.py:ARG`: the file's
     `get_config()`, or `get_config(ARG)` (as `config_flags.DEFINE_config_file` reads it)."""
     path, _, arg = spec.partition(":")
-    if not os.path.isfile(path):
-        raise ConfigError(f"--config={spec!r}: {path!r} is not a file; give an ml_collections "
-                          "config file (e.g. configs/tiny.py) or use --preset")
+    if not os.path.isfile(path) or not path.endswith(".py"):
+        raise ConfigError(f"--config={spec!r}: {path!r} is not a .py file; give an "
+                          "ml_collections config file (e.g. configs/tiny.py) or use --preset")
     module_spec = importlib.util.spec_from_file_location(
         f"t5x_lite_config_{Path(path).stem}", path)
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[module_spec.name] = module  # before running it: dataclasses look themselves up
-    module_spec.loader.exec_module(module)
-    if not callable(getattr(module, "get_config", None)):
+    try:
+        module_spec.loader.exec_module(module)
+    except SyntaxError as error:  # the file's line and what is wrong there is all there is
+        raise ConfigError(f"--config={spec!r}: {path} line {error.lineno}: {error.msg}") from None
+    get_config = getattr(module, "get_config", None)
+    if not callable(get_config):
         raise ConfigError(f"--config={spec!r}: {path} defines no get_config()")
-    return module.get_config(arg) if arg else module.get_config()
+    try:  # the call's arguments checked before it runs: a TypeError inside is the file's own
+        inspect.signature(get_config).bind(*([arg] if arg else []))
+    except TypeError:
+        usage = ("takes no argument; drop ':ARG'" if arg else
+                 f"needs an argument: --config={path}:ARG")
+        raise ConfigError(f"--config={spec!r}: {path}'s get_config {usage}") from None
+    return get_config(arg) if arg else get_config()

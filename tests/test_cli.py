@@ -43,20 +43,24 @@ def test_overrides_are_read_as_the_type_of_the_field_they_set():
         "--config.model.tie_embeddings=false", "--config.data.corpus=1",
         "--config.objective.targets_length=None", "mesh.shape=(2, 1)",
         "--config.train.loss_normalizing_factor=3.0",  # None without a type: a Python literal
+        "--config.checkpoint.every=1e3", "--config.mesh.axis_names=(data,model)",
     ])
     assert parsed == {
         "train.steps": 100, "train.learning_rate": 1.0, "sweep.seeds": (0,),
         "sweep.tasks": ("builtin_reverse", "builtin_module"), "model.arch": "prefix_lm",
         "model.tie_embeddings": False, "data.corpus": "1", "objective.targets_length": None,
-        "mesh.shape": (2, 1), "train.loss_normalizing_factor": 3.0}
+        "mesh.shape": (2, 1), "train.loss_normalizing_factor": 3.0, "checkpoint.every": 1000,
+        "mesh.axis_names": ("data", "model")}
     assert type(parsed["train.learning_rate"]) is float
     apply_overrides(config, parsed)
     assert config.train.steps == 100 and config.sweep.seeds == (0,)
     for text, message in [
         ("--config.train.stepz=3", "override train.stepz='3': the config has no field "
-                                   "'train.stepz'"),
-        ("--config.trai.steps=3", "the config has no field 'trai.steps'"),
-        ("--config.train.steps=3.5", "override train.steps='3.5': invalid literal for int()"),
+                                   "'train.stepz'; train has batch_size, "),
+        ("--config.trai.steps=3", "the config has no field 'trai.steps'; the config has checkpoint, data, "),
+        ("--config.train.steps=3.5", "override train.steps='3.5': '3.5' is not an integer"),
+        ("--config.train.steps=abc", "override train.steps='abc': 'abc' is not an integer"),
+        ("--config.train.learning_rate=fast", "'fast' is not a number"),
         ("--config.model.tie_embeddings=yes", "'yes' is not a bool (true or false)"),
         ("--config.train=3", "'train' is a config section, not a field (its fields: "),
         ("--config.train.steps", "override '--config.train.steps' must look like "
@@ -70,8 +74,19 @@ def test_a_config_file_names_what_is_wrong_with_it(tmp_path):
     (tmp_path / "none.py").write_text("X = 1\n")
     with pytest.raises(ConfigError, match="none.py defines no get_config"):
         load_config_file(str(tmp_path / "none.py"))
-    with pytest.raises(ConfigError, match="'missing.py' is not a file"):
+    with pytest.raises(ConfigError, match="'missing.py' is not a .py file"):
         load_config_file("missing.py:tiny")
+    with pytest.raises(ConfigError, match="'README.md' is not a .py file"):
+        load_config_file("README.md")
+    (tmp_path / "broken.py").write_text("def get_config(:\n")
+    with pytest.raises(ConfigError, match="broken.py line 1: invalid syntax"):
+        load_config_file(str(tmp_path / "broken.py"))
+    (tmp_path / "plain.py").write_text("def get_config():\n    return None\n")
+    with pytest.raises(ConfigError, match="plain.py's get_config takes no argument; drop ':ARG'"):
+        load_config_file(f"{tmp_path / 'plain.py'}:x")
+    (tmp_path / "one.py").write_text("def get_config(name):\n    return None\n")
+    with pytest.raises(ConfigError, match="one.py's get_config needs an argument"):
+        load_config_file(str(tmp_path / "one.py"))
     assert load_config_file("configs/demo.py").to_dict() == presets.demo().to_dict()
 
 
@@ -228,8 +243,9 @@ def test_a_bad_override_is_one_line_naming_the_field(command, tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["t5x-lite", command, *args, "--config.train.stepz=3"])
     message = str(exit_info.value.code)
-    assert message == (f"t5x-lite {command}: invalid config: override train.stepz='3': the "
-                       "config has no field 'train.stepz'")
+    assert message.startswith(f"t5x-lite {command}: invalid config: override train.stepz='3': "
+                              "the config has no field 'train.stepz'; train has batch_size, ")
+    assert "\n" not in message
 
 
 def _cli(*args: str, hang_guard_s: int = 600) -> subprocess.CompletedProcess:
