@@ -133,7 +133,8 @@ def _restore_newest(
     """
     steps = sorted(manager.all_steps(), reverse=True)
     if not steps:
-        raise FileNotFoundError(f"no checkpoint to restore in {manager.directory}")
+        raise FileNotFoundError(f"{manager.directory} holds no saved step to restore (its run "
+                                "stopped before its first checkpoint)")
     unreadable: list[tuple[int, Exception]] = []
     for step in steps:
         try:

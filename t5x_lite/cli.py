@@ -609,6 +609,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"t5x-lite {command}: invalid config: {error}") from None
     except ResultsError as error:  # a damaged results.jsonl: the message names the line
         raise SystemExit(f"t5x-lite {command}: {error}") from None
+    except FileNotFoundError as error:  # missing input: the messages name the path and the fix
+        raise SystemExit(f"t5x-lite {command}: {error}") from None
     except FloatingPointError as error:  # a diverged run: the step, and the checkpoint kept
         raise SystemExit(f"t5x-lite {command}: {error}") from None
 

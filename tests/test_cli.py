@@ -214,6 +214,16 @@ def test_a_diverged_run_ends_with_one_line_naming_the_step_and_its_checkpoint(mo
     assert exit_info.value.code == f"t5x-lite train: {message}"
 
 
+def test_missing_input_is_one_line_naming_the_path(tmp_path):
+    """A path that does not exist (a vocabulary, a task's files, an unprepared TFDS corpus, a
+    checkpoint folder without a saved step) ends the command with the message that names it."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["t5x-lite", "train", "--preset=demo", f"--workdir={tmp_path / 'run'}",
+                  f"--config.data.vocab={tmp_path / 'none.model'}"])
+    assert exit_info.value.code == (f"t5x-lite train: vocabulary path "
+                                    f"'{tmp_path / 'none.model'}' is not a file")
+
+
 def test_compare_torch_without_torch_is_a_usage_error_before_any_work(monkeypatch, capsys):
     """A plain `pip install .` has no torch: `bench --compare_torch` says so in one line
     instead of a traceback after timing the JAX step."""

@@ -325,7 +325,8 @@ def test_bad_checkpoints_are_refused_before_any_work(tmp_path):
     with checkpointing.Checkpointer(fresh, every=1, keep=1, config=_config()):
         pass
     message = _export("--checkpoint", fresh.parent, "--out", tmp_path / "out")
-    assert message == f"t5x-lite export: no checkpoint to restore in {fresh}"
+    assert message == (f"t5x-lite export: {fresh} holds no saved step to restore (its run "
+                       "stopped before its first checkpoint)")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh_run", "lm_run", "not_a_run"]
 
 
