@@ -39,11 +39,14 @@ from etils import epath
 from orbax.checkpoint import checkpoint_managers as policies
 
 from t5x_lite.config import ConfigError, drop_unread_objective_fields, flat_fields
+from t5x_lite.results import write_atomically
 from t5x_lite.settings import require_integer
 
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
+# The folder of a run's workdir that holds its checkpoints (`run_setup` opens it there).
+CHECKPOINTS_DIR = "checkpoints"
 UNREADABLE_DIR = "unreadable"
 
 # Config fields a resumed run must share with the run that wrote the checkpoints: they fix the
@@ -247,9 +250,8 @@ class Checkpointer:
         if jax.process_index() != 0:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
-        partial = self.directory / f".{CONFIG_FILE}.tmp"
-        partial.write_text(json.dumps(self._config, indent=2, sort_keys=True))
-        partial.replace(self.directory / CONFIG_FILE)
+        write_atomically(self.directory / CONFIG_FILE,
+                         json.dumps(self._config, indent=2, sort_keys=True))
 
     def latest_step(self) -> int | None:
         """Newest saved step, or None. `restore` may fall back to an older one if it is damaged,

@@ -42,15 +42,11 @@ PARAMETER_FIELDS = ("model", "data.corpus", "data.vocab")
 
 
 def check_task_names(names: Sequence[str], field: str = "finetune.tasks") -> list[tasks.Task]:
-    """The registered tasks called `names`; a `ConfigError` naming `field` lists unknown ones
-    and every known name."""
+    """The registered tasks called `names`; an empty list or an unknown name is a `ConfigError`
+    naming `field` (`tasks.get_task` lists the known names)."""
     if isinstance(names, str) or not names:
         raise ConfigError(f"{field}={names!r} must be a non-empty list of task names")
-    unknown = [name for name in names if name not in tasks.TASKS]
-    if unknown:
-        raise ConfigError(f"{field} has unknown task(s) {', '.join(map(repr, unknown))}; "
-                          f"known tasks: {', '.join(sorted(tasks.TASKS))}")
-    return [tasks.TASKS[name] for name in names]
+    return [tasks.get_task(name, field) for name in names]
 
 
 # The metrics of tasks whose targets are free text (translation, summarisation, SQuAD), which
@@ -95,12 +91,12 @@ def checkpoint_dir(path: str | Path) -> Path:
     """The checkpoint folder of `path`: a workdir of `train.train` / `finetune.finetune` (its
     `checkpoints/`), or that folder itself."""
     path = Path(path)
-    if (path / "checkpoints" / checkpointing.CONFIG_FILE).exists():
-        return path / "checkpoints"
+    if (path / checkpointing.CHECKPOINTS_DIR / checkpointing.CONFIG_FILE).exists():
+        return path / checkpointing.CHECKPOINTS_DIR
     if (path / checkpointing.CONFIG_FILE).exists():
         return path
     raise ConfigError(f"{path} holds no t5x_lite checkpoints (no {checkpointing.CONFIG_FILE} "
-                      "in it or in its checkpoints/ folder)")
+                      f"in it or in its {checkpointing.CHECKPOINTS_DIR}/ folder)")
 
 
 def config_from_checkpoint(config: ml_collections.ConfigDict, checkpoint: str | Path,

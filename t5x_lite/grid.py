@@ -133,7 +133,16 @@ class GridPoint:
         return f"[{self.index + 1}/{self.num_points}] {self.point} (seed {self.seed})"
 
     def directory(self, workdir: str | os.PathLike) -> Path:
+        """The run's folder in the sweep's `workdir` (laid out as `t5x_lite.sweep` says)."""
         return Path(workdir) / "points" / self.point / f"seed{self.seed}"
+
+    def pretrain_directory(self, workdir: str | os.PathLike) -> Path:
+        """The run's pre-training workdir (`train.train`'s: checkpoints, metrics)."""
+        return self.directory(workdir) / "pretrain"
+
+    def record_path(self, workdir: str | os.PathLike, task: str) -> Path:
+        """Where the run's finished record of `task` is saved, to be reused on resume."""
+        return self.directory(workdir) / "records" / f"{task}.json"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,10 +219,7 @@ def require_sweep_splits(task_names: Sequence[str]) -> None:
     from t5x_lite.data import tasks
 
     for name in task_names:
-        if name not in tasks.TASKS:
-            raise ConfigError(f"sweep.tasks has unknown task {name!r}; known tasks: "
-                              f"{', '.join(sorted(tasks.TASKS))}")
-        splits = tasks.TASKS[name].splits
+        splits = tasks.get_task(name, "sweep.tasks").splits
         missing = [split for split in SWEEP_SPLITS if split not in splits]
         if missing:
             raise ConfigError(

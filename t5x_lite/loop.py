@@ -42,6 +42,7 @@ from jax.sharding import Mesh
 from t5x_lite import accounting, compile_events, tensorboard
 from t5x_lite.checkpointing import Checkpointer
 from t5x_lite.preemption import Preempted
+from t5x_lite.results import write_atomically
 from t5x_lite.train_step import FinetuneStep, TrainState, TrainStep, unstack_state
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,9 @@ log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------------
 # Metrics, progress, speed
+
+
+METRICS_FILE = "metrics.jsonl"
 
 
 class MetricsWriter:
@@ -63,7 +67,7 @@ class MetricsWriter:
 
     def __init__(self, workdir: Path, start_step: int = 0):
         self.enabled = jax.process_index() == 0
-        self.path = workdir / "metrics.jsonl"
+        self.path = workdir / METRICS_FILE
         if self.enabled and self.path.exists():
             keep_records_up_to(self.path, start_step)
         self._file = self.path.open("a") if self.enabled else None
@@ -104,9 +108,7 @@ def keep_records_up_to(path: Path, step: int) -> None:
             raise ValueError(f"{path}: line {number} is not JSON: {line[:80]!r}") from None
         if record["step"] <= step:
             kept.append(line)
-    partial = path.with_suffix(".jsonl.tmp")
-    partial.write_text("".join(line + "\n" for line in kept))
-    os.replace(partial, path)
+    write_atomically(path, "".join(line + "\n" for line in kept))
 
 
 EVAL_FILE = "eval.jsonl"
@@ -499,7 +501,7 @@ def logged_record(workdir: Path, step: int) -> dict[str, Any]:
     """`workdir/metrics.jsonl`'s record of `step` if it is the file's last one, else {} (no
     file: another process than 0, or a run that has not logged that step). A resumed run's
     file ends at the step it resumed from (`MetricsWriter`), so only its tail is read."""
-    path = workdir / "metrics.jsonl"
+    path = workdir / METRICS_FILE
     if not path.exists():
         return {}
     with path.open("rb") as file:

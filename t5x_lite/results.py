@@ -48,16 +48,22 @@ def is_writer() -> bool:
     return jax.process_index() == 0
 
 
+def write_atomically(path: Path, text: str) -> None:
+    """Replace `path` with `text`, written to a temporary file beside it and renamed, so a
+    crash or a reader never meets half a file. For one writer (process 0): the temporary
+    file's name is fixed."""
+    partial = path.with_name(f".{path.name}.tmp")
+    partial.write_text(text)
+    partial.replace(path)
+
+
 def write_json(path: Path, data: Any) -> None:
     """Write a sweep's JSON file (a saved record, the zero-shot entries, the workdir's
-    identity) to a temporary file and rename it, so a crash never leaves half a file; process
-    0 only (`is_writer`)."""
+    identity) atomically (`write_atomically`); process 0 only (`is_writer`)."""
     if not is_writer():
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.tmp")
-    partial.write_text(json.dumps(data))
-    os.replace(partial, path)
+    write_atomically(path, json.dumps(data))
 
 
 def numbered_records(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:

@@ -25,7 +25,7 @@ import ml_collections
 from jax.sharding import Mesh
 
 from t5x_lite import partitioning
-from t5x_lite.checkpointing import RESUME_FIELDS, Checkpointer
+from t5x_lite.checkpointing import CHECKPOINTS_DIR, RESUME_FIELDS, Checkpointer
 from t5x_lite.config import ConfigError
 from t5x_lite.loop import MetricsWriter, Point, PreemptionWatch, Progress, Run, Throughput
 from t5x_lite.settings import Settings
@@ -83,7 +83,7 @@ class RunPlan:
 
 def _checkpointer(plan: RunPlan, config: ml_collections.ConfigDict, workdir: Path,
                   **options: bool) -> Checkpointer:
-    return Checkpointer(workdir / "checkpoints", every=config.checkpoint.every,
+    return Checkpointer(workdir / CHECKPOINTS_DIR, every=config.checkpoint.every,
                         keep=config.checkpoint.keep, config=config,
                         resume_fields=plan.resume_fields, **options)
 

@@ -56,6 +56,7 @@ from jax.experimental import multihost_utils
 from t5x_lite import accounting, batch_format, held_out, launchers, objectives, presets
 from t5x_lite.config import ConfigError, apply_overrides, parse_overrides
 from t5x_lite.grid import GridPoint, StepCost, config_hash, expand
+from t5x_lite.loop import METRICS_FILE
 from t5x_lite.results import ResultsFile, latest_records, write_json
 from t5x_lite.sweep_workdir import (claim_workdir, require_current,
                                     require_one_view_of_the_workdir, sweep_identity)
@@ -132,11 +133,17 @@ def _budget_fields(point: GridPoint) -> dict[str, Any]:
     }
 
 
+def _failure(stage: str, error: Exception) -> str:
+    """Log the traceback of `error`, which failed `stage` ('encoder_decoder/denoising (seed 0)
+    glue_cola'), and return the error as a record gives it."""
+    _log(f"  {stage}: FAILED: " + "".join(traceback.format_exception(error)))
+    return f"{type(error).__name__}: {error}"
+
+
 def _failed(base: dict[str, Any], task: str, error: Exception) -> dict[str, Any]:
-    _log(f"  {base['point']} (seed {base['seed']}) {task}: FAILED: "
-         + "".join(traceback.format_exception(error)))
+    error_text = _failure(f"{base['point']} (seed {base['seed']}) {task}", error)
     return {"wall_s": None, "compile_s": None, "compiles": None, **base, "task": task,
-            "metrics": {}, "status": "failed", "error": f"{type(error).__name__}: {error}"}
+            "metrics": {}, "status": "failed", "error": error_text}
 
 
 def _pretraining_failed(point: GridPoint, error: Exception) -> list[dict]:
@@ -149,8 +156,8 @@ def run_point(point: GridPoint, workdir: str) -> list[dict]:
     Never raises for a failing or diverging run: its records get status 'failed' and the
     error. A preempted run raises `preemption.Preempted` (a `SystemExit`, which the failure
     handling lets through) and records nothing. Resumes from the checkpoints under
-    `point.directory(workdir)`; a task whose record was already written there is not run
-    again.
+    `point.directory(workdir)`; a task whose record was already written there
+    (`point.record_path`) is not run again.
     """
     from t5x_lite import train
 
@@ -158,7 +165,7 @@ def run_point(point: GridPoint, workdir: str) -> list[dict]:
     _log(f"{point.experiment} {point.run_name}: pre-training {config.train.steps} steps "
          f"({config.model.arch}, {config.objective.name}) on {config.data.corpus}")
     try:
-        summary = train.train(config, point.directory(workdir) / "pretrain",
+        summary = train.train(config, point.pretrain_directory(workdir),
                               progress=config.sweep.progress, layout=point.layout)
     except Exception as error:  # recorded as failed; the sweep goes on
         return _pretraining_failed(point, error)
@@ -183,7 +190,7 @@ def run_chunk(points: Sequence[GridPoint], workdir: str) -> list[dict]:
          + "; ".join(f"{p.run_name} {p.config.objective.name}" for p in points))
     try:
         summaries = train.train_vmapped([p.config for p in points],
-                                        [p.directory(workdir) / "pretrain" for p in points],
+                                        [p.pretrain_directory(workdir) for p in points],
                                         layout=points[0].layout, progress=config.sweep.progress)
     except Exception as error:  # recorded as failed for every point; the sweep goes on
         return [record for p in points for record in _pretraining_failed(p, error)]
@@ -194,16 +201,17 @@ def run_chunk(points: Sequence[GridPoint], workdir: str) -> list[dict]:
 ZERO_SHOT_FILE = "zero_shot.json"
 
 
-def _zero_shot_stage(point: GridPoint, rundir: Path, task_names: Sequence[str]) -> dict[str, dict]:
+def _zero_shot_stage(point: GridPoint, workdir: str, task_names: Sequence[str]
+                     ) -> dict[str, dict]:
     """The zero-shot entries {task: {"status", "metrics", "error"}} of the point's pre-trained
     checkpoint on `task_names` (`zero_shot.evaluate`; a task without label options is
-    "not_applicable"). Entries saved in `rundir/ZERO_SHOT_FILE` are reused, so a resumed point
-    scores only the tasks it has not scored; a failure fails the entries of the tasks it was
-    scoring (not saved: a re-run tries again) and the fine-tuning goes on."""
+    "not_applicable"). Entries saved in the point's directory (`ZERO_SHOT_FILE`) are reused, so
+    a resumed point scores only the tasks it has not scored; a failure fails the entries of the
+    tasks it was scoring (not saved: a re-run tries again) and the fine-tuning goes on."""
     from t5x_lite import zero_shot
     from t5x_lite.data import tasks
 
-    path = rundir / ZERO_SHOT_FILE
+    path = point.directory(workdir) / ZERO_SHOT_FILE
     entries = json.loads(path.read_text()) if path.exists() else {}
     missing = [task for task in task_names if task not in entries]
     scored = []
@@ -217,12 +225,11 @@ def _zero_shot_stage(point: GridPoint, rundir: Path, task_names: Sequence[str]) 
         _log(f"{point.experiment} {point.run_name}: zero-shot scoring of the pre-trained model "
              f"on {', '.join(scored)}")
         try:
-            results = zero_shot.evaluate(point.config, str(rundir / "pretrain"), scored)
+            results = zero_shot.evaluate(point.config, str(point.pretrain_directory(workdir)),
+                                         scored)
         except Exception as error:  # recorded as failed; fine-tuning still runs
-            _log(f"  {point.point} (seed {point.seed}) zero-shot: FAILED: "
-                 + "".join(traceback.format_exception(error)))
             failed = {"status": "failed", "metrics": {},
-                      "error": f"{type(error).__name__}: {error}"}
+                      "error": _failure(f"{point.point} (seed {point.seed}) zero-shot", error)}
             return {**entries, **dict.fromkeys(scored, failed)}
         entries.update({task: {"status": "ok", "metrics": results[task], "error": None}
                         for task in scored})
@@ -245,24 +252,23 @@ def _finetune_tasks(point: GridPoint, workdir: str, started: float,
     from t5x_lite import evaluation, finetune
     from t5x_lite.data import tasks
 
-    config, rundir = point.config, point.directory(workdir)
+    config, pretrain = point.config, point.pretrain_directory(workdir)
     base = base_record(point)
     if jax.process_count() > 1:  # process 0 has closed the metrics.jsonl read below
         multihost_utils.sync_global_devices("t5x_lite_pretrained")
     try:
-        history = {**_pretrain_history(rundir / "pretrain" / "metrics.jsonl",
-                                       config.train.log_every),
-                   **held_out.last_scores(rundir / "pretrain")}
+        history = {**_pretrain_history(pretrain / METRICS_FILE, config.train.log_every),
+                   **held_out.last_scores(pretrain)}
     except Exception as error:  # recorded as failed; the sweep goes on
         return _pretraining_failed(point, error)
     pretrain_wall_s = history.pop("pretrain_wall_s")
     pending = [task for task in config.sweep.tasks
-               if not (rundir / "records" / f"{task}.json").exists()]
-    zero_shot = (_zero_shot_stage(point, rundir, pending)  # {task: entry}
+               if not point.record_path(workdir, task).exists()]
+    zero_shot = (_zero_shot_stage(point, workdir, pending)  # {task: entry}
                  if config.sweep.zero_shot else {})
     records = []
     for task in config.sweep.tasks:
-        saved = rundir / "records" / f"{task}.json"
+        saved = point.record_path(workdir, task)
         if task not in pending:
             records.append(json.loads(saved.read_text()))
             continue
@@ -280,8 +286,9 @@ def _finetune_tasks(point: GridPoint, workdir: str, started: float,
         task_config = copy.deepcopy(config)
         task_config.finetune.tasks = (task,)
         try:
-            result = finetune.finetune(task_config, str(rundir / "finetune" / task),
-                                       init_from=str(rundir / "pretrain"),
+            result = finetune.finetune(task_config,
+                                       str(point.directory(workdir) / "finetune" / task),
+                                       init_from=str(pretrain),
                                        progress=config.sweep.progress)
         except Exception as error:  # recorded as failed; the other tasks still run
             records.append(_failed(stages, task, error))
@@ -307,7 +314,7 @@ def _zero_shot_fields(point: GridPoint, workdir: str, records: Sequence[dict]
                       ) -> dict[str, dict[str, Any]]:
     """{task: {"zero_shot": entry}} for `records` of a finished `point` (`_zero_shot_stage`
     on its pre-trained checkpoint; entries saved before are reused)."""
-    entries = _zero_shot_stage(point, point.directory(workdir), [r["task"] for r in records])
+    entries = _zero_shot_stage(point, workdir, [r["task"] for r in records])
     return {task: {"zero_shot": entry} for task, entry in entries.items()}
 
 
@@ -323,7 +330,7 @@ def _held_out_fields(point: GridPoint, workdir: str, records: Sequence[dict]
     (`held_out.validation`), then `held_out.last_scores` reads it back."""
     from t5x_lite import train
 
-    pretrain = point.directory(workdir) / "pretrain"
+    pretrain = point.pretrain_directory(workdir)
     train.train(point.config, pretrain, progress=False, layout=point.layout)
     scores = held_out.last_scores(pretrain)
     return {record["task"]: scores for record in records}
@@ -367,7 +374,7 @@ def _add_to_finished(points: Sequence[GridPoint], latest: dict[tuple, dict], wor
         fields = stage.fields_of(point, str(workdir), [latest[key] for key in keys])
         for key in keys:
             record = latest[key] = {**latest[key], **fields[key[2]]}
-            saved = point.directory(workdir) / "records" / f"{record['task']}.json"
+            saved = point.record_path(workdir, record["task"])
             if saved.exists():
                 write_json(saved, record)
             results.append(record)

@@ -19,7 +19,8 @@ from typing import Sequence
 
 from t5x_lite import accounting
 from t5x_lite.grid import GridPoint, StepCost, expand
-from t5x_lite.results import ResultsFile, latest_records
+from t5x_lite.results import ResultsFile, latest_records, results_path
+from t5x_lite.checkpointing import CHECKPOINTS_DIR
 from t5x_lite.step_settings import step_settings
 from t5x_lite.sweep import (LATER_STAGES, base_record, budget_line, require_vmap, select_point,
                             unrecorded_tasks, vmap_chunks)
@@ -86,7 +87,7 @@ class SweepPlan:
 def _checkpoint_step(point: GridPoint, workdir: Path) -> int | None:
     """The newest finished save of the point's pre-training (orbax names each by its step;
     a save cut short has a temporary name), or None."""
-    directory = point.directory(workdir) / "pretrain" / "checkpoints"
+    directory = point.pretrain_directory(workdir) / CHECKPOINTS_DIR
     if not directory.is_dir():
         return None
     steps = [int(path.name) for path in directory.iterdir() if path.name.isdigit()]
@@ -105,7 +106,7 @@ def plan_sweep(experiment: str, preset: str, workdir: str, overrides: Sequence[s
     workdir_path = Path(workdir)
     state = check_workdir(workdir_path, sweep_identity(experiment, points, overrides))
     records = ResultsFile(workdir_path).records() if state != "new" else []
-    require_current(records, points, workdir_path / "results.jsonl")
+    require_current(records, points, results_path(workdir_path))
     done = {(r["point"], r["seed"], r["task"]) for r in records}
     latest_of_run: dict[tuple[str, int], list[dict]] = {}
     for record in latest_records(records):

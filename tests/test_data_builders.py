@@ -2,13 +2,14 @@
 import concurrent.futures
 import json
 import logging
+import pathlib
 import threading
 
 import pytest
 import tensorflow_datasets as tfds
 
 from t5x_lite.data import builders
-from t5x_lite.data.builders import (GlueTsv, ParallelText, PythonDocs, SquadJson,
+from t5x_lite.data.builders import (GlueTsv, ParallelText, SquadJson,
                                     SummarizationJsonl, TextFiles, load_split)
 
 
@@ -35,9 +36,12 @@ def test_python_docs_builds_from_the_standard_library(python_docs_dir):
     assert any(t.startswith("json\n") and "JSON" in t for t in texts)  # a module docstring
     assert any(t.startswith("assert\n") for t in texts + [r["text"] for r in validation])
     assert not any(t.startswith(("antigravity", "this\n", "tkinter", "idlelib")) for t in texts)
-    # The same interpreter gives the same build: it is reused, not rebuilt.
-    assert PythonDocs().build_name() == PythonDocs().build_name()
+    # The same interpreter's build is reused, not rebuilt: no file of it is written again.
+    files = {path: path.stat().st_mtime_ns for path in pathlib.Path(python_docs_dir).rglob("*")
+             if path.is_file()}
     assert [r["text"] for r in load_split("python_docs", "train", python_docs_dir)] == texts
+    assert {path: path.stat().st_mtime_ns for path in pathlib.Path(python_docs_dir).rglob("*")
+            if path.is_file()} == files and files
 
 
 def test_gathering_counts_skipped_modules():

@@ -297,7 +297,7 @@ def test_a_resumed_run_keeps_its_validation_history_and_best_scores(data, pretra
 
 @pytest.mark.parametrize("field, value, message", [
     ("tasks", ("test_reverse", "nope"),
-     r"finetune.tasks has unknown task\(s\) 'nope'; known tasks: .*builtin_reverse"),
+     r"finetune.tasks has unknown task 'nope'; known tasks: .*builtin_reverse"),
     ("tasks", (), r"finetune.tasks=\(\) must be a non-empty list of task names"),
     ("decode.max_length", 0, r"finetune.decode.max_length=0 must be an integer >= 1"),
     ("decode.method", "nucleus", "finetune.decode.method='nucleus' is not allowed; choose one "
@@ -323,7 +323,7 @@ def test_bad_finetune_settings_are_rejected_before_any_work(field, value, messag
 
 def test_evaluate_rejects_unknown_tasks_and_a_zero_decode_length(data):
     config = config_for(data)
-    with pytest.raises(ConfigError, match=r"tasks has unknown task\(s\) 'nope'; known tasks"):
+    with pytest.raises(ConfigError, match=r"tasks has unknown task 'nope'; known tasks"):
         evaluation.evaluate(config, "unused", ["nope"])
     config.finetune.decode.max_length = -1
     with pytest.raises(ConfigError, match="finetune.decode.max_length=-1 must be an integer"):

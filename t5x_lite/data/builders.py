@@ -57,7 +57,6 @@ log = logging.getLogger(__name__)
 # A parsed line/row/file is either a record or the reason it was skipped.
 Parsed = tuple[str, "dict[str, Any] | str"]
 
-GLUE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli", "ax")
 TEXT_UNITS = ("file", "line", "block")
 
 
@@ -196,8 +195,9 @@ def _parse_jsonl(path: str, file_index: int) -> Iterator[Parsed]:
 
 
 @dataclasses.dataclass(frozen=True)
-class _GlueTask:
-    """How one GLUE task's tsv columns map to the catalog's record fields."""
+class GlueTask:
+    """How one GLUE task's tsv columns map to the catalog's record fields, and its label names
+    (which `t5x_lite.data.tasks` writes as targets)."""
 
     fields: Mapping[str, str]  # record field -> tsv column
     label_column: str | None  # None: no labels in any split (ax)
@@ -205,25 +205,26 @@ class _GlueTask:
     headerless_columns: tuple[str, ...] = ()  # CoLA train/dev have no header row
 
 
-_GLUE = {
-    "cola": _GlueTask({"sentence": "sentence"}, "label", ("unacceptable", "acceptable"),
-                      headerless_columns=("source", "label", "star", "sentence")),
-    "sst2": _GlueTask({"sentence": "sentence"}, "label", ("negative", "positive")),
-    "mrpc": _GlueTask({"sentence1": "#1 String", "sentence2": "#2 String"}, "Quality",
-                      ("not_equivalent", "equivalent")),
-    "stsb": _GlueTask({"sentence1": "sentence1", "sentence2": "sentence2"}, "score"),
-    "qqp": _GlueTask({"question1": "question1", "question2": "question2"}, "is_duplicate",
-                     ("not_duplicate", "duplicate")),
-    "mnli": _GlueTask({"premise": "sentence1", "hypothesis": "sentence2"}, "gold_label",
-                      ("entailment", "neutral", "contradiction")),
-    "qnli": _GlueTask({"question": "question", "sentence": "sentence"}, "label",
-                      ("entailment", "not_entailment")),
-    "rte": _GlueTask({"sentence1": "sentence1", "sentence2": "sentence2"}, "label",
+# The GLUE tasks in the paper's order, and the unlabeled ax diagnostic.
+GLUE_TASKS = {
+    "cola": GlueTask({"sentence": "sentence"}, "label", ("unacceptable", "acceptable"),
+                     headerless_columns=("source", "label", "star", "sentence")),
+    "sst2": GlueTask({"sentence": "sentence"}, "label", ("negative", "positive")),
+    "mrpc": GlueTask({"sentence1": "#1 String", "sentence2": "#2 String"}, "Quality",
+                     ("not_equivalent", "equivalent")),
+    "stsb": GlueTask({"sentence1": "sentence1", "sentence2": "sentence2"}, "score"),
+    "qqp": GlueTask({"question1": "question1", "question2": "question2"}, "is_duplicate",
+                    ("not_duplicate", "duplicate")),
+    "mnli": GlueTask({"premise": "sentence1", "hypothesis": "sentence2"}, "gold_label",
+                     ("entailment", "neutral", "contradiction")),
+    "qnli": GlueTask({"question": "question", "sentence": "sentence"}, "label",
                      ("entailment", "not_entailment")),
-    "wnli": _GlueTask({"sentence1": "sentence1", "sentence2": "sentence2"}, "label",
-                      ("not_entailment", "entailment")),
-    "ax": _GlueTask({"premise": "sentence1", "hypothesis": "sentence2"}, None,
-                    ("entailment", "neutral", "contradiction")),
+    "rte": GlueTask({"sentence1": "sentence1", "sentence2": "sentence2"}, "label",
+                    ("entailment", "not_entailment")),
+    "wnli": GlueTask({"sentence1": "sentence1", "sentence2": "sentence2"}, "label",
+                     ("not_entailment", "entailment")),
+    "ax": GlueTask({"premise": "sentence1", "hypothesis": "sentence2"}, None,
+                   ("entailment", "neutral", "contradiction")),
 }
 # GLUE file name -> TFDS split name.
 _GLUE_SPLITS = {
@@ -248,7 +249,7 @@ class GlueTsv(_LocalSource):
     kind = "glue_tsv"
 
     def __post_init__(self):
-        if self.task not in _GLUE:
+        if self.task not in GLUE_TASKS:
             raise ValueError(f"GlueTsv.task={self.task!r} is not allowed; choose one of "
                              f"{', '.join(GLUE_TASKS)}")
 
@@ -264,12 +265,12 @@ class GlueTsv(_LocalSource):
         return found
 
     def features(self) -> tfds.features.FeaturesDict:
-        spec = _GLUE[self.task]
+        spec = GLUE_TASKS[self.task]
         label = np.float32 if not spec.classes else np.int64
         return _text_features(*spec.fields, label=label, idx=np.int32)
 
     def parse(self, split: str, paths: list[str]) -> Iterator[Parsed]:
-        spec = _GLUE[self.task]
+        spec = GLUE_TASKS[self.task]
         text = _read_text(paths[0])
         if text is None:
             raise ValueError(f"{paths[0]} is not UTF-8 text")
@@ -301,7 +302,7 @@ class GlueTsv(_LocalSource):
 
     def _label(self, value: str) -> int | float | None:
         """Class index / score of a label cell; -1 for an unlabeled row; None if unknown."""
-        classes = _GLUE[self.task].classes
+        classes = GLUE_TASKS[self.task].classes
         if not value:
             return -1 if classes else -1.0
         if not classes:

@@ -37,6 +37,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from t5x_lite import metrics
 from t5x_lite.data import builders, builtin
+from t5x_lite.errors import ConfigError
 
 Record = Mapping[str, Any]
 # (split name of the source, data_dir, data_root) -> records; see `Task.examples`.
@@ -211,20 +212,15 @@ class Task:
         return scores
 
 
-GLUE_BENCHMARKS = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli")
+# The GLUE benchmarks with labels to fine-tune on (all but the ax diagnostic), in the paper's
+# order.
+GLUE_BENCHMARKS = tuple(name for name, glue in builders.GLUE_TASKS.items() if glue.label_column)
 
-# GLUE in T5's field order (sorted names, so MNLI puts the hypothesis first) and with the label
-# words of the TFDS `glue` configs, which T5's `glue_utils` passes to its `glue` preprocessor.
-# WNLI's classes are the other way round from RTE's in TFDS, hence the explicit lists.
-_GLUE_CLASSIFICATION = {
-    "cola": (("sentence",), ("unacceptable", "acceptable"), ("matthews_corrcoef",)),
-    "sst2": (("sentence",), ("negative", "positive"), ("accuracy",)),
-    "mrpc": (("sentence1", "sentence2"), ("not_equivalent", "equivalent"), ("f1", "accuracy")),
-    "qqp": (("question1", "question2"), ("not_duplicate", "duplicate"), ("f1", "accuracy")),
-    "mnli": (("hypothesis", "premise"), ("entailment", "neutral", "contradiction"), ("accuracy",)),
-    "qnli": (("question", "sentence"), ("entailment", "not_entailment"), ("accuracy",)),
-    "rte": (("sentence1", "sentence2"), ("entailment", "not_entailment"), ("accuracy",)),
-    "wnli": (("sentence1", "sentence2"), ("not_entailment", "entailment"), ("accuracy",)),
+# The metrics T5 reports for each GLUE benchmark.
+_GLUE_METRICS = {
+    "cola": ("matthews_corrcoef",), "sst2": ("accuracy",), "mrpc": ("f1", "accuracy"),
+    "stsb": ("pearson_corrcoef", "spearman_corrcoef"), "qqp": ("f1", "accuracy"),
+    "mnli": ("accuracy",), "qnli": ("accuracy",), "rte": ("accuracy",), "wnli": ("accuracy",),
 }
 _SPLITS = {"train": "train", "validation": "validation", "test": "test"}
 _TRAIN_VALIDATION = {"train": "train", "validation": "validation"}
@@ -233,10 +229,14 @@ _TRAIN_VALIDATION = {"train": "train", "validation": "validation"}
 def _glue_task(
     name: str, benchmark: str, load: Loader, splits: Mapping[str, str] = _SPLITS
 ) -> Task:
+    metric_names = _GLUE_METRICS[benchmark]
     if benchmark == "stsb":
-        metric_names = ("pearson_corrcoef", "spearman_corrcoef")
         return Task(name, load, format_stsb, metric_names, splits, string_to_float)
-    keys, labels, metric_names = _GLUE_CLASSIFICATION[benchmark]
+    # As T5's `glue` preprocessor (from `glue_utils`): the record's text fields in sorted order
+    # (so MNLI puts the hypothesis first) and the label words of the TFDS `glue` configs, in
+    # their order (WNLI's classes are the other way round from RTE's).
+    glue = builders.GLUE_TASKS[benchmark]
+    keys, labels = tuple(sorted(glue.fields)), glue.classes
     formatter = functools.partial(format_glue, benchmark=benchmark, keys=keys, label_names=labels)
     postprocess = functools.partial(label_to_class_id, label_names=labels)
     return Task(name, load, formatter, metric_names, splits, postprocess, labels)
@@ -371,10 +371,12 @@ TASKS: dict[str, Task] = {
     task.name: task for task in [*_paper_tasks(), *_local_tasks(), *_builtin_tasks()]}
 
 
-def get_task(name: str) -> Task:
-    """The registered task called `name`; the error lists every known name."""
+def get_task(name: str, field: str | None = None) -> Task:
+    """The registered task called `name`; else a one-line `ConfigError` naming `field` (the
+    config field or flag the name came from, if any) and listing every known task."""
     if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
+        where = f"{field} has " if field else ""
+        raise ConfigError(f"{where}unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
     return TASKS[name]
 
 
