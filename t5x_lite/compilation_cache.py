@@ -27,17 +27,27 @@ import sys
 import warnings
 from pathlib import Path
 
-DEFAULT_DIR = Path("t5x_lite") / "jax_compilation_cache"
+DEFAULT_DIR = Path("t5x_lite") / "jax_compilation_cache"  # under the user's cache folder
 DEFAULT_MAX_BYTES = 4 * 2**30
 # The prefixes of JAX's variables that choose its cache (folder, size, on or off): with any of
 # them set, the choice is the user's. Without them, an environment gets the commands' default.
 JAX_VARIABLE_PREFIXES = ("JAX_COMPILATION_CACHE", "JAX_ENABLE_COMPILATION_CACHE")
 
 
+def _user_cache_base() -> Path:
+    """The user's cache folder: `$XDG_CACHE_HOME`, default `~/.cache`."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+
+
+def user_cache_dir() -> Path:
+    """t5x_lite's folder in the user's cache folder: the compiled programs (`default_dir`),
+    and the data builds unless `data.data_dir` says otherwise."""
+    return _user_cache_base() / DEFAULT_DIR.parent
+
+
 def default_dir() -> Path:
-    """`DEFAULT_DIR` under the user's cache folder (`$XDG_CACHE_HOME`, default `~/.cache`)."""
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / DEFAULT_DIR
+    """`DEFAULT_DIR` under the user's cache folder."""
+    return _user_cache_base() / DEFAULT_DIR
 
 
 def use_default() -> Path | None:

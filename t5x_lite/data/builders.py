@@ -52,6 +52,8 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 import tensorflow_datasets as tfds
 
+from t5x_lite import compilation_cache
+
 log = logging.getLogger(__name__)
 
 # A parsed line/row/file is either a record or the reason it was skipped.
@@ -607,8 +609,9 @@ def _plain(value: Any) -> Any:
 
 
 def default_data_dir() -> str:
-    """Where builds and caches go when no data_dir is configured."""
-    return os.path.join(os.path.expanduser("~"), ".cache", "t5x_lite")
+    """Where builds and caches go when no data_dir is configured: the user's t5x_lite cache
+    folder (`compilation_cache.user_cache_dir`, which honours $XDG_CACHE_HOME)."""
+    return str(compilation_cache.user_cache_dir())
 
 
 def as_source(source: str | _LocalSource) -> str | _LocalSource:

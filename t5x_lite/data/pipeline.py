@@ -220,8 +220,8 @@ def vocabulary_from_config(config: ml_collections.ConfigDict) -> Vocabulary:
     `config.data.vocab` is a SentencePiece `.model` path, or '' to train one on
     `config.data.corpus` (at most `VOCAB_MAX_DOCUMENTS` of its documents, see
     `vocabulary_sample`) with `config.model.vocab_size` ids (cached under
-    `config.data.data_dir`, default ~/.cache/t5x_lite). With several hosts, share that
-    directory (or a `.model` path) so all hosts use the same vocabulary.
+    `config.data.data_dir`, default `builders.default_data_dir()`). With several hosts, share
+    that directory (or a `.model` path) so all hosts use the same vocabulary.
     """
     data_dir = config.data.data_dir or default_data_dir()
     if config.data.vocab:
