@@ -99,9 +99,24 @@ def config_differences(
     ]
 
 
-def _read_saved_config(directory: epath.Path) -> dict[str, Any] | None:
-    path = directory / CONFIG_FILE
-    return json.loads(path.read_text()) if path.exists() else None
+def read_saved_config(directory: str | os.PathLike) -> dict[str, Any] | None:
+    """The config saved with the checkpoints in `directory` (its `CONFIG_FILE`, as JSON), or
+    None when it has none; a damaged file, or one without a model and a data section, is a
+    one-line `ConfigError` naming it."""
+    path = epath.Path(directory) / CONFIG_FILE
+    if not path.exists():
+        return None
+    try:
+        saved = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{path} is damaged ({error}); it is not the config a t5x_lite run "
+                          "saved") from None
+    missing = [section for section in ("model", "data")
+               if not isinstance(saved, dict) or not isinstance(saved.get(section), dict)]
+    if missing:
+        raise ConfigError(f"{path} has no {' or '.join(missing)} section; it is not the config "
+                          "a t5x_lite run saved")
+    return saved
 
 
 def _restore_args(target: Any, partial: bool = False) -> ocp.args.PyTreeRestore:
@@ -228,7 +243,7 @@ class Checkpointer:
                     "run without the resume flag, or point --workdir at an existing run"
                 )
             return
-        saved = _read_saved_config(self.directory)
+        saved = read_saved_config(self.directory)
         if saved is None:
             warnings.warn(
                 f"{self.directory} holds checkpoints but no {CONFIG_FILE}; cannot check that "
@@ -338,7 +353,7 @@ def restore_params_only(
     """
     directory = epath.Path(os.path.abspath(directory))
     if config is not None:
-        saved = _read_saved_config(directory)
+        saved = read_saved_config(directory)
         if saved is None:
             raise ConfigError(f"{directory} holds no {CONFIG_FILE}: not a t5x_lite checkpoint folder")
         differences = config_differences(saved, _config_as_json(config), ("model",))

@@ -111,8 +111,8 @@ def config_from_checkpoint(config: ml_collections.ConfigDict, checkpoint: str | 
     value; one of any other of those fields must agree with the checkpoint, else a one-line
     `ConfigError` names the field and both values.
     """
-    path = checkpoint_dir(checkpoint) / checkpointing.CONFIG_FILE
-    saved = json.loads(path.read_text())
+    directory = checkpoint_dir(checkpoint)
+    path, saved = directory / checkpointing.CONFIG_FILE, checkpointing.read_saved_config(directory)
     saved_fields = {f"model.{name}": value for name, value in saved["model"].items()}
     saved_fields.update({field: saved["data"][field.split(".")[1]]
                          for field in PARAMETER_FIELDS if field.startswith("data.")})
@@ -142,7 +142,7 @@ def require_same(directory: Path, config: ml_collections.ConfigDict, fields: Seq
                  what: str) -> None:
     """Raise `ConfigError` listing the `fields` in which the config saved in `directory`
     differs from `config`."""
-    saved = json.loads((directory / checkpointing.CONFIG_FILE).read_text())
+    saved = checkpointing.read_saved_config(directory)
     current = json.loads(config.to_json_best_effort(sort_keys=True))
     differences = checkpointing.config_differences(saved, current, fields)
     if differences:

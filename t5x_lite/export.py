@@ -205,7 +205,7 @@ def _saved_config(directory: Path) -> ml_collections.ConfigDict:
     """`default_config()` with the model and data sections of the config saved in the
     checkpoint folder `directory`."""
     config = evaluation.config_from_checkpoint(default_config(), directory, {})
-    saved = json.loads((directory / checkpointing.CONFIG_FILE).read_text())["data"]
+    saved = checkpointing.read_saved_config(directory)["data"]
     # Where the run found (or cached) its vocabulary and the data its corpus names.
     config.data.update(data_dir=saved["data_dir"], data_root=saved["data_root"])
     return config

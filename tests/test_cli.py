@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from t5x_lite import cli, compilation_cache, presets
+from t5x_lite.data import tasks
 from t5x_lite.config import ConfigError, apply_overrides, load_config_file, parse_overrides
 from t5x_lite.preemption import PREEMPTED_EXIT_STATUS
 from xla_env import child_env
@@ -222,6 +223,26 @@ def test_missing_input_is_one_line_naming_the_path(tmp_path):
                   f"--config.data.vocab={tmp_path / 'none.model'}"])
     assert exit_info.value.code == (f"t5x-lite train: vocabulary path "
                                     f"'{tmp_path / 'none.model'}' is not a file")
+
+
+def test_a_damaged_saved_config_or_an_unknown_split_is_one_line_naming_it(tmp_path):
+    """eval reads the run's saved config.json before anything else: a damaged one was a
+    JSONDecodeError or KeyError traceback, and an unknown --split a ValueError traceback."""
+    from t5x_lite import checkpointing
+
+    run = tmp_path / "run" / checkpointing.CHECKPOINTS_DIR
+    run.mkdir(parents=True)
+    config_file = run / checkpointing.CONFIG_FILE
+    for text, message in [("{", "is damaged"), ('{"model": {}}', "has no data section")]:
+        config_file.write_text(text)
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(["t5x-lite", "eval", "--preset=demo", f"--checkpoint={run.parent}",
+                      "--tasks=builtin_reverse"])
+        assert exit_info.value.code.startswith(
+            f"t5x-lite eval: invalid config: {config_file} {message}")
+    with pytest.raises(ConfigError, match="task 'builtin_reverse' has no split 'tset'; its "
+                                          "splits: train, validation"):
+        tasks.get_task("builtin_reverse").examples("tset", str(tmp_path), "")
 
 
 def test_compare_torch_without_torch_is_a_usage_error_before_any_work(monkeypatch, capsys):

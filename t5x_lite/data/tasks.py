@@ -192,8 +192,8 @@ class Task:
           `translation/`, `summarization/`, laid out as ../shared/data); unused by catalog tasks.
         """
         if split not in self.splits:
-            raise ValueError(f"task {self.name!r} has no split {split!r}; its splits: "
-                             f"{', '.join(self.splits)}")
+            raise ConfigError(f"task {self.name!r} has no split {split!r}; its splits: "
+                              f"{', '.join(self.splits)}")
         records = self.load(self.splits[split], data_dir, data_root)
         examples = [self.formatter(record) for record in records]
         return examples if split == "test" else [ex for ex in examples if ex.targets is not None]
