@@ -6,7 +6,8 @@ faster, and by how much?
 Each revision is checked out into its own temporary worktree (`git worktree add --detach`;
 NEW defaults to the working tree as it is, uncommitted changes included) and imported from
 there (`PYTHONPATH`), so both run in this environment's Python and packages. The command runs
-`--rounds` times from each, alternating (a drift of the machine's speed hits both alike), in a
+`--rounds` times from each, in turns, the first side alternating between rounds (a drift of the
+machine's speed, or an effect of one run on the next, hits both alike), in a
 new `--workdir` each time (appended to the command; leave it out), with JAX's compilation cache
 off so that neither side loads what the other compiled. Prints one JSON object: per revision
 the wall seconds of each run and their median and, when the command writes metrics.jsonl, the
@@ -85,7 +86,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root, \
             checkout(args.base, Path(root)) as base, checkout(args.new, Path(root)) as new:
         for round_index in range(args.rounds):
-            for side, tree in (("base", base), ("new", new)):
+            # The side that runs first alternates: a run can leave the machine slower or faster
+            # for the next one (page cache, memory reclaim), which would favour one side.
+            sides = [("base", base), ("new", new)][::1 if round_index % 2 == 0 else -1]
+            for side, tree in sides:
                 workdir = Path(root) / f"{side}_{round_index}"
                 workdir.mkdir()
                 runs[side].append(run_once(tree, command, workdir))
