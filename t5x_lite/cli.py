@@ -22,12 +22,14 @@ plain preset (`presets.get_preset`) without one.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import sys
 import textwrap
+import warnings
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import ml_collections
 from absl import logging
@@ -582,6 +584,26 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+@contextlib.contextmanager
+def _warnings_on_one_line(command: str) -> Iterator[None]:
+    """Within it, t5x_lite's own warnings show as one line each, like its errors ("t5x-lite
+    report: warning: ..."), not as Python's default of file, line number and `warn` call.
+    Other libraries' warnings keep Python's format, which says where they come from."""
+    package = str(Path(__file__).parent)
+    python_format = warnings.formatwarning
+
+    def format_warning(message, category, filename, lineno, line=None) -> str:
+        if str(filename).startswith(package):
+            return f"t5x-lite {command}: warning: {message}\n"
+        return python_format(message, category, filename, lineno, line)
+
+    warnings.formatwarning = format_warning
+    try:
+        yield
+    finally:
+        warnings.formatwarning = python_format
+
+
 def main(argv: list[str] | None = None) -> None:
     """`t5x-lite COMMAND ...` (the console script): `argv` as `sys.argv`, the program name
     first. Without a command it prints the usage (exit 2); an unknown one is a one-line error."""
@@ -604,7 +626,8 @@ def main(argv: list[str] | None = None) -> None:
     # our own warnings go through `warnings` and still show.
     logging.set_verbosity(logging.ERROR)
     try:
-        COMMANDS[command].run(argv[1:])
+        with _warnings_on_one_line(command):
+            COMMANDS[command].run(argv[1:])
     except ConfigError as error:  # a bad setting: the message names it; no traceback needed
         raise SystemExit(f"t5x-lite {command}: invalid config: {error}") from None
     except ResultsError as error:  # a damaged results.jsonl: the message names the line

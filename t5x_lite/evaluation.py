@@ -42,10 +42,14 @@ PARAMETER_FIELDS = ("model", "data.corpus", "data.vocab")
 
 
 def check_task_names(names: Sequence[str], field: str = "finetune.tasks") -> list[tasks.Task]:
-    """The registered tasks called `names`; an empty list or an unknown name is a `ConfigError`
-    naming `field` (`tasks.get_task` lists the known names)."""
+    """The registered tasks called `names`; an empty list or unknown names are a `ConfigError`
+    naming `field`, every unknown name and the known ones."""
     if isinstance(names, str) or not names:
         raise ConfigError(f"{field}={names!r} must be a non-empty list of task names")
+    unknown = [name for name in names if name not in tasks.TASKS]
+    if len(unknown) > 1:
+        raise ConfigError(f"{field} has unknown tasks {', '.join(map(repr, unknown))}; known "
+                          f"tasks: {', '.join(sorted(tasks.TASKS))}")
     return [tasks.get_task(name, field) for name in names]
 
 

@@ -298,6 +298,8 @@ def test_a_resumed_run_keeps_its_validation_history_and_best_scores(data, pretra
 @pytest.mark.parametrize("field, value, message", [
     ("tasks", ("test_reverse", "nope"),
      r"finetune.tasks has unknown task 'nope'; known tasks: .*builtin_reverse"),
+    ("tasks", ("nope", "test_reverse", "glue_colaa"),
+     r"finetune.tasks has unknown tasks 'nope', 'glue_colaa'; known tasks: .*builtin_reverse"),
     ("tasks", (), r"finetune.tasks=\(\) must be a non-empty list of task names"),
     ("decode.max_length", 0, r"finetune.decode.max_length=0 must be an integer >= 1"),
     ("decode.method", "nucleus", "finetune.decode.method='nucleus' is not allowed; choose one "

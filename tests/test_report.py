@@ -302,13 +302,17 @@ def test_plots_are_written(workdir):
 
 def test_the_command_draws_its_plots_off_screen_without_a_display(workdir):
     """`t5x-lite report` over SSH: no DISPLAY, no MPLBACKEND; it writes the PNGs and never
-    loads pyplot (which would pick an interactive backend where one is installed)."""
+    loads pyplot (which would pick an interactive backend where one is installed). The
+    fixture's three skipped lines are one line each on stderr, as the command's errors are."""
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "MPLBACKEND")}
     code = ("import sys; from t5x_lite import cli; cli.main(['t5x-lite', 'report', sys.argv[1]]); "
             "print('pyplot loaded' if 'matplotlib.pyplot' in sys.modules else 'no pyplot')")
     done = subprocess.run([sys.executable, "-c", code, str(workdir)], env=env, timeout=300,
                           capture_output=True, text=True, check=True)
     assert done.stdout.strip().splitlines()[-1] == "no pyplot", done.stderr
+    skipped = [line for line in done.stderr.splitlines() if "results.jsonl line" in line]
+    assert [line.split(": ")[:2] for line in skipped] == [["t5x-lite report", "warning"]] * 3
+    assert "UserWarning" not in done.stderr and "warnings.warn" not in done.stderr
     assert (workdir / "report" / "pretrain_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
