@@ -29,6 +29,7 @@ import importlib.util
 import math
 import multiprocessing
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -307,6 +308,11 @@ def require_partition(partition: str | None) -> None:
                          "`sinfo -s` lists the cluster's partitions")
 
 
+# sbatch's --time formats (`man sbatch`): minutes, minutes:seconds, hours:minutes:seconds,
+# days-hours, days-hours:minutes, days-hours:minutes:seconds, or no limit.
+_SLURM_TIME = re.compile(r"\d+(:\d\d?){0,2}|\d+-\d+(:\d\d?){0,2}|UNLIMITED|INFINITE")
+
+
 def slurm_script(
     sweep_args: Sequence[str], *, num_points: int, partition: str | None, nodes: int = 1,
     gpus_per_node: int = 1, time: str = "24:00:00", job_name: str = "t5x-lite",
@@ -325,6 +331,9 @@ def slurm_script(
                         ("gpus_per_node", gpus_per_node)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r} must be an integer >= 1")
+    if not _SLURM_TIME.fullmatch(time):
+        raise ValueError(f"time={time!r} is not a SLURM time limit; write MINUTES, HH:MM:SS or "
+                         "DAYS-HH:MM:SS (e.g. 90, 12:00:00, 2-00:00:00)")
     options = {
         "job-name": job_name, "partition": partition, "account": account,
         "array": f"0-{num_points - 1}", "nodes": nodes, "ntasks-per-node": gpus_per_node,

@@ -426,6 +426,25 @@ def test_slurm_bad_sizes():
         launchers.slurm_script(["table2"], num_points=2, partition="gpu", gpus_per_node=0)
 
 
+@pytest.mark.parametrize("time", ["90", "30:00", "12:00:00", "2-12", "2-12:30", "2-12:30:00",
+                                  "UNLIMITED"])
+def test_slurm_takes_every_sbatch_time_format(time):
+    script = launchers.slurm_script(["table2"], num_points=2, partition="gpu", time=time)
+    assert f"#SBATCH --time={time}\n" in script
+
+
+@pytest.mark.parametrize("time", ["24h", "1:2:3:4", "", "12:00:00 ", "2 days"])
+def test_slurm_refuses_a_time_sbatch_would_reject(time, capsys):
+    """It was written into the script as given, and sbatch refused the job on the cluster."""
+    with pytest.raises(ValueError, match=rf"time={time!r} is not a SLURM time limit"):
+        launchers.slurm_script(["table2"], num_points=2, partition="gpu", time=time)
+    with pytest.raises(SystemExit):
+        cli.main(["t5x-lite", "launch", "slurm", "--partition", "gpu", "--time", time, "--",
+                  "table2", "--preset", "demo", "--workdir", "w"])
+    out, err = capsys.readouterr()
+    assert out == "" and f"time={time!r} is not a SLURM time limit" in err
+
+
 
 def test_launchers_do_not_import_the_sweep():
     """The dependency goes one way: sweep imports launchers, never the other way round."""
