@@ -97,7 +97,9 @@ def resolve_mesh_shape(mesh_cfg: ml_collections.ConfigDict, num_devices: int) ->
 def make_mesh(
     mesh_cfg: ml_collections.ConfigDict, devices: Sequence[jax.Device] | None = None
 ) -> Mesh:
-    """Build the mesh of `config.mesh` over `devices` (default: all devices of all processes)."""
+    """Build the mesh of `config.mesh` over `devices` (default: all devices of all processes):
+    over the first `prod(mesh.shape)` of them, so a shape without -1 may use fewer than all
+    (tests put (1, 1) meshes on 8 simulated devices); -1 in one axis uses every device."""
     devices = list(jax.devices() if devices is None else devices)
     shape = resolve_mesh_shape(mesh_cfg, len(devices))
     devices = devices[: math.prod(shape)]

@@ -82,6 +82,17 @@ def test_cached_decoding_emits_the_tokens_of_recomputation(arch):
     assert result["speedup"] == pytest.approx(result["recompute_s"] / result["cached_s"])
 
 
+def test_the_decode_benchmark_s_token_check_catches_a_baseline_that_differs(monkeypatch):
+    """`tokens_match` compares the two loops' tokens: a re-computation off in one token fails."""
+    config = tiny_train_config("encoder_decoder", mesh=(1, 1))
+    config.train.batch_size = 3
+    recompute = bench.greedy_by_recomputation
+    monkeypatch.setattr(bench, "greedy_by_recomputation",
+                        lambda *args: recompute(*args).at[1, 0].add(1))
+    result = bench.decode_benchmark(config, new_tokens=6, steps=1, warmup=0)
+    assert result["tokens_match"] is False
+
+
 def test_torch_comparison_and_pipeline_timing_at_toy_size():
     """`bench --compare_torch --pipeline` on a toy model: the PyTorch T5 has exactly our model's
     parameters (counted on both built models), and the ratios are the times' ratios."""

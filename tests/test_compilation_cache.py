@@ -92,5 +92,8 @@ def test_the_commands_turn_the_cache_on_and_pass_it_to_the_processes_they_start(
     assert done.returncode == 0, done.stderr[-2000:]
     folder = tmp_path / compilation_cache.DEFAULT_DIR
     assert done.stdout.splitlines()[-1] == str(folder) and any(folder.iterdir())
-    # The data builds follow $XDG_CACHE_HOME too (`builders.default_data_dir`), beside it.
-    assert sorted(path.name for path in folder.parent.iterdir() if path != folder)
+    # The corpus build and the vocabulary trained on it follow $XDG_CACHE_HOME too
+    # (`builders.default_data_dir`), beside it.
+    beside = {path.name for path in folder.parent.iterdir()}
+    assert {"local_files", "vocab"} <= beside, beside
+    assert any((folder.parent / "local_files").glob("python_docs-*"))

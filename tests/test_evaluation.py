@@ -413,6 +413,8 @@ def test_evaluate_scores_a_model_converted_from_hugging_face_as_it_predicts(data
         generated = hf.generate(tokens, attention_mask=tokens > 0, max_new_tokens=4,
                                 do_sample=False, num_beams=1, suppress_tokens=[0])
     hf_texts = [vocab.decode(row[1:]) for row in generated.numpy()]  # row[0] is the start 0
+    # Texts that tell predictions apart: not all empty (EOS first), not all the same.
+    assert all(hf_texts) and len(set(hf_texts)) > 1, hf_texts
 
     echo = tasks.Task("test_hf_echo", lambda split, data_dir, data_root: [
         {"inputs": x, "target": y} for x, y in zip(inputs, hf_texts)],

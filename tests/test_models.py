@@ -113,10 +113,25 @@ def test_encoder_sees_every_real_input_token(arch):
         assert changed(logits, 1 + LENGTH + j).all(), f"outputs ignore encoder token {j}"
 
 
+def unpadded(arch):
+    """float32 logits [REAL, vocab] of the probe's padded example with no padding at all."""
+    decoder_row, targets = tokens(2, (LENGTH,))[:REAL], tokens(3, (LENGTH,))[:REAL]
+    batch = {"decoder_input_tokens": decoder_row[None], "decoder_target_tokens": targets[None]}
+    if arch in ENCODER_DECODER_ARCHS:
+        batch["encoder_input_tokens"] = tokens(1, (REAL,))[None]
+    else:
+        batch["inputs_mask"] = (jnp.arange(REAL) < PREFIX)[None]
+    return np.asarray(forward(tiny_model(arch), batch))[0]
+
+
 @pytest.mark.parametrize("arch", WITH_DECODER)
 def test_padding_never_changes_real_outputs(arch):
+    """Padded at the end, at the front, or not at all: the real tokens' outputs agree. (Front
+    against end alone would miss a decoder that attends to the encoder's padding: the pads'
+    encoder states are the same wherever they sit.)"""
     padded_at_end, padded_at_front = probe(arch)[-2], probe(arch)[-1]
     np.testing.assert_allclose(padded_at_end[:REAL], padded_at_front[LENGTH - REAL:], atol=1e-5)
+    np.testing.assert_allclose(padded_at_end[:REAL], unpadded(arch), atol=1e-5)
 
 
 @pytest.mark.parametrize("arch", ["encoder_decoder", "prefix_lm"])

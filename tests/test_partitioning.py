@@ -30,30 +30,33 @@ def test_mesh_fills_the_one_minus_one_from_the_device_count():
     "shape, names, message",
     [
         ((16, 1), ("data", "model"), r"mesh.shape=\(16, 1\) needs 16 devices but only 8"),
-        ((-1, -1), ("data", "model"), "at most one -1"),
-        ((-1, 3), ("data", "model"), "not divisible by 3"),
-        ((4, 0), ("data", "model"), "positive integers"),
-        ((8,), ("data", "model"), "positive integers"),
+        ((-1, -1), ("data", "model"), r"mesh.shape=\(-1, -1\) may contain at most one -1"),
+        ((-1, 3), ("data", "model"), r"mesh.shape=\(-1, 3\): 8 devices are not divisible by 3"),
+        ((4, 0), ("data", "model"), r"mesh.shape=\(4, 0\) must hold 2 positive integers"),
+        ((8,), ("data", "model"), r"mesh.shape=\(8,\) must hold 2 positive integers"),
         ((8, 1), ("batch", "model"), r"mesh.axis_names=.*choose one of \('data', 'model'\)"),
     ],
 )
 def test_bad_mesh_is_rejected_naming_the_field(shape, names, message):
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError, match=f"^{message}") as error:
         partitioning.make_mesh(mesh_cfg(shape, names))
+    assert "\n" not in str(error.value)
 
 
 @pytest.mark.parametrize(
     "rules, message",
     [
-        ((("sequence", None),), "unknown logical axis 'sequence'; choose from batch"),
-        ((("batch", "pipeline"),), "unknown mesh axis 'pipeline'; choose from data, fsdp, model"),
+        ((("sequence", None),), "names unknown logical axis 'sequence'; choose from batch"),
+        ((("batch", "pipeline"),),
+         "maps 'batch' to unknown mesh axis 'pipeline'; choose from data, fsdp, model"),
         ((("mlp", "model"), ("mlp", None)), "lists logical axis 'mlp' twice"),
-        ((("mlp",),), r"must be a \(logical_axis, mesh_axes\) pair"),
+        ((("mlp",),), r"entry \('mlp',\) must be a \(logical_axis, mesh_axes\) pair"),
     ],
 )
 def test_bad_rules_are_rejected_naming_the_field(rules, message):
-    with pytest.raises(ConfigError, match=f"mesh.rules.*{message}|{message}"):
+    with pytest.raises(ConfigError, match=f"^mesh.rules {message}") as error:
         partitioning.normalize_rules(rules)
+    assert "\n" not in str(error.value)
 
 
 def test_batch_must_split_evenly_over_data_axis_and_microbatches():

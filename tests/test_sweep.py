@@ -730,8 +730,13 @@ def test_table2_s_dry_run_counts_the_four_programs_its_sweep_compiles():
     plan = sweep_plan.plan_sweep("table2", "paper", "/nonexistent/t5x_lite_plan")
     assert {(run.steps, run.corpus_tokens) for run in plan.runs} == {(2**19, 2**19 * 128 * 511)}
     assert plan.programs == 4
-    assert ("In all: 4.76e20 pre-training FLOPs (3 x forward matmuls, attention and logits "
-            "included), 343G corpus tokens read,") in sweep_plan.render(plan)
+    # The total from the hand FLOP count (4.76e20 in the README), the tokens as above.
+    flops = sum(point.config.train.steps * _hand_cost(point, "flops")
+                for point in grid.expand("table2", "paper"))
+    total = f"{flops:.3g}".replace("e+", "e")  # as the plan writes it
+    assert (f"In all: {total} pre-training FLOPs (3 x forward matmuls, attention and "
+            f"logits included), {10 * 2**19 * 128 * 511 / 1e9:.0f}G corpus tokens read,"
+            ) in sweep_plan.render(plan)
 
 
 def test_a_dry_run_of_a_started_sweep_says_what_is_done_and_what_resumes(
