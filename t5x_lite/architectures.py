@@ -17,8 +17,9 @@ so that each is written once, here:
 - `params_label`, `cost_label`: the paper's Params and Cost columns of Table 2 (P: the
   parameters of one L-layer stack; M: what the L + L encoder-decoder costs on an input-target
   pair; `t5x_lite.accounting` measures the ratios behind them);
-- `objectives`: the pre-training objectives (`objectives.OBJECTIVES`) it can train on, None
-  for all of them; `require_objective` checks a config against it.
+- `objectives` (derived from the family and prefix attention, so that a newly registered
+  architecture gets the same rule as the built-in ones): the pre-training objectives
+  (`config.OBJECTIVES`) it can train on; `require_objective` checks a config against them.
 
 The five architectures of the paper's Table 2 are registered below, in its row order, then
 `encoder_only`, the BERT-style family the paper's section 3.2 starts from (not a Table 2 row).
@@ -29,12 +30,23 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from t5x_lite import batch_format
 from t5x_lite.config import OBJECTIVES
 from t5x_lite.errors import ConfigError, require_choice
 
 # The stacks a model can have: the model attribute each is built as, and the prefix of the
 # batch keys it reads (encoder_input_tokens; decoder_input_tokens, decoder_target_tokens, ...).
 ROLES = ("encoder", "decoder")
+
+
+# The objectives that need a decoder-only row whose inputs are attended bidirectionally: GLM's
+# blank infilling (`t5x_lite.glm`), whose Part A is, and whose explicit positions only the
+# decoder-only row carries. Of the built-in architectures only prefix_lm trains on them
+# (language_model runs its program with prefix attention switched off).
+PREFIX_OBJECTIVES = ("blank_infilling",)
+# The objectives whose targets are the inputs' own tokens at the corrupted positions: the only
+# ones a family that predicts in place (`batch_format.in_place`: encoder_only) can train on.
+IN_PLACE_OBJECTIVES = ("bert_style", "mass_style")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +87,17 @@ class Architecture:
     cost_label: str  # Table 2's Cost: "M" or "M/2"
     prefix_attention: bool = False
     shares_program_of: str | None = None  # None: its own
-    objectives: tuple[str, ...] | None = None  # None: every pre-training objective
+
+    @property
+    def objectives(self) -> tuple[str, ...]:
+        """The pre-training objectives it can train on: a family that predicts in place only
+        `IN_PLACE_OBJECTIVES`; the others every objective but `PREFIX_OBJECTIVES`, which
+        need a decoder-only row whose inputs are attended bidirectionally."""
+        if batch_format.in_place(self.family):
+            return IN_PLACE_OBJECTIVES
+        if self.family == "decoder_only" and self.prefix_attention:
+            return OBJECTIVES
+        return tuple(name for name in OBJECTIVES if name not in PREFIX_OBJECTIVES)
 
     @property
     def program(self) -> str:
@@ -90,7 +112,7 @@ class Architecture:
         """Raise a one-line `ConfigError` unless the architecture can pre-train on
         `objective.name=objective`; for one of PREFIX_OBJECTIVES, which few architectures
         train, it names those too."""
-        if self.objectives is not None and objective not in self.objectives:
+        if objective not in self.objectives:
             trains_it = names(objective=objective)
             others = (f", or a model.arch that trains it: {', '.join(map(repr, trains_it))}"
                       if objective in PREFIX_OBJECTIVES else "")
@@ -179,19 +201,11 @@ def names(*, family: str | None = None, program: str | None = None,
     return tuple(name for name, architecture in _REGISTRY.items()
                  if family in (None, architecture.family)
                  and program in (None, architecture.program)
-                 and (objective is None or architecture.objectives is None
-                      or objective in architecture.objectives))
+                 and (objective is None or objective in architecture.objectives))
 
 
 # ---------------------------------------------------------------------------------------------
 # The T5 paper's Table 2 (Raffel et al. 2020, section 3.2)
-
-# The objectives that need a decoder-only row whose inputs are attended bidirectionally: GLM's
-# blank infilling (`t5x_lite.glm`), whose Part A is, and whose explicit positions only the
-# decoder-only row carries. Only prefix_lm trains on them (language_model runs its program
-# with prefix attention switched off).
-PREFIX_OBJECTIVES = ("blank_infilling",)
-_WITHOUT_PREFIX = tuple(name for name in OBJECTIVES if name not in PREFIX_OBJECTIVES)
 
 _ENCODER = Stack("encoder", bidirectional=True)
 _DECODER = Stack("decoder", bidirectional=False, cross_attention=True)
@@ -199,18 +213,16 @@ _DECODER = Stack("decoder", bidirectional=False, cross_attention=True)
 # under the causal and the prefix mask (language_model and prefix_lm share them).
 _DECODER_ONLY = (Stack("decoder", bidirectional=True),)
 
-register(Architecture("encoder_decoder", "encoder_decoder", (_ENCODER, _DECODER), "2P", "M",
-                      objectives=_WITHOUT_PREFIX))
+register(Architecture("encoder_decoder", "encoder_decoder", (_ENCODER, _DECODER), "2P", "M"))
 register(Architecture(
     "encoder_decoder_shared", "encoder_decoder",
-    (_ENCODER, dataclasses.replace(_DECODER, shares_layers_of="encoder")), "P", "M",
-    objectives=_WITHOUT_PREFIX))
+    (_ENCODER, dataclasses.replace(_DECODER, shares_layers_of="encoder")), "P", "M"))
 register(Architecture(
     "encoder_decoder_half", "encoder_decoder",
     tuple(dataclasses.replace(stack, depth_divisor=2) for stack in (_ENCODER, _DECODER)),
-    "P", "M/2", objectives=_WITHOUT_PREFIX))
+    "P", "M/2"))
 register(Architecture("language_model", "decoder_only", _DECODER_ONLY, "P", "M",
-                      shares_program_of="prefix_lm", objectives=_WITHOUT_PREFIX))
+                      shares_program_of="prefix_lm"))
 register(Architecture("prefix_lm", "decoder_only", _DECODER_ONLY, "P", "M",
                       prefix_attention=True))
 
@@ -219,7 +231,5 @@ register(Architecture("prefix_lm", "decoder_only", _DECODER_ONLY, "P", "M",
 # output predicts, at positions of its own input, the corrupted tokens (pre-training) or a
 # task's target tokens at mask slots (fine-tuning). Its Params are one L-layer stack's (P);
 # its Cost is that of one L-layer stack over inputs + targets, like the decoder-only models (M).
-# Only the objectives whose targets are the inputs' own tokens at the corrupted positions
-# can train it.
-register(Architecture("encoder_only", "encoder_only", (_ENCODER,), "P", "M",
-                      objectives=("bert_style", "mass_style")))
+# Only IN_PLACE_OBJECTIVES can train it.
+register(Architecture("encoder_only", "encoder_only", (_ENCODER,), "P", "M"))

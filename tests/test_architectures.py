@@ -8,7 +8,7 @@ import pytest
 
 from t5x_lite import architectures, batch_format, models
 from t5x_lite.architectures import Architecture, Stack
-from t5x_lite.config import ConfigError
+from t5x_lite.config import OBJECTIVES, ConfigError
 
 TABLE_2 = ("encoder_decoder", "encoder_decoder_shared", "encoder_decoder_half",
            "language_model", "prefix_lm")
@@ -121,3 +121,26 @@ def test_register_refuses_a_record_that_cannot_work(record, message):
     with pytest.raises(ValueError, match=message):
         architectures.register(record)
     assert architectures.names() == REGISTERED  # nothing was added
+
+
+def test_a_new_record_s_objectives_follow_its_family_and_prefix_attention():
+    """A researcher's own record (not registered here) gets the built-in records' rule, not
+    every objective: it was a field that defaulted to all, so an encoder-only record trained
+    span corruption and an encoder-decoder GLM's blank infilling without a word."""
+    in_place = Architecture("mine", "encoder_only", (_ENCODER,), "P", "M")
+    with pytest.raises(ConfigError) as error:
+        in_place.require_objective("span_corruption")
+    assert str(error.value) == ("objective.name='span_corruption' is not allowed for "
+                                "model.arch='mine'; choose one of 'bert_style', 'mass_style'")
+    in_place.require_objective("bert_style")
+    encoder_decoder = Architecture("mine", "encoder_decoder", (_ENCODER, _DECODER), "P", "M")
+    causal = Architecture("mine", "decoder_only", (Stack("decoder", True),), "P", "M")
+    for record in (encoder_decoder, causal):
+        record.require_objective("span_corruption")
+        with pytest.raises(ConfigError, match=r"'blank_infilling' is not allowed for "
+                           r"model.arch='mine'; .*or a model.arch that trains it: 'prefix_lm'$"):
+            record.require_objective("blank_infilling")
+    prefix = dataclasses.replace(causal, prefix_attention=True)
+    assert set(prefix.objectives) == set(OBJECTIVES)
+    for name in OBJECTIVES:
+        prefix.require_objective(name)
