@@ -1,4 +1,5 @@
-"""The `cpu` preset as an ml_collections config file, for `--config=configs/cpu.py`.
+"""The `cpu` preset as an ml_collections config file, for `--config=configs/cpu.py`:
+every command runs with it as with `--preset cpu` (fine-tuning and scoring included).
 
 Override any field on the command line, e.g. `--config.train.steps=100`.
 """
@@ -8,5 +9,6 @@ from t5x_lite import presets
 
 
 def get_config() -> ml_collections.ConfigDict:
-    """A fresh `cpu` config (`presets.cpu`): what `--config=configs/cpu.py` loads."""
-    return presets.cpu()
+    """A fresh `cpu` config with the preset's fine-tuning settings and tasks
+    (`presets.finetune_preset`), which `train` and `bench` do not read."""
+    return presets.finetune_preset("cpu")

@@ -1,4 +1,5 @@
-"""The `paper` preset as an ml_collections config file, for `--config=configs/paper.py`.
+"""The `paper` preset as an ml_collections config file, for `--config=configs/paper.py`:
+every command runs with it as with `--preset paper` (fine-tuning and scoring included).
 
 Override any field on the command line, e.g. `--config.train.steps=100`.
 """
@@ -8,5 +9,6 @@ from t5x_lite import presets
 
 
 def get_config() -> ml_collections.ConfigDict:
-    """A fresh `paper` config (`presets.paper`): what `--config=configs/paper.py` loads."""
-    return presets.paper()
+    """A fresh `paper` config with the preset's fine-tuning settings and tasks
+    (`presets.finetune_preset`), which `train` and `bench` do not read."""
+    return presets.finetune_preset("paper")

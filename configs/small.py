@@ -1,4 +1,5 @@
-"""The `small` preset as an ml_collections config file, for `--config=configs/small.py`.
+"""The `small` preset as an ml_collections config file, for `--config=configs/small.py`:
+every command runs with it as with `--preset small` (fine-tuning and scoring included).
 
 Override any field on the command line, e.g. `--config.train.steps=100`.
 """
@@ -8,5 +9,6 @@ from t5x_lite import presets
 
 
 def get_config() -> ml_collections.ConfigDict:
-    """A fresh `small` config (`presets.small`): what `--config=configs/small.py` loads."""
-    return presets.small()
+    """A fresh `small` config with the preset's fine-tuning settings and tasks
+    (`presets.finetune_preset`), which `train` and `bench` do not read."""
+    return presets.finetune_preset("small")

@@ -88,7 +88,18 @@ def test_a_config_file_names_what_is_wrong_with_it(tmp_path):
     (tmp_path / "one.py").write_text("def get_config(name):\n    return None\n")
     with pytest.raises(ConfigError, match="one.py's get_config needs an argument"):
         load_config_file(str(tmp_path / "one.py"))
-    assert load_config_file("configs/demo.py").to_dict() == presets.demo().to_dict()
+
+
+
+@pytest.mark.parametrize("name", presets.PRESETS)
+def test_a_preset_s_config_file_is_the_preset_for_every_command(name):
+    """`--config=configs/NAME.py` is `--preset NAME`: for train and bench the preset, and for
+    finetune and eval its fine-tuning settings and tasks too (the file once held the train
+    preset alone, so fine-tuning from it ran the paper's batch 128 x 512 in silence)."""
+    loaded = load_config_file(f"configs/{name}.py").to_dict()
+    assert loaded == presets.finetune_preset(name).to_dict()
+    plain = presets.get_preset(name).to_dict()
+    assert {**loaded, "finetune": None} == {**plain, "finetune": None}
 
 
 def test_unknown_preset_names_the_choices():
