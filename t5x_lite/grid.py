@@ -116,6 +116,10 @@ class GridPoint:
     """
 
     experiment: str
+    # The experiment as `expand` was given it (a built-in name or a .py path): a worker process
+    # loads it (`load_experiment`) before running the point, so that what the file registers
+    # exists there too.
+    source: str
     preset: str
     point: str
     row: str
@@ -154,8 +158,15 @@ def experiment_names() -> list[str]:
     return sorted(path.stem for path in EXPERIMENTS_DIR.glob("*.py"))
 
 
+# Each experiment file run once per process, as an import is: (resolved path, mtime, size) ->
+# its module. A file may register what its grid uses (`architectures.register`), which must
+# happen once; an edited file is run again.
+_LOADED: dict[tuple[Path, int, int], ModuleType] = {}
+
+
 def load_experiment(experiment: str) -> ModuleType:
-    """The module of an experiment name (`EXPERIMENTS_DIR/<name>.py`) or of a `.py` path.
+    """The module of an experiment name (`EXPERIMENTS_DIR/<name>.py`) or of a `.py` path, run
+    once per process (again only if the file changed).
 
     Raises `ConfigError` for an unknown name (listing the known ones) and for a file that
     defines no non-empty GRID or no get_config.
@@ -166,6 +177,10 @@ def load_experiment(experiment: str) -> ModuleType:
             f"experiment={experiment!r} does not exist; choose one of "
             f"{', '.join(experiment_names())} or give the path of an experiment .py file"
         )
+    stat = path.stat()
+    key = (path.resolve(), stat.st_mtime_ns, stat.st_size)
+    if key in _LOADED:
+        return _LOADED[key]
     spec = importlib.util.spec_from_file_location(f"t5x_lite_experiment_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -177,6 +192,7 @@ def load_experiment(experiment: str) -> ModuleType:
             f"experiment file {path} defines no grid: it needs GRID, a non-empty sequence of "
             "dict(point=..., row=..., overrides={...}), and get_config(preset)"
         )
+    _LOADED[key] = module
     return module
 
 
@@ -416,9 +432,10 @@ def expand(experiment: str, preset: str, overrides: Sequence[str] = ()) -> list[
     layouts = _shared_layouts(groups)
     name = Path(experiment).stem
     points = [
-        GridPoint(experiment=name, preset=preset, point=row["point"], row=row["row"],
-                  objective=row.get("objective"), config=config, seed=config.train.seed,
-                  index=index, num_points=len(rows), layout=layouts[_layout_group(config)])
+        GridPoint(experiment=name, source=experiment, preset=preset, point=row["point"],
+                  row=row["row"], objective=row.get("objective"), config=config,
+                  seed=config.train.seed, index=index, num_points=len(rows),
+                  layout=layouts[_layout_group(config)])
         for index, (row, config) in enumerate(rows)
     ]
     return match_budget(points, *budget)

@@ -55,7 +55,7 @@ from jax.experimental import multihost_utils
 
 from t5x_lite import accounting, batch_format, held_out, launchers, objectives, presets
 from t5x_lite.config import ConfigError, apply_overrides, parse_overrides
-from t5x_lite.grid import GridPoint, StepCost, config_hash, expand
+from t5x_lite.grid import GridPoint, StepCost, config_hash, expand, load_experiment
 from t5x_lite.loop import METRICS_FILE
 from t5x_lite.results import ResultsFile, latest_records, write_json
 from t5x_lite.sweep_workdir import (claim_workdir, require_current,
@@ -165,6 +165,7 @@ def run_point(point: GridPoint, workdir: str) -> list[dict]:
     _log(f"{point.experiment} {point.run_name}: pre-training {config.train.steps} steps "
          f"({config.model.arch}, {config.objective.name}) on {config.data.corpus}")
     try:
+        load_experiment(point.source)  # in a worker process: what the file registers
         summary = train.train(config, point.pretrain_directory(workdir),
                               progress=config.sweep.progress, layout=point.layout)
     except Exception as error:  # recorded as failed; the sweep goes on
@@ -189,6 +190,7 @@ def run_chunk(points: Sequence[GridPoint], workdir: str) -> list[dict]:
          f"({config.train.steps} steps, one vmapped step): "
          + "; ".join(f"{p.run_name} {p.config.objective.name}" for p in points))
     try:
+        load_experiment(points[0].source)  # in a worker process: what the file registers
         summaries = train.train_vmapped([p.config for p in points],
                                         [p.pretrain_directory(workdir) for p in points],
                                         layout=points[0].layout, progress=config.sweep.progress)

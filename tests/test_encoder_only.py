@@ -322,9 +322,10 @@ def test_a_generation_task_is_refused_for_a_run_and_na_in_a_sweep(pretrained, tm
     # A sweep point fine-tuned on it records "not applicable" (not "failed") without running.
     generation.sweep = ml_collections.ConfigDict(dict(tasks=("wmt_ende",), seeds=(0,),
                                                       progress=False, zero_shot=False))
-    point = grid.GridPoint(experiment="x", preset="tiny", point="encoder_only/bert", row="EO",
-                            objective="BERT-style", config=generation, seed=0, index=0,
-                            num_points=1, layout=objectives.layout_from_config(generation))
+    point = grid.GridPoint(experiment="x", source="x.py", preset="tiny",
+                           point="encoder_only/bert", row="EO", objective="BERT-style",
+                           config=generation, seed=0, index=0, num_points=1,
+                           layout=objectives.layout_from_config(generation))
     (point.directory(tmp_path) / "pretrain").mkdir(parents=True)
     (point.directory(tmp_path) / "pretrain" / "metrics.jsonl").write_text(
         (workdir / "metrics.jsonl").read_text())

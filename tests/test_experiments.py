@@ -167,3 +167,16 @@ def test_families_expands_at_every_preset_to_one_flop_budget(preset, tmp_path):
         per_step = grid.StepCost.of(point.config, point.layout).flops
         assert abs(point.config.train.steps * per_step - budget.total) <= per_step / 2
     assert len({p.config.train.steps for p in points}) == 3  # enc-dec, decoders, encoder-only
+
+
+def test_an_experiment_file_runs_once_per_process_and_again_once_edited(tmp_path):
+    """A sweep loads its experiment several times (overrides, expansion, each point in a
+    worker), and a file may register an architecture, which must happen once."""
+    path = tmp_path / "one_row.py"
+    body = ("from t5x_lite import grid\n_table2 = grid.load_experiment('table2')\n"
+            "GRID = _table2.GRID[:{rows}]\nget_config = _table2.get_config\n")
+    path.write_text(body.format(rows=1))
+    first = grid.load_experiment(str(path))
+    assert grid.load_experiment(str(path)) is first and len(first.GRID) == 1
+    path.write_text(body.format(rows=10))  # edited (another size, whatever the clock): again
+    assert len(grid.load_experiment(str(path)).GRID) == 10

@@ -247,6 +247,19 @@ get_config = _table2.get_config
 """
 
 
+# The same two points on an architecture the file registers: a copy of encoder_decoder under
+# a name of its own, which a worker process knows only by loading the file.
+REGISTERING_EXPERIMENT = TWO_POINT_EXPERIMENT + """
+import dataclasses
+from t5x_lite import architectures
+
+architectures.register(dataclasses.replace(architectures.get("encoder_decoder"),
+                                           name="my_encoder_decoder"))
+GRID = tuple({**row, "overrides": {**row["overrides"], "model.arch": "my_encoder_decoder"}}
+             for row in GRID)
+"""
+
+
 @pytest.fixture(scope="module")
 def two_point_experiment(tmp_path_factory):
     path = tmp_path_factory.mktemp("experiments") / "two_points.py"
@@ -297,14 +310,28 @@ def test_ray_sweep_writes_the_records_of_a_local_sweep(ray_address, two_point_ex
 
 @pytest.mark.slow
 def test_parallel_sweep_runs_two_real_points_at_once_with_the_local_records(
-        two_point_experiment, local_sweep, tmp_path):
+        local_sweep, tmp_path):
     """`--launcher parallel` on the two real points: two worker processes of two CPU devices
     each give the default launcher's records, and the points ran at the same time: the spans
-    over which each point's workdir was written overlap."""
-    launcher = launchers.LocalParallelLauncher(2, gpus=[], cpu_devices_per_worker=2)
-    assert _sweep(two_point_experiment, tmp_path, launcher) == local_sweep
+    over which each point's workdir was written overlap. The points' architecture is one that
+    the experiment file registers (the same network under another name), which the workers
+    know only by loading the file as the sweep's process did (they once failed the whole
+    sweep: "model.arch='my_encoder_decoder' is not allowed"). The sweep runs in a child, so
+    that this process's registry stays as it is."""
+    experiment = tmp_path / "registering.py"
+    experiment.write_text(REGISTERING_EXPERIMENT)
+    code = ("import sys; from t5x_lite import launchers, sweep; "
+            "sweep.run_sweep(sys.argv[1], 'demo', sys.argv[2], overrides=sys.argv[3:], "
+            "launcher=launchers.LocalParallelLauncher(2, gpus=[], cpu_devices_per_worker=2))")
+    workdir = tmp_path / "sweep"
+    subprocess.run([sys.executable, "-c", code, str(experiment), str(workdir), MESH,
+                    *TINY_OVERRIDES], check=True, cwd=REPO)
+    records = _comparable([json.loads(line) for line in (workdir / "results.jsonl").open()])
+    renamed = ("experiment", "config_hash")  # the file's name, and the arch in the config
+    assert ([{k: v for k, v in r.items() if k not in renamed} for r in records]
+            == [{k: v for k, v in r.items() if k not in renamed} for r in local_sweep])
     spans = []
-    for point_dir in sorted((tmp_path / "points").glob("*/*/seed*")):
+    for point_dir in sorted((workdir / "points").glob("*/*/seed*")):
         written = [path.stat().st_mtime for path in point_dir.rglob("*") if path.is_file()]
         spans.append((min(written), max(written)))
     assert len(spans) == 2, spans
