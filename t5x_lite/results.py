@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 import warnings
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -49,12 +50,22 @@ def is_writer() -> bool:
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """Replace `path` with `text`, written to a temporary file beside it and renamed, so a
-    crash or a reader never meets half a file. For one writer (process 0): the temporary
-    file's name is fixed."""
-    partial = path.with_name(f".{path.name}.tmp")
-    partial.write_text(text)
-    partial.replace(path)
+    """Replace `path` with `text`, so that a reader, a crash or a power cut never meets half a
+    file: written to a temporary file of its own beside it (several processes may write one
+    path at once, e.g. the array tasks of a SLURM sweep starting on a new workdir), flushed to
+    disk, then renamed over `path`."""
+    path = Path(path)
+    # A name no other writer uses; opened as any new file is (the umask's permissions).
+    partial = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        with open(partial, "x", encoding="utf-8") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
 
 
 def write_json(path: Path, data: Any) -> None:

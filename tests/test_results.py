@@ -1,6 +1,8 @@
 """results.jsonl: whole-line appends by process 0, and a reader that skips a killed run's
 cut-off last line but refuses a damaged file."""
+import concurrent.futures
 import json
+import threading
 
 import jax
 import pytest
@@ -62,3 +64,31 @@ def test_only_process_zero_writes(tmp_path, monkeypatch):
     file.finish_last_line()
     file.append({"point": "a"})
     assert file.path.read_text() == '{"point": "cut sho'
+
+
+def test_writers_of_one_file_at_once_neither_collide_nor_tear_it(tmp_path):
+    """The array tasks of a SLURM sweep start together on a new workdir and each writes its
+    sweep.json: with one fixed temporary name, a writer renamed another's half-written file
+    away (FileNotFoundError) and readers met torn text."""
+    path = tmp_path / "sweep.json"
+    texts = [json.dumps({"writer": i, "padding": "x" * 200_000}) for i in range(4)]
+    results.write_atomically(path, texts[0])
+    stop, seen = threading.Event(), set()
+
+    def write(text):
+        for _ in range(30):
+            results.write_atomically(path, text)
+
+    def read():
+        while not stop.is_set():
+            seen.add(json.loads(path.read_text())["writer"])  # never a torn file
+
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        readers = [pool.submit(read) for _ in range(2)]
+        for writer in [pool.submit(write, text) for text in texts]:
+            writer.result()  # raises what a writer raised
+        stop.set()
+        for reader in readers:
+            reader.result()
+    assert seen <= set(range(4)) and json.loads(path.read_text())["writer"] in range(4)
+    assert [p.name for p in tmp_path.iterdir()] == ["sweep.json"]  # no temporary file left
