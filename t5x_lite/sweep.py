@@ -58,7 +58,7 @@ from t5x_lite.config import ConfigError, apply_overrides, parse_overrides
 from t5x_lite.grid import GridPoint, StepCost, config_hash, expand, load_experiment
 from t5x_lite.loop import METRICS_FILE
 from t5x_lite.results import ResultsFile, latest_records, write_json
-from t5x_lite.sweep_workdir import (claim_workdir, require_current,
+from t5x_lite.sweep_workdir import (claim_workdir, require_current, require_current_folders,
                                     require_one_view_of_the_workdir, sweep_identity)
 
 
@@ -498,6 +498,7 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
     require_current(finished_records, points, results.path)
     done = {(r["point"], r["seed"], r["task"]) for r in finished_records}
     todo = [p for p in points if unrecorded_tasks(p, done)]
+    require_current_folders(todo, workdir_path)
     require_one_view_of_the_workdir(todo, workdir_path)
     for point in todo:  # what its records hold before anything runs: a fault in that
         base_record(point)  # arithmetic stops the sweep here, not after hours of finished runs

@@ -1,7 +1,8 @@
 """Which sweep a workdir holds: its identity in `sweep.json` (experiment, preset and the
 overrides that change what the points compute), and the checks a sweep makes before it runs
-anything there: the workdir is this sweep's (`claim_workdir`), its records were made by the
-points' current configs (`require_current`), and every process of a multi-process sweep sees
+anything there: the workdir is this sweep's (`claim_workdir`), its records and the folders of
+the points to run were made by the points' current configs (`require_current`,
+`require_current_folders`), and every process of a multi-process sweep sees
 the same finished points (`require_one_view_of_the_workdir`).
 """
 from __future__ import annotations
@@ -16,6 +17,8 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from t5x_lite.checkpointing import (CHECKPOINTS_DIR, RESUME_FIELDS, config_differences,
+                                    read_saved_config)
 from t5x_lite.config import ConfigError
 from t5x_lite.grid import OBSERVING_FIELDS, GridPoint, config_hash, user_overrides
 from t5x_lite.results import write_json
@@ -102,7 +105,44 @@ def require_current(records: Sequence[dict], points: Sequence[GridPoint], path: 
                 f"{path} holds a record of point {record['point']!r} (seed {record['seed']}) made "
                 f"with another config (config_hash {record['config_hash']}, now {expected}): the "
                 "grid or its defaults changed since; use a new --workdir, or delete that "
-                "point's lines to run it again")
+                "point's lines and its folder "
+                f"{path.parent / 'points' / record['point'] / ('seed' + str(record['seed']))} to "
+                "run it again")
+
+
+def require_current_folders(points: Sequence[GridPoint], workdir: Path) -> None:
+    """Refuse to run a point whose folder holds the work of another config: pre-training
+    checkpoints whose `checkpointing.RESUME_FIELDS` differ, or a finished task's record
+    (`GridPoint.record_path`) of another config_hash. A point whose results.jsonl lines were
+    deleted, to run it again after its grid row changed, is such a point: its pre-training
+    would stop on the checkpoints (the point recorded as failed), and a stale task record
+    would pass for a finished task."""
+    for point in points:
+        why = _stale_work(point, workdir)
+        if why:
+            raise ConfigError(
+                f"{point.directory(workdir)} holds point {point.point!r} (seed {point.seed}) run "
+                f"with another config ({why}); delete that folder to run the point again, or "
+                "use a new --workdir")
+
+
+def _stale_work(point: GridPoint, workdir: Path) -> str | None:
+    """What in the point's folder another config made, or None."""
+    saved = read_saved_config(point.pretrain_directory(workdir) / CHECKPOINTS_DIR)
+    if saved is not None:
+        current = json.loads(point.config.to_json_best_effort())
+        differences = config_differences(saved, current, RESUME_FIELDS)
+        if differences:
+            more = f", and {len(differences) - 1} more" if len(differences) > 1 else ""
+            return f"its pre-training's {differences[0]}{more}"
+    expected = config_hash(point.config)
+    for task in point.config.sweep.tasks:
+        path = point.record_path(workdir, task)
+        if path.is_file():
+            saved_hash = json.loads(path.read_text()).get("config_hash", expected)
+            if saved_hash != expected:
+                return f"its {task} record's config_hash {saved_hash}, now {expected}"
+    return None
 
 
 def require_one_view_of_the_workdir(todo: Sequence[GridPoint], workdir: Path) -> None:

@@ -363,8 +363,32 @@ def test_records_of_a_changed_config_are_refused_not_skipped(experiment, uninter
     stale = json.loads(lines[0])
     stale["config_hash"] = "0" * 16
     (copy / "results.jsonl").write_text("\n".join([json.dumps(stale), *lines[1:]]) + "\n")
-    with pytest.raises(ConfigError, match=f"record of point '{stale['point']}' .* another config"):
+    folder = copy / "points" / stale["point"] / "seed0"
+    with pytest.raises(ConfigError, match=f"record of point '{stale['point']}' .* another config"
+                       f".* delete that point's lines and its folder {folder} to run it again"):
         sweep.run_sweep(experiment, "demo", str(copy))
+
+    # Its lines deleted as told, but not its folder: the folder's work is refused too, before
+    # anything runs (the pre-training failed on its checkpoints, recorded as a failed point).
+    (copy / "results.jsonl").write_text("".join(
+        line + "\n" for line in lines if json.loads(line)["point"] != stale["point"]))
+    kept = (copy / "results.jsonl").read_text()
+    saved = folder / "pretrain" / "checkpoints" / "config.json"
+    original = saved.read_text()
+    changed = json.loads(original)
+    changed["objective"]["noise_density"] = 0.25
+    saved.write_text(json.dumps(changed))
+    with pytest.raises(ConfigError, match=rf"^{folder} holds point '{stale['point']}' \(seed 0\) "
+                       r"run with another config \(its pre-training's objective.noise_density: "
+                       r"saved 0.25 != now 0.15\); delete that folder to run the point again"):
+        sweep.run_sweep(experiment, "demo", str(copy))
+    saved.write_text(original)
+    record_file = next((folder / "records").glob("*.json"))
+    record = json.loads(record_file.read_text())
+    record_file.write_text(json.dumps({**record, "config_hash": "0" * 16}))
+    with pytest.raises(ConfigError, match=f"its {record_file.stem} record's config_hash 0{{16}}"):
+        sweep.run_sweep(experiment, "demo", str(copy))
+    assert (copy / "results.jsonl").read_text() == kept  # nothing ran
 
 
 def test_killed_sweep_resumes_to_the_same_records(experiment, uninterrupted, tmp_path):
