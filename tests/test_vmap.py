@@ -81,7 +81,9 @@ def test_vmapped_pretraining_equals_sequential_runs(configs, sequential, vmapped
     for config, alone, together, summary in zip(configs, sequential, workdirs, summaries):
         np.testing.assert_allclose(_losses(together), _losses(alone), rtol=1e-5)
         assert summary["step"] == STEPS and summary["loss"] == _losses(together)[-1]
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+        # Two programs that sum in other orders: Adam's m / sqrt(v) amplifies the last bits of
+        # a small gradient (jax 0.10.2: at most 3.0e-6 on parameters of order 1).
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5),
                      _final_params(config, together), _final_params(config, alone))
         # Each point's held-out text and noise are its own run's: its seed's and objective's.
         held_out = [[(r["step"], r["loss"]) for r in map(json.loads, lines)]
