@@ -27,6 +27,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from t5x_lite import architectures, batch_format, checkpointing, train_step
+from t5x_lite.config import ConfigError
 from t5x_lite.data import pipeline, tasks
 from t5x_lite.evaluation import (PARAMETER_FIELDS, Evaluator, TaskSplit, check_finetune_settings,
                                  checkpoint_dir, require_same)
@@ -95,6 +96,10 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
     source = init_from if init_from is None or isinstance(init_from, nnx.State) else (
         checkpoint_dir(init_from))
     if isinstance(source, Path):
+        own = (workdir / checkpointing.CHECKPOINTS_DIR).resolve()
+        if source.resolve() in (own, *own.parents):  # its --restart would delete the source
+            raise ConfigError(f"--init_from {init_from} is this run's own workdir {workdir}: "
+                              "fine-tune into a workdir of its own")
         require_same(source, config, PARAMETER_FIELDS, "hold another model or vocabulary")
     ft_config = finetune_train_config(config)
 

@@ -349,6 +349,18 @@ def test_a_checkpoint_of_another_model_or_vocabulary_is_rejected_before_training
         finetune.finetune(config_for(data), tmp_path, init_from=str(tmp_path))
 
 
+def test_fine_tuning_into_the_pre_training_s_own_workdir_is_refused(data, pretrained):
+    """Its checkpoints would be the pre-training's: the resume check then suggested
+    --restart, which deleted the pre-training."""
+    run = pretrained("encoder_decoder")
+    before = sorted(path.name for path in (run / "checkpoints").iterdir())
+    for source in (run, run / "checkpoints"):
+        with pytest.raises(ConfigError, match=rf"^--init_from {source} is this run's own "
+                                              rf"workdir {run}: fine-tune into a workdir"):
+            finetune.finetune(config_for(data), run, init_from=str(source), restart=True)
+    assert sorted(path.name for path in (run / "checkpoints").iterdir()) == before
+
+
 def test_eval_command_reads_the_model_and_vocabulary_from_the_checkpoint(
         data, pretrained, monkeypatch, capsys):
     """`t5x-lite eval --preset tiny --checkpoint RUN` scores RUN's model (d_model 64, vocabulary
