@@ -1,15 +1,46 @@
-"""The error of a configuration that cannot work, and its one-line check of a choice.
+"""The error of a configuration that cannot work, its one-line check of a choice, and the
+error of work that the machine stopped.
 
 A leaf module (it imports nothing from t5x_lite), so that the registries the config is
 validated against (`t5x_lite.architectures`) and `t5x_lite.config` itself can both raise it.
 """
 from __future__ import annotations
 
+import errno
+import re
 from typing import Any, Iterable
 
 
 class ConfigError(ValueError):
     """A config field holds a value that cannot work; the message names the field."""
+
+
+class MachineFault(RuntimeError):
+    """Work stopped by the machine, not by its settings: a full disk, a permission, a lost
+    mount (`is_machine_fault`). A sweep stops on it instead of recording the point as failed,
+    which its re-run would never retry."""
+
+
+# The operating system's errors that say the machine cannot store or reach a run's files: a
+# full disk or quota, a read-only or failing file system, a lost network mount, a permission.
+# (A missing file is not among them: that is most often a setting, e.g. a vocabulary's path.)
+MACHINE_ERRNOS = frozenset(
+    (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.ESTALE, errno.EACCES,
+     errno.EPERM))
+# How orbax's storage layer (tensorstore) reports one inside its ValueError:
+# "... No space left on device [os_error_code='28']".
+_TENSORSTORE_ERRNO = re.compile(r"os_error_code='?(\d+)")
+
+
+def is_machine_fault(error: BaseException | None) -> bool:
+    """Whether `error`, or an error it was raised from, is one of `MACHINE_ERRNOS`."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in MACHINE_ERRNOS:
+            return True
+        if any(int(code) in MACHINE_ERRNOS for code in _TENSORSTORE_ERRNO.findall(str(error))):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def require_choice(field: str, value: Any, allowed: Iterable[str]) -> None:

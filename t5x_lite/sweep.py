@@ -55,6 +55,7 @@ from jax.experimental import multihost_utils
 
 from t5x_lite import accounting, batch_format, held_out, launchers, objectives, presets
 from t5x_lite.config import ConfigError, apply_overrides, parse_overrides
+from t5x_lite.errors import MachineFault, is_machine_fault
 from t5x_lite.grid import GridPoint, StepCost, config_hash, expand, load_experiment
 from t5x_lite.loop import METRICS_FILE
 from t5x_lite.results import ResultsFile, latest_records, write_json
@@ -135,7 +136,15 @@ def _budget_fields(point: GridPoint) -> dict[str, Any]:
 
 def _failure(stage: str, error: Exception) -> str:
     """Log the traceback of `error`, which failed `stage` ('encoder_decoder/denoising (seed 0)
-    glue_cola'), and return the error as a record gives it."""
+    glue_cola'), and return the error as a record gives it. A machine fault (a full disk) is
+    no result of the point's: it stops the sweep (`MachineFault`) and is not recorded, so the
+    re-run retries the point."""
+    if is_machine_fault(error):
+        first_line = str(error).splitlines()[0] if str(error) else ""
+        raise MachineFault(
+            f"{stage} stopped: {type(error).__name__}: {first_line}; the machine's fault, not "
+            "the point's, so it is not recorded and the sweep stops (finished points are); "
+            "fix it and re-run the same command") from error
     _log(f"  {stage}: FAILED: " + "".join(traceback.format_exception(error)))
     return f"{type(error).__name__}: {error}"
 

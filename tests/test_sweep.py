@@ -287,6 +287,42 @@ def test_a_preempted_point_records_nothing_and_stops_the_sweep(experiment, unint
         _without_timing(records)
 
 
+def test_a_full_disk_stops_the_sweep_and_records_nothing_for_the_point(
+        experiment, uninterrupted, tmp_path, monkeypatch):
+    """A point stopped by the machine (here a full disk while fine-tuning, as orbax reports
+    it) has no result: it was recorded as failed, and re-runs, which skip recorded points,
+    never retried it; a full disk failed every later point in turn. The sweep now stops with
+    one line, records nothing for the point, and a re-run completes it."""
+    from t5x_lite import finetune
+
+    def disk_full(*args, **kwargs):
+        raise ValueError("RESOURCE_EXHAUSTED: Error writing \"params\" in OCDBT database: "
+                         "No space left on device [os_error_code='28']")
+
+    workdir, records = uninterrupted
+    copy = tmp_path / "sweep"
+    shutil.copytree(workdir, copy)
+    lines = (copy / results.RESULTS_FILE).read_text().splitlines()
+    first = json.loads(lines[0])
+    (copy / results.RESULTS_FILE).write_text("\n".join(lines[1:]) + "\n")
+    saved = copy / "points" / first["point"] / "seed0" / "records" / f"{first['task']}.json"
+    saved.unlink()
+    with monkeypatch.context() as patch:
+        patch.setattr(finetune, "finetune", disk_full)
+        with pytest.raises(SystemExit) as stopped:
+            cli.main(["t5x-lite", "sweep", experiment, "--preset", "demo", "--workdir",
+                      str(copy)])
+    assert str(stopped.value.code) == (
+        f"t5x-lite sweep: {first['point']} (seed 0) {first['task']} stopped: ValueError: "
+        "RESOURCE_EXHAUSTED: Error writing \"params\" in OCDBT database: No space left on "
+        "device [os_error_code='28']; the machine's fault, not the point's, so it is not "
+        "recorded and the sweep stops (finished points are); fix it and re-run the same command")
+    assert (copy / results.RESULTS_FILE).read_text().splitlines() == lines[1:]
+    assert not saved.exists()
+    assert _without_timing(sweep.run_sweep(experiment, "demo", str(copy))) == \
+        _without_timing(records)
+
+
 def test_more_seeds_extend_a_finished_sweep_and_other_overrides_are_refused(
         experiment, uninterrupted, tmp_path):
     # Adding a seed resumes the sweep: the finished records stay, only the new seed's runs are
