@@ -117,6 +117,12 @@ def config_from_checkpoint(config: ml_collections.ConfigDict, checkpoint: str | 
     """
     directory = checkpoint_dir(checkpoint)
     path, saved = directory / checkpointing.CONFIG_FILE, checkpointing.read_saved_config(directory)
+    arch = saved["model"].get("arch")
+    if arch not in architectures.names():  # one a file registered in the run's own process
+        raise ConfigError(
+            f"{path} holds model.arch={arch!r}, which is not registered in this process; pass "
+            "--config=FILE with the file that registers it (registered here: "
+            f"{', '.join(architectures.names())})")
     saved_fields = {f"model.{name}": value for name, value in saved["model"].items()}
     saved_fields.update({field: saved["data"][field.split(".")[1]]
                          for field in PARAMETER_FIELDS if field.startswith("data.")})

@@ -76,7 +76,9 @@ def require_warmup(section: str, schedule: str, warmup_steps: int, steps: int) -
         )
     if schedule in ("linear", "cosine") and warmup_steps > steps:
         raise ConfigError(
-            f"{section}.warmup_steps={warmup_steps} must be <= {section}.steps={steps}"
+            f"{section}.warmup_steps={warmup_steps} must be <= {section}.steps={steps} for "
+            f"{section}.schedule={schedule!r}; with fewer steps, set --config.{section}."
+            "warmup_steps too"
         )
 
 

@@ -349,6 +349,19 @@ def test_a_checkpoint_of_another_model_or_vocabulary_is_rejected_before_training
         finetune.finetune(config_for(data), tmp_path, init_from=str(tmp_path))
 
 
+def test_a_checkpoint_of_an_architecture_not_registered_here_says_so(pretrained, tmp_path):
+    """A run of an architecture that a file registered in its own process: scoring it in a
+    process that never loaded that file said only "model.arch='mine' is not allowed"."""
+    saved = json.loads((pretrained("encoder_decoder") / "checkpoints" / "config.json").read_text())
+    saved["model"]["arch"] = "mine"
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(ConfigError, match=(
+            rf"^{tmp_path}/config.json holds model.arch='mine', which is not registered in "
+            r"this process; pass --config=FILE with the file that registers it \(registered "
+            r"here: encoder_decoder, ")):
+        evaluation.config_from_checkpoint(presets.finetune_preset("tiny"), tmp_path, {})
+
+
 def test_fine_tuning_into_the_pre_training_s_own_workdir_is_refused(data, pretrained):
     """Its checkpoints would be the pre-training's: the resume check then suggested
     --restart, which deleted the pre-training."""

@@ -79,7 +79,9 @@ def test_every_field_is_annotated_with_a_type_the_checks_know():
     ("train.optimizer", "sgd", "train.optimizer='sgd' is not allowed; choose one of adafactor, "
                                "adamw"),
     ("train.learning_rate", 0.0, "train.learning_rate=0.0 must be a positive number"),
-    ("train.warmup_steps", 3000, "train.warmup_steps=3000 must be <= train.steps=2000"),
+    ("train.warmup_steps", 3000, "train.warmup_steps=3000 must be <= train.steps=2000 for "
+                                 "train.schedule='cosine'; with fewer steps, set "
+                                 "--config.train.warmup_steps too"),
     ("train.label_smoothing", 1.0, r"train.label_smoothing=1.0 must be in \[0, 1\)"),
     ("train.seed", None, "train.seed=None must be of type int"),
     ("train.eval_every", -1, "train.eval_every=-1 must be an integer >= 0"),
