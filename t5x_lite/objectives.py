@@ -487,11 +487,25 @@ def _blank_infilling(tokens, n, spec, uniform, layout):
             jnp.int32(1), plan.target_positions)
 
 
+# Each objective's encoder, by name: a new objective is its name appended to OBJECTIVES and
+# its encoder here (a name in one and not the other stops the import, naming it).
+_ENCODER_OF = {
+    "span_corruption": _span_corruption, "drop_corrupted_tokens": _drop_corrupted_tokens,
+    "bert_style": _bert_style, "mass_style": _mass_style, "deshuffling": _deshuffling,
+    "prefix_lm": _prefix_lm, "lm": _lm, "iid_denoising": _iid_denoising,
+    "token_masking": _token_masking, "token_deletion": _token_deletion,
+    "text_infilling": _text_infilling, "document_rotation": _document_rotation,
+    "sentence_permutation": _sentence_permutation,
+    "text_infilling_permutation": _text_infilling_permutation, "ul2": _ul2,
+    "blank_infilling": _blank_infilling,
+}
+if set(_ENCODER_OF) != set(OBJECTIVES):
+    raise ImportError(
+        "config.OBJECTIVES and objectives._ENCODER_OF must name the same objectives; only in "
+        f"OBJECTIVES: {sorted(set(OBJECTIVES) - set(_ENCODER_OF))}, only in _ENCODER_OF: "
+        f"{sorted(set(_ENCODER_OF) - set(OBJECTIVES))}")
 # In the order of OBJECTIVES: the objective id indexes this tuple.
-_ENCODERS = (_span_corruption, _drop_corrupted_tokens, _bert_style, _mass_style, _deshuffling,
-             _prefix_lm, _lm, _iid_denoising, _token_masking, _token_deletion, _text_infilling,
-             _document_rotation, _sentence_permutation, _text_infilling_permutation, _ul2,
-             _blank_infilling)
+_ENCODERS = tuple(_ENCODER_OF[name] for name in OBJECTIVES)
 
 
 # ---------------------------------------------------------------------------------------------
