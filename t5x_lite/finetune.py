@@ -124,8 +124,21 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
         evaluator = Evaluator(config, run.data.validation, run.data.vocab, run.mesh)
         log = EvalLog(workdir, run.start)
 
+        examples = sum(len(split.examples) for split in run.data.validation)
+
         def validate(step: int, state: train_step.TrainState) -> None:
-            log.add(step, evaluator(state.params))
+            # Decoding every validation example takes a while (minutes on a CPU): say so.
+            run.progress.note(f"step {step}/{run.total}: validating on {examples} examples "
+                              f"({evaluator.max_length} tokens decoded at most)")
+            started_validation = time.perf_counter()
+            results = evaluator(state.params)
+            log.add(step, results)
+            scores = "; ".join(
+                f"{task} " + ", ".join(f"{name} {value:.2f}"
+                                       for name, value in result["metrics"].items())
+                for task, result in results.items())
+            run.progress.note(f"step {step}/{run.total}: validation "
+                              f"({time.perf_counter() - started_validation:.0f} s): {scores}")
 
         records = run_loop(run, Every(ft.eval_every, validate))
     summary = summaries(run, records)[0]
