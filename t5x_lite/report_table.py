@@ -6,7 +6,7 @@ judges the paper's conclusions about it on our numbers; `t5x_lite.report_render`
 table and `t5x_lite.report` is the command that writes both.
 
 The table follows the paper's conventions:
-- rows in the paper's order (rows the paper does not have come last, in the order first seen),
+- rows in the paper's order (rows the paper does not have come last, in the grid's order),
   with the Params and Cost labels the sweep recorded: the paper's label for the architecture
   and our measured ratio beside it, "M (0.65x)" (`accounting.table2_columns`; records written
   before the ratios were recorded show the label alone);
@@ -327,6 +327,13 @@ def _label(record: dict, label_field: str, ratio_field: str) -> str:
     return f"{label} ({ratio:.2f}x)" if _is_number(ratio) else label
 
 
+def _one_line(error: str | None) -> str:
+    """A failed record's error on one line: its message's lines joined (a config error lists
+    the differing fields on lines of their own), a traceback after it left out."""
+    message = str(error or "no error message").split("\nTraceback (most recent call last)")[0]
+    return " ".join(message.split())
+
+
 def build_table(records: Sequence[dict]) -> Table:
     """The comparison table of one sweep's records (as `read_results` returns them).
 
@@ -340,9 +347,12 @@ def build_table(records: Sequence[dict]) -> Table:
     for record in records:
         by_row.setdefault((record["row"], record.get("objective")), []).append(record)
     published = {key: paper.find(*key) if paper else None for key in by_row}
-    # The paper's order; rows it does not have come last, in first-seen order (a stable sort).
-    keys = sorted(by_row, key=lambda k: paper.rows.index(published[k]) if published[k]
-                  else len(by_row))
+    # The paper's order; rows it does not have come last, in the grid's order (records made
+    # before they carried `grid_index`: first seen; a stable sort).
+    grid_order = {key: min(r.get("grid_index", math.inf) for r in rows)
+                  for key, rows in by_row.items()}
+    keys = sorted(by_row, key=lambda k: (paper.rows.index(published[k]) if published[k]
+                                         else len(by_row), grid_order[k]))
     cells = {key: {column: _cell(column, tasks, by_row[key], published[key])
                    for column, tasks in columns.items()} for key in keys}
     for column in columns:
@@ -355,8 +365,7 @@ def build_table(records: Sequence[dict]) -> Table:
                 _label(by_row[key][0], "cost_label", "flops_ratio"), cells[key], published[key],
                 held_out.get(key), held_out_groups.get(key))
             for key in keys]
-    failures = tuple(f"{r['point']} seed {r['seed']} {r['task']}: "
-                     f"{str(r.get('error') or 'no error message').splitlines()[0]}"
+    failures = tuple(f"{r['point']} seed {r['seed']} {r['task']}: {_one_line(r.get('error'))}"
                      for r in records if r["status"] == "failed")
     budget, compute = _compute(keys, by_row)
     return Table(experiment, preset, paper, columns, tuple(rows), _taus(rows, columns), failures,

@@ -106,6 +106,7 @@ def base_record(point: GridPoint) -> dict[str, Any]:
     columns = accounting.table2_columns(config.model, inputs, targets)
     return {
         "experiment": point.experiment, "preset": point.preset, "point": point.point,
+        "grid_index": point.index,  # its place in the grid: the report's row order
         "row": point.row, "objective": point.objective, "config_hash": config_hash(config),
         "seed": point.seed, "params": columns.params, "params_label": columns.params_label,
         "cost_label": columns.cost_label, "params_ratio": columns.params_ratio,

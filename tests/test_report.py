@@ -538,6 +538,26 @@ def test_other_experiments_have_no_paper_column_or_tau(tmp_path):
     assert "Failed: a seed 0 builtin_sort: boom\n" in text
 
 
+def test_rows_the_paper_lacks_follow_the_grid_and_a_failure_shows_whole(tmp_path):
+    """A point re-run after the others appends its records last: the rows still follow the
+    grid (`grid_index`), not the file; a failure's message keeps its later lines (the first
+    alone hid why: "...incompatible config:" without the differing field)."""
+    error = ("ConfigError: the checkpoints in x were written with an incompatible config:\n"
+             "  objective.noise_density: saved 0.15 != now 0.25\nresume with the saved settings")
+    _write(tmp_path / "results.jsonl", [
+        _record(experiment="mine", point="b", row="B", grid_index=1),
+        _record(experiment="mine", point="c", row="C", grid_index=2, status="failed",
+                metrics={}, error=error),
+        _record(experiment="mine", point="a", row="A", grid_index=0),  # re-run: appended last
+    ])
+    table = report.report(str(tmp_path)).table
+    assert [row.label for row in table.rows] == ["A", "B", "C"]
+    assert table.failures == (
+        "c seed 0 builtin_reverse: ConfigError: the checkpoints in x were written with an "
+        "incompatible config: objective.noise_density: saved 0.15 != now 0.25 resume with the "
+        "saved settings",)
+
+
 def test_a_seed_whose_score_is_not_a_number_makes_the_cell_undefined(tmp_path):
     """STS-B's Pearson correlation of constant predictions is NaN: the cell says 'undefined'
     and, like a missing cell, stays out of the column's spread and bold, so the other rows are
