@@ -338,6 +338,20 @@ class Checkpointer:
         self.close()
 
 
+def newest_step(directory: str | epath.PathLike) -> int | None:
+    """The newest saved step in the checkpoint folder `directory` (opened read-only), or None
+    (none saved, or no such folder)."""
+    directory = epath.Path(os.path.abspath(directory))
+    if not directory.is_dir():
+        return None
+    manager = ocp.CheckpointManager(directory,
+                                    options=ocp.CheckpointManagerOptions(read_only=True))
+    try:
+        return manager.latest_step()
+    finally:
+        manager.close()
+
+
 def restore_params_only(
     directory: str | epath.PathLike,
     abstract_params: Any,

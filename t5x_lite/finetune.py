@@ -16,7 +16,9 @@ validation history that the best scores are taken from, so they survive a resume
 from __future__ import annotations
 
 import copy
+import json
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -32,6 +34,7 @@ from t5x_lite.data import pipeline, tasks
 from t5x_lite.evaluation import (PARAMETER_FIELDS, Evaluator, TaskSplit, check_finetune_settings,
                                  checkpoint_dir, require_same)
 from t5x_lite.loop import EvalLog, Every, run_loop, summaries
+from t5x_lite.results import write_json
 from t5x_lite.run_setup import RunPlan, set_up
 
 # Fields a resumed fine-tuning run must share with the run that wrote its checkpoints, besides
@@ -73,6 +76,34 @@ class _TaskData:
         return self.mixture.batch(step)
 
 
+# In a fine-tuning workdir: the pre-training checkpoints it started from, {"path", "step"}.
+SOURCE_FILE = "init_from.json"
+
+
+def _require_same_source(workdir: Path, source: Path, restart: bool) -> None:
+    """Refuse to resume a fine-tuning run whose pre-training source has moved on (another
+    folder, or a newer step: the pre-training was continued), which would return the old
+    run's scores as the new model's; else record the source. Warn when the source stopped
+    before its own `train.steps` (e.g. a preempted pre-training)."""
+    current = {"path": str(source.resolve()), "step": checkpointing.newest_step(source)}
+    saved_steps = (checkpointing.read_saved_config(source) or {}).get("train", {}).get("steps")
+    if isinstance(saved_steps, int) and (current["step"] or 0) < saved_steps:
+        warnings.warn(f"fine-tuning from {source} at step {current['step']} of its "
+                      f"{saved_steps}: its pre-training has not finished", stacklevel=3)
+    record = workdir / SOURCE_FILE
+    resuming = not restart and checkpointing.newest_step(
+        workdir / checkpointing.CHECKPOINTS_DIR) is not None
+    if resuming and record.is_file():
+        before = json.loads(record.read_text())
+        if before != current:
+            raise ConfigError(
+                f"{workdir} was fine-tuned from {before['path']} at step {before['step']}; "
+                f"--init_from now gives {current['path']} at step {current['step']}: pass "
+                "--restart to fine-tune again from it, or use a new --workdir")
+    if not resuming:
+        write_json(record, current)
+
+
 def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
              init_from: str | nnx.State | None, progress: bool = True,
              restart: bool = False) -> dict[str, Any]:
@@ -101,6 +132,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
             raise ConfigError(f"--init_from {init_from} is this run's own workdir {workdir}: "
                               "fine-tune into a workdir of its own")
         require_same(source, config, PARAMETER_FIELDS, "hold another model or vocabulary")
+        _require_same_source(workdir, source, restart)
     ft_config = finetune_train_config(config)
 
     def fresh_state(point: ml_collections.ConfigDict, mesh: Mesh) -> train_step.TrainState:

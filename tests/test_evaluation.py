@@ -8,6 +8,7 @@ for the module; the vocabulary is trained once on a small corpus of such letters
 """
 import itertools
 import json
+import shutil
 
 import jax
 import numpy as np
@@ -347,6 +348,28 @@ def test_a_checkpoint_of_another_model_or_vocabulary_is_rejected_before_training
     assert not (tmp_path / "checkpoints").exists()
     with pytest.raises(ConfigError, match="holds no t5x_lite checkpoints"):
         finetune.finetune(config_for(data), tmp_path, init_from=str(tmp_path))
+
+
+def test_resuming_a_fine_tuning_whose_pre_training_moved_on_is_refused(data, pretrained,
+                                                                       tmp_path):
+    """The pre-training was continued after a fine-tuning finished: running the fine-tuning
+    again said "nothing to train" and returned the old model's scores as the new one's."""
+    source = tmp_path / "pretrain"
+    shutil.copytree(pretrained("encoder_decoder"), source)
+    config, workdir = config_for(data), tmp_path / "finetune"
+    finetune.finetune(config, workdir, init_from=str(source), progress=False)
+    first = json.loads((workdir / finetune.SOURCE_FILE).read_text())
+    assert first == {"path": str(source / "checkpoints"), "step": config.train.steps}
+    longer = config_for(data)
+    longer.train.steps += 2
+    train.train(longer, source, progress=False)
+    with pytest.raises(ConfigError, match=(
+            rf"^{workdir} was fine-tuned from {source}/checkpoints at step {first['step']}; "
+            rf"--init_from now gives {source}/checkpoints at step {longer.train.steps}: pass "
+            r"--restart to fine-tune again from it")):
+        finetune.finetune(config, workdir, init_from=str(source), progress=False)
+    finetune.finetune(config, workdir, init_from=str(source), progress=False, restart=True)
+    assert json.loads((workdir / finetune.SOURCE_FILE).read_text())["step"] == longer.train.steps
 
 
 def test_a_checkpoint_of_an_architecture_not_registered_here_says_so(pretrained, tmp_path):
