@@ -181,9 +181,16 @@ def test_scanned_training_on_a_sharded_mesh_matches_unscanned_on_one_device():
     actual = params_by_path(state.params)
     assert actual.keys() == expected.keys()
     for path, value in actual.items():
-        # atol 5e-5: sharded sums over d_model 128 reassociate (2 of 16384 entries differed
-        # by 1.2e-5 after 3 steps at learning rate 0.1)
-        np.testing.assert_allclose(value, expected[path], rtol=1e-4, atol=5e-5, err_msg=str(path))
+        # Typical elements, not every one: sharded sums over d_model 128 reassociate, and
+        # Adafactor's first steps scale each element's update to about a full step whatever
+        # its gradient's size, so a gradient near 0, whose sign rounding decides, can move a
+        # parameter by up to a step (jax 0.10.2: one of 16384 by 1.8e-2, medians 1e-7 to 2e-5;
+        # earlier versions stayed within 1.2e-5 everywhere). A wrong computation (layers
+        # restacked out of order, a moment factored over the layers axis) moves typical
+        # elements by about a step (learning rate 0.1 x parameters of ~0.1).
+        difference = np.abs(np.asarray(value) - np.asarray(expected[path]))
+        median, p99 = np.median(difference), np.quantile(difference, 0.99)
+        assert median < 5e-5 and p99 < 1e-3, (path, median, p99)
 
     assert_params_follow_default_rules(state.params, mesh)
     # The factored moments really ran: each scanned MLP kernel [layers, 128, 256] keeps a
