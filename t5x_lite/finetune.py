@@ -81,10 +81,11 @@ SOURCE_FILE = "init_from.json"
 
 
 def _require_same_source(workdir: Path, source: Path, restart: bool) -> None:
-    """Refuse to resume a fine-tuning run whose pre-training source has moved on (another
-    folder, or a newer step: the pre-training was continued), which would return the old
-    run's scores as the new model's; else record the source. Warn when the source stopped
-    before its own `train.steps` (e.g. a preempted pre-training)."""
+    """Refuse to resume a fine-tuning run whose pre-training source has moved on (its newest
+    step is another: the pre-training was continued), which would return the old run's scores
+    as the new model's; else record the source. Its folder is recorded but not compared: a
+    sweep's workdir may be moved or copied whole. Warn when the source stopped before its own
+    `train.steps` (e.g. a preempted pre-training)."""
     current = {"path": str(source.resolve()), "step": checkpointing.newest_step(source)}
     saved_steps = (checkpointing.read_saved_config(source) or {}).get("train", {}).get("steps")
     if isinstance(saved_steps, int) and (current["step"] or 0) < saved_steps:
@@ -95,7 +96,7 @@ def _require_same_source(workdir: Path, source: Path, restart: bool) -> None:
         workdir / checkpointing.CHECKPOINTS_DIR) is not None
     if resuming and record.is_file():
         before = json.loads(record.read_text())
-        if before != current:
+        if before["step"] != current["step"]:
             raise ConfigError(
                 f"{workdir} was fine-tuned from {before['path']} at step {before['step']}; "
                 f"--init_from now gives {current['path']} at step {current['step']}: pass "
