@@ -25,6 +25,7 @@ SLURM generators.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import importlib.util
 import math
 import multiprocessing
@@ -32,8 +33,10 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
+import threading
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import ml_collections
@@ -121,6 +124,9 @@ def _claim_environment(slots: Any, environments: list[dict[str, str]]) -> None:
     (JAX reads these variables when it first creates its devices, not at import)."""
     os.environ.update(environments[slots.get()])
     host_memory.retain_if_requested()
+    # Between points a SIGTERM (passed on by the sweep: `_sigterm_passed_to_workers`) has no
+    # point to save; within one, the point's own handler takes it.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 class LocalParallelLauncher:
@@ -149,12 +155,55 @@ class LocalParallelLauncher:
             len(self.environments), mp_context=context, initializer=_claim_environment,
             initargs=(slots, self.environments),
         )
+        # One point per worker in flight: a point handed to the pool cannot be taken back (its
+        # call queue holds one more than it has workers), and after a SIGTERM none may start.
+        stop, left, running = threading.Event(), iter(points), set()
+
+        def start_next() -> None:
+            point = next(left, _NO_POINT)
+            if point is not _NO_POINT and not stop.is_set():
+                running.add(pool.submit(fn, point, workdir))
+
         try:
-            futures = [pool.submit(fn, point, workdir) for point in points]
-            for future in concurrent.futures.as_completed(futures):
-                yield future.result()
+            with _sigterm_passed_to_workers(stop):
+                for _ in self.environments:
+                    start_next()
+                while running:
+                    done, _ = concurrent.futures.wait(
+                        running, return_when=concurrent.futures.FIRST_COMPLETED)
+                    for future in done:
+                        running.remove(future)
+                        start_next()
+                        yield future.result()
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+_NO_POINT = object()  # `LocalParallelLauncher.map`'s end of the points
+
+
+@contextlib.contextmanager
+def _sigterm_passed_to_workers(stop: threading.Event) -> Iterator[None]:
+    """While it lasts, a SIGTERM to this process goes to its worker processes instead, and
+    sets `stop` (no further point starts): a worker in a point saves it and stops
+    (`preemption.Preempted`, which comes back here as the point's result and stops the sweep
+    with its exit status); one between points ignores it (`_claim_environment`). Otherwise the
+    sweep died at once and its workers, orphaned, went on writing the workdir. (SIGINT from a
+    terminal reaches the workers itself, as they share its process group.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def forward(signum: int, frame: Any) -> None:
+        stop.set()
+        for child in multiprocessing.active_children():
+            os.kill(child.pid, signum)
+
+    previous = signal.signal(signal.SIGTERM, forward)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -267,7 +267,9 @@ class PreemptionWatch:
     and `reached` returns True at that step on every one of them. This needs every process to
     call `reached` after every step. Entering installs the signal handlers (one process, main
     thread), leaving restores the previous ones; a second Ctrl-C raises KeyboardInterrupt
-    without waiting for the save.
+    without waiting for the save. Watches nest: a signal the inner one (a run's) receives is
+    also the outer one's (a sweep point's, which stops at its next stage), so that a signal
+    that comes as a run ends, its last step taken, still stops what would follow.
     """
 
     def __init__(self) -> None:
@@ -288,9 +290,17 @@ class PreemptionWatch:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGINT and self.signal is not None:
             raise KeyboardInterrupt  # a second Ctrl-C stops without waiting for the save
-        self.signal = signum
+        self._record(signum)
         log.warning("received %s: saving a checkpoint after the current step, then stopping",
                     signal.Signals(signum).name)
+
+    def _record(self, signum: int) -> None:
+        """Keep the first signal, and pass it on to the watch this one is nested in."""
+        if self.signal is None:
+            self.signal = signum
+        outer = getattr(self._previous_handlers.get(signum), "__self__", None)
+        if isinstance(outer, PreemptionWatch):
+            outer._record(signum)
 
     def __enter__(self) -> PreemptionWatch:
         if jax.process_count() > 1:

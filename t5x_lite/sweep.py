@@ -57,7 +57,8 @@ from t5x_lite import accounting, batch_format, held_out, launchers, objectives, 
 from t5x_lite.config import ConfigError, apply_overrides, parse_overrides
 from t5x_lite.errors import MachineFault, is_machine_fault
 from t5x_lite.grid import GridPoint, StepCost, config_hash, expand, load_experiment
-from t5x_lite.loop import METRICS_FILE
+from t5x_lite.loop import METRICS_FILE, PreemptionWatch
+from t5x_lite.preemption import Preempted
 from t5x_lite.results import ResultsFile, latest_records, write_json
 from t5x_lite.sweep_workdir import (claim_workdir, require_current, require_current_folders,
                                     require_one_view_of_the_workdir, sweep_identity)
@@ -174,13 +175,14 @@ def run_point(point: GridPoint, workdir: str) -> list[dict]:
     config, started = point.config, time.perf_counter()
     _log(f"{point.experiment} {point.run_name}: pre-training {config.train.steps} steps "
          f"({config.model.arch}, {config.objective.name}) on {config.data.corpus}")
-    try:
-        load_experiment(point.source)  # in a worker process: what the file registers
-        summary = train.train(config, point.pretrain_directory(workdir),
-                              progress=config.sweep.progress, layout=point.layout)
-    except Exception as error:  # recorded as failed; the sweep goes on
-        return _pretraining_failed(point, error)
-    return _finetune_tasks(point, workdir, started, summary["step_compiles"])
+    with PreemptionWatch() as watch:  # a signal between the runs stops at the next stage
+        try:
+            load_experiment(point.source)  # in a worker process: what the file registers
+            summary = train.train(config, point.pretrain_directory(workdir),
+                                  progress=config.sweep.progress, layout=point.layout)
+        except Exception as error:  # recorded as failed; the sweep goes on
+            return _pretraining_failed(point, error)
+        return _finetune_tasks(point, workdir, started, summary["step_compiles"], watch)
 
 
 def run_chunk(points: Sequence[GridPoint], workdir: str) -> list[dict]:
@@ -199,15 +201,18 @@ def run_chunk(points: Sequence[GridPoint], workdir: str) -> list[dict]:
     _log(f"{points[0].experiment}: pre-training {len(points)} points together "
          f"({config.train.steps} steps, one vmapped step): "
          + "; ".join(f"{p.run_name} {p.config.objective.name}" for p in points))
-    try:
-        load_experiment(points[0].source)  # in a worker process: what the file registers
-        summaries = train.train_vmapped([p.config for p in points],
-                                        [p.pretrain_directory(workdir) for p in points],
-                                        layout=points[0].layout, progress=config.sweep.progress)
-    except Exception as error:  # recorded as failed for every point; the sweep goes on
-        return [record for p in points for record in _pretraining_failed(p, error)]
-    return [record for p, summary in zip(points, summaries)
-            for record in _finetune_tasks(p, workdir, started, summary["step_compiles"])]
+    with PreemptionWatch() as watch:  # a signal between the runs stops at the next stage
+        try:
+            load_experiment(points[0].source)  # in a worker process: what the file registers
+            summaries = train.train_vmapped([p.config for p in points],
+                                            [p.pretrain_directory(workdir) for p in points],
+                                            layout=points[0].layout,
+                                            progress=config.sweep.progress)
+        except Exception as error:  # recorded as failed for every point; the sweep goes on
+            return [record for p in points for record in _pretraining_failed(p, error)]
+        return [record for p, summary in zip(points, summaries)
+                for record in _finetune_tasks(p, workdir, started, summary["step_compiles"],
+                                              watch)]
 
 
 ZERO_SHOT_FILE = "zero_shot.json"
@@ -250,11 +255,19 @@ def _zero_shot_stage(point: GridPoint, workdir: str, task_names: Sequence[str]
     return entries
 
 
+def _stop_if_signalled(watch: PreemptionWatch, point: GridPoint, workdir: str) -> None:
+    """Raise `Preempted` if SIGTERM / SIGINT came since the point started, outside a run's
+    loop (which stops on its own) or as a run ended: before the point's next stage."""
+    if watch.signal is not None:
+        raise Preempted(point.config.train.steps, [str(point.directory(workdir))], watch.cause)
+
+
 def _finetune_tasks(point: GridPoint, workdir: str, started: float,
-                    train_step_compiles: int) -> list[dict]:
+                    train_step_compiles: int, watch: PreemptionWatch) -> list[dict]:
     """After the point's pre-training: the zero-shot stage (`sweep.zero_shot`) on the tasks
     not recorded yet, then fine-tune and evaluate on each task, one record per task (a task's
-    saved record is reused; a failing task is recorded as failed).
+    saved record is reused; a failing task is recorded as failed). A signal `watch` received
+    stops it (`Preempted`) before each stage.
 
     train_step_compiles: the pre-training step's XLA compilations in this process, as JAX's
     compile events count them (`train.train`'s `step_compiles`), recorded as such: 1 for a
@@ -276,6 +289,7 @@ def _finetune_tasks(point: GridPoint, workdir: str, started: float,
     pretrain_wall_s = history.pop("pretrain_wall_s")
     pending = [task for task in config.sweep.tasks
                if not point.record_path(workdir, task).exists()]
+    _stop_if_signalled(watch, point, workdir)
     zero_shot = (_zero_shot_stage(point, workdir, pending)  # {task: entry}
                  if config.sweep.zero_shot else {})
     records = []
@@ -293,6 +307,7 @@ def _finetune_tasks(point: GridPoint, workdir: str, started: float,
             write_json(saved, record)
             records.append(record)
             continue
+        _stop_if_signalled(watch, point, workdir)
         _log(f"{point.experiment} {point.run_name}: fine-tuning on {task} "
              f"({config.finetune.steps} steps; {time.perf_counter() - started:.0f} s so far)")
         task_config = copy.deepcopy(config)

@@ -4,6 +4,7 @@ the TPU and SLURM generators print what a person would type; bad input fails bef
 import dataclasses
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -96,6 +97,52 @@ def test_parallel_launcher_raises_when_a_worker_dies():
     launcher = launchers.LocalParallelLauncher(1, gpus=[])
     with pytest.raises(BrokenProcessPool):
         list(launcher.map(die, POINTS[:1], "wd"))
+
+
+SIGTERM_SWEEP = """
+import os, sys, time
+from pathlib import Path
+from t5x_lite import launchers
+from t5x_lite.loop import PreemptionWatch
+from t5x_lite.preemption import Preempted
+
+
+def wait_for_sigterm(point, workdir):
+    with PreemptionWatch() as watch:  # as a point's run does
+        Path(workdir, point).write_text(str(os.getpid()))
+        while watch.signal is None:
+            time.sleep(0.05)
+        raise Preempted(1, [f"{workdir}/{point}"], watch.cause)
+
+
+if __name__ == "__main__":
+    launcher = launchers.LocalParallelLauncher(2, gpus=[])
+    list(launcher.map(wait_for_sigterm, ["a", "b", "c"], sys.argv[1]))
+"""
+
+
+def test_a_sigterm_to_a_parallel_sweep_stops_its_workers_as_preempted(tmp_path):
+    """SIGTERM to the sweep's process (a scheduler's preemption) killed it at once (143, which
+    the SLURM script does not requeue) and left its workers running, orphaned. Now the two
+    points being run save and stop, the third never starts, and the sweep exits 75."""
+    script = tmp_path / "sweep.py"
+    script.write_text(SIGTERM_SWEEP)
+    sweep = subprocess.Popen([sys.executable, str(script), str(tmp_path)], cwd=REPO,
+                             env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline = time.monotonic() + 300  # a hang guard only
+        while not ((tmp_path / "a").exists() and (tmp_path / "b").exists()):
+            assert sweep.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        sweep.send_signal(signal.SIGTERM)
+        assert sweep.wait(timeout=300) == PREEMPTED_EXIT_STATUS
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    assert not (tmp_path / "c").exists()
+    for point in "ab":  # its worker is gone, not orphaned
+        with pytest.raises(ProcessLookupError):
+            os.kill(int((tmp_path / point).read_text()), 0)
 
 
 def test_worker_environments_share_out_gpus_and_set_cpu_device_counts():

@@ -287,6 +287,35 @@ def test_a_preempted_point_records_nothing_and_stops_the_sweep(experiment, unint
         _without_timing(records)
 
 
+def test_a_signal_between_a_point_s_runs_stops_the_sweep_as_preempted(
+        experiment, uninterrupted, tmp_path, monkeypatch):
+    """SIGTERM outside a run's loop (here as the pre-training's metrics are read, before
+    fine-tuning) killed the sweep with status 143, which the SLURM script does not requeue,
+    and one that came as a run ended was ignored until the sweep ended. The point now stops
+    before its next stage as preempted, records nothing, and a re-run completes it."""
+    real = sweep._pretrain_history
+
+    def signalled(*args):
+        os.kill(os.getpid(), signal.SIGTERM)  # taken by the point's watch, no run's
+        return real(*args)
+
+    workdir, records = uninterrupted
+    copy = tmp_path / "sweep"
+    shutil.copytree(workdir, copy)
+    lines = (copy / results.RESULTS_FILE).read_text().splitlines()
+    first = json.loads(lines[0])
+    (copy / results.RESULTS_FILE).write_text("\n".join(lines[1:]) + "\n")
+    (copy / "points" / first["point"] / "seed0" / "records" / f"{first['task']}.json").unlink()
+    with monkeypatch.context() as patch:
+        patch.setattr(sweep, "_pretrain_history", signalled)
+        with pytest.raises(Preempted) as stop:
+            sweep.run_sweep(experiment, "demo", str(copy))
+    assert (stop.value.cause, stop.value.code) == ("SIGTERM", 75)
+    assert (copy / results.RESULTS_FILE).read_text().splitlines() == lines[1:]
+    assert _without_timing(sweep.run_sweep(experiment, "demo", str(copy))) == \
+        _without_timing(records)
+
+
 def test_a_full_disk_stops_the_sweep_and_records_nothing_for_the_point(
         experiment, uninterrupted, tmp_path, monkeypatch):
     """A point stopped by the machine (here a full disk while fine-tuning, as orbax reports
