@@ -37,7 +37,7 @@ from absl import logging
 from t5x_lite import compilation_cache, host_memory, presets
 from t5x_lite.config import (OVERRIDES_HELP, ConfigError, apply_overrides, load_config_file,
                              parse_overrides, split_overrides)
-from t5x_lite.errors import MachineFault
+from t5x_lite.errors import MachineFault, PointBusy
 from t5x_lite.preemption import PREEMPTED_EXIT_STATUS
 from t5x_lite.results import RESULTS_FILE, ResultsError, is_writer
 
@@ -637,7 +637,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"t5x-lite {command}: {error}") from None
     except FloatingPointError as error:  # a diverged run: the step, and the checkpoint kept
         raise SystemExit(f"t5x-lite {command}: {error}") from None
-    except MachineFault as error:  # a full disk in a sweep: what stopped, and what to do
+    except (MachineFault, PointBusy) as error:  # a sweep stopped: what stopped, what to do
         raise SystemExit(f"t5x-lite {command}: {error}") from None
 
 

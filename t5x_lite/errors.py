@@ -1,5 +1,5 @@
 """The error of a configuration that cannot work, its one-line check of a choice, and the
-error of work that the machine stopped.
+errors that stop a sweep: work the machine stopped, a point another process is running.
 
 A leaf module (it imports nothing from t5x_lite), so that the registries the config is
 validated against (`t5x_lite.architectures`) and `t5x_lite.config` itself can both raise it.
@@ -41,6 +41,11 @@ def is_machine_fault(error: BaseException | None) -> bool:
             return True
         error = error.__cause__ or error.__context__
     return False
+
+
+class PointBusy(RuntimeError):
+    """Another process is running a sweep point this one was about to run
+    (`sweep_workdir.point_lock`)."""
 
 
 def require_choice(field: str, value: Any, allowed: Iterable[str]) -> None:

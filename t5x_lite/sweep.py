@@ -60,8 +60,9 @@ from t5x_lite.grid import GridPoint, StepCost, config_hash, expand, load_experim
 from t5x_lite.loop import METRICS_FILE, PreemptionWatch
 from t5x_lite.preemption import Preempted
 from t5x_lite.results import ResultsFile, latest_records, write_json
-from t5x_lite.sweep_workdir import (claim_workdir, require_current, require_current_folders,
-                                    require_one_view_of_the_workdir, sweep_identity)
+from t5x_lite.sweep_workdir import (claim_workdir, point_lock, require_current,
+                                    require_current_folders, require_one_view_of_the_workdir,
+                                    sweep_identity)
 
 
 # Record fields that measure time or depend on how often a run was interrupted, not on what it
@@ -175,7 +176,8 @@ def run_point(point: GridPoint, workdir: str) -> list[dict]:
     config, started = point.config, time.perf_counter()
     _log(f"{point.experiment} {point.run_name}: pre-training {config.train.steps} steps "
          f"({config.model.arch}, {config.objective.name}) on {config.data.corpus}")
-    with PreemptionWatch() as watch:  # a signal between the runs stops at the next stage
+    # One process at a point; a signal between its runs stops it at the next stage.
+    with point_lock([point], workdir), PreemptionWatch() as watch:
         try:
             load_experiment(point.source)  # in a worker process: what the file registers
             summary = train.train(config, point.pretrain_directory(workdir),
@@ -201,7 +203,8 @@ def run_chunk(points: Sequence[GridPoint], workdir: str) -> list[dict]:
     _log(f"{points[0].experiment}: pre-training {len(points)} points together "
          f"({config.train.steps} steps, one vmapped step): "
          + "; ".join(f"{p.run_name} {p.config.objective.name}" for p in points))
-    with PreemptionWatch() as watch:  # a signal between the runs stops at the next stage
+    # One process at a point; a signal between its runs stops it at the next stage.
+    with point_lock(points, workdir), PreemptionWatch() as watch:
         try:
             load_experiment(points[0].source)  # in a worker process: what the file registers
             summaries = train.train_vmapped([p.config for p in points],

@@ -7,11 +7,13 @@ the same finished points (`require_one_view_of_the_workdir`).
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import jax
 import numpy as np
@@ -20,6 +22,7 @@ from jax.experimental import multihost_utils
 from t5x_lite.checkpointing import (CHECKPOINTS_DIR, RESUME_FIELDS, config_differences,
                                     read_saved_config)
 from t5x_lite.config import ConfigError
+from t5x_lite.errors import PointBusy
 from t5x_lite.grid import OBSERVING_FIELDS, GridPoint, config_hash, user_overrides
 from t5x_lite.results import write_json
 
@@ -97,17 +100,50 @@ def require_current(records: Sequence[dict], points: Sequence[GridPoint], path: 
     """Refuse records of a point whose config has changed since they were written (e.g. a grid
     row moved to another objective): skipping that point as finished would mix two experiments
     in one table."""
-    hashes = {(p.point, p.seed): config_hash(p.config) for p in points}
+    by_key = {(p.point, p.seed): p for p in points}
     for record in records:
-        expected = hashes.get((record["point"], record["seed"]))
+        point = by_key.get((record["point"], record["seed"]))
+        expected = config_hash(point.config) if point is not None else None
         if expected is not None and record.get("config_hash", expected) != expected:
             raise ConfigError(
                 f"{path} holds a record of point {record['point']!r} (seed {record['seed']}) made "
                 f"with another config (config_hash {record['config_hash']}, now {expected}): the "
                 "grid or its defaults changed since; use a new --workdir, or delete that "
-                "point's lines and its folder "
-                f"{path.parent / 'points' / record['point'] / ('seed' + str(record['seed']))} to "
-                "run it again")
+                f"point's lines and its folder {point.directory(path.parent)} to run it again")
+
+
+# In a point's folder: the file its running process holds a lock on.
+LOCK_FILE = ".lock"
+
+
+@contextlib.contextmanager
+def point_lock(points: Sequence[GridPoint], workdir: str | Path) -> Iterator[None]:
+    """Hold an exclusive lock on each point's folder while it runs, so that two sweeps in one
+    workdir (the same command started twice, or twice by a scheduler) cannot both run a point:
+    they wrote one checkpoint folder at once, and both appended its records. The second gets
+    `PointBusy`, naming the point, and records nothing. Released when the process ends,
+    however it ends. SLURM's array tasks, each its own point, do not contend. A multi-process
+    run takes none: process 0's refusal would leave the others waiting in its collectives."""
+    held = []
+    try:
+        if jax.process_count() == 1:
+            for point in points:
+                folder = point.directory(workdir)
+                folder.mkdir(parents=True, exist_ok=True)
+                handle = open(folder / LOCK_FILE, "a")
+                held.append(handle)
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise PointBusy(
+                        f"point {point.point!r} (seed {point.seed}) is being run by another "
+                        f"process in {workdir} (it holds {folder / LOCK_FILE}); two sweeps in "
+                        "one workdir would write one checkpoint folder at once: let the other "
+                        "finish, or stop it") from None
+        yield
+    finally:
+        for handle in held:
+            handle.close()  # releases the lock
 
 
 def require_current_folders(points: Sequence[GridPoint], workdir: Path) -> None:

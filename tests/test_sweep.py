@@ -1,4 +1,5 @@
 """Sweeps: the experiment grids, a tiny sweep end to end, kill-and-rerun, failures, bad input."""
+import fcntl
 import json
 import re
 import os
@@ -314,6 +315,34 @@ def test_a_signal_between_a_point_s_runs_stops_the_sweep_as_preempted(
     assert (copy / results.RESULTS_FILE).read_text().splitlines() == lines[1:]
     assert _without_timing(sweep.run_sweep(experiment, "demo", str(copy))) == \
         _without_timing(records)
+
+
+def test_a_point_another_process_is_running_stops_the_second_sweep(experiment, uninterrupted,
+                                                                   tmp_path):
+    """The same sweep started twice in one workdir: both wrote one checkpoint folder at once
+    (orbax errors), both appended the point's records, and a later 'failed' line hid an 'ok'
+    one. The second now stops with one line, recording nothing, while the first holds the
+    point's lock."""
+    workdir, records = uninterrupted
+    copy = tmp_path / "sweep"
+    shutil.copytree(workdir, copy)
+    lines = (copy / results.RESULTS_FILE).read_text().splitlines()
+    first = json.loads(lines[0])
+    (copy / results.RESULTS_FILE).write_text("\n".join(lines[1:]) + "\n")
+    (copy / "points" / first["point"] / "seed0" / "records" / f"{first['task']}.json").unlink()
+    lock = copy / "points" / first["point"] / "seed0" / sweep_workdir.LOCK_FILE
+    with open(lock, "a") as other:  # as the first sweep's process holds it
+        fcntl.flock(other, fcntl.LOCK_EX)
+        with pytest.raises(SystemExit) as stopped:
+            cli.main(["t5x-lite", "sweep", experiment, "--preset", "demo", "--workdir",
+                      str(copy)])
+    assert str(stopped.value.code) == (
+        f"t5x-lite sweep: point {first['point']!r} (seed 0) is being run by another process in "
+        f"{copy} (it holds {lock}); two sweeps in one workdir would write one checkpoint "
+        "folder at once: let the other finish, or stop it")
+    assert (copy / results.RESULTS_FILE).read_text().splitlines() == lines[1:]
+    assert _without_timing(sweep.run_sweep(experiment, "demo", str(copy))) == \
+        _without_timing(records)  # the lock released: it runs
 
 
 def test_a_full_disk_stops_the_sweep_and_records_nothing_for_the_point(
