@@ -29,6 +29,7 @@ import logging
 import os
 import time
 import warnings
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Sequence
 
@@ -338,18 +339,15 @@ class Checkpointer:
         self.close()
 
 
-def newest_step(directory: str | epath.PathLike) -> int | None:
-    """The newest saved step in the checkpoint folder `directory` (opened read-only), or None
-    (none saved, or no such folder)."""
-    directory = epath.Path(os.path.abspath(directory))
+def newest_step(directory: str | os.PathLike) -> int | None:
+    """The newest finished save in the checkpoint folder `directory`, or None (none, or no
+    such folder): orbax names each save by its step, and a save cut short by a temporary name.
+    Read from the listing, without opening the folder (a dry run asks it of every point)."""
+    directory = Path(directory)
     if not directory.is_dir():
         return None
-    manager = ocp.CheckpointManager(directory,
-                                    options=ocp.CheckpointManagerOptions(read_only=True))
-    try:
-        return manager.latest_step()
-    finally:
-        manager.close()
+    return max((int(path.name) for path in directory.iterdir() if path.name.isdigit()),
+               default=None)
 
 
 def restore_params_only(

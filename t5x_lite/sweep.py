@@ -427,15 +427,23 @@ def budget_line(points: Sequence[GridPoint]) -> str | None:
             + ", ".join(f"{point} {count}" for point, count in steps.items()))
 
 
-def vmap_chunks(points: Sequence[GridPoint], size: int) -> list[tuple[GridPoint, ...]]:
+def vmap_chunks(points: Sequence[GridPoint], size: int,
+                workdir: str | Path | None = None) -> list[tuple[GridPoint, ...]]:
     """`points` in chunks of at most `size` that can pre-train in one vmapped step: points
     with the same layout and `train_step.vmap_group_key` (they differ only in objective, seed and
-    language_model vs prefix_lm), in grid order within each group."""
-    from t5x_lite import train_step
+    language_model vs prefix_lm), in grid order within each group. With the sweep's `workdir`,
+    only points whose pre-training there stands at the same newest checkpoint (or has none)
+    share a chunk: a chunk of points at different steps pre-trains them all again from step 0
+    (`run_setup.set_up`), which threw away a finished pre-training when a re-run with another
+    `--vmap`, or more seeds, grouped it with fresh points."""
+    from t5x_lite import checkpointing, train_step
 
     groups: dict[tuple, list[GridPoint]] = {}
     for point in points:
-        groups.setdefault((point.layout, train_step.vmap_group_key(point.config)), []).append(point)
+        resumed_at = None if workdir is None else checkpointing.newest_step(
+            point.pretrain_directory(workdir) / checkpointing.CHECKPOINTS_DIR)
+        key = (point.layout, train_step.vmap_group_key(point.config), resumed_at)
+        groups.setdefault(key, []).append(point)
     return [tuple(group[start:start + size])
             for group in groups.values() for start in range(0, len(group), size)]
 
@@ -537,7 +545,8 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
     # Every process's view of the records (process 0 may not have appended the last ones yet).
     latest = {(r["point"], r["seed"], r["task"]): r for r in finished_records}
     launcher = launcher if launcher is not None else launchers.LocalLauncher()
-    work = (launcher.map(run_chunk, vmap_chunks(todo, vmap), str(workdir_path)) if vmap > 1
+    work = (launcher.map(run_chunk, vmap_chunks(todo, vmap, workdir_path), str(workdir_path))
+            if vmap > 1
             else launcher.map(run_point, todo, str(workdir_path)))
     for records in work:
         runs: dict[tuple, list[str]] = {}

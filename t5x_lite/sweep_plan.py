@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Sequence
 
 from t5x_lite import accounting
-from t5x_lite.grid import GridPoint, StepCost, expand
+from t5x_lite.checkpointing import CHECKPOINTS_DIR, newest_step
+from t5x_lite.grid import StepCost, expand
 from t5x_lite.results import ResultsFile, latest_records, results_path
-from t5x_lite.checkpointing import CHECKPOINTS_DIR
 from t5x_lite.step_settings import step_settings
 from t5x_lite.sweep import (LATER_STAGES, base_record, budget_line, require_vmap, select_point,
                             unrecorded_tasks, vmap_chunks)
@@ -84,16 +84,6 @@ class SweepPlan:
         return max(run.program for run in self.runs)
 
 
-def _checkpoint_step(point: GridPoint, workdir: Path) -> int | None:
-    """The newest finished save of the point's pre-training (orbax names each by its step;
-    a save cut short has a temporary name), or None."""
-    directory = point.pretrain_directory(workdir) / CHECKPOINTS_DIR
-    if not directory.is_dir():
-        return None
-    steps = [int(path.name) for path in directory.iterdir() if path.name.isdigit()]
-    return max(steps, default=None)
-
-
 def plan_sweep(experiment: str, preset: str, workdir: str, overrides: Sequence[str] = (),
                vmap: int = 1, point_index: int | None = None) -> SweepPlan:
     """The plan of `run_sweep(experiment, preset, workdir, overrides=..., vmap=vmap,
@@ -125,7 +115,8 @@ def plan_sweep(experiment: str, preset: str, workdir: str, overrides: Sequence[s
             finetune.steps * finetune.batch_size * accounting.train_flops_per_example(
                 point.config.model, finetune.inputs_length, finetune.targets_length),
             program,
-            _checkpoint_step(point, workdir_path) if state != "new" else None,
+            newest_step(point.pretrain_directory(workdir_path) / CHECKPOINTS_DIR)
+            if state != "new" else None,
             len(unrecorded_tasks(point, done)),
             tuple(stage.what for stage in LATER_STAGES
                   if stage.on(point.config) and any(map(stage.lacks, latest)))))
@@ -133,7 +124,8 @@ def plan_sweep(experiment: str, preset: str, workdir: str, overrides: Sequence[s
     return SweepPlan(
         points[0].experiment, preset, workdir, state, budget,
         tuple(points[0].config.sweep.tasks), points[0].config.finetune.steps, tuple(runs), vmap,
-        tuple(tuple(point.index for point in chunk) for chunk in vmap_chunks(todo, vmap))
+        tuple(tuple(point.index for point in chunk)
+              for chunk in vmap_chunks(todo, vmap, workdir))
         if vmap > 1 else (), point_index)
 
 

@@ -533,9 +533,24 @@ def test_vmapped_sweep_gives_the_records_of_the_sequential_one(experiment, unint
                                                                tmp_path):
     """vmap=2: the two encoder-decoder points pre-train in one vmapped step (compiled once
     for the pair); the broken point (another vocabulary) cannot join them and runs alone."""
-    assert [[p.point for p in chunk] for chunk in
-            sweep.vmap_chunks(grid.expand(experiment, "demo"), 2)] == [
+    points = grid.expand(experiment, "demo")
+    assert [[p.point for p in chunk] for chunk in sweep.vmap_chunks(points, 2)] == [
         ["denoising", "prefix_lm"], ["broken"]]
+    # In a workdir where only one of the pair's pre-training finished, they go apart: together,
+    # both pre-trained again from step 0 (their checkpoints at different steps), the finished
+    # one's thrown away.
+    workdir = tmp_path / "partly_done"
+    shutil.copytree(uninterrupted[0], workdir)
+    shutil.rmtree(workdir / "points" / "prefix_lm" / "seed0" / "pretrain" / "checkpoints")
+    assert [[p.point for p in chunk] for chunk in sweep.vmap_chunks(points, 2, workdir)] == [
+        ["denoising"], ["broken"], ["prefix_lm"]]
+    lines = (workdir / results.RESULTS_FILE).read_text().splitlines()  # the pair to run again
+    (workdir / results.RESULTS_FILE).write_text("".join(
+        line + "\n" for line in lines if json.loads(line)["point"] == "broken"))
+    for point in ("denoising", "prefix_lm"):
+        shutil.rmtree(workdir / "points" / point / "seed0" / "records")
+    assert sweep_plan.plan_sweep(experiment, "demo", str(workdir), vmap=2).vmap_groups == (
+        (0,), (2,))
     with cold_program_cache():  # the pair's step compiles here, whatever ran before
         records = sweep.run_sweep(experiment, "demo", str(tmp_path), vmap=2)
     _assert_close(_without_timing(records), _without_timing(uninterrupted[1]))
