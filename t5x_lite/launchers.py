@@ -40,6 +40,7 @@ import threading
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import ml_collections
+from absl import logging as absl_logging
 
 from t5x_lite import host_memory
 from t5x_lite.preemption import PREEMPTED_EXIT_STATUS
@@ -119,10 +120,13 @@ def worker_environments(
     return [{"XLA_FLAGS": flags} for _ in range(workers)]
 
 
-def _claim_environment(slots: Any, environments: list[dict[str, str]]) -> None:
+def _claim_environment(slots: Any, environments: list[dict[str, str]],
+                       log_verbosity: int) -> None:
     """Worker initializer: take a free slot's environment before anything starts JAX's backend
-    (JAX reads these variables when it first creates its devices, not at import)."""
+    (JAX reads these variables when it first creates its devices, not at import), and the
+    sweep's absl log level (the CLI's keeps TFDS's and orbax's routine lines out)."""
     os.environ.update(environments[slots.get()])
+    absl_logging.set_verbosity(log_verbosity)
     host_memory.retain_if_requested()
     # Between points a SIGTERM (passed on by the sweep: `_sigterm_passed_to_workers`) has no
     # point to save; within one, the point's own handler takes it.
@@ -153,7 +157,7 @@ class LocalParallelLauncher:
             slots.put(slot)
         pool = concurrent.futures.ProcessPoolExecutor(
             len(self.environments), mp_context=context, initializer=_claim_environment,
-            initargs=(slots, self.environments),
+            initargs=(slots, self.environments, absl_logging.get_verbosity()),
         )
         # One point per worker in flight: a point handed to the pool cannot be taken back (its
         # call queue holds one more than it has workers), and after a SIGTERM none may start.

@@ -39,8 +39,10 @@ def describe_devices(point: FakePoint, workdir: str) -> list[dict]:
     """A point function: which process ran the point and how many devices its JAX saw."""
     import jax
 
+    from absl import logging as absl_logging
+
     return [{"point": point.point, "workdir": workdir, "pid": os.getpid(),
-             "devices": jax.device_count()}]
+             "devices": jax.device_count(), "log_verbosity": absl_logging.get_verbosity()}]
 
 
 def fail_on_b(point: FakePoint, workdir: str) -> list[dict]:
@@ -67,12 +69,19 @@ def test_local_launcher_runs_points_in_order():
     assert results == [[{"point": "c"}], [{"point": "d"}]]
 
 
-def test_parallel_launcher_returns_every_point_once_with_the_workers_own_devices(tmp_path):
+def test_parallel_launcher_returns_every_point_once_with_the_workers_own_devices(tmp_path,
+                                                                                monkeypatch):
+    """...and the sweep's absl log level: the CLI's ERROR kept TFDS's and orbax's routine
+    lines out of the sweep's own process only."""
+    from absl import logging as absl_logging
+
+    monkeypatch.setattr(absl_logging, "get_verbosity", lambda: absl_logging.ERROR)
     launcher = launchers.LocalParallelLauncher(2, gpus=[], cpu_devices_per_worker=3)
     results = list(launcher.map(describe_devices, POINTS, str(tmp_path)))
     records = [record for records in results for record in records]
     assert sorted(record["point"] for record in records) == ["a", "b", "c", "d"]
     assert {record["devices"] for record in records} == {3}  # the test process itself has 8
+    assert {record["log_verbosity"] for record in records} == {absl_logging.ERROR}
     assert {record["workdir"] for record in records} == {str(tmp_path)}
     assert os.getpid() not in {record["pid"] for record in records}
     assert len({record["pid"] for record in records}) <= 2
