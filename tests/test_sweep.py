@@ -254,6 +254,27 @@ def test_rerun_skips_finished_points(experiment, uninterrupted):
     assert (workdir / "results.jsonl").read_text() == before
 
 
+def _first_record_lost(workdir, copy):
+    """`copy`: the finished sweep `workdir` with its first record lost (the line and the saved
+    task record), as if that fine-tuning had not finished. Returns (the original lines, the
+    lost record, the path of its saved task record)."""
+    shutil.copytree(workdir, copy)
+    lines = (copy / results.RESULTS_FILE).read_text().splitlines()
+    first = json.loads(lines[0])
+    (copy / results.RESULTS_FILE).write_text("\n".join(lines[1:]) + "\n")
+    saved = copy / "points" / first["point"] / "seed0" / "records" / f"{first['task']}.json"
+    saved.unlink()
+    return lines, first, saved
+
+
+def _nothing_recorded_then_resumed(experiment, copy, lines, records):
+    """The stopped sweep in `copy` recorded nothing more, and running it again completes it
+    to the uninterrupted sweep's `records`."""
+    assert (copy / results.RESULTS_FILE).read_text().splitlines() == lines[1:]
+    assert _without_timing(sweep.run_sweep(experiment, "demo", str(copy))) == \
+        _without_timing(records)
+
+
 def test_a_preempted_point_records_nothing_and_stops_the_sweep(experiment, uninterrupted,
                                                               tmp_path, monkeypatch):
     """Preempted in pre-training or in fine-tuning, a point has not failed: the sweep stops with
@@ -270,22 +291,14 @@ def test_a_preempted_point_records_nothing_and_stops_the_sweep(experiment, unint
     assert results.ResultsFile(tmp_path / "fresh").records() == []
 
     # The first point's record lost, as if its fine-tuning had not finished yet.
-    workdir, records = uninterrupted
-    copy = tmp_path / "sweep"
-    shutil.copytree(workdir, copy)
-    lines = (copy / results.RESULTS_FILE).read_text().splitlines()
-    first = json.loads(lines[0])
-    (copy / results.RESULTS_FILE).write_text("\n".join(lines[1:]) + "\n")
-    saved = copy / "points" / first["point"] / "seed0" / "records" / f"{first['task']}.json"
-    saved.unlink()
+    copy, records = tmp_path / "sweep", uninterrupted[1]
+    lines, first, saved = _first_record_lost(uninterrupted[0], copy)
     with monkeypatch.context() as patch:
         patch.setattr(finetune, "finetune", preempted)
         with pytest.raises(Preempted):
             sweep.run_sweep(experiment, "demo", str(copy))
-    assert (copy / results.RESULTS_FILE).read_text().splitlines() == lines[1:]
     assert not saved.exists()
-    assert _without_timing(sweep.run_sweep(experiment, "demo", str(copy))) == \
-        _without_timing(records)
+    _nothing_recorded_then_resumed(experiment, copy, lines, records)
 
 
 def test_a_signal_between_a_point_s_runs_stops_the_sweep_as_preempted(
@@ -300,21 +313,14 @@ def test_a_signal_between_a_point_s_runs_stops_the_sweep_as_preempted(
         os.kill(os.getpid(), signal.SIGTERM)  # taken by the point's watch, no run's
         return real(*args)
 
-    workdir, records = uninterrupted
-    copy = tmp_path / "sweep"
-    shutil.copytree(workdir, copy)
-    lines = (copy / results.RESULTS_FILE).read_text().splitlines()
-    first = json.loads(lines[0])
-    (copy / results.RESULTS_FILE).write_text("\n".join(lines[1:]) + "\n")
-    (copy / "points" / first["point"] / "seed0" / "records" / f"{first['task']}.json").unlink()
+    copy, records = tmp_path / "sweep", uninterrupted[1]
+    lines, first, _ = _first_record_lost(uninterrupted[0], copy)
     with monkeypatch.context() as patch:
         patch.setattr(sweep, "_pretrain_history", signalled)
         with pytest.raises(Preempted) as stop:
             sweep.run_sweep(experiment, "demo", str(copy))
     assert (stop.value.cause, stop.value.code) == ("SIGTERM", 75)
-    assert (copy / results.RESULTS_FILE).read_text().splitlines() == lines[1:]
-    assert _without_timing(sweep.run_sweep(experiment, "demo", str(copy))) == \
-        _without_timing(records)
+    _nothing_recorded_then_resumed(experiment, copy, lines, records)
 
 
 def test_a_point_another_process_is_running_stops_the_second_sweep(experiment, uninterrupted,
@@ -323,13 +329,8 @@ def test_a_point_another_process_is_running_stops_the_second_sweep(experiment, u
     (orbax errors), both appended the point's records, and a later 'failed' line hid an 'ok'
     one. The second now stops with one line, recording nothing, while the first holds the
     point's lock."""
-    workdir, records = uninterrupted
-    copy = tmp_path / "sweep"
-    shutil.copytree(workdir, copy)
-    lines = (copy / results.RESULTS_FILE).read_text().splitlines()
-    first = json.loads(lines[0])
-    (copy / results.RESULTS_FILE).write_text("\n".join(lines[1:]) + "\n")
-    (copy / "points" / first["point"] / "seed0" / "records" / f"{first['task']}.json").unlink()
+    copy, records = tmp_path / "sweep", uninterrupted[1]
+    lines, first, _ = _first_record_lost(uninterrupted[0], copy)
     lock = copy / "points" / first["point"] / "seed0" / sweep_workdir.LOCK_FILE
     with open(lock, "a") as other:  # as the first sweep's process holds it
         fcntl.flock(other, fcntl.LOCK_EX)
@@ -340,9 +341,7 @@ def test_a_point_another_process_is_running_stops_the_second_sweep(experiment, u
         f"t5x-lite sweep: point {first['point']!r} (seed 0) is being run by another process in "
         f"{copy} (it holds {lock}); two sweeps in one workdir would write one checkpoint "
         "folder at once: let the other finish, or stop it")
-    assert (copy / results.RESULTS_FILE).read_text().splitlines() == lines[1:]
-    assert _without_timing(sweep.run_sweep(experiment, "demo", str(copy))) == \
-        _without_timing(records)  # the lock released: it runs
+    _nothing_recorded_then_resumed(experiment, copy, lines, records)  # the lock released
 
 
 def test_a_full_disk_stops_the_sweep_and_records_nothing_for_the_point(
@@ -357,14 +356,8 @@ def test_a_full_disk_stops_the_sweep_and_records_nothing_for_the_point(
         raise ValueError("RESOURCE_EXHAUSTED: Error writing \"params\" in OCDBT database: "
                          "No space left on device [os_error_code='28']")
 
-    workdir, records = uninterrupted
-    copy = tmp_path / "sweep"
-    shutil.copytree(workdir, copy)
-    lines = (copy / results.RESULTS_FILE).read_text().splitlines()
-    first = json.loads(lines[0])
-    (copy / results.RESULTS_FILE).write_text("\n".join(lines[1:]) + "\n")
-    saved = copy / "points" / first["point"] / "seed0" / "records" / f"{first['task']}.json"
-    saved.unlink()
+    copy, records = tmp_path / "sweep", uninterrupted[1]
+    lines, first, saved = _first_record_lost(uninterrupted[0], copy)
     with monkeypatch.context() as patch:
         patch.setattr(finetune, "finetune", disk_full)
         with pytest.raises(SystemExit) as stopped:
@@ -375,10 +368,8 @@ def test_a_full_disk_stops_the_sweep_and_records_nothing_for_the_point(
         "RESOURCE_EXHAUSTED: Error writing \"params\" in OCDBT database: No space left on "
         "device [os_error_code='28']; the machine's fault, not the point's, so it is not "
         "recorded and the sweep stops (finished points are); fix it and re-run the same command")
-    assert (copy / results.RESULTS_FILE).read_text().splitlines() == lines[1:]
     assert not saved.exists()
-    assert _without_timing(sweep.run_sweep(experiment, "demo", str(copy))) == \
-        _without_timing(records)
+    _nothing_recorded_then_resumed(experiment, copy, lines, records)
 
 
 def test_more_seeds_extend_a_finished_sweep_and_other_overrides_are_refused(
