@@ -46,11 +46,7 @@ def check_task_names(names: Sequence[str], field: str = "finetune.tasks") -> lis
     naming `field`, every unknown name and the known ones."""
     if isinstance(names, str) or not names:
         raise ConfigError(f"{field}={names!r} must be a non-empty list of task names")
-    unknown = [name for name in names if name not in tasks.TASKS]
-    if len(unknown) > 1:
-        raise ConfigError(f"{field} has unknown tasks {', '.join(map(repr, unknown))}; known "
-                          f"tasks: {', '.join(sorted(tasks.TASKS))}")
-    return [tasks.get_task(name, field) for name in names]
+    return tasks.get_tasks(names, field)
 
 
 # The metrics of tasks whose targets are free text (translation, summarisation, SQuAD), which
@@ -153,8 +149,8 @@ def require_same(directory: Path, config: ml_collections.ConfigDict, fields: Seq
     """Raise `ConfigError` listing the `fields` in which the config saved in `directory`
     differs from `config`."""
     saved = checkpointing.read_saved_config(directory)
-    current = json.loads(config.to_json_best_effort(sort_keys=True))
-    differences = checkpointing.config_differences(saved, current, fields)
+    differences = checkpointing.config_differences(saved, checkpointing.config_as_json(config),
+                                                   fields)
     if differences:
         raise ConfigError(f"the checkpoints in {directory} {what}:\n  " + "\n  ".join(differences))
 

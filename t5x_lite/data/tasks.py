@@ -371,13 +371,22 @@ TASKS: dict[str, Task] = {
     task.name: task for task in [*_paper_tasks(), *_local_tasks(), *_builtin_tasks()]}
 
 
-def get_task(name: str, field: str | None = None) -> Task:
-    """The registered task called `name`; else a one-line `ConfigError` naming `field` (the
-    config field or flag the name came from, if any) and listing every known task."""
-    if name not in TASKS:
+def get_tasks(names: Sequence[str], field: str | None = None) -> list[Task]:
+    """The registered tasks called `names`; else a one-line `ConfigError` naming `field` (the
+    config field or flag the names came from, if any), every unknown name and every known
+    task."""
+    unknown = [name for name in names if name not in TASKS]
+    if unknown:
         where = f"{field} has " if field else ""
-        raise ConfigError(f"{where}unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
-    return TASKS[name]
+        what = (f"task {unknown[0]!r}" if len(unknown) == 1
+                else f"tasks {', '.join(map(repr, unknown))}")
+        raise ConfigError(f"{where}unknown {what}; known tasks: {', '.join(sorted(TASKS))}")
+    return [TASKS[name] for name in names]
+
+
+def get_task(name: str, field: str | None = None) -> Task:
+    """The registered task called `name` (`get_tasks`)."""
+    return get_tasks([name], field)[0]
 
 
 # ---------------------------------------------------------------------------------------------
