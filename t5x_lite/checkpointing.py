@@ -68,8 +68,9 @@ _ABSENT = "<absent>"
 ADDED_MODEL_FIELDS = ("model.num_decoder_layers", "model.embedding_rows")
 
 
-def _config_as_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
-    """The config as plain JSON data (tuples become lists), as it is stored on disk."""
+def config_as_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """The config as plain JSON data (tuples become lists), as it is stored on disk and
+    compared with a saved one (`config_differences`)."""
     return json.loads(config.to_json_best_effort(sort_keys=True))
 
 
@@ -205,7 +206,7 @@ class Checkpointer:
             )
         # orbax's storage layer needs an absolute path; users pass relative workdirs.
         self.directory = epath.Path(os.path.abspath(directory))
-        self._config = _config_as_json(config)
+        self._config = config_as_json(config)
         self._resume_fields = tuple(resume_fields)
         if restart:
             self._wipe()
@@ -368,7 +369,7 @@ def restore_params_only(
         saved = read_saved_config(directory)
         if saved is None:
             raise ConfigError(f"{directory} holds no {CONFIG_FILE}: not a t5x_lite checkpoint folder")
-        differences = config_differences(saved, _config_as_json(config), ("model",))
+        differences = config_differences(saved, config_as_json(config), ("model",))
         if differences:
             raise ConfigError(
                 f"the checkpoints in {directory} hold a different model:\n  "

@@ -45,7 +45,7 @@ from typing import Any, Mapping, Sequence
 import ml_collections
 
 from t5x_lite import accounting, architectures, objectives, partitioning, presets
-from t5x_lite.checkpointing import ADDED_MODEL_FIELDS
+from t5x_lite.checkpointing import ADDED_MODEL_FIELDS, config_as_json
 from t5x_lite.config import (BUDGETS, ConfigError, apply_overrides, drop_unread_objective_fields,
                              parse_overrides)
 from t5x_lite.errors import require_choice
@@ -204,7 +204,7 @@ def config_hash(config: ml_collections.ConfigDict) -> str:
     """A short stable hash of what a run computes: the config less its `sweep` section (the
     seeds, tasks and progress setting of the whole sweep, which a user may extend and resume),
     so equal runs have equal hashes."""
-    plain = json.loads(config.to_json_best_effort(sort_keys=True))
+    plain = config_as_json(config)
     plain.pop("sweep", None)
     # A model field added later hashes at None as before it existed, so that the records of
     # sweeps run before still match.

@@ -54,6 +54,7 @@ import jax
 from jax.experimental import multihost_utils
 
 from t5x_lite import accounting, batch_format, held_out, launchers, objectives, presets
+from t5x_lite.checkpointing import CHECKPOINTS_DIR, newest_step
 from t5x_lite.config import ConfigError, apply_overrides, parse_overrides
 from t5x_lite.errors import MachineFault, is_machine_fault
 from t5x_lite.grid import GridPoint, StepCost, config_hash, expand, load_experiment
@@ -436,12 +437,12 @@ def vmap_chunks(points: Sequence[GridPoint], size: int,
     share a chunk: a chunk of points at different steps pre-trains them all again from step 0
     (`run_setup.set_up`), which threw away a finished pre-training when a re-run with another
     `--vmap`, or more seeds, grouped it with fresh points."""
-    from t5x_lite import checkpointing, train_step
+    from t5x_lite import train_step
 
     groups: dict[tuple, list[GridPoint]] = {}
     for point in points:
-        resumed_at = None if workdir is None else checkpointing.newest_step(
-            point.pretrain_directory(workdir) / checkpointing.CHECKPOINTS_DIR)
+        resumed_at = None if workdir is None else newest_step(
+            point.pretrain_directory(workdir) / CHECKPOINTS_DIR)
         key = (point.layout, train_step.vmap_group_key(point.config), resumed_at)
         groups.setdefault(key, []).append(point)
     return [tuple(group[start:start + size])

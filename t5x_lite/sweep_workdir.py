@@ -19,8 +19,8 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from t5x_lite.checkpointing import (CHECKPOINTS_DIR, RESUME_FIELDS, config_differences,
-                                    read_saved_config)
+from t5x_lite.checkpointing import (CHECKPOINTS_DIR, RESUME_FIELDS, config_as_json,
+                                    config_differences, read_saved_config)
 from t5x_lite.config import ConfigError
 from t5x_lite.errors import PointBusy
 from t5x_lite.grid import OBSERVING_FIELDS, GridPoint, config_hash, user_overrides
@@ -101,15 +101,16 @@ def require_current(records: Sequence[dict], points: Sequence[GridPoint], path: 
     row moved to another objective): skipping that point as finished would mix two experiments
     in one table."""
     by_key = {(p.point, p.seed): p for p in points}
+    hashes = {key: config_hash(point.config) for key, point in by_key.items()}
     for record in records:
-        point = by_key.get((record["point"], record["seed"]))
-        expected = config_hash(point.config) if point is not None else None
+        key = (record["point"], record["seed"])
+        expected = hashes.get(key)
         if expected is not None and record.get("config_hash", expected) != expected:
             raise ConfigError(
                 f"{path} holds a record of point {record['point']!r} (seed {record['seed']}) made "
                 f"with another config (config_hash {record['config_hash']}, now {expected}): the "
                 "grid or its defaults changed since; use a new --workdir, or delete that "
-                f"point's lines and its folder {point.directory(path.parent)} to run it again")
+                f"point's lines and its folder {by_key[key].directory(path.parent)} to run it again")
 
 
 # In a point's folder: the file its running process holds a lock on.
@@ -166,8 +167,7 @@ def _stale_work(point: GridPoint, workdir: Path) -> str | None:
     """What in the point's folder another config made, or None."""
     saved = read_saved_config(point.pretrain_directory(workdir) / CHECKPOINTS_DIR)
     if saved is not None:
-        current = json.loads(point.config.to_json_best_effort())
-        differences = config_differences(saved, current, RESUME_FIELDS)
+        differences = config_differences(saved, config_as_json(point.config), RESUME_FIELDS)
         if differences:
             more = f", and {len(differences) - 1} more" if len(differences) > 1 else ""
             return f"its pre-training's {differences[0]}{more}"
