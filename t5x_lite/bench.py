@@ -92,7 +92,9 @@ def jax_train_step(config: ml_collections.ConfigDict) -> tuple[Callable[[], Any]
     spec = objectives.spec_from_config(config.objective)
     raw = random_raw_tokens(config, layout.raw_length)
     rng = train_step.step_key(config.train.seed)
-    state = train_step.init_state(config, mesh)
+    start = time.perf_counter()
+    state = jax.block_until_ready(train_step.init_state(config, mesh))
+    init_s = time.perf_counter() - start
     start = time.perf_counter()
     state, _ = step(state, raw, spec, rng)
     jax.block_until_ready(state)
@@ -105,6 +107,7 @@ def jax_train_step(config: ml_collections.ConfigDict) -> tuple[Callable[[], Any]
 
     info = {
         "mesh": mesh,
+        "init_s": init_s,
         "compile_s": step.program.compile_seconds,
         "first_call_s": first_call_s,
         "devices": f"{mesh.devices.size} x {mesh.devices.flat[0].device_kind}",
@@ -219,6 +222,7 @@ def run_benchmarks(config: ml_collections.ConfigDict, *, steps: int = 10, warmup
         "mfu": speed["mfu"],
         "peak_source": ("fastest of the 1024x1024 matmuls timed in turns with the step"
                         if "peak_matmul" in runs else "vendor table"),
+        "init_s": info["init_s"],  # building the initial state (its own compiles included)
         "compile_s": info["compile_s"],
         "first_call_s": info["first_call_s"],
         "devices": info["devices"],

@@ -13,12 +13,15 @@ from xla_env import with_device_count
 # JAX_PLATFORMS=cuda or XLA_FLAGS=--xla_force_host_platform_device_count=1 would otherwise get
 # fewer devices and failing mesh tests. The user's other XLA flags are kept; the fast-compile
 # flags are added (xla_env.py says why).
+# T5X_LITE_TEST_ON_ACCELERATOR=1 leaves JAX_PLATFORMS and XLA_FLAGS as they are, so that a test
+# file can run on the machine's accelerator (benchmarks/accelerator_check.py runs the
+# objectives' and decoding tests there): XLA's GPU build aborts the process at its first
+# computation on the CPU-only fast-compile flags ("Unknown flag in XLA_FLAGS", seen on an
+# H200). Tests that build 8-device meshes need the simulated CPU devices and fail there.
 DEVICE_COUNT = 8
-os.environ["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", ""), DEVICE_COUNT)
-# T5X_LITE_TEST_ON_ACCELERATOR=1 leaves JAX_PLATFORMS as it is, so that a test file can run on
-# the machine's accelerator (benchmarks/accelerator_check.py runs the objectives' and decoding
-# tests there); tests that build 8-device meshes need the simulated CPU devices and fail there.
-if os.environ.get("T5X_LITE_TEST_ON_ACCELERATOR") != "1":
+ON_ACCELERATOR = os.environ.get("T5X_LITE_TEST_ON_ACCELERATOR") == "1"
+if not ON_ACCELERATOR:
+    os.environ["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", ""), DEVICE_COUNT)
     os.environ["JAX_PLATFORMS"] = "cpu"
 # One persistent compilation cache for the session (xla_env.py): made here by the first process
 # (pytest itself, before xdist starts its workers, which inherit the variable), removed by it.
