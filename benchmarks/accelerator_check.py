@@ -45,6 +45,7 @@ import argparse
 import functools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -79,7 +80,7 @@ def child_bench(preset: str, overrides: list[str], steps: int) -> dict[str, Any]
     apply_overrides(config, parse_overrides(config, overrides))
     result = bench.run_benchmarks(config, steps=steps, warmup=2)
     kept = ("step_ms", "tokens_per_second", "tflops_per_second", "peak_tflops_per_second",
-            "mfu", "peak_source", "init_s", "compile_s", "first_call_s", "devices", "layout",
+            "mfu", "peak_source", "init_s", "init_compile_s", "compile_s", "first_call_s", "devices", "layout",
             "corruption_ms", "corruption_share_of_step", "peak_memory_gib")
     return {"preset": preset, "overrides": overrides, "batch_size": config.train.batch_size,
             **{key: result[key] for key in kept}}
@@ -145,7 +146,105 @@ def child_vmap(preset: str, points: int, steps: int, overrides: list[str]) -> di
         "sequential_tokens_per_s", "vmapped_tokens_per_s", "speedup", "compile_s")}}
 
 
-CHILDREN = {"bench": child_bench, "attention": child_attention, "vmap": child_vmap}
+# Kernel name -> what it does, first match wins (XLA's GPU fusions, cuBLAS / cuDNN kernels, and
+# on a CPU XLA's own ops); the rest are "other" (elementwise and fused ops).
+KERNEL_KINDS = (("attention", r"cudnn|fmha|flash|sdpa|attention"),
+                ("matmul", r"gemm|cublas|cutlass|nvjet|xmma|matmul|\bdot|ynn_fusion"),
+                ("random bits", r"threefry|rng|random"),
+                ("copy", r"memcpy|memset|copy|transpose"),
+                ("reduction", r"reduc"))
+
+
+def kernel_kind(name: str) -> str:
+    lowered = name.lower()
+    return next((kind for kind, pattern in KERNEL_KINDS if re.search(pattern, lowered)), "other")
+
+
+def summarise_trace(trace: dict[str, Any], steps: int, top: int = 15) -> dict[str, Any]:
+    """A perfetto trace (`jax.profiler.trace(..., create_perfetto_trace=True)`) of `steps`
+    train steps -> the kernel time per step, its share by `kernel_kind`, and the `top` kernels.
+    Kernels are the events on the device's streams (the `Stream ...` threads of `/device:...`
+    processes; its other tracks, such as the XLA ops that launched them, would count each
+    kernel twice). A trace without a device (a CPU) counts the events on XLA's own threads
+    (`tf_XLA...`) instead, less its runtime's (`Class::method`); there nested ops (a while loop
+    and its body) count twice. Kernels on several streams can overlap, so the kernel time can
+    exceed the step's wall time."""
+    events = trace["traceEvents"]
+    processes = {e["pid"]: e["args"]["name"] for e in events
+                 if e.get("ph") == "M" and e["name"] == "process_name"}
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+               if e.get("ph") == "M" and e["name"] == "thread_name"}
+    devices = {pid for pid, name in processes.items() if name.startswith("/device:")}
+    streams = {key for key, name in threads.items() if key[0] in devices
+               and name.startswith("Stream")}
+
+    def is_kernel(event: dict[str, Any]) -> bool:
+        key = (event["pid"], event.get("tid"))
+        if streams:
+            return key in streams
+        if devices:  # a profiler that names its tracks otherwise: every device track
+            return event["pid"] in devices
+        return threads.get(key, "").startswith("tf_XLA") and "::" not in event["name"]
+
+    per_name: dict[str, float] = {}
+    for event in events:
+        if event.get("ph") == "X" and is_kernel(event):
+            per_name[event["name"]] = per_name.get(event["name"], 0.0) + event.get("dur", 0.0)
+    total_us = sum(per_name.values())
+    per_kind: dict[str, float] = {}
+    for name, us in per_name.items():
+        per_kind[kernel_kind(name)] = per_kind.get(kernel_kind(name), 0.0) + us
+    ranked = sorted(per_name.items(), key=lambda item: -item[1])[:top]
+    return {
+        "source": ("device streams" if streams else "device tracks" if devices
+                   else "XLA host threads"),
+        "kernel_ms_per_step": total_us / 1e3 / steps,
+        "share_by_kind": {kind: us / total_us for kind, us in
+                          sorted(per_kind.items(), key=lambda item: -item[1])} if total_us else {},
+        "top_kernels": [{"name": name[:160], "kind": kernel_kind(name),
+                         "ms_per_step": us / 1e3 / steps, "share": us / total_us}
+                        for name, us in ranked],
+    }
+
+
+def child_profile(preset: str, overrides: list[str], steps: int) -> dict[str, Any]:
+    """A `jax.profiler` trace of `steps` train steps of the preset (compiled and warmed up first),
+    summarised by `summarise_trace`, with the step's wall time over the same steps. The trace
+    itself is copied to $OUT (profile_PRESET.json.gz; open it in ui.perfetto.dev) when that is
+    set and the file is under the device tool's 16 MiB."""
+    import gzip
+    import shutil
+
+    import jax
+
+    from t5x_lite import bench, presets
+    from t5x_lite.config import apply_overrides, parse_overrides
+
+    config = presets.get_preset(preset)
+    apply_overrides(config, parse_overrides(config, overrides))
+    run, info = bench.jax_train_step(config)
+    for _ in range(2):
+        jax.block_until_ready(run())
+    with tempfile.TemporaryDirectory(prefix="t5x_lite_profile_") as folder:
+        with jax.profiler.trace(folder, create_perfetto_trace=True):
+            start = time.perf_counter()
+            for _ in range(steps):
+                jax.block_until_ready(run())
+            wall_s = time.perf_counter() - start
+        (trace,) = Path(folder).glob("**/perfetto_trace.json.gz")
+        with gzip.open(trace, "rt") as f:
+            summary = summarise_trace(json.load(f), steps)
+        copied = None
+        if os.environ.get("OUT") and trace.stat().st_size < 16 * 2**20:
+            copied = str(Path(os.environ["OUT"]) / f"profile_{preset}.json.gz")
+            shutil.copy(trace, copied)
+    return {"preset": preset, "overrides": overrides, "steps": steps,
+            "step_ms": wall_s / steps * 1e3, "init_s": info["init_s"],
+            "init_compile_s": info["init_compile_s"], "trace_file": copied, **summary}
+
+
+CHILDREN = {"bench": child_bench, "attention": child_attention, "vmap": child_vmap,
+            "profile": child_profile}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,6 +337,9 @@ def plan(toy: bool) -> list[tuple[str, Any]]:
                                f"model.attention_impl={kernels[1]}"]}
     parts.append((f"paper/scan_layers+{kernels[1]}",
                   functools.partial(run_child, "bench", arguments)))
+    # Where that step's time goes, kernel by kernel: what is left between it and the target.
+    parts.append(("profile/paper", functools.partial(
+        run_child, "profile", {**arguments, "steps": 3 if toy else 5})))
     shape = (dict(batch=2, length=64, heads=2, head_dim=16) if toy
              else dict(batch=32, length=512, heads=12, head_dim=64))
     parts.append(("attention/kernels", functools.partial(
@@ -260,12 +362,13 @@ def plan(toy: bool) -> list[tuple[str, Any]]:
 # Each part's own cap (seconds) on one H200; a part gets less when the budget has less left.
 # The paper preset's unscanned step took 52 s to compile on this project's CPU (README); on a
 # GPU it is not known, so its headline part gets the most room.
-CAPS = {"paper": 180, "small": 90, "attention": 90, "vmap": 120, "tests": 150, "demo": 240}
+CAPS = {"paper": 180, "profile": 180, "small": 90, "attention": 90, "vmap": 120, "tests": 150,
+        "demo": 240}
 # Parts by priority: the two targets' measurements first, then every item once, then the
 # other variants; the demo, longest, last (`--parts demo` runs it alone).
 PRIORITY = (
     "paper/plain", "vmap/small/4", "attention/kernels", "paper/scan_layers", "tests",
-    "paper/scan_layers+cudnn", "paper/scan_layers+einsum",
+    "paper/scan_layers+cudnn", "paper/scan_layers+einsum", "profile/paper",
     "small/plain", "attention/small_step_xla", "attention/small_step_cudnn",
     "attention/small_step_einsum", "vmap/small/1", "vmap/small/2", "vmap/small/8",
     "paper/scan_layers+remat", "paper/remat", "small/scan_layers", "small/remat",

@@ -8,7 +8,7 @@ instead of making every count read 0."""
 from __future__ import annotations
 
 import contextlib
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import jax
 
@@ -16,21 +16,36 @@ BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
 @contextlib.contextmanager
-def compilations() -> Iterator[list[str]]:
-    """Yields a list that collects the event name (`jit(f)`) of every function compiled inside
-    the block, in any thread."""
-    names: list[str] = []
-
+def _on_compile(record: Callable[[str, float], None]) -> Iterator[None]:
+    """Calls `record(event name, backend compile seconds)` for every program compiled inside the
+    block, in any thread."""
     def listener(event: str, duration_secs: float, **kwargs) -> None:
-        del duration_secs
         if event == BACKEND_COMPILE_EVENT:
-            names.append(str(kwargs.get("fun_name", "?")))
+            record(str(kwargs.get("fun_name", "?")), duration_secs)
 
     jax.monitoring.register_event_duration_secs_listener(listener)
     try:
-        yield names
+        yield
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
+
+
+@contextlib.contextmanager
+def compilations() -> Iterator[list[str]]:
+    """Yields a list that collects the event name (`jit(<function name>)`) of every function
+    compiled inside the block, in any thread."""
+    names: list[str] = []
+    with _on_compile(lambda name, _: names.append(name)):
+        yield names
+
+
+@contextlib.contextmanager
+def compile_seconds() -> Iterator[list[float]]:
+    """Yields a list that collects the backend compile time, in seconds, of every program
+    compiled inside the block (what of a first call is XLA's compiler, not tracing or running)."""
+    seconds: list[float] = []
+    with _on_compile(lambda _, duration: seconds.append(duration)):
+        yield seconds
 
 
 def count(names: Iterable[str], function_name: str) -> int:

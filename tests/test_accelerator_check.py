@@ -26,15 +26,17 @@ def test_every_planned_part_has_a_priority_and_a_cap(check, toy):
     assert len(names) == len(set(names))
     assert set(names) <= set(check.PRIORITY), set(names) - set(check.PRIORITY)
     assert {name.split("/")[0] for name in names} <= set(check.CAPS)
-    # Every item of the issue is planned: bench at both presets, attention, vmap, tests, demo.
+    # Every item of the issue is planned: bench at both presets, attention, vmap, tests, demo,
+    # and the profile of the paper step that says what is left to the MFU target.
     assert {name.split("/")[0] for name in names} == {"paper", "small", "attention", "vmap",
-                                                      "tests", "demo"}
+                                                      "tests", "demo", "profile"}
     assert check.select(names, None) == [n for n in check.PRIORITY if n in names]
 
 
 def test_select_takes_names_and_prefixes_in_priority_order(check):
     names = [name for name, _ in check.plan(False)]
-    assert check.select(names, "paper") == [n for n in check.PRIORITY if n.startswith("paper/")]
+    assert check.select(names, "paper") == [n for n in check.PRIORITY
+                                            if n.startswith("paper/") and n in names]
     assert check.select(names, "demo,paper/plain") == ["paper/plain", "demo"]
     assert check.select(names, "vmap/small") == [
         "vmap/small/4", "vmap/small/1", "vmap/small/2", "vmap/small/8"]
@@ -94,3 +96,49 @@ def test_the_exit_status_fails_only_for_a_failed_or_overrun_part(check):
     assert check.exit_status({"a": {"status": "ok"}, "b": {"status": "skipped"}}) == 0
     assert check.exit_status({"a": {"status": "ok"}, "b": {"status": "failed"}}) == 1
     assert check.exit_status({"a": {"status": "timed_out"}}) == 1
+
+
+def test_a_trace_is_summarised_by_the_device_s_kernels(check):
+    """Perfetto's JSON as jax.profiler writes it: metadata events name the processes and
+    threads; only the device's kernels count, by name and by kind, per step."""
+    def meta(kind, pid, name, tid=None):
+        return {"ph": "M", "name": kind, "pid": pid, "tid": tid, "args": {"name": name}}
+
+    def kernel(name, dur, pid=2, tid=1):
+        return {"ph": "X", "name": name, "pid": pid, "tid": tid, "ts": 0, "dur": dur}
+
+    trace = {"traceEvents": [
+        meta("process_name", 1, "/host:CPU"), meta("process_name", 2, "/device:GPU:0"),
+        meta("thread_name", 1, "python", tid=7), meta("thread_name", 2, "Stream #13", tid=1),
+        meta("thread_name", 2, "XLA Ops", tid=2),
+        kernel("PjitFunction(step)", 10_000, pid=1, tid=7),  # the host's, not a kernel
+        kernel("fusion.3", 10_000, tid=2),  # the op that launched kernels, not one itself
+        kernel("sm90_xmma_gemm_bf16bf16_bf16f32", 3_000), kernel("nvjet_tst_128x64", 1_000),
+        kernel("cudnn_generated_fort_native_sdpa_sm90", 2_000),
+        kernel("loop_multiply_fusion", 1_500), kernel("loop_multiply_fusion", 500),
+        kernel("input_reduce_fusion", 1_000), kernel("threefry2x32_fusion", 1_000)]}
+    summary = check.summarise_trace(trace, steps=2, top=3)
+    assert summary["source"] == "device streams"
+    assert summary["kernel_ms_per_step"] == pytest.approx(5.0)  # 10 ms of kernels in 2 steps
+    assert summary["share_by_kind"] == pytest.approx(
+        {"matmul": 0.4, "attention": 0.2, "other": 0.2, "reduction": 0.1, "random bits": 0.1})
+    assert list(summary["share_by_kind"])[0] == "matmul"
+    assert [(k["name"], k["kind"], k["ms_per_step"]) for k in summary["top_kernels"]] == [
+        ("sm90_xmma_gemm_bf16bf16_bf16f32", "matmul", 1.5),
+        ("cudnn_generated_fort_native_sdpa_sm90", "attention", 1.0),
+        ("loop_multiply_fusion", "other", 1.0)]
+
+
+def test_a_cpu_trace_counts_xla_s_threads(check):
+    trace = {"traceEvents": [
+        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/host:CPU"}},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 3, "args": {"name": "python"}},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 4,
+         "args": {"name": "tf_XLAEigen/91"}},
+        {"ph": "X", "name": "PjitFunction(step)", "pid": 1, "tid": 3, "dur": 900},
+        {"ph": "X", "name": "ThunkExecutor::Execute", "pid": 1, "tid": 4, "dur": 800},
+        {"ph": "X", "name": "ynn_fusion", "pid": 1, "tid": 4, "dur": 300}]}
+    summary = check.summarise_trace(trace, steps=1)
+    assert summary["source"] == "XLA host threads"
+    assert summary["share_by_kind"] == {"matmul": 1.0}
+    assert summary["kernel_ms_per_step"] == pytest.approx(0.3)

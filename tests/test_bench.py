@@ -48,6 +48,7 @@ def test_bench_command_prints_one_consistent_json_object(tmp_path):
         result["tflops_per_second"] / result["peak_tflops_per_second"])
     assert 0 < result["mfu"] < 1
     assert result["compile_s"] > 0 and result["corruption_ms"] > 0
+    assert 0 < result["init_compile_s"] < result["init_s"]
     assert result["devices"] == "1 x cpu"
     # Asked for, the CLI keeps XLA's freed host memory wherever glibc lets it.
     glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"

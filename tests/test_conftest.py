@@ -124,6 +124,10 @@ def test_compilations_counts_each_new_program_once():
     with compilations() as compiled:
         step(np.ones(4, np.float32))
     assert compiled == []
+    with compile_events.compile_seconds() as seconds:
+        step(np.ones(4, np.float32))  # cached
+        step(np.ones(5, np.float32))  # compiled
+    assert len(seconds) == 1 and 0 < seconds[0] < 60
 
 
 def test_a_cold_program_cache_hides_the_programs_made_before_and_keeps_the_new_ones():
