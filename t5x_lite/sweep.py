@@ -41,6 +41,7 @@ their lines to retry them) and resumes the others from their checkpoints. A poin
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -549,20 +550,32 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
     work = (launcher.map(run_chunk, vmap_chunks(todo, vmap, workdir_path), str(workdir_path))
             if vmap > 1
             else launcher.map(run_point, todo, str(workdir_path)))
-    for records in work:
-        runs: dict[tuple, list[str]] = {}
-        for record in records:
-            if (record["point"], record["seed"], record["task"]) not in done:
-                results.append(record)
-                latest[record["point"], record["seed"], record["task"]] = record
-            runs.setdefault((record["point"], record["seed"]), []).append(
-                f"{record['task']} {record['status']}")
-        for (point, seed), statuses in runs.items():
-            finished.add((point, seed))
-            steps = {key: [_steps_of(p) for p in todo if ((p.point, p.seed) in finished) == key]
-                     for key in (True, False)}
-            _log(f"done {point} (seed {seed}): {', '.join(statuses)}")
-            _log(progress_line(steps[True], steps[False], time.perf_counter() - started))
+    # The local launcher runs the points in this process, each under its own watch; this one
+    # takes a signal that comes between them (as a point's records are appended), so that it
+    # stops the sweep before the next point as preempted (exit status 75, which the SLURM
+    # script requeues) instead of killing it with 143. (A parallel launcher's map forwards
+    # signals to its workers itself.)
+    local = isinstance(launcher, launchers.LocalLauncher)
+    with PreemptionWatch() if local else contextlib.nullcontext() as between_points:
+        for records in work:
+            runs: dict[tuple, list[str]] = {}
+            for record in records:
+                if (record["point"], record["seed"], record["task"]) not in done:
+                    results.append(record)
+                    latest[record["point"], record["seed"], record["task"]] = record
+                runs.setdefault((record["point"], record["seed"]), []).append(
+                    f"{record['task']} {record['status']}")
+            for (point, seed), statuses in runs.items():
+                finished.add((point, seed))
+                steps = {key: [_steps_of(p) for p in todo
+                               if ((p.point, p.seed) in finished) == key] for key in (True, False)}
+                _log(f"done {point} (seed {seed}): {', '.join(statuses)}")
+                _log(progress_line(steps[True], steps[False], time.perf_counter() - started))
+            if local and between_points.signal is not None and len(finished) < len(todo):
+                last = [p for p in todo if (p.point, p.seed) in runs]
+                raise Preempted(last[-1].config.train.steps,
+                                [str(p.directory(workdir_path)) for p in last],
+                                between_points.cause)
     for stage in LATER_STAGES:
         if stage.on(points[0].config):
             _add_to_finished(points, latest, workdir_path, results, stage)

@@ -323,6 +323,54 @@ def test_a_signal_between_a_point_s_runs_stops_the_sweep_as_preempted(
     _nothing_recorded_then_resumed(experiment, copy, lines, records)
 
 
+class _Killed(Exception):
+    """What SIGTERM's default action (the process killed, status 143) stands for in a test."""
+
+
+def test_a_signal_between_points_stops_the_sweep_before_the_next_point(
+        experiment, uninterrupted, tmp_path, monkeypatch):
+    """SIGTERM as the sweep's own process appends a finished point's records, outside every
+    point's watch, killed the sweep with status 143 (not requeued by the SLURM script). The
+    point's records are now written, the sweep stops as preempted before the next point, and
+    a re-run completes it."""
+    copy, records = tmp_path / "sweep", uninterrupted[1]
+    shutil.copytree(uninterrupted[0], copy)
+    lines = (copy / results.RESULTS_FILE).read_text().splitlines()
+    lost = {}  # point -> the index of its first record's line, lost with its saved record
+    for index, line in enumerate(lines):
+        record = json.loads(line)
+        if record["point"] in ("denoising", "prefix_lm") and record["point"] not in lost:
+            lost[record["point"]] = index
+            (copy / "points" / record["point"] / "seed0" / "records"
+             / f"{record['task']}.json").unlink()
+    kept = [line for index, line in enumerate(lines) if index not in lost.values()]
+    (copy / results.RESULTS_FILE).write_text("\n".join(kept) + "\n")
+    real_append = results.ResultsFile.append
+
+    def signalled(self, record):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real_append(self, record)
+
+    def killed(signum, frame):
+        raise _Killed
+
+    previous = signal.signal(signal.SIGTERM, killed)
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(results.ResultsFile, "append", signalled)
+            with pytest.raises(Preempted) as stop:
+                sweep.run_sweep(experiment, "demo", str(copy))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert (stop.value.cause, stop.value.code) == ("SIGTERM", 75)
+    after = (copy / results.RESULTS_FILE).read_text().splitlines()
+    assert after[:-1] == kept  # the first point's record, and nothing of the next point's
+    appended, original = json.loads(after[-1]), json.loads(lines[lost["denoising"]])
+    assert (appended["point"], appended["task"]) == (original["point"], original["task"])
+    assert _without_timing(sweep.run_sweep(experiment, "demo", str(copy))) == \
+        _without_timing(records)
+
+
 def test_a_point_another_process_is_running_stops_the_second_sweep(experiment, uninterrupted,
                                                                    tmp_path):
     """The same sweep started twice in one workdir: both wrote one checkpoint folder at once
