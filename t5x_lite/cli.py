@@ -37,7 +37,7 @@ from absl import logging
 from t5x_lite import compilation_cache, host_memory, presets
 from t5x_lite.config import (OVERRIDES_HELP, ConfigError, apply_overrides, load_config_file,
                              parse_overrides, split_overrides)
-from t5x_lite.errors import MachineFault, PointBusy
+from t5x_lite.errors import MachineFault, OneLineWarnings, PointBusy
 from t5x_lite.preemption import PREEMPTED_EXIT_STATUS
 from t5x_lite.results import RESULTS_FILE, ResultsError, is_writer
 
@@ -587,22 +587,14 @@ def usage() -> str:
 
 @contextlib.contextmanager
 def _warnings_on_one_line(command: str) -> Iterator[None]:
-    """Within it, t5x_lite's own warnings show as one line each, like its errors ("t5x-lite
-    report: warning: ..."), not as Python's default of file, line number and `warn` call.
-    Other libraries' warnings keep Python's format, which says where they come from."""
-    package = str(Path(__file__).parent)
-    python_format = warnings.formatwarning
-
-    def format_warning(message, category, filename, lineno, line=None) -> str:
-        if str(filename).startswith(package):
-            return f"t5x-lite {command}: warning: {message}\n"
-        return python_format(message, category, filename, lineno, line)
-
-    warnings.formatwarning = format_warning
+    """Within it, t5x_lite's own warnings show as one line each (`errors.OneLineWarnings`),
+    here and in a parallel sweep's workers."""
+    previous = warnings.formatwarning
+    warnings.formatwarning = OneLineWarnings(command)
     try:
         yield
     finally:
-        warnings.formatwarning = python_format
+        warnings.formatwarning = previous
 
 
 def main(argv: list[str] | None = None) -> None:

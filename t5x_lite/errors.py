@@ -1,5 +1,6 @@
-"""The error of a configuration that cannot work, its one-line check of a choice, and the
-errors that stop a sweep: work the machine stopped, a point another process is running.
+"""The error of a configuration that cannot work, its one-line check of a choice, the
+errors that stop a sweep (work the machine stopped, a point another process is running), and
+the one-line form of t5x_lite's own warnings.
 
 A leaf module (it imports nothing from t5x_lite), so that the registries the config is
 validated against (`t5x_lite.architectures`) and `t5x_lite.config` itself can both raise it.
@@ -8,6 +9,8 @@ from __future__ import annotations
 
 import errno
 import re
+import warnings
+from pathlib import Path
 from typing import Any, Iterable
 
 
@@ -53,3 +56,23 @@ def require_choice(field: str, value: Any, allowed: Iterable[str]) -> None:
     allowed = tuple(allowed)
     if value not in allowed:
         raise ConfigError(f"{field}={value!r} is not allowed; choose one of {', '.join(allowed)}")
+
+
+_PACKAGE = str(Path(__file__).parent)
+_PYTHON_FORMAT = warnings.formatwarning  # Python's own: file, line number and the `warn` call
+
+
+class OneLineWarnings:
+    """A `warnings.formatwarning` that shows t5x_lite's own warnings as one line each, like its
+    errors ("t5x-lite sweep: warning: ..."); other libraries' keep Python's format, which says
+    where they come from. An object, not a closure, so that a sweep hands it to its worker
+    processes (`launchers.LocalParallelLauncher`) by pickling."""
+
+    def __init__(self, command: str):
+        self.command = command
+
+    def __call__(self, message: Warning | str, category: type[Warning], filename: str,
+                 lineno: int, line: str | None = None) -> str:
+        if str(filename).startswith(_PACKAGE):
+            return f"t5x-lite {self.command}: warning: {message}\n"
+        return _PYTHON_FORMAT(message, category, filename, lineno, line)

@@ -37,12 +37,14 @@ import signal
 import socket
 import subprocess
 import threading
+import warnings
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import ml_collections
 from absl import logging as absl_logging
 
 from t5x_lite import host_memory
+from t5x_lite.errors import OneLineWarnings
 from t5x_lite.preemption import PREEMPTED_EXIT_STATUS
 
 
@@ -120,13 +122,16 @@ def worker_environments(
     return [{"XLA_FLAGS": flags} for _ in range(workers)]
 
 
-def _claim_environment(slots: Any, environments: list[dict[str, str]],
-                       log_verbosity: int) -> None:
+def _claim_environment(slots: Any, environments: list[dict[str, str]], log_verbosity: int,
+                       warning_format: OneLineWarnings | None) -> None:
     """Worker initializer: take a free slot's environment before anything starts JAX's backend
-    (JAX reads these variables when it first creates its devices, not at import), and the
-    sweep's absl log level (the CLI's keeps TFDS's and orbax's routine lines out)."""
+    (JAX reads these variables when it first creates its devices, not at import), the
+    sweep's absl log level (the CLI's keeps TFDS's and orbax's routine lines out) and its
+    one-line warnings, if the CLI set them."""
     os.environ.update(environments[slots.get()])
     absl_logging.set_verbosity(log_verbosity)
+    if warning_format is not None:
+        warnings.formatwarning = warning_format
     host_memory.retain_if_requested()
     # Between points a SIGTERM (passed on by the sweep: `_sigterm_passed_to_workers`) has no
     # point to save; within one, the point's own handler takes it.
@@ -157,7 +162,9 @@ class LocalParallelLauncher:
             slots.put(slot)
         pool = concurrent.futures.ProcessPoolExecutor(
             len(self.environments), mp_context=context, initializer=_claim_environment,
-            initargs=(slots, self.environments, absl_logging.get_verbosity()),
+            initargs=(slots, self.environments, absl_logging.get_verbosity(),
+                      warnings.formatwarning if isinstance(warnings.formatwarning,
+                                                           OneLineWarnings) else None),
         )
         # One point per worker in flight: a point handed to the pool cannot be taken back (its
         # call queue holds one more than it has workers), and after a SIGTERM none may start.

@@ -9,13 +9,14 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import ml_collections
 import pytest
 
-from t5x_lite import cli, launchers
+from t5x_lite import cli, errors, launchers
 from t5x_lite.preemption import PREEMPTED_EXIT_STATUS, Preempted
 from xla_env import with_device_count
 
@@ -41,8 +42,10 @@ def describe_devices(point: FakePoint, workdir: str) -> list[dict]:
 
     from absl import logging as absl_logging
 
+    own_file = str(Path(launchers.__file__))  # how a warning of t5x_lite's shows there
     return [{"point": point.point, "workdir": workdir, "pid": os.getpid(),
-             "devices": jax.device_count(), "log_verbosity": absl_logging.get_verbosity()}]
+             "devices": jax.device_count(), "log_verbosity": absl_logging.get_verbosity(),
+             "warning": warnings.formatwarning("a note", UserWarning, own_file, 7)}]
 
 
 def fail_on_b(point: FakePoint, workdir: str) -> list[dict]:
@@ -71,17 +74,20 @@ def test_local_launcher_runs_points_in_order():
 
 def test_parallel_launcher_returns_every_point_once_with_the_workers_own_devices(tmp_path,
                                                                                 monkeypatch):
-    """...and the sweep's absl log level: the CLI's ERROR kept TFDS's and orbax's routine
-    lines out of the sweep's own process only."""
+    """...and the sweep's absl log level and one-line warnings: the CLI's ERROR kept TFDS's
+    and orbax's routine lines out of the sweep's own process only, and the workers' warnings
+    took Python's format of several lines."""
     from absl import logging as absl_logging
 
     monkeypatch.setattr(absl_logging, "get_verbosity", lambda: absl_logging.ERROR)
+    monkeypatch.setattr(warnings, "formatwarning", errors.OneLineWarnings("sweep"))
     launcher = launchers.LocalParallelLauncher(2, gpus=[], cpu_devices_per_worker=3)
     results = list(launcher.map(describe_devices, POINTS, str(tmp_path)))
     records = [record for records in results for record in records]
     assert sorted(record["point"] for record in records) == ["a", "b", "c", "d"]
     assert {record["devices"] for record in records} == {3}  # the test process itself has 8
     assert {record["log_verbosity"] for record in records} == {absl_logging.ERROR}
+    assert {record["warning"] for record in records} == {"t5x-lite sweep: warning: a note\n"}
     assert {record["workdir"] for record in records} == {str(tmp_path)}
     assert os.getpid() not in {record["pid"] for record in records}
     assert len({record["pid"] for record in records}) <= 2
