@@ -71,17 +71,25 @@ ATTENTION_TOLERANCE = 0.03
 # ---------------------------------------------------------------------------------------------
 # What each child process runs (`--child KIND JSON`); each prints one JSON line, its result.
 
-def child_bench(preset: str, overrides: list[str], steps: int) -> dict[str, Any]:
-    """`bench.run_benchmarks` of the preset with overrides: its figures, less the config."""
-    from t5x_lite import bench, presets
+def preset_config(preset: str, overrides: list[str]) -> Any:
+    """The preset's config with 'field=value' overrides applied (a child's run)."""
+    from t5x_lite import presets
     from t5x_lite.config import apply_overrides, parse_overrides
 
     config = presets.get_preset(preset)
     apply_overrides(config, parse_overrides(config, overrides))
+    return config
+
+
+def child_bench(preset: str, overrides: list[str], steps: int) -> dict[str, Any]:
+    """`bench.run_benchmarks` of the preset with overrides: its figures, less the config."""
+    from t5x_lite import bench
+
+    config = preset_config(preset, overrides)
     result = bench.run_benchmarks(config, steps=steps, warmup=2)
     kept = ("step_ms", "tokens_per_second", "tflops_per_second", "peak_tflops_per_second",
-            "mfu", "peak_source", "init_s", "init_compile_s", "compile_s", "first_call_s", "devices", "layout",
-            "corruption_ms", "corruption_share_of_step", "peak_memory_gib")
+            "mfu", "peak_source", "init_s", "init_compile_s", "compile_s", "first_call_s",
+            "devices", "layout", "corruption_ms", "corruption_share_of_step", "peak_memory_gib")
     return {"preset": preset, "overrides": overrides, "batch_size": config.train.batch_size,
             **{key: result[key] for key in kept}}
 
@@ -217,12 +225,9 @@ def child_profile(preset: str, overrides: list[str], steps: int) -> dict[str, An
 
     import jax
 
-    from t5x_lite import bench, presets
-    from t5x_lite.config import apply_overrides, parse_overrides
+    from t5x_lite import bench
 
-    config = presets.get_preset(preset)
-    apply_overrides(config, parse_overrides(config, overrides))
-    run, info = bench.jax_train_step(config)
+    run, info = bench.jax_train_step(preset_config(preset, overrides))
     for _ in range(2):
         jax.block_until_ready(run())
     with tempfile.TemporaryDirectory(prefix="t5x_lite_profile_") as folder:
