@@ -349,9 +349,10 @@ class TransformerLayer(nnx.Module):
     """One pre-norm T5 layer: self-attention, optional cross-attention, MLP, each residual.
 
     Dropout sits where HF T5 puts it: on each sub-block's output before the residual add, and
-    inside the MLP after the activation. `share_with` makes this layer reuse another layer's
-    self-attention, MLP and their norms (the same objects, so one parameter set): that is the
-    `encoder_decoder_shared` architecture. Cross-attention and its norm are always its own.
+    inside the MLP after the activation. A `shared` layer reuses another layer's
+    self-attention, MLP and their norms (the same objects, so one parameter set; `share`
+    hands them over): that is the `encoder_decoder_shared` architecture. Its cross-attention
+    and norm are always its own, and until `share` is called they are all it has.
     """
 
     def __init__(
@@ -359,7 +360,7 @@ class TransformerLayer(nnx.Module):
         cfg: Model,
         *,
         cross_attention: bool,
-        share_with: TransformerLayer | None = None,
+        shared: bool = False,
         rngs: nnx.Rngs,
     ):
         dtype = jnp.dtype(cfg.dtype)
@@ -372,19 +373,17 @@ class TransformerLayer(nnx.Module):
             return Attention(cfg.d_model, cfg.num_heads, cfg.d_kv, dtype=dtype,
                              implementation=implementation, rngs=rngs)
 
-        if share_with is None:
+        if not shared:
             self.self_attention_norm = norm()
             self.self_attention = attention()
             self.mlp_norm = norm()
             self.mlp = MLP(cfg.d_model, cfg.d_ff, kind=cfg.mlp, dropout_rate=cfg.dropout_rate,
                            dtype=dtype, rngs=rngs)
-        else:
-            self.share(share_with)
         self.cross_attention_norm = norm() if cross_attention else None
         self.cross_attention = attention() if cross_attention else None
         self.dropout_rate = cfg.dropout_rate
 
-    # The sub-modules `share_with` / `share` make one object for two layers.
+    # The sub-modules `share` makes one object for two layers.
     SHARED = ("self_attention_norm", "self_attention", "mlp_norm", "mlp")
 
     def share(self, other: TransformerLayer) -> None:
