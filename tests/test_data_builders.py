@@ -105,6 +105,24 @@ def test_concurrent_builds_of_one_source_share_one_build(tmp_path, capfd):
     assert capfd.readouterr().err.count("Building the local dataset") == 1
 
 
+def test_a_build_that_finishes_between_making_a_builder_and_checking_it_is_read_whole(
+        tmp_path, monkeypatch):
+    """The race the concurrent test above can meet: another process's build lands after this
+    one made its builder (which read the dataset's info then: no splits yet) and before it
+    asked `is_prepared`. Here the other build runs inside that first question."""
+    path = write(tmp_path / "a.txt", "".join(f"line {i} of the corpus\n" for i in range(50)))
+    source, data_dir = TextFiles(files={"train": path}, unit="line"), str(tmp_path / "data")
+    is_prepared = builders.LocalFiles.is_prepared
+
+    def another_build_lands_first(builder):
+        monkeypatch.setattr(builders.LocalFiles, "is_prepared", is_prepared)
+        builders.build(source, data_dir)
+        return is_prepared(builder)
+
+    monkeypatch.setattr(builders.LocalFiles, "is_prepared", another_build_lands_first)
+    assert len(builders.build(source, data_dir).as_data_source()["train"]) == 50
+
+
 def test_bad_options_name_the_field(tmp_path):
     with pytest.raises(ValueError, match="TextFiles.unit='page' is not allowed; choose one of "
                                          "file, line, block"):

@@ -639,9 +639,11 @@ def build(source: _LocalSource, data_dir: str) -> LocalFiles:
     Safe to call from several processes at once (a multi-process run or a parallel sweep on
     one host, sharing `data_dir`): one builds while the others wait on a lock file beside the
     build, then read it. Without the lock the second finished build fails its final rename."""
-    builder = LocalFiles(source, data_dir=data_dir)
-    if builder.is_prepared():
-        return builder
+    # A builder reads the dataset's info when it is made: one made before another process's
+    # build lands knows no splits, even once `is_prepared` says yes. So the builder returned
+    # is always made after the check that found the build.
+    if LocalFiles(source, data_dir=data_dir).is_prepared():
+        return LocalFiles(source, data_dir=data_dir)
     lock_dir = os.path.join(data_dir, LocalFiles.name)
     os.makedirs(lock_dir, exist_ok=True)
     with open(os.path.join(lock_dir, f"{source.build_name()}.lock"), "w") as lock:
