@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -43,7 +45,9 @@ def vmap_benchmark(experiment: str = "table6", preset: str = "demo", steps: int 
     keys = [train_step.step_key(c.train.seed) for c in configs]
 
     step = train_step.make_train_step(configs[0], layout, mesh)
-    states = [train_step.init_state(c, mesh) for c in configs]
+    start = time.perf_counter()
+    states = [jax.block_until_ready(train_step.init_state(c, mesh)) for c in configs]
+    bench.report_phase(f"{len(configs)} initial states built", time.perf_counter() - start)
 
     def sequential() -> Any:
         for k in range(len(configs)):
@@ -60,6 +64,11 @@ def vmap_benchmark(experiment: str = "table6", preset: str = "demo", steps: int 
         stacked[0], metrics = vmapped_step(stacked[0], stacked_raw, stacked_specs, stacked_keys)
         return metrics
 
+    for name, run in (("the single-point step", sequential), ("the vmapped step", vmapped)):
+        start = time.perf_counter()
+        jax.block_until_ready(run())
+        bench.report_phase(f"{name} compiled and run once for all {len(configs)} points",
+                           time.perf_counter() - start)
     sequential_s, vmapped_s = bench.median_seconds(sequential, vmapped, steps=steps,
                                                    warmup=warmup)
     tokens = len(configs) * configs[0].train.batch_size * (layout.inputs_length

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import time
 from typing import Any, Callable
 
@@ -29,6 +30,12 @@ from t5x_lite import (accounting, architectures, batch_format, compile_events, c
 from t5x_lite.config import EOS_ID, NUM_RESERVED_IDS, ConfigError, sentinel_id
 from t5x_lite.models import build_model, make_masks
 from t5x_lite.settings import Settings
+
+
+def report_phase(what: str, seconds: float) -> None:
+    """One progress line on stderr, 'bench: WHAT in S s': set-up before the first timed step
+    takes minutes at T5-base on an accelerator, and a run cut off there shows how far it got."""
+    print(f"bench: {what} in {seconds:.1f} s", file=sys.stderr, flush=True)
 
 
 def median_seconds(*fns: Callable[[], Any], steps: int, warmup: int) -> list[float]:
@@ -96,10 +103,12 @@ def jax_train_step(config: ml_collections.ConfigDict) -> tuple[Callable[[], Any]
         start = time.perf_counter()
         state = jax.block_until_ready(train_step.init_state(config, mesh))
         init_s = time.perf_counter() - start
+    report_phase(f"initial state built ({sum(init_compiles):.1f} s of it compiling)", init_s)
     start = time.perf_counter()
     state, _ = step(state, raw, spec, rng)
     jax.block_until_ready(state)
     first_call_s = time.perf_counter() - start
+    report_phase("train step compiled and run once", first_call_s)
 
     def run() -> Any:
         nonlocal state
