@@ -117,20 +117,21 @@ class _DrawCounter:
         return jax.random.key(0)
 
 
-def _layers_drawn_together(
+def _layers_drawn_in_a_loop(
     make_layer: Callable[[nnx.Rngs], TransformerLayer], num_layers: int, rngs: nnx.Rngs
 ) -> TransformerLayer:
-    """`_stacked([make_layer(rngs) for _ in range(num_layers)])`: the same draws, and the
-    same `rngs` state afterwards, but each of a layer's draws made once for all its layers.
+    """`_stacked([make_layer(rngs) for _ in range(num_layers)])` made by one `jax.lax.map`
+    over the layers, whose body draws one layer: the same values, bit for bit, and the same
+    `rngs` state afterwards.
 
     Layer i's j-th draw takes the key `fold_in(key, count + i * draws + j)` of the `params`
-    stream (`key`, `count` its state on entry, `draws` a layer's number of draws), as the loop
-    would; here one vmapped draw over i makes it. The values are the loop's bit for bit with
-    XLA's default flags (tested up to T5-base); other flags may round a last bit otherwise.
+    stream (`key`, `count` its state on entry, `draws` a layer's number of draws), as the
+    Python loop would, and the body computes each draw as the loop does, on the same shapes.
 
-    Why: XLA compiles every random draw of the init program apart, at a cost that grows
-    faster than their number. At T5-base on a CPU the init compiled in 16-20 s with a draw per
-    parameter of each layer (196), in 5-6 s with these (19).
+    Why: XLA compiles every random draw of a program apart, at a cost that grows faster than
+    their number; the Python loop put one per parameter of each layer in the init program
+    (196 at T5-base, compiled in 16-20 s on a CPU), the loop of the program one per
+    parameter of a layer (19: 2-4 s). It also holds one layer's random bits at a time.
     """
     counter = _DrawCounter()
     jax.eval_shape(lambda: nnx.state(make_layer(counter)))  # the counter stands in for rngs
@@ -146,7 +147,7 @@ def _layers_drawn_together(
         return state
 
     per_layer = jnp.uint32(counter.draws)
-    states = jax.vmap(build)(start + per_layer * jnp.arange(num_layers, dtype=jnp.uint32))
+    states = jax.lax.map(build, start + per_layer * jnp.arange(num_layers, dtype=jnp.uint32))
     stream.count[...] = start + per_layer * num_layers
     return _with_layers_axis(nnx.merge(graphdef, states), True)
 
@@ -201,7 +202,7 @@ class TransformerStack(nnx.Module):
         dtype = jnp.dtype(cfg.dtype)
         self.relpos = RelativePositionBias(cfg.relpos_buckets, cfg.relpos_max_distance,
                                            cfg.num_heads, cfg.d_model, dtype=dtype, rngs=rngs)
-        layers = _layers_drawn_together(
+        layers = _layers_drawn_in_a_loop(
             lambda layer_rngs: TransformerLayer(cfg, cross_attention=cross_attention,
                                                 shared=share_with is not None, rngs=layer_rngs),
             num_layers, rngs)
@@ -457,7 +458,7 @@ def build_model(model: Model | ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx
     """Build the network of the model settings `model` (a `config.model` section is read and
     validated first: a `ConfigError` before any array exists)."""
     cfg = model_settings(model)
-    # Scanned or not, each stack draws its layers' parameters at once, in the same order, so
+    # Scanned or not, each stack draws its layers in one loop (`_layers_drawn_in_a_loop`), so
     # a seed gives the same parameters either way.
     return network_class(architectures.get(cfg.arch))(cfg, rngs)
 
