@@ -133,18 +133,15 @@ def _layers_drawn_in_a_loop(
     (196 at T5-base, compiled in 16-20 s on a CPU), the loop of the program one per
     parameter of a layer (19: 2-4 s). It also holds one layer's random bits at a time.
     """
-    counter = _DrawCounter()
-    jax.eval_shape(lambda: nnx.state(make_layer(counter)))  # the counter stands in for rngs
+    counter = _DrawCounter()  # stands in for rngs in an abstract build: the layers' structure
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: make_layer(counter)))
     stream = rngs.params
     key, start = stream.key[...], stream.count[...]
-    graphdef = None
 
     def build(count: jax.Array) -> nnx.State:
-        nonlocal graphdef
         layer_rngs = nnx.Rngs(params=key)
         layer_rngs.params.count[...] = count
-        graphdef, state = nnx.split(make_layer(layer_rngs))
-        return state
+        return nnx.state(make_layer(layer_rngs))
 
     per_layer = jnp.uint32(counter.draws)
     states = jax.lax.map(build, start + per_layer * jnp.arange(num_layers, dtype=jnp.uint32))
