@@ -12,12 +12,15 @@ first, then each item once, then the other variants, the demo last):
   paper/*          `t5x-lite bench --preset paper --config.model.dtype=bfloat16` (T5-base,
                    batch 128 x 512 / 114): step time, tokens/s, MFU against the device's dense
                    bf16 peak (`accounting.PEAKS`), compile time, peak device memory; plain,
-                   `model.scan_layers`, `model.remat`, and both (item 1);
+                   `model.scan_layers`, `model.remat`, and both (item 1); the scanned step
+                   with cuDNN attention, with and without dropout;
+  profile/paper    a trace of that step with cuDNN: its kernel time by kind and by kernel;
   small/*          the same at the `small` preset (item 2);
   attention/*      cuDNN attention (`attention_impl=cudnn`) against the XLA kernel: the two
                    kernels' outputs on one bf16 batch with T5's mask and bias (agreeing within
-                   `ATTENTION_TOLERANCE`), forward + backward time of each, and the small
-                   preset's train step with each (item 3);
+                   `ATTENTION_TOLERANCE`), forward + backward time of each, cuDNN's time
+                   with the padding given as row lengths and without mask or bias, and the
+                   small preset's train step with each kernel (item 3);
   vmap/PRESET/K    `benchmarks/vmap_throughput.py` on Table 6 (its four corruption rates x two
                    seeds) at the `small` and `tiny` presets: K = 1, 2, 4, 8 points in one
                    vmapped step against the same K stepped one by one (item 4);
@@ -94,12 +97,20 @@ def child_bench(preset: str, overrides: list[str], steps: int) -> dict[str, Any]
             **{key: result[key] for key in kept}}
 
 
-def child_attention(implementations: list[str], shape: dict[str, int],
-                    steps: int) -> dict[str, Any]:
+def child_attention(implementations: list[str], shape: dict[str, int], steps: int,
+                    probe: str) -> dict[str, Any]:
     """`attention.dot_product_attention` with each implementation on one bf16 batch shaped as
     T5's encoder self-attention (padding mask, relative position bias [1, H, L, L]): the
     largest difference of each output from the first implementation's, relative to the
-    largest |output|, and the median forward + backward time (gradients of q, k, v, bias)."""
+    largest |output|, and the median forward + backward time (gradients of q, k, v, bias).
+
+    Then `probe` (cuDNN on a GPU) fed the same attention in other forms, to say what its
+    operands cost it: `PROBE+lengths` gives the padding as per-row lengths
+    (`jax.nn.dot_product_attention`'s `query_seq_lengths` / `key_value_seq_lengths`, checked
+    against the reference on the real rows) instead of a `[B, 1, L, L]` mask, which JAX
+    otherwise adds to the bias as a `[B, H, L, L]` tensor with a gradient of that size;
+    `PROBE+bias_only` and `PROBE+neither` drop the mask, then the bias too (timed only: other
+    functions)."""
     import jax
     import jax.numpy as jnp
 
@@ -110,28 +121,45 @@ def child_attention(implementations: list[str], shape: dict[str, int],
     keys = jax.random.split(jax.random.key(0), 4)
     q, k, v = (jax.random.normal(key, (b, length, heads, d), jnp.bfloat16) for key in keys[:3])
     bias = jax.random.normal(keys[3], (1, heads, length, length), jnp.bfloat16)
-    valid = jnp.arange(length)[None, :] < jnp.array([length, length * 3 // 4] * (b // 2))[:, None]
+    lengths = jnp.array([length, length * 3 // 4] * (b // 2), jnp.int32)
+    valid = jnp.arange(length)[None, :] < lengths[:, None]
     mask = attention.padding_mask(valid, valid)
-    results, outputs = {}, {}
-    for impl in implementations:
-        def attend(q, k, v, bias, impl=impl):
-            return attention.dot_product_attention(q, k, v, mask, bias, implementation=impl)
 
+    def by_lengths(q, k, v, bias):
+        out = jax.nn.dot_product_attention(
+            q, k, v, bias=bias, scale=1.0, query_seq_lengths=lengths,
+            key_value_seq_lengths=lengths, implementation=probe)
+        return jnp.where(valid[:, :, None, None], out, 0)  # as the wrapper pins padded rows
+
+    def with_mask(impl):
+        return lambda q, k, v, bias: attention.dot_product_attention(q, k, v, mask, bias,
+                                                                     implementation=impl)
+
+    forms = {impl: with_mask(impl) for impl in implementations}
+    forms[f"{probe}+lengths"] = by_lengths
+    timed_only = {f"{probe}+bias_only": lambda q, k, v, bias: attention.dot_product_attention(
+                      q, k, v, None, bias, implementation=probe),
+                  f"{probe}+neither": lambda q, k, v, bias: attention.dot_product_attention(
+                      q, k, v, None, None, implementation=probe) + 0 * bias.sum()}
+    results, outputs = {}, {}
+    for name, attend in {**forms, **timed_only}.items():
         forward = jax.jit(attend)
         grads = jax.jit(jax.grad(lambda *args: attend(*args).astype(jnp.float32).sum(),
                                  argnums=(0, 1, 2, 3)))
         try:
-            outputs[impl] = forward(q, k, v, bias).astype(jnp.float32)
+            out = forward(q, k, v, bias).astype(jnp.float32)
             (seconds,) = median_seconds(lambda: grads(q, k, v, bias), steps=steps, warmup=2)
         except Exception as error:  # an unsupported kernel is a result: recorded, not raised
-            results[impl] = {"error": f"{type(error).__name__}: {error}"[:2000]}
+            results[name] = {"error": f"{type(error).__name__}: {error}"[:2000]}
             continue
-        results[impl] = {"forward_backward_ms": seconds * 1e3}
+        results[name] = {"forward_backward_ms": seconds * 1e3}
+        if name in forms:
+            outputs[name] = out
     reference = next(iter(outputs.values()), None)
-    for impl, out in outputs.items():
+    for name, out in outputs.items():
         scale = float(jnp.abs(reference).max())
         difference = float(jnp.abs(out - reference).max()) / scale
-        results[impl].update(max_rel_difference=difference,
+        results[name].update(max_rel_difference=difference,
                              within_tolerance=difference <= ATTENTION_TOLERANCE)
     return {"shape": shape, "dtype": "bfloat16", "tolerance": ATTENTION_TOLERANCE,
             "reference": next(iter(outputs), None),
@@ -357,10 +385,16 @@ def plan(toy: bool) -> list[tuple[str, Any]]:
     # Where that step's time goes, kernel by kernel: what is left between it and the target.
     parts.append(("profile/paper", functools.partial(
         run_child, "profile", {**arguments, "steps": 3 if toy else 5})))
+    # The same step without dropout: what dropout's random bits and masks cost it, which the
+    # profile cannot name (XLA fuses the bits into kernels named after their other ops).
+    parts.append((f"paper/scan_layers+{kernels[1]}+no_dropout", functools.partial(
+        run_child, "bench", {**arguments,
+                             "overrides": [*arguments["overrides"], "model.dropout_rate=0.0"]})))
     shape = (dict(batch=2, length=64, heads=2, head_dim=16) if toy
              else dict(batch=32, length=512, heads=12, head_dim=64))
     parts.append(("attention/kernels", functools.partial(
-        run_child, "attention", {"implementations": kernels, "shape": shape, "steps": steps})))
+        run_child, "attention", {"implementations": kernels, "shape": shape, "steps": steps,
+                                 "probe": "xla" if toy else "cudnn"})))
     for impl in kernels:
         arguments = {"preset": sizes["small"][0], "steps": steps,
                      "overrides": [BF16, *sizes["small"][1], f"model.attention_impl={impl}"]}
@@ -386,6 +420,7 @@ CAPS = {"paper": 180, "profile": 180, "small": 90, "attention": 90, "vmap": 120,
 PRIORITY = (
     "paper/plain", "vmap/small/4", "attention/kernels", "paper/scan_layers", "tests",
     "paper/scan_layers+cudnn", "paper/scan_layers+einsum", "profile/paper",
+    "paper/scan_layers+cudnn+no_dropout", "paper/scan_layers+einsum+no_dropout",
     "small/plain", "attention/small_step_xla", "attention/small_step_cudnn",
     "attention/small_step_einsum", "vmap/small/1", "vmap/small/2", "vmap/small/8",
     "paper/scan_layers+remat", "paper/remat", "small/scan_layers", "small/remat",
