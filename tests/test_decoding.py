@@ -34,44 +34,46 @@ MODEL_INPUTS = ("encoder_input_tokens", "decoder_input_tokens", "inputs_mask")
 
 
 @functools.cache
-def tiny_model(arch, seed=4):
+def tiny_model(arch, seed=4, **settings):
     """A random 2-layer model with T5 v1.1's untied head; its greedy outputs are long and
-    varied, unlike a tied random model's, which mostly repeat one token."""
+    varied, unlike a tied random model's, which mostly repeat one token. `settings`: other
+    model settings (dtype, attention_impl); the parameters depend on the seed alone."""
     cfg = model_config()
     cfg.update(arch=arch, vocab_size=VOCAB, num_sentinels=4, d_model=32, d_ff=64, num_heads=4,
                d_kv=8, num_layers=2, relpos_buckets=8, relpos_max_distance=16, dropout_rate=0.0,
-               tie_embeddings=False, mlp="gated-gelu")
+               tie_embeddings=False, mlp="gated-gelu", **settings)
     return build_model(cfg, nnx.Rngs(seed))
 
 
 @functools.cache
-def _jitted_forward(arch):
-    graphdef, state = nnx.split(tiny_model(arch))
+def _jitted_forward(arch, **settings):
+    graphdef, state = nnx.split(tiny_model(arch, **settings))
     apply = jax.jit(lambda state, batch: nnx.merge(graphdef, state)(batch, make_masks(batch, arch)))
     return functools.partial(apply, state)
 
 
-def forward(arch, batch):
-    """float32 logits of `tiny_model(arch)` on `batch`, every decoder position treated as
-    real. Positions after a row's real ones are then junk, but causal (and prefix) attention
-    keeps them from the real ones, so those are exactly what training computes."""
-    return np.asarray(_jitted_forward(arch)({k: v for k, v in batch.items() if k in MODEL_INPUTS}))
+def forward(arch, batch, **settings):
+    """float32 logits of `tiny_model(arch, **settings)` on `batch`, every decoder position
+    treated as real. Positions after a row's real ones are then junk, but causal (and prefix)
+    attention keeps them from the real ones, so those are exactly what training computes."""
+    return np.asarray(_jitted_forward(arch, **settings)(
+        {k: v for k, v in batch.items() if k in MODEL_INPUTS}))
 
 
 def prompt_length(row):
     return int(np.sum(row > 0))
 
 
-def teacher_forced(arch, targets, inputs=INPUTS):
+def teacher_forced(arch, targets, inputs=INPUTS, **settings):
     """The `pad_examples` batch of `inputs` -> `targets` rows (up to and with their EOS) and the
-    model's logits on it."""
+    logits of `tiny_model(arch, **settings)` on it."""
     pairs = []
     for x, y in zip(inputs, np.asarray(targets)):
         ends = np.flatnonzero(y == EOS_ID)
         pairs.append((x[:prompt_length(x)], y[:ends[0] + 1 if ends.size else len(y)]))
     [batch] = pad_examples(pairs, len(pairs), INPUTS.shape[1], MAX_LENGTH,
                            family=architectures.get(arch).family)
-    return batch, forward(arch, batch)
+    return batch, forward(arch, batch, **settings)
 
 
 def log_likelihood(batch, logits):
@@ -301,3 +303,33 @@ def test_score_names_missing_batch_keys():
     del batch["inputs_mask"]
     with pytest.raises(ValueError, match="missing inputs_mask"):
         score(tiny_model("prefix_lm"), batch)
+
+
+# ------------------------------------------------------------------- the attention kernel
+
+# The kernel whose cached decoding is checked: cuDNN's where it runs (an NVIDIA GPU; whether
+# attention_impl='auto' may pick it there waits on this test, which
+# benchmarks/accelerator_check.py runs on one), else JAX's XLA kernel.
+KERNEL = "cudnn" if jax.default_backend() == "gpu" else "xla"
+BF16 = (("dtype", "bfloat16"),)  # cuDNN's kernels take bfloat16 or float16
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cached_decoding_with_the_fused_kernel_picks_what_the_einsum_forward_ranks_first(arch):
+    """Decoding attends with one query over a cache of slots, which training never does. In
+    bfloat16, each token greedy decoding picks with KERNEL is one the einsum path's
+    teacher-forced forward of the same parameters ranks first up to bfloat16 rounding, and its
+    scores are that forward's log-likelihoods."""
+    kernel = dict(BF16, attention_impl=KERNEL)
+    reference = dict(BF16, attention_impl="einsum")
+    model = tiny_model("prefix_lm" if arch == "language_model" else arch, **kernel)
+    result = decode(model, INPUTS, max_length=MAX_LENGTH, arch=arch)
+    batch, logits = teacher_forced(arch, result.tokens, **reference)
+    weighted = batch["decoder_loss_weights"] > 0
+    real = logits[..., 1:][weighted]  # the pad id is never generated
+    chosen = np.take_along_axis(real, batch["decoder_target_tokens"][weighted][:, None] - 1, -1)
+    # bfloat16 keeps 8 bits: two kernels' logits differ by a few roundings of their scale.
+    tolerance = 0.05 * np.abs(real).max()
+    assert np.all(chosen[:, 0] >= real.max(-1) - tolerance)
+    np.testing.assert_allclose(result.scores, log_likelihood(batch, logits),
+                               atol=0.05 * weighted.sum(-1).max())
