@@ -351,6 +351,26 @@ def newest_step(directory: str | os.PathLike) -> int | None:
                default=None)
 
 
+# The file in each save's folder where orbax keeps that save's metadata (its `StepMetadata`).
+STEP_METADATA_FILE = "_CHECKPOINT_METADATA"
+
+
+def save_began_ns(directory: str | os.PathLike, step: int) -> int | None:
+    """When the save of `step` in the checkpoint folder `directory` began, in nanoseconds
+    since the epoch, as orbax recorded it in that save's own metadata (`init_timestamp_nsecs`):
+    a copy or a move of the folder keeps it, another save of the same step (the run made
+    again) changes it. None when orbax recorded no time or its file is not JSON (a damaged
+    save, which restoring it then reports). Read from the file, not through a
+    `CheckpointManager`, which would log three warnings about a read-only folder."""
+    path = Path(directory) / str(step) / STEP_METADATA_FILE
+    try:
+        metadata = json.loads(path.read_bytes())
+    except (FileNotFoundError, ValueError):  # ValueError: JSON's and Unicode's decode errors
+        return None
+    began = metadata.get("init_timestamp_nsecs") if isinstance(metadata, dict) else None
+    return began if isinstance(began, int) else None
+
+
 def restore_params_only(
     directory: str | epath.PathLike,
     abstract_params: Any,

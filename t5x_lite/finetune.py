@@ -19,6 +19,7 @@ import copy
 import json
 import time
 import warnings
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -76,17 +77,23 @@ class _TaskData:
         return self.mixture.batch(step)
 
 
-# In a fine-tuning workdir: the pre-training checkpoints it started from, {"path", "step"}.
+# In a fine-tuning workdir: the pre-training checkpoints it started from, {"path", "step",
+# "save_began_ns"} (`checkpointing.save_began_ns` of that step; absent in older records).
 SOURCE_FILE = "init_from.json"
 
 
 def _require_same_source(workdir: Path, source: Path, restart: bool) -> None:
-    """Refuse to resume a fine-tuning run whose pre-training source has moved on (its newest
-    step is another: the pre-training was continued), which would return the old run's scores
-    as the new model's; else record the source. Its folder is recorded but not compared: a
-    sweep's workdir may be moved or copied whole. Warn when the source stopped before its own
-    `train.steps` (e.g. a preempted pre-training)."""
-    current = {"path": str(source.resolve()), "step": checkpointing.newest_step(source)}
+    """Refuse to resume a fine-tuning run whose pre-training source has changed since it
+    started, which would return the old run's scores as the new model's: its newest step is
+    another (the pre-training was continued), or the same step saved anew (the pre-training
+    was run again, e.g. with --restart). Else record the source. Its folder is recorded but
+    not compared: a sweep's workdir may be moved or copied whole, which keeps the saves'
+    times. Warn when the source stopped before its own `train.steps` (e.g. a preempted
+    pre-training)."""
+    step = checkpointing.newest_step(source)
+    current = {"path": str(source.resolve()), "step": step,
+               "save_began_ns": None if step is None else checkpointing.save_began_ns(source,
+                                                                                      step)}
     saved_steps = (checkpointing.read_saved_config(source) or {}).get("train", {}).get("steps")
     if isinstance(saved_steps, int) and (current["step"] or 0) < saved_steps:
         warnings.warn(f"fine-tuning from {source} at step {current['step']} of its "
@@ -96,13 +103,27 @@ def _require_same_source(workdir: Path, source: Path, restart: bool) -> None:
         workdir / checkpointing.CHECKPOINTS_DIR) is not None
     if resuming and record.is_file():
         before = json.loads(record.read_text())
+        began = (before.get("save_began_ns"), current["save_began_ns"])
         if before["step"] != current["step"]:
-            raise ConfigError(
-                f"{workdir} was fine-tuned from {before['path']} at step {before['step']}; "
-                f"--init_from now gives {current['path']} at step {current['step']}: pass "
-                "--restart to fine-tune again from it, or use a new --workdir")
+            changed = (f"at step {before['step']}; --init_from now gives {current['path']} at "
+                       f"step {current['step']}")
+        elif None not in began and began[0] != began[1]:
+            changed = (f"at step {before['step']}, saved at {_utc(began[0])}; --init_from now "
+                       f"gives {current['path']} at that step saved anew at {_utc(began[1])} "
+                       "(its pre-training ran again)")
+        else:
+            return
+        raise ConfigError(
+            f"{workdir} was fine-tuned from {before['path']} {changed}: pass --restart to "
+            "fine-tune again from it, or use a new --workdir")
     if not resuming:
         write_json(record, current)
+
+
+def _utc(nanoseconds: int) -> str:
+    """Nanoseconds since the epoch as 'YYYY-MM-DD HH:MM:SS UTC'."""
+    return datetime.fromtimestamp(nanoseconds / 1e9, timezone.utc).strftime(
+        "%Y-%m-%d %H:%M:%S UTC")
 
 
 def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,

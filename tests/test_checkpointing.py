@@ -4,6 +4,7 @@ import json
 import logging
 import os
 import pathlib
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +14,8 @@ import pytest
 from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from t5x_lite.checkpointing import RESUME_FIELDS, Checkpointer, restore_params_only
+from t5x_lite.checkpointing import (RESUME_FIELDS, STEP_METADATA_FILE, Checkpointer,
+                                    restore_params_only, save_began_ns)
 from t5x_lite.config import ConfigError, default_config
 
 # A failed tensorstore read (the damaged-checkpoint tests) can leave a callback for orbax's
@@ -108,6 +110,21 @@ def test_saves_every_k_steps_and_keeps_the_last_n(tmp_path, config):
         ckpt.wait()
         assert ckpt._manager.all_steps() == [6, 7]
         assert_same_values(ckpt.restore(abstract(state)), advance(state, 7))
+
+
+def test_a_save_s_start_time_is_its_own_kept_by_a_copy_and_new_for_a_new_save(tmp_path, config):
+    state = make_state()
+    save_steps(tmp_path / "run", config, {2: advance(state, 2), 4: advance(state, 4)})
+    began = {step: save_began_ns(tmp_path / "run", step) for step in (2, 4)}
+    assert all(isinstance(ns, int) for ns in began.values()) and began[2] < began[4]
+    shutil.copytree(tmp_path / "run", tmp_path / "copy")
+    assert save_began_ns(tmp_path / "copy", 4) == began[4]
+    save_steps(tmp_path / "again", config, {4: advance(state, 4)})
+    assert save_began_ns(tmp_path / "again", 4) > began[4]
+    # No time to read: no such save, or a damaged metadata file (restoring reports that).
+    assert save_began_ns(tmp_path / "run", 6) is None
+    (tmp_path / "run" / "4" / STEP_METADATA_FILE).write_bytes(b"\xff not json")
+    assert save_began_ns(tmp_path / "run", 4) is None
 
 
 def truncate_array_data(step_dir: pathlib.Path) -> None:

@@ -359,7 +359,9 @@ def test_resuming_a_fine_tuning_whose_pre_training_moved_on_is_refused(data, pre
     config, workdir = config_for(data), tmp_path / "finetune"
     finetune.finetune(config, workdir, init_from=str(source), progress=False)
     first = json.loads((workdir / finetune.SOURCE_FILE).read_text())
-    assert first == {"path": str(source / "checkpoints"), "step": config.train.steps}
+    assert first == {"path": str(source / "checkpoints"), "step": config.train.steps,
+                     "save_began_ns": first["save_began_ns"]}
+    assert isinstance(first["save_began_ns"], int)
     longer = config_for(data)
     longer.train.steps += 2
     train.train(longer, source, progress=False)
@@ -370,6 +372,26 @@ def test_resuming_a_fine_tuning_whose_pre_training_moved_on_is_refused(data, pre
         finetune.finetune(config, workdir, init_from=str(source), progress=False)
     finetune.finetune(config, workdir, init_from=str(source), progress=False, restart=True)
     assert json.loads((workdir / finetune.SOURCE_FILE).read_text())["step"] == longer.train.steps
+
+
+def test_resuming_a_fine_tuning_whose_pre_training_ran_again_is_refused(data, pretrained,
+                                                                        tmp_path):
+    """The pre-training was made again to the same step (--restart, say with other code):
+    the step alone did not tell the fine-tuning that its source had changed. A copy of the
+    source, which keeps its saves, is still the same source."""
+    config, source, workdir = config_for(data), tmp_path / "pretrain", tmp_path / "finetune"
+    shutil.copytree(pretrained("encoder_decoder"), source)
+    finetune.finetune(config, workdir, init_from=str(source), progress=False)
+    copied = tmp_path / "copied"
+    shutil.copytree(source, copied)
+    finetune.finetune(config, workdir, init_from=str(copied), progress=False)  # resumes: done
+    train.train(config, source, progress=False, restart=True)
+    with pytest.raises(ConfigError, match=(
+            rf"^{workdir} was fine-tuned from {source}/checkpoints at step "
+            rf"{config.train.steps}, saved at \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d UTC; "
+            rf"--init_from now gives {source}/checkpoints at that step saved anew at "
+            r".* UTC \(its pre-training ran again\): pass --restart")):
+        finetune.finetune(config, workdir, init_from=str(source), progress=False)
 
 
 def test_a_checkpoint_of_an_architecture_not_registered_here_says_so(pretrained, tmp_path):
