@@ -91,9 +91,8 @@ def _require_same_source(workdir: Path, source: Path, restart: bool) -> None:
     times. Warn when the source stopped before its own `train.steps` (e.g. a preempted
     pre-training)."""
     step = checkpointing.newest_step(source)
-    current = {"path": str(source.resolve()), "step": step,
-               "save_began_ns": None if step is None else checkpointing.save_began_ns(source,
-                                                                                      step)}
+    began = None if step is None else checkpointing.save_began_ns(source, step)
+    current = {"path": str(source.resolve()), "step": step, "save_began_ns": began}
     saved_steps = (checkpointing.read_saved_config(source) or {}).get("train", {}).get("steps")
     if isinstance(saved_steps, int) and (current["step"] or 0) < saved_steps:
         warnings.warn(f"fine-tuning from {source} at step {current['step']} of its "
@@ -103,13 +102,13 @@ def _require_same_source(workdir: Path, source: Path, restart: bool) -> None:
         workdir / checkpointing.CHECKPOINTS_DIR) is not None
     if resuming and record.is_file():
         before = json.loads(record.read_text())
-        began = (before.get("save_began_ns"), current["save_began_ns"])
+        began_before = before.get("save_began_ns")
         if before["step"] != current["step"]:
             changed = (f"at step {before['step']}; --init_from now gives {current['path']} at "
                        f"step {current['step']}")
-        elif None not in began and began[0] != began[1]:
-            changed = (f"at step {before['step']}, saved at {_utc(began[0])}; --init_from now "
-                       f"gives {current['path']} at that step saved anew at {_utc(began[1])} "
+        elif None not in (began_before, began) and began_before != began:
+            changed = (f"at step {before['step']}, saved at {_utc(began_before)}; --init_from "
+                       f"now gives {current['path']} at that step saved anew at {_utc(began)} "
                        "(its pre-training ran again)")
         else:
             return
