@@ -12,6 +12,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from t5x_lite.errors import ConfigError
+
 IMPLEMENTATIONS = (None, "xla", "cudnn", "einsum")
 
 
@@ -21,9 +23,20 @@ def resolve_implementation(attention_impl: str) -> str | None:
     always its XLA kernel (it never picks cuDNN; 'cudnn' asks for that kernel). On every other
     backend (CPU, TPU) 'auto' is the einsum path, chosen for CPU, where it is faster (see
     `_einsum_attention`); on TPU it has not been timed against the XLA kernel."""
+    require_available(attention_impl)
     if attention_impl == "auto":
         return None if jax.default_backend() == "gpu" else "einsum"
     return attention_impl
+
+
+def require_available(attention_impl: str) -> None:
+    """`ConfigError` for `config.model.attention_impl` 'cudnn' anywhere but on a GPU (cuDNN's
+    kernel exists only there), in one line, instead of JAX's traceback from inside the model;
+    a run calls it before it makes any folder (`run_setup.set_up`)."""
+    backend = jax.default_backend()
+    if attention_impl == "cudnn" and backend != "gpu":
+        raise ConfigError(f"model.attention_impl='cudnn' needs an NVIDIA GPU, and this process "
+                          f"runs on {backend!r}: choose 'auto', 'xla' or 'einsum' here")
 
 
 def dot_product_attention(

@@ -29,7 +29,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from t5x_lite import architectures, batch_format, checkpointing, train_step
+from t5x_lite import architectures, attention, batch_format, checkpointing, train_step
 from t5x_lite.config import ConfigError
 from t5x_lite.data import pipeline, tasks
 from t5x_lite.evaluation import (PARAMETER_FIELDS, Evaluator, TaskSplit, check_finetune_settings,
@@ -145,6 +145,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
     started = time.perf_counter()
     workdir, ft = Path(workdir), config.finetune
     task_list = check_finetune_settings(config, ft.tasks)
+    attention.require_available(config.model.attention_impl)  # before init_from.json is written
     source = init_from if init_from is None or isinstance(init_from, nnx.State) else (
         checkpoint_dir(init_from))
     if isinstance(source, Path):

@@ -220,6 +220,10 @@ class Model(_Section):
         require_choice("model.mlp", self.mlp, MLP_KINDS)
         require_choice("model.dtype", self.dtype, DTYPES)
         require_choice("model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
+        if self.attention_impl == "cudnn" and self.dtype != "bfloat16":
+            raise ConfigError(f"model.attention_impl='cudnn' needs model.dtype='bfloat16' (cuDNN's "
+                              f"fused attention takes no {self.dtype}); or choose 'auto', 'xla' "
+                              "or 'einsum'")
         for field in ("vocab_size", "d_model", "d_ff", "num_heads", "d_kv", "num_layers",
                       "relpos_buckets", "relpos_max_distance", "layer_norm_epsilon"):
             require_positive(f"model.{field}", getattr(self, field))

@@ -54,7 +54,7 @@ from typing import Any, Callable, Sequence
 import jax
 from jax.experimental import multihost_utils
 
-from t5x_lite import accounting, batch_format, held_out, launchers, objectives, presets
+from t5x_lite import accounting, attention, batch_format, held_out, launchers, objectives, presets
 from t5x_lite.checkpointing import CHECKPOINTS_DIR, newest_step
 from t5x_lite.config import ConfigError, apply_overrides, parse_overrides
 from t5x_lite.errors import MachineFault, is_machine_fault
@@ -527,6 +527,13 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
     if budget:
         _log(budget)
     points = select_point(points, point_index)
+    launcher = launcher if launcher is not None else launchers.LocalLauncher()
+    if isinstance(launcher, (launchers.LocalLauncher, launchers.LocalParallelLauncher)):
+        # The points run on this machine: a kernel it lacks stops the sweep before it claims
+        # the workdir, not each point with a failed record. (Ray's workers may have what the
+        # driver lacks.)
+        for attention_impl in {point.config.model.attention_impl for point in points}:
+            attention.require_available(attention_impl)
     workdir_path = Path(workdir)
     workdir_path.mkdir(parents=True, exist_ok=True)
     claim_workdir(workdir_path, sweep_identity(experiment, points, overrides))
@@ -546,7 +553,6 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
     started, finished = time.perf_counter(), set()
     # Every process's view of the records (process 0 may not have appended the last ones yet).
     latest = {(r["point"], r["seed"], r["task"]): r for r in finished_records}
-    launcher = launcher if launcher is not None else launchers.LocalLauncher()
     work = (launcher.map(run_chunk, vmap_chunks(todo, vmap, workdir_path), str(workdir_path))
             if vmap > 1
             else launcher.map(run_point, todo, str(workdir_path)))

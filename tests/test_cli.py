@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from t5x_lite import cli, compilation_cache, presets
@@ -373,6 +374,25 @@ def test_bad_config_override_fails_fast_naming_the_field(tmp_path):
         "t5x-lite train: invalid config: objective.targets_length=8")
     assert "\n" not in str(stopped.code)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="cuDNN's kernel is there")
+@pytest.mark.parametrize("command", ["train", "finetune", "bench", "sweep"])
+def test_the_cudnn_kernel_off_a_gpu_is_one_line_before_any_folder(command, tmp_path):
+    """JAX's own error came from inside the model, a traceback, after the workdir was made
+    (and a sweep recorded every point as failed). (`eval` reads its checkpoint first, then
+    builds the model the same way.)"""
+    workdir = tmp_path / "run"
+    args = {"train": [f"--workdir={workdir}"],
+            "finetune": [f"--workdir={workdir}", "--tasks=builtin_reverse"],
+            "sweep": ["table6", f"--workdir={workdir}"]}.get(command, [])
+    stopped = _exit_of(command, *args, "--preset=demo", "--config.model.attention_impl=cudnn",
+                       "--config.model.dtype=bfloat16")
+    assert str(stopped.code) == (
+        f"t5x-lite {command}: invalid config: model.attention_impl='cudnn' needs an NVIDIA "
+        f"GPU, and this process runs on '{jax.default_backend()}': choose 'auto', 'xla' or "
+        "'einsum' here")
+    assert not workdir.exists()
 
 
 def test_finetune_and_eval_read_their_flags_and_check_the_checkpoint_first(tmp_path):

@@ -67,6 +67,8 @@ def test_every_field_is_annotated_with_a_type_the_checks_know():
     ("model.num_sentinels", -1, "model.num_sentinels=-1 must be >= 0"),
     ("model.dropout_rate", 1.0, r"model.dropout_rate=1.0 must be in \[0, 1\)"),
     ("model.scan_layers", None, "model.scan_layers=None must be True or False"),
+    ("model.attention_impl", "cudnn", r"model.attention_impl='cudnn' needs model.dtype="
+                                      r"'bfloat16' \(cuDNN's fused attention takes no float32\)"),
     ("model.vocab_size", 50, "model.vocab_size=50 is too small for model.num_sentinels=100"),
     ("objective.name", "mlm", "objective.name='mlm' is not allowed; choose one of "
                               "span_corruption"),
