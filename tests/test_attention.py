@@ -17,6 +17,7 @@ from t5x_lite.attention import (
     resolve_implementation,
     segment_mask,
 )
+from t5x_lite.errors import ConfigError
 
 # The two paths that run on CPU: jax.nn.dot_product_attention's XLA kernel and our einsum path.
 CPU_IMPLEMENTATIONS = pytest.mark.parametrize("impl", ["xla", "einsum"])
@@ -105,9 +106,15 @@ def test_fully_masked_query_rows_are_zero_not_nan(impl):
 
 
 def test_auto_picks_the_einsum_path_off_gpu_and_passes_explicit_choices_through():
-    assert resolve_implementation("auto") == ("einsum" if jax.default_backend() != "gpu" else None)
-    assert resolve_implementation("cudnn") == "cudnn"
+    on_gpu = jax.default_backend() == "gpu"
+    assert resolve_implementation("auto") == (None if on_gpu else "einsum")
     assert resolve_implementation("xla") == "xla"
+    assert resolve_implementation("einsum") == "einsum"
+    if on_gpu:
+        assert resolve_implementation("cudnn") == "cudnn"
+    else:  # cuDNN's kernel exists only on a GPU: a one-line ConfigError, not JAX's traceback
+        with pytest.raises(ConfigError, match="model.attention_impl='cudnn' needs an NVIDIA GPU"):
+            resolve_implementation("cudnn")
 
 
 def test_unknown_implementation_is_rejected():
