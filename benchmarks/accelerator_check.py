@@ -28,8 +28,8 @@ first, then each item once, then the other variants, the demo last):
                    (`T5X_LITE_TEST_ON_ACCELERATOR=1`: float32 noise counts there; item 5);
   demo             `t5x-lite demo` wall time from an empty workdir (item 6).
 
-Parts the budget leaves out are "skipped"; `--parts demo` (names or prefixes) runs them in a
-later run. `targets` in the summary compares the results with the issue's targets (bf16 MFU
+Parts the budget leaves out are "skipped"; `--parts demo` (names or prefixes, run in the order
+given) runs them in a later run. `targets` in the summary compares the results with the issue's targets (bf16 MFU
 at T5-base >= 40 %, four small points vmapped >= 2x their sequential throughput).
 
 On a lent H100 or H200 (its image has JAX, Flax, optax and orbax but not TFDS or
@@ -243,11 +243,15 @@ def summarise_trace(trace: dict[str, Any], steps: int, top: int = 15) -> dict[st
     }
 
 
-def child_profile(preset: str, overrides: list[str], steps: int) -> dict[str, Any]:
+def child_profile(preset: str, overrides: list[str], steps: int,
+                  hlo_dir: str | None = None) -> dict[str, Any]:
     """A `jax.profiler` trace of `steps` train steps of the preset (compiled and warmed up first),
-    summarised by `summarise_trace`, with the step's wall time over the same steps. The trace
+    summarised by `summarise_trace`, with the step's wall time over the same steps and, before
+    the trace, the median of 10 steps without the profiler (`step_ms_unprofiled`). The trace
     itself is copied to $OUT (profile_PRESET.json.gz; open it in ui.perfetto.dev) when that is
-    set and the file is under the device tool's 16 MiB."""
+    set and the file is under the device tool's 16 MiB. With `hlo_dir`, where the parent had
+    XLA dump this child's train step (`--xla_dump_to`), the optimised module goes beside it (hlo_PRESET.txt.gz): it says which ops each fused kernel of the trace holds
+    (dropout's Threefry rounds among them)."""
     import gzip
     import shutil
 
@@ -256,8 +260,9 @@ def child_profile(preset: str, overrides: list[str], steps: int) -> dict[str, An
     from t5x_lite import bench
 
     run, info = bench.jax_train_step(preset_config(preset, overrides))
-    for _ in range(2):
-        jax.block_until_ready(run())
+    # The step's time without the profiler first: the baseline the other paper parts (such
+    # as the same step without dropout) compare with, measured in the same run.
+    (seconds,) = bench.median_seconds(run, steps=10, warmup=2)
     with tempfile.TemporaryDirectory(prefix="t5x_lite_profile_") as folder:
         with jax.profiler.trace(folder, create_perfetto_trace=True):
             start = time.perf_counter()
@@ -271,8 +276,19 @@ def child_profile(preset: str, overrides: list[str], steps: int) -> dict[str, An
         if os.environ.get("OUT") and trace.stat().st_size < 16 * 2**20:
             copied = str(Path(os.environ["OUT"]) / f"profile_{preset}.json.gz")
             shutil.copy(trace, copied)
-    return {"preset": preset, "overrides": overrides, "steps": steps,
-            "step_ms": wall_s / steps * 1e3, "init_s": info["init_s"],
+    hlo_file = None
+    modules = sorted(Path(hlo_dir).glob("*.jit_step.*after_optimizations.txt"),
+                     key=lambda path: path.stat().st_size) if hlo_dir else []
+    if modules and os.environ.get("OUT"):
+        hlo_file = str(Path(os.environ["OUT"]) / f"hlo_{preset}.txt.gz")
+        with open(modules[-1], "rb") as source, gzip.open(hlo_file, "wb") as target:
+            shutil.copyfileobj(source, target)
+        if Path(hlo_file).stat().st_size >= 16 * 2**20:  # it would not come back
+            Path(hlo_file).unlink()
+            hlo_file = None
+    return {"preset": preset, "overrides": overrides, "steps": steps, "hlo_file": hlo_file,
+            "step_ms_unprofiled": seconds * 1e3, "step_ms": wall_s / steps * 1e3,
+            "init_s": info["init_s"],
             "init_compile_s": info["init_compile_s"], "trace_file": copied, **summary}
 
 
@@ -318,9 +334,12 @@ def run_command(command: list[str], limit_s: float, env: dict[str, str] | None =
             "wall_s": round(time.perf_counter() - start, 1), "stdout": stdout, "stderr": stderr}
 
 
-def run_child(kind: str, arguments: dict[str, Any], limit_s: float) -> dict[str, Any]:
-    """One `CHILDREN[kind](**arguments)` in a child process: its entry for the summary."""
-    ran = run_command([sys.executable, __file__, "--child", kind, json.dumps(arguments)], limit_s)
+def run_child(kind: str, arguments: dict[str, Any], limit_s: float,
+              env: dict[str, str] | None = None) -> dict[str, Any]:
+    """One `CHILDREN[kind](**arguments)` in a child process (with `env` added to its
+    environment): its entry for the summary."""
+    ran = run_command([sys.executable, __file__, "--child", kind, json.dumps(arguments)], limit_s,
+                      env)
     entry = {"status": ran["status"], "wall_s": ran["wall_s"]}
     if ran["status"] == "ok":
         entry["result"] = json.loads(ran["stdout"].strip().splitlines()[-1])
@@ -329,16 +348,27 @@ def run_child(kind: str, arguments: dict[str, Any], limit_s: float) -> dict[str,
     return entry
 
 
+def run_profile(arguments: dict[str, Any], limit_s: float) -> dict[str, Any]:
+    """`child_profile(**arguments)` in a child process whose train step XLA dumps into a
+    temporary folder (`--xla_dump_to`), from which the child keeps the optimised module."""
+    with tempfile.TemporaryDirectory(prefix="t5x_lite_profile_hlo_") as hlo_dir:
+        dump = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={hlo_dir}"
+                " --xla_dump_hlo_module_re=jit_step").strip()
+        return run_child("profile", {**arguments, "hlo_dir": hlo_dir}, limit_s,
+                         env={"XLA_FLAGS": dump})
+
+
 def run_tests(limit_s: float) -> dict[str, Any]:
-    """Item 5: the objectives' and decoding tests on the accelerator (one process, no xdist:
-    one GPU), and the backend they ran on, read in the same environment."""
+    """Item 5: the objectives' and decoding tests on the accelerator, and the backend they ran
+    on, read in the same environment. Four pytest workers share the one GPU (no preallocation):
+    the tests' time is compiling small programs on the host, 2 minutes in one process on a CPU."""
     env = {"T5X_LITE_TEST_ON_ACCELERATOR": "1", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     backend = run_command([sys.executable, "-c", "import jax; print(jax.default_backend())"],
                           60, env)
     files = ["tests/test_objectives.py", "tests/test_decoding.py"]
-    # -s: a test that kills the interpreter (an XLA fatal error) leaves its message in the output
-    # instead of in pytest's capture; -x stops there.
-    ran = run_command([sys.executable, "-m", "pytest", "-q", "-s", "-x", "-n", "0",
+    # -x: the first failure stops the run (an XLA fatal error in a worker is reported as its
+    # crash, with its message on the worker's stderr, which comes back in the output).
+    ran = run_command([sys.executable, "-m", "pytest", "-q", "-x", "-n", "4",
                        "-p", "no:cacheprovider", *files], limit_s, env)
     lines = ran["stdout"].strip().splitlines()
     return {"status": ran["status"], "returncode": ran["returncode"], "wall_s": ran["wall_s"],
@@ -384,7 +414,7 @@ def plan(toy: bool) -> list[tuple[str, Any]]:
                   functools.partial(run_child, "bench", arguments)))
     # Where that step's time goes, kernel by kernel: what is left between it and the target.
     parts.append(("profile/paper", functools.partial(
-        run_child, "profile", {**arguments, "steps": 3 if toy else 5})))
+        run_profile, {**arguments, "steps": 3 if toy else 5})))
     # The same step without dropout: what dropout's random bits and masks cost it, which the
     # profile cannot name (XLA fuses the bits into kernels named after their other ops).
     parts.append((f"paper/scan_layers+{kernels[1]}+no_dropout", functools.partial(
@@ -448,13 +478,17 @@ def targets(parts: dict[str, Any]) -> dict[str, Any]:
 
 
 def select(names: Sequence[str], wanted: str | None) -> list[str]:
-    """`names` in `PRIORITY` order, only those `wanted` names ('paper' or 'paper/plain', comma
-    separated; None: all)."""
-    def chosen(name: str) -> bool:
-        return wanted is None or any(name == w or name.startswith(w.rstrip("/") + "/")
-                                     for w in wanted.split(","))
-
-    return [name for name in PRIORITY if name in names and chosen(name)]
+    """The `names` that `wanted` names ('paper' or 'paper/plain', comma separated), in the order
+    it names them (a prefix's parts in `PRIORITY` order); None: all, in `PRIORITY` order. A
+    device run that follows an earlier one puts first what the earlier one left open."""
+    ranked = [name for name in PRIORITY if name in names]
+    if wanted is None:
+        return ranked
+    chosen: list[str] = []
+    for w in wanted.split(","):
+        chosen += [name for name in ranked if name not in chosen
+                   and (name == w or name.startswith(w.rstrip("/") + "/"))]
+    return chosen
 
 
 def run_parts(parts: Mapping[str, Callable[[float], dict[str, Any]]], names: Sequence[str],

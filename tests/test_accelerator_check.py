@@ -33,11 +33,14 @@ def test_every_planned_part_has_a_priority_and_a_cap(check, toy):
     assert check.select(names, None) == [n for n in check.PRIORITY if n in names]
 
 
-def test_select_takes_names_and_prefixes_in_priority_order(check):
+def test_select_takes_names_and_prefixes_in_the_order_given(check):
     names = [name for name, _ in check.plan(False)]
     assert check.select(names, "paper") == [n for n in check.PRIORITY
                                             if n.startswith("paper/") and n in names]
-    assert check.select(names, "demo,paper/plain") == ["paper/plain", "demo"]
+    assert check.select(names, "demo,paper/plain") == ["demo", "paper/plain"]
+    # A name that a prefix before it already chose runs once, where the prefix put it.
+    assert check.select(names, "attention,attention/kernels,tests") == [
+        n for n in check.PRIORITY if n.startswith("attention/") and n in names] + ["tests"]
     assert check.select(names, "vmap/small") == [
         "vmap/small/4", "vmap/small/1", "vmap/small/2", "vmap/small/8"]
     assert check.select(names, "pap") == []
