@@ -13,6 +13,7 @@ Conventions shared by every module here:
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import flax
@@ -111,8 +112,48 @@ def dense(x: jax.Array, kernel: jax.Array, contract: int = 1) -> jax.Array:
     return y.reshape(*lead, *out_dims)
 
 
+def _rms_norm_forward(x: jax.Array, scale: jax.Array, epsilon: float
+                      ) -> tuple[jax.Array, jax.Array]:
+    """(y, r): `y = scale * x * r` in the dtype of `x`, `r = rsqrt(mean(x^2) + eps)` `[..., 1]`;
+    both computed in float32."""
+    x32 = x.astype(jnp.float32)
+    r = jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + epsilon)
+    return (scale * (x32 * r)).astype(x.dtype), r
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def rms_norm(x: jax.Array, scale: jax.Array, epsilon: float) -> jax.Array:
+    """T5's layer norm of `x [..., D]` with `scale [D]`: `scale * x / sqrt(mean(x^2) + eps)`
+    over the last axis, computed in float32, returned in the dtype of `x`.
+
+    Its gradient is written out so that the backward pass keeps only `x` (in its own dtype)
+    and `r = rsqrt(mean(x^2) + eps)` `[..., 1]`. JAX's own would keep three float32 copies of
+    `[..., D]` (x, 2x and x * r): on a bf16 T5-base step on an H200 those, stacked over the
+    scanned layers, were the largest arrays the step wrote and read. With n = x r and
+    gn = g * scale: dx = r (gn - n mean(gn n)), dscale = sum(g n) over the leading axes."""
+    return _rms_norm_forward(x, scale, epsilon)[0]
+
+
+def _rms_norm_fwd(x, scale, epsilon):
+    y, r = _rms_norm_forward(x, scale, epsilon)
+    return y, (x, scale, r)
+
+
+def _rms_norm_bwd(epsilon, saved, g):
+    x, scale, r = saved
+    normed = x.astype(jnp.float32) * r
+    g32 = g.astype(jnp.float32)
+    d_scale = jnp.sum(g32 * normed, axis=tuple(range(g.ndim - 1)))
+    g_normed = g32 * scale
+    d_x = r * (g_normed - normed * jnp.mean(g_normed * normed, axis=-1, keepdims=True))
+    return d_x.astype(x.dtype), d_scale.astype(scale.dtype)
+
+
+rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
+
+
 class RMSNorm(nnx.Module):
-    """T5's layer norm: scale only, no mean subtraction, no bias; computed in float32."""
+    """T5's layer norm (`rms_norm`): scale only, no mean subtraction, no bias; float32 inside."""
 
     def __init__(self, dim: int, *, epsilon: float):
         self.scale = nnx.Param(jnp.ones((dim,), jnp.float32), logical_axes=("embed",))
@@ -120,9 +161,7 @@ class RMSNorm(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """`[..., D]` -> `[..., D]` in the dtype of `x`."""
-        x32 = x.astype(jnp.float32)
-        variance = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
-        return (self.scale[...] * (x32 * jax.lax.rsqrt(variance + self.epsilon))).astype(x.dtype)
+        return rms_norm(x, self.scale[...], self.epsilon)
 
 
 class Embed(nnx.Module):

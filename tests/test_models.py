@@ -453,3 +453,42 @@ def test_dense_is_the_einsum_it_flattens(x_shape, kernel_shape, contract, spec):
     for got, want in zip(jax.tree.leaves(flat), jax.tree.leaves(ref)):
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_rms_norm_gradient_is_autodiff_s_and_keeps_only_x_and_its_scale(dtype):
+    """`layers.rms_norm` writes its gradient out so that the backward keeps `x` in its own
+    dtype and one float32 value per row; its value and both gradients must be those of autodiff
+    through a direct transcription of T5's norm (float32 inside), and what it keeps for the
+    backward must be under one float32 copy of `x` (autodiff keeps three)."""
+    from t5x_lite.layers import rms_norm
+
+    kx, ks, kg = jax.random.split(jax.random.key(0), 3)
+    x = (3.0 * jax.random.normal(kx, (4, 6, 32))).astype(dtype)
+    scale = 1.0 + 0.1 * jax.random.normal(ks, (32,))
+    cotangent = jax.random.normal(kg, x.shape).astype(dtype)
+
+    def transcription(x, scale, epsilon=1e-6):
+        x32 = x.astype(jnp.float32)
+        variance = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+        return (scale * (x32 * jax.lax.rsqrt(variance + epsilon))).astype(x.dtype)
+
+    def loss(norm):
+        return lambda x, scale: jnp.sum((norm(x, scale) * cotangent).astype(jnp.float32))
+
+    got = jax.value_and_grad(loss(lambda x, s: rms_norm(x, s, 1e-6)), argnums=(0, 1))(x, scale)
+    want = jax.value_and_grad(loss(transcription), argnums=(0, 1))(x, scale)
+    # float32: rounding only; bf16: one rounding of each gradient (2^-8) on both sides.
+    tolerance = 1e-5 if dtype == jnp.float32 else 2e-2
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32),
+                                   rtol=tolerance, atol=tolerance * float(jnp.abs(w).max()))
+
+    def kept_bytes(norm):
+        _, backward = jax.vjp(norm, x, scale)  # a pytree holding what the backward keeps
+        return sum(leaf.nbytes for leaf in jax.tree.leaves(backward))
+
+    rows = x.size // x.shape[-1]
+    assert kept_bytes(lambda x, s: rms_norm(x, s, 1e-6)) <= x.nbytes + 4 * rows + scale.nbytes
+    assert kept_bytes(transcription) >= 3 * 4 * x.size  # what the custom gradient avoids
