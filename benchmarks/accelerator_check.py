@@ -12,8 +12,8 @@ first, then each item once, then the other variants, the demo last):
   paper/*          `t5x-lite bench --preset paper --config.model.dtype=bfloat16` (T5-base,
                    batch 128 x 512 / 114): step time, tokens/s, MFU against the device's dense
                    bf16 peak (`accounting.PEAKS`), compile time, peak device memory; plain,
-                   `model.scan_layers`, `model.remat`, and both (item 1); the scanned step
-                   with cuDNN attention, with and without dropout;
+                   `model.scan_layers`, `model.remat`, and both (item 1); with cuDNN attention
+                   scanned (with and without dropout) and unscanned;
   profile/paper    a trace of that step with cuDNN: its kernel time by kind and by kernel;
   small/*          the same at the `small` preset (item 2);
   attention/*      cuDNN attention (`attention_impl=cudnn`) against the XLA kernel: the two
@@ -366,14 +366,18 @@ def run_tests(limit_s: float) -> dict[str, Any]:
     backend = run_command([sys.executable, "-c", "import jax; print(jax.default_backend())"],
                           60, env)
     files = ["tests/test_objectives.py", "tests/test_decoding.py"]
-    # -x: the first failure stops the run (an XLA fatal error in a worker is reported as its
-    # crash, with its message on the worker's stderr, which comes back in the output).
-    ran = run_command([sys.executable, "-m", "pytest", "-q", "-x", "-n", "4",
+    # Every failure, each with a short traceback and named in the summary (-rfE); the whole
+    # output goes to $OUT/tests.log too, since the summary keeps only its end.
+    ran = run_command([sys.executable, "-m", "pytest", "-q", "-rfE", "--tb=short", "-n", "4",
                        "-p", "no:cacheprovider", *files], limit_s, env)
+    if os.environ.get("OUT"):
+        (Path(os.environ["OUT"]) / "tests.log").write_text(ran["stdout"] + ran["stderr"])
     lines = ran["stdout"].strip().splitlines()
+    failed = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
     return {"status": ran["status"], "returncode": ran["returncode"], "wall_s": ran["wall_s"],
             "files": files,
             "backend": backend["stdout"].strip(), "summary": lines[-1] if lines else "",
+            "failed": failed,
             **({} if ran["status"] == "ok"
                else {"output_tail": _tail(ran["stdout"] + ran["stderr"])})}
 
@@ -412,6 +416,10 @@ def plan(toy: bool) -> list[tuple[str, Any]]:
                                f"model.attention_impl={kernels[1]}"]}
     parts.append((f"paper/scan_layers+{kernels[1]}",
                   functools.partial(run_child, "bench", arguments)))
+    # The same step unscanned: a scanned stack stacks what its backward keeps into [layers, ...]
+    # buffers, which the device fills, writes into and copies out of layer by layer.
+    parts.append((f"paper/plain+{kernels[1]}", functools.partial(run_child, "bench", {
+        **arguments, "overrides": [o for o in arguments["overrides"] if "scan_layers" not in o]})))
     # Where that step's time goes, kernel by kernel: what is left between it and the target.
     parts.append(("profile/paper", functools.partial(
         run_profile, {**arguments, "steps": 3 if toy else 5})))
@@ -450,6 +458,7 @@ CAPS = {"paper": 180, "profile": 180, "small": 90, "attention": 90, "vmap": 120,
 PRIORITY = (
     "paper/plain", "vmap/small/4", "attention/kernels", "paper/scan_layers", "tests",
     "paper/scan_layers+cudnn", "paper/scan_layers+einsum", "profile/paper",
+    "paper/plain+cudnn", "paper/plain+einsum",
     "paper/scan_layers+cudnn+no_dropout", "paper/scan_layers+einsum+no_dropout",
     "small/plain", "attention/small_step_xla", "attention/small_step_cudnn",
     "attention/small_step_einsum", "vmap/small/1", "vmap/small/2", "vmap/small/8",
