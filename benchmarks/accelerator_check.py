@@ -250,8 +250,10 @@ def child_profile(preset: str, overrides: list[str], steps: int,
     the trace, the median of 10 steps without the profiler (`step_ms_unprofiled`). The trace
     itself is copied to $OUT (profile_PRESET.json.gz; open it in ui.perfetto.dev) when that is
     set and the file is under the device tool's 16 MiB. With `hlo_dir`, where the parent had
-    XLA dump this child's train step (`--xla_dump_to`), the optimised module goes beside it (hlo_PRESET.txt.gz): it says which ops each fused kernel of the trace holds
-    (dropout's Threefry rounds among them)."""
+    XLA dump this child's train step (`--xla_dump_to`), the optimised module goes beside it
+    (hlo_PRESET.txt.gz): it says which ops each fused kernel of the trace holds (dropout's
+    Threefry rounds among them), and `ms_per_step_by_fused_kind` sums the kernel time by what
+    the kernels compute (`benchmarks/profile_breakdown.py`, which reads the two files)."""
     import gzip
     import shutil
 
@@ -271,7 +273,8 @@ def child_profile(preset: str, overrides: list[str], steps: int,
             wall_s = time.perf_counter() - start
         (trace,) = Path(folder).glob("**/perfetto_trace.json.gz")
         with gzip.open(trace, "rt") as f:
-            summary = summarise_trace(json.load(f), steps)
+            events = json.load(f)
+        summary = summarise_trace(events, steps)
         copied = None
         if os.environ.get("OUT") and trace.stat().st_size < 16 * 2**20:
             copied = str(Path(os.environ["OUT"]) / f"profile_{preset}.json.gz")
@@ -279,6 +282,12 @@ def child_profile(preset: str, overrides: list[str], steps: int,
     hlo_file = None
     modules = sorted(Path(hlo_dir).glob("*.jit_step.*after_optimizations.txt"),
                      key=lambda path: path.stat().st_size) if hlo_dir else []
+    if modules:  # what each fused kernel computes: `profile_breakdown.py`'s kinds
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from profile_breakdown import breakdown
+
+        summary["ms_per_step_by_fused_kind"] = breakdown(
+            events, modules[-1].read_text(), steps)["ms_per_step_by_kind"]
     if modules and os.environ.get("OUT"):
         hlo_file = str(Path(os.environ["OUT"]) / f"hlo_{preset}.txt.gz")
         with open(modules[-1], "rb") as source, gzip.open(hlo_file, "wb") as target:
@@ -438,10 +447,14 @@ def plan(toy: bool) -> list[tuple[str, Any]]:
                      "overrides": [BF16, *sizes["small"][1], f"model.attention_impl={impl}"]}
         parts.append((f"attention/small_step_{impl}",
                       functools.partial(run_child, "bench", arguments)))
+    # Scanned layers: the unscanned small step took 89 s to compile on an H200, so the vmapped
+    # one did not compile within the part's time (2026-12-04); scanning is the same for both
+    # sides of the comparison.
     for preset in ["demo"] if toy else ["small", "tiny"]:
         for k in [1, 2] if toy else [1, 2, 4, 8]:
             arguments = {"preset": preset, "points": k, "steps": 2 if toy else 10,
-                         "overrides": ["train.batch_size=2"] if toy else []}
+                         "overrides": ["model.scan_layers=True",
+                                       *(["train.batch_size=2"] if toy else [])]}
             parts.append((f"vmap/{preset}/{k}", functools.partial(run_child, "vmap", arguments)))
     parts.append(("tests", run_tests))
     parts.append(("demo", functools.partial(run_demo, toy=toy)))
