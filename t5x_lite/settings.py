@@ -224,6 +224,12 @@ class Model(_Section):
             raise ConfigError(f"model.attention_impl='cudnn' needs model.dtype='bfloat16' (cuDNN's "
                               f"fused attention takes no {self.dtype}); or choose 'auto', 'xla' "
                               "or 'einsum'")
+        # JAX's own check, made here rather than as its traceback from inside the model; the
+        # bound is Hopper's (128 before it, which JAX still reports).
+        if self.attention_impl == "cudnn" and (self.d_kv % 8 or self.d_kv > 256):
+            raise ConfigError(f"model.attention_impl='cudnn' needs model.d_kv a multiple of 8 and "
+                              f"at most 256 (cuDNN's fused attention), not {self.d_kv}; or "
+                              "choose 'auto', 'xla' or 'einsum'")
         for field in ("vocab_size", "d_model", "d_ff", "num_heads", "d_kv", "num_layers",
                       "relpos_buckets", "relpos_max_distance", "layer_norm_epsilon"):
             require_positive(f"model.{field}", getattr(self, field))

@@ -123,6 +123,23 @@ def test_a_bad_value_is_a_one_line_error_naming_the_field(path, value, message):
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize("d_kv, message", [
+    (12, "model.attention_impl='cudnn' needs model.d_kv a multiple of 8 and at most 256 "
+         r"\(cuDNN's fused attention\), not 12; or choose 'auto', 'xla' or 'einsum'"),
+    (264, "model.attention_impl='cudnn' needs model.d_kv a multiple of 8 and at most 256"),
+    (64, None),
+])
+def test_cudnn_attention_needs_a_head_dimension_its_kernel_takes(d_kv, message):
+    config = presets.sweep_preset("tiny")
+    config.model.update(attention_impl="cudnn", dtype="bfloat16", d_kv=d_kv)
+    if message is None:
+        assert Settings.from_config(config).model.d_kv == d_kv
+        return
+    with pytest.raises(ConfigError, match=f"^{message}") as error:
+        Settings.from_config(config)
+    assert "\n" not in str(error.value)
+
+
 @pytest.mark.parametrize("section", ["model", "objective", "train", "mesh", "data", "checkpoint",
                                      "finetune", "finetune.decode", "sweep"])
 def test_an_unknown_or_missing_field_is_an_error_naming_it(section):
