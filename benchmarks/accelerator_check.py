@@ -10,7 +10,7 @@ The parts (named `group/variant`; `PRIORITY` orders them: the two targets' measu
 first, then each item once, then the other variants, the demo last):
 
   paper/*          `t5x-lite bench --preset paper --config.model.dtype=bfloat16` (T5-base,
-                   batch 128 x 512 / 114): step time, tokens/s, MFU against the device's dense
+                   batch 128 x 512 / 212): step time, tokens/s, MFU against the device's dense
                    bf16 peak (`accounting.PEAKS`), compile time, peak device memory; plain,
                    `model.scan_layers`, `model.remat`, and both (item 1); with cuDNN attention
                    scanned (with and without dropout) and unscanned;
@@ -29,8 +29,9 @@ first, then each item once, then the other variants, the demo last):
   demo             `t5x-lite demo` wall time from an empty workdir (item 6).
 
 Parts the budget leaves out are "skipped"; `--parts demo` (names or prefixes, run in the order
-given) runs them in a later run. `targets` in the summary compares the results with the issue's targets (bf16 MFU
-at T5-base >= 40 %, four small points vmapped >= 2x their sequential throughput).
+given) runs them in a later run. `targets` in the summary compares the results with the
+issue's targets (bf16 MFU at T5-base >= 40 %, four small points vmapped >= 2x their
+sequential throughput).
 
 On a lent H100 or H200 (its image has JAX, Flax, optax and orbax but not TFDS or
 ml_collections): `bash benchmarks/accelerator_wheels.sh` here first, then one call of the
