@@ -19,8 +19,9 @@ first, then each item once, then the other variants, the demo last):
   attention/*      cuDNN attention (`attention_impl=cudnn`) against the XLA kernel: the two
                    kernels' outputs on one bf16 batch with T5's mask and bias (agreeing within
                    `ATTENTION_TOLERANCE`), forward + backward time of each, cuDNN's time
-                   with the padding given as row lengths and without mask or bias, and the
-                   small preset's train step with each kernel (item 3);
+                   with the padding given as row lengths and without mask or bias, the same
+                   at an odd length, and the small preset's train step with each kernel
+                   (item 3);
   vmap/PRESET/K    `benchmarks/vmap_throughput.py` on Table 6 (its four corruption rates x two
                    seeds) at the `small` and `tiny` presets: K = 1, 2, 4, 8 points in one
                    vmapped step against the same K stepped one by one (item 4);
@@ -443,6 +444,12 @@ def plan(toy: bool) -> list[tuple[str, Any]]:
     parts.append(("attention/kernels", functools.partial(
         run_child, "attention", {"implementations": kernels, "shape": shape, "steps": steps,
                                  "probe": "xla" if toy else "cudnn"})))
+    # One position shorter: cuDNN trains with a bias only at even lengths, which
+    # `attention.at_even_lengths` makes; its outputs and speed against XLA's at that length.
+    parts.append(("attention/odd_length", functools.partial(
+        run_child, "attention", {"implementations": kernels, "steps": steps,
+                                 "shape": {**shape, "length": shape["length"] - 1},
+                                 "probe": "xla" if toy else "cudnn"})))
     for impl in kernels:
         arguments = {"preset": sizes["small"][0], "steps": steps,
                      "overrides": [BF16, *sizes["small"][1], f"model.attention_impl={impl}"]}
@@ -470,7 +477,8 @@ CAPS = {"paper": 180, "profile": 180, "small": 90, "attention": 90, "vmap": 120,
 # Parts by priority: the two targets' measurements first, then every item once, then the
 # other variants; the demo, longest, last (`--parts demo` runs it alone).
 PRIORITY = (
-    "paper/plain", "vmap/small/4", "attention/kernels", "paper/scan_layers", "tests",
+    "paper/plain", "vmap/small/4", "attention/kernels", "attention/odd_length",
+    "paper/scan_layers", "tests",
     "paper/scan_layers+cudnn", "paper/scan_layers+einsum", "profile/paper",
     "paper/plain+cudnn", "paper/plain+einsum",
     "paper/scan_layers+cudnn+no_dropout", "paper/scan_layers+einsum+no_dropout",
