@@ -1,5 +1,6 @@
 """Test-wide set-up: 8 simulated CPU devices for the sharding tests, float32, hypothesis profile,
 and `shared_data`, the one way a test asks for ../shared/data."""
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -95,3 +96,16 @@ def require_shared_data(*parts: str) -> str:
 def shared_data():
     """`shared_data(*parts)` -> the path under ../shared/data, or skip (fail under CI=true)."""
     return require_shared_data
+
+
+@pytest.fixture(scope="session")
+def benchmark_script():
+    """`benchmark_script(name)` -> benchmarks/NAME.py imported as a module (the benchmarks are
+    scripts, not a package), for the tests of their own logic."""
+    def load(name):
+        path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", f"{name}.py")
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    return load

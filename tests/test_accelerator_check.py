@@ -2,22 +2,15 @@
 it plans runs, in priority order, within the budget; a part out of time is skipped and the
 summary is on disk after every part; the targets read the parts' results. No JAX: the parts
 here are stand-ins (the script's real parts were run at toy size on CPU, see its --toy)."""
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "accelerator_check.py"
-
 
 @pytest.fixture(scope="module")
-def check():
-    spec = importlib.util.spec_from_file_location("accelerator_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def check(benchmark_script):
+    return benchmark_script("accelerator_check")
 
 
 @pytest.mark.parametrize("toy", [False, True])

@@ -1,12 +1,7 @@
 """benchmarks/profile_breakdown.py: a GPU trace's kernels get their kind from their names or,
 for XLA's fusions, from what the step's HLO says they compute; only device-stream kernels
 count. A hand-written module and trace stand in for the device's (no JAX)."""
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "profile_breakdown.py"
 
 SHIFTS = "\n".join(f"  %s{i} = u32[4]{{0}} shift-left(%p0, %p0)" for i in range(8))
 HLO = f"""HloModule jit_step, is_scheduled=true
@@ -73,11 +68,8 @@ KERNELS = {
 
 
 @pytest.fixture(scope="module")
-def breakdown_module():
-    spec = importlib.util.spec_from_file_location("profile_breakdown", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def breakdown_module(benchmark_script):
+    return benchmark_script("profile_breakdown")
 
 
 def trace(steps):
