@@ -54,9 +54,9 @@ def dot_product_attention(
     float term broadcastable to the same shape (the relative position bias). No 1/sqrt(D)
     scaling: T5 folds it into the query initialiser. `implementation` None, 'xla' or 'cudnn' is
     passed to `jax.nn.dot_product_attention` (None is its default: the XLA kernel); 'einsum' is the
-    plain einsum-softmax-einsum of `_einsum_attention`; 'cudnn' with a bias at an odd length
-    runs at even ones (`at_even_lengths`). A query row whose mask is all False (e.g. a
-    padding position) returns zeros, whatever the kernel would do with it.
+    plain einsum-softmax-einsum of `_einsum_attention`; 'cudnn' at an odd length runs at even
+    ones (`at_even_lengths`). A query row whose mask is all False (e.g. a padding position)
+    returns zeros, whatever the kernel would do with it.
     Returns `[B, Lq, H, D]`.
     """
     if implementation not in IMPLEMENTATIONS:
@@ -68,8 +68,7 @@ def dot_product_attention(
         mask = _expand_to_logits(mask, q, k)
     if implementation == "einsum":
         out = _einsum_attention(q, k, v, mask, bias)
-    elif implementation == "cudnn" and bias is not None and q.shape[1] > 1 and (
-            q.shape[1] % 2 or k.shape[1] % 2):
+    elif implementation == "cudnn" and q.shape[1] > 1 and (q.shape[1] % 2 or k.shape[1] % 2):
         out = at_even_lengths(_jax_attention("cudnn"), q, k, v, mask, bias)
     else:
         out = _jax_attention(implementation)(q, k, v, mask, bias)
@@ -90,14 +89,16 @@ def _jax_attention(implementation: str | None):
 
 
 def at_even_lengths(attend, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None,
-                    bias: jax.Array) -> jax.Array:
+                    bias: jax.Array | None) -> jax.Array:
     """`attend(q, k, v, mask, bias)` (4-d mask and bias, as `dot_product_attention` passes
-    them) computed at even query and key lengths: cuDNN's kernel refuses to train with a bias
-    at an odd length (JAX's `check_is_flash_attention`), and T5's targets can have any length.
-    An odd axis gets one more position: a zero key that the mask hides from every query, or a
-    zero query that sees every real key (so its softmax stays finite) and whose output row is
-    dropped. The real rows' outputs and all gradients are those of the unpadded attention.
-    (Cached decoding, one query at a time, trains nothing and is left as it is.)"""
+    them) computed at even query and key lengths: cuDNN's kernel refuses to train at an odd
+    length with a bias (JAX's `check_is_flash_attention`; JAX turns a mask into a bias, and
+    in JAX 0.10 its training rule counts an absent bias as present too), and T5's targets can
+    have any length. An odd axis gets one more position: a zero key that the mask hides from
+    every query, or a zero query that sees every real key (so its softmax stays finite) and
+    whose output row is dropped. The real rows' outputs and all gradients are those of the
+    unpadded attention. (Cached decoding, one query at a time, trains nothing and is left as
+    it is.)"""
     lq, lk = q.shape[1], k.shape[1]
     pad_q, pad_k = lq % 2, lk % 2
     if mask is None:
@@ -106,7 +107,8 @@ def at_even_lengths(attend, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.
     # row sees every real key.
     q = jnp.pad(q, ((0, 0), (0, pad_q), (0, 0), (0, 0)))
     k, v = (jnp.pad(x, ((0, 0), (0, pad_k), (0, 0), (0, 0))) for x in (k, v))
-    bias = jnp.pad(bias, ((0, 0), (0, 0), (0, pad_q), (0, pad_k)))
+    if bias is not None:
+        bias = jnp.pad(bias, ((0, 0), (0, 0), (0, pad_q), (0, pad_k)))
     mask = jnp.pad(mask, ((0, 0), (0, 0), (0, pad_q), (0, 0)), constant_values=True)
     mask = jnp.pad(mask, ((0, 0), (0, 0), (0, 0), (0, pad_k)), constant_values=False)
     return attend(q, k, v, mask, bias)[:, :lq]

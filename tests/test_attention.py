@@ -225,8 +225,8 @@ def test_relative_position_bucket_small_table():
 
 
 @pytest.mark.parametrize("lq, lk", [(5, 7), (5, 6), (6, 7), (6, 6)])
-@pytest.mark.parametrize("masked", [True, False])
-def test_attention_at_even_lengths_is_the_same_attention(lq, lk, masked):
+@pytest.mark.parametrize("masked, biased", [(True, True), (False, True), (True, False)])
+def test_attention_at_even_lengths_is_the_same_attention(lq, lk, masked, biased):
     """`at_even_lengths` (cuDNN refuses to train with a bias at an odd length) gives the
     kernel even lengths and returns the unpadded attention: outputs and the gradients of q,
     k, v and the bias, here with XLA's kernel inside, against that kernel unpadded."""
@@ -235,7 +235,7 @@ def test_attention_at_even_lengths_is_the_same_attention(lq, lk, masked):
     keys = jax.random.split(jax.random.key(3), 5)
     q = jax.random.normal(keys[0], (2, lq, 2, 8))
     k, v = (jax.random.normal(key, (2, lk, 2, 8)) for key in keys[1:3])
-    bias = jax.random.normal(keys[3], (1, 2, lq, lk))
+    bias = jax.random.normal(keys[3], (1, 2, lq, lk)) if biased else None
     valid_k = jnp.arange(lk)[None, :] < jnp.array([[lk], [lk - 2]])
     mask = (padding_mask(jnp.ones((2, lq), bool), valid_k) if masked else None)
     cotangent = jax.random.normal(keys[4], q.shape)
@@ -243,28 +243,31 @@ def test_attention_at_even_lengths_is_the_same_attention(lq, lk, masked):
     xla = _jax_attention("xla")
 
     def recording(q, k, v, mask, bias):
-        seen.append((q.shape[1], k.shape[1], mask.shape[-2:], bias.shape[-2:]))
+        seen.append((q.shape[1], k.shape[1], mask.shape[-2:],
+                     None if bias is None else bias.shape[-2:]))
         return xla(q, k, v, mask, bias)
 
     def loss(attend):
         return lambda q, k, v, bias: jnp.sum(attend(q, k, v, mask, bias) * cotangent)
 
+    arguments = (0, 1, 2, 3) if biased else (0, 1, 2)
     even = jax.value_and_grad(loss(lambda *a: at_even_lengths(recording, *a)),
-                              argnums=(0, 1, 2, 3))(q, k, v, bias)
-    plain = jax.value_and_grad(loss(xla), argnums=(0, 1, 2, 3))(q, k, v, bias)
+                              argnums=arguments)(q, k, v, bias)
+    plain = jax.value_and_grad(loss(xla), argnums=arguments)(q, k, v, bias)
     for got, want in zip(jax.tree.leaves(even), jax.tree.leaves(plain)):
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     lq2, lk2 = lq + lq % 2, lk + lk % 2
-    assert set(seen) == {(lq2, lk2, (lq2, lk2), (lq2, lk2))}
+    assert set(seen) == {(lq2, lk2, (lq2, lk2), (lq2, lk2) if biased else None)}
 
 
 @pytest.mark.parametrize("lq, lk, sees", [(5, 7, (6, 8)), (6, 8, (6, 8)), (1, 7, (1, 7))])
-def test_cudnn_with_a_bias_gets_even_lengths_except_one_query_at_a_time(monkeypatch, lq, lk,
-                                                                        sees):
+@pytest.mark.parametrize("biased", [True, False])
+def test_cudnn_gets_even_lengths_except_one_query_at_a_time(monkeypatch, lq, lk, sees, biased):
     """What `dot_product_attention(..., implementation='cudnn')` hands the kernel (XLA's kernel
-    stands in for cuDNN off a GPU): even lengths when it has a bias, but a decoding step's one
-    query, which trains nothing, as it is."""
+    stands in for cuDNN off a GPU): even lengths, with or without a bias (cross-attention has
+    only a mask, which JAX turns into one), but a decoding step's one query, which trains
+    nothing, as it is."""
     from t5x_lite import attention
 
     seen = []
@@ -278,7 +281,7 @@ def test_cudnn_with_a_bias_gets_even_lengths_except_one_query_at_a_time(monkeypa
     monkeypatch.setattr(attention, "_jax_attention", stand_in)
     q = jax.random.normal(jax.random.key(0), (2, lq, 2, 8))
     k = jax.random.normal(jax.random.key(1), (2, lk, 2, 8))
-    bias = jax.random.normal(jax.random.key(2), (1, 2, lq, lk))
+    bias = jax.random.normal(jax.random.key(2), (1, 2, lq, lk)) if biased else None
     out = dot_product_attention(q, k, k, None, bias, implementation="cudnn")
     assert seen == [sees] and out.shape == q.shape
     np.testing.assert_allclose(out, xla(q, k, k, None, bias), rtol=1e-5, atol=1e-5)
