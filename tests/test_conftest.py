@@ -65,14 +65,17 @@ def test_exported_platform_and_device_count_are_overridden():
 
 def test_on_an_accelerator_the_platform_and_xla_flags_are_left_alone():
     """T5X_LITE_TEST_ON_ACCELERATOR=1: the CPU-only fast-compile flags, which abort XLA's GPU
-    build, are not added, and JAX_PLATFORMS is not forced to cpu."""
+    build, are not added, and JAX_PLATFORMS is not forced to cpu; float32 matmuls run at
+    float32 precision (a GPU's default is TF32)."""
     env = {**os.environ, "T5X_LITE_TEST_ON_ACCELERATOR": "1", "JAX_PLATFORMS": "cpu,tpu",
            "XLA_FLAGS": "--xla_dump_to=/d"}
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import conftest, os; "
-            "print(os.environ['XLA_FLAGS']); print(os.environ['JAX_PLATFORMS'])")
+    env.pop("JAX_DEFAULT_MATMUL_PRECISION", None)
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import conftest, os, jax; "
+            "print(os.environ['XLA_FLAGS']); print(os.environ['JAX_PLATFORMS']); "
+            "print(jax.config.jax_default_matmul_precision)")
     out = subprocess.run([sys.executable, "-c", code, TESTS], env=env, capture_output=True,
                          text=True, check=True).stdout.splitlines()
-    assert out == ["--xla_dump_to=/d", "cpu,tpu"]
+    assert out == ["--xla_dump_to=/d", "cpu,tpu", "highest"]
 
 
 def test_children_get_their_device_count_and_the_session_compilation_cache():
