@@ -60,6 +60,10 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
+# The other scripts of benchmarks/ (a folder of scripts, not a package), also when this one is
+# imported from elsewhere (its tests).
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from profile_breakdown import breakdown, kernel_totals  # noqa: E402
 BF16 = "model.dtype=bfloat16"
 # (name, settings) of the compute variants item 1 asks for, plain first.
 VARIANTS = (("plain", ()), ("scan_layers", ("model.scan_layers=True",)),
@@ -171,7 +175,6 @@ def child_attention(implementations: list[str], shape: dict[str, int], steps: in
 def child_vmap(preset: str, points: int, steps: int, overrides: list[str]) -> dict[str, Any]:
     """`vmap_throughput.vmap_benchmark` of Table 6's first `points` runs (its four corruption
     rates x two seeds, so up to 8 share one vmapped step)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     from vmap_throughput import vmap_benchmark
 
     # The benchmark feeds random tokens; the built-in corpus only satisfies the grid's check
@@ -199,43 +202,18 @@ def kernel_kind(name: str) -> str:
 
 
 def summarise_trace(trace: dict[str, Any], steps: int, top: int = 15) -> dict[str, Any]:
-    """A perfetto trace (`jax.profiler.trace(..., create_perfetto_trace=True)`) of `steps`
-    train steps -> the kernel time per step, its share by `kernel_kind`, and the `top` kernels.
-    Kernels are the events on the device's streams (the `Stream ...` threads of `/device:...`
-    processes; its other tracks, such as the XLA ops that launched them, would count each
-    kernel twice). A trace without a device (a CPU) counts the events on XLA's own threads
-    (`tf_XLA...`) instead, less its runtime's (`Class::method`); there nested ops (a while loop
-    and its body) count twice. Kernels on several streams can overlap, so the kernel time can
-    exceed the step's wall time."""
-    events = trace["traceEvents"]
-    processes = {e["pid"]: e["args"]["name"] for e in events
-                 if e.get("ph") == "M" and e["name"] == "process_name"}
-    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
-               if e.get("ph") == "M" and e["name"] == "thread_name"}
-    devices = {pid for pid, name in processes.items() if name.startswith("/device:")}
-    streams = {key for key, name in threads.items() if key[0] in devices
-               and name.startswith("Stream")}
-
-    def is_kernel(event: dict[str, Any]) -> bool:
-        key = (event["pid"], event.get("tid"))
-        if streams:
-            return key in streams
-        if devices:  # a profiler that names its tracks otherwise: every device track
-            return event["pid"] in devices
-        return threads.get(key, "").startswith("tf_XLA") and "::" not in event["name"]
-
-    per_name: dict[str, float] = {}
-    for event in events:
-        if event.get("ph") == "X" and is_kernel(event):
-            per_name[event["name"]] = per_name.get(event["name"], 0.0) + event.get("dur", 0.0)
+    """A perfetto trace of `steps` train steps -> the kernel time per step, its share by
+    `kernel_kind` (by name alone), and the `top` kernels; which events are kernels:
+    `profile_breakdown.kernel_totals`."""
+    source, totals = kernel_totals(trace)
+    per_name = {name: us for name, (us, _) in totals.items()}
     total_us = sum(per_name.values())
     per_kind: dict[str, float] = {}
     for name, us in per_name.items():
         per_kind[kernel_kind(name)] = per_kind.get(kernel_kind(name), 0.0) + us
     ranked = sorted(per_name.items(), key=lambda item: -item[1])[:top]
     return {
-        "source": ("device streams" if streams else "device tracks" if devices
-                   else "XLA host threads"),
+        "source": source,
         "kernel_ms_per_step": total_us / 1e3 / steps,
         "share_by_kind": {kind: us / total_us for kind, us in
                           sorted(per_kind.items(), key=lambda item: -item[1])} if total_us else {},
@@ -285,9 +263,6 @@ def child_profile(preset: str, overrides: list[str], steps: int,
     modules = sorted(Path(hlo_dir).glob("*.jit_step.*after_optimizations.txt"),
                      key=lambda path: path.stat().st_size) if hlo_dir else []
     if modules:  # what each fused kernel computes: `profile_breakdown.py`'s kinds
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-        from profile_breakdown import breakdown
-
         summary["ms_per_step_by_fused_kind"] = breakdown(
             events, modules[-1].read_text(), steps)["ms_per_step_by_kind"]
     if modules and os.environ.get("OUT"):
@@ -441,15 +416,13 @@ def plan(toy: bool) -> list[tuple[str, Any]]:
                              "overrides": [*arguments["overrides"], "model.dropout_rate=0.0"]})))
     shape = (dict(batch=2, length=64, heads=2, head_dim=16) if toy
              else dict(batch=32, length=512, heads=12, head_dim=64))
-    parts.append(("attention/kernels", functools.partial(
-        run_child, "attention", {"implementations": kernels, "shape": shape, "steps": steps,
-                                 "probe": "xla" if toy else "cudnn"})))
+    arguments = {"implementations": kernels, "shape": shape, "steps": steps,
+                 "probe": "xla" if toy else "cudnn"}
+    parts.append(("attention/kernels", functools.partial(run_child, "attention", arguments)))
     # One position shorter: cuDNN trains with a bias only at even lengths, which
     # `attention.at_even_lengths` makes; its outputs and speed against XLA's at that length.
-    parts.append(("attention/odd_length", functools.partial(
-        run_child, "attention", {"implementations": kernels, "steps": steps,
-                                 "shape": {**shape, "length": shape["length"] - 1},
-                                 "probe": "xla" if toy else "cudnn"})))
+    parts.append(("attention/odd_length", functools.partial(run_child, "attention", {
+        **arguments, "shape": {**shape, "length": shape["length"] - 1}})))
     for impl in kernels:
         arguments = {"preset": sizes["small"][0], "steps": steps,
                      "overrides": [BF16, *sizes["small"][1], f"model.attention_impl={impl}"]}

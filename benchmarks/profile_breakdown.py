@@ -104,26 +104,46 @@ def kernel_kinds(names: list[str], hlo_text: str) -> dict[str, tuple[str, str]]:
     return kinds
 
 
-def device_kernel_us(trace: dict[str, Any]) -> dict[str, tuple[float, int]]:
-    """Kernel name -> (total microseconds, launches) over the trace's device streams."""
+def kernel_totals(trace: dict[str, Any]) -> tuple[str, dict[str, tuple[float, int]]]:
+    """(where the kernels were read, kernel name -> (total microseconds, launches)) of a
+    perfetto trace (`jax.profiler.trace(..., create_perfetto_trace=True)`). Kernels are the
+    events on the device's streams (the `Stream ...` threads of `/device:...` processes; its
+    other tracks, such as the XLA ops that launched them, would count each kernel twice). A
+    trace without a device (a CPU) counts the events on XLA's own threads (`tf_XLA...`)
+    instead, less its runtime's (`Class::method`); there nested ops (a while loop and its body)
+    count twice. Kernels on several streams can overlap, so their time can exceed the wall
+    time."""
     events = trace["traceEvents"]
-    devices = {e["pid"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"
-               and e["args"]["name"].startswith("/device:")}
-    streams = {(e["pid"], e["tid"]) for e in events if e.get("ph") == "M"
-               and e["name"] == "thread_name" and e["pid"] in devices
-               and e["args"]["name"].startswith("Stream")}
+    processes = {e["pid"]: e["args"]["name"] for e in events
+                 if e.get("ph") == "M" and e["name"] == "process_name"}
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+               if e.get("ph") == "M" and e["name"] == "thread_name"}
+    devices = {pid for pid, name in processes.items() if name.startswith("/device:")}
+    streams = {key for key, name in threads.items() if key[0] in devices
+               and name.startswith("Stream")}
+
+    def is_kernel(event: dict[str, Any]) -> bool:
+        key = (event["pid"], event.get("tid"))
+        if streams:
+            return key in streams
+        if devices:  # a profiler that names its tracks otherwise: every device track
+            return event["pid"] in devices
+        return threads.get(key, "").startswith("tf_XLA") and "::" not in event["name"]
+
     totals: dict[str, list[float]] = {}
     for event in events:
-        if event.get("ph") == "X" and (event["pid"], event.get("tid")) in streams:
+        if event.get("ph") == "X" and is_kernel(event):
             entry = totals.setdefault(event["name"], [0.0, 0])
             entry[0] += event.get("dur", 0.0)
             entry[1] += 1
-    return {name: (us, int(count)) for name, (us, count) in totals.items()}
+    source = ("device streams" if streams else "device tracks" if devices
+              else "XLA host threads")
+    return source, {name: (us, int(count)) for name, (us, count) in totals.items()}
 
 
 def breakdown(trace: dict[str, Any], hlo_text: str, steps: int, top: int = 25) -> dict[str, Any]:
     """Milliseconds per step by kind (largest first), and the `top` kernels."""
-    kernels = device_kernel_us(trace)
+    _, kernels = kernel_totals(trace)
     kinds = kernel_kinds(list(kernels), hlo_text)
     by_kind: Counter = Counter()
     for name, (us, _) in kernels.items():
