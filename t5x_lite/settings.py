@@ -215,21 +215,26 @@ class Model(_Section):
         the vocabulary's `vocab_size` ids, or `vocab_size` itself."""
         return self.vocab_size if self.embedding_rows is None else self.embedding_rows
 
+    def _check_cudnn(self) -> None:
+        """What cuDNN's fused attention takes, checked here rather than as JAX's traceback from
+        inside the model; the head-dimension bound is Hopper's (128 before it, which JAX still
+        reports)."""
+        if self.dtype != "bfloat16":
+            raise ConfigError(f"model.attention_impl='cudnn' needs model.dtype='bfloat16' (cuDNN's "
+                              f"fused attention takes no {self.dtype}); or choose 'auto', 'xla' "
+                              "or 'einsum'")
+        if self.d_kv % 8 or self.d_kv > 256:
+            raise ConfigError(f"model.attention_impl='cudnn' needs model.d_kv a multiple of 8 and "
+                              f"at most 256 (cuDNN's fused attention), not {self.d_kv}; or "
+                              "choose 'auto', 'xla' or 'einsum'")
+
     def _check(self) -> None:
         architecture = architectures.get(self.arch)
         require_choice("model.mlp", self.mlp, MLP_KINDS)
         require_choice("model.dtype", self.dtype, DTYPES)
         require_choice("model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
-        if self.attention_impl == "cudnn" and self.dtype != "bfloat16":
-            raise ConfigError(f"model.attention_impl='cudnn' needs model.dtype='bfloat16' (cuDNN's "
-                              f"fused attention takes no {self.dtype}); or choose 'auto', 'xla' "
-                              "or 'einsum'")
-        # JAX's own check, made here rather than as its traceback from inside the model; the
-        # bound is Hopper's (128 before it, which JAX still reports).
-        if self.attention_impl == "cudnn" and (self.d_kv % 8 or self.d_kv > 256):
-            raise ConfigError(f"model.attention_impl='cudnn' needs model.d_kv a multiple of 8 and "
-                              f"at most 256 (cuDNN's fused attention), not {self.d_kv}; or "
-                              "choose 'auto', 'xla' or 'einsum'")
+        if self.attention_impl == "cudnn":
+            self._check_cudnn()
         for field in ("vocab_size", "d_model", "d_ff", "num_heads", "d_kv", "num_layers",
                       "relpos_buckets", "relpos_max_distance", "layer_norm_epsilon"):
             require_positive(f"model.{field}", getattr(self, field))
