@@ -22,6 +22,10 @@ first, then each item once, then the other variants, the demo last):
                    with the padding given as row lengths and without mask or bias, the same
                    at an odd length, and the small preset's train step with each kernel
                    (item 3);
+  dropout/bits     dropout's random bits on T5-base's largest dropped activation:
+                   `layers.dropout` (one Threefry call per element) against four 16-bit draws
+                   per call and against XLA's RngBitGenerator, timed, and how many Threefry
+                   calls XLA's compiled program makes;
   vmap/PRESET/K    `benchmarks/vmap_throughput.py` on Table 6 (its four corruption rates x two
                    seeds) at the `small` and `tiny` presets: K = 1, 2, 4, 8 points in one
                    vmapped step against the same K stepped one by one (item 4);
@@ -49,6 +53,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import os
 import re
 import signal
@@ -63,7 +68,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # The other scripts of benchmarks/ (a folder of scripts, not a package), also when this one is
 # imported from elsewhere (its tests).
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from profile_breakdown import breakdown, kernel_totals  # noqa: E402
+from profile_breakdown import breakdown, kernel_totals, random_bits_elements  # noqa: E402
 BF16 = "model.dtype=bfloat16"
 # (name, settings) of the compute variants item 1 asks for, plain first.
 VARIANTS = (("plain", ()), ("scan_layers", ("model.scan_layers=True",)),
@@ -187,6 +192,80 @@ def child_vmap(preset: str, points: int, steps: int, overrides: list[str]) -> di
         "sequential_tokens_per_s", "vmapped_tokens_per_s", "speedup", "compile_s")}}
 
 
+def grouped_dropout(x: Any, rate: float, rng: Any) -> Any:
+    """Dropout with four 16-bit draws per Threefry-2x32 call, a quarter of `layers.dropout`'s
+    calls (one 32-bit draw per element): element i of `x` keeps 16-bit part i mod 4 of the
+    call on counter (0, i div 4), broadcast from a `[..., n / 4]` array of calls. Not adopted:
+    XLA:CPU fuses the calls into the kernel that broadcasts them and evaluates each once per
+    element, which saves nothing (2026-12-04); `child_dropout` asks whether a GPU's XLA
+    does the same."""
+    import jax
+    import jax.numpy as jnp
+
+    from t5x_lite import layers
+
+    *lead, n = x.shape
+    groups, quads = (*lead, n // 4), (*lead, n // 4, 4)
+    key = jax.random.bits(rng, (2,), jnp.uint32)
+    counters = jnp.arange(math.prod(groups), dtype=jnp.uint32).reshape(groups)
+    words = layers.threefry_2x32((key[0], key[1]), (jnp.zeros_like(counters), counters))
+    word0, word1 = (jnp.broadcast_to(word[..., None], quads) for word in words)
+    part = jax.lax.broadcasted_iota(jnp.uint32, quads, len(groups))
+    word = jnp.where(part < 2, word0, word1)
+    bits = jnp.where(part % 2 == 0, word >> 16, word & 0xFFFF).reshape(x.shape)
+    keep = bits >= round(rate * 2**16)
+    return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
+
+
+def rbg_dropout(x: Any, rate: float, rng: Any) -> Any:
+    """`layers.dropout`'s rule on bits from XLA's RngBitGenerator (a JAX `rbg` key made from
+    `rng`; Philox on a GPU) instead of Threefry. Not adopted: on a CPU it is about 10x slower
+    than the fused Threefry, and its bits are not specified to be the same under every
+    sharding of `x`; `child_dropout` times it on the device."""
+    import jax
+    import jax.numpy as jnp
+
+    key = jax.random.wrap_key_data(jax.random.bits(rng, (4,), jnp.uint32), impl="rbg")
+    keep = jax.random.bits(key, x.shape, jnp.uint32) >= round(rate * 2**32)
+    return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
+
+
+def child_dropout(shape: list[int], steps: int, rate: float = 0.1) -> dict[str, Any]:
+    """Dropout's random bits on one bf16 activation of `shape` (T5-base's largest, the MLP's
+    `[B, L, d_ff]`): `layers.dropout` against `grouped_dropout` and `rbg_dropout`, each as in
+    a train step (the dropped activation's forward and the gradient through its mask): the
+    median time, the share dropped, and `random_bits_writes_per_element`, what XLA's compiled
+    program's random-bit kernels write per element of `x` (`profile_breakdown.
+    random_bits_elements`): 1 per pass that draws for `layers.dropout` (the forward, and the
+    backward where it draws again rather than keep the mask), a quarter of that for the grouped
+    form unless XLA fused its calls into their consumers."""
+    import jax
+    import jax.numpy as jnp
+
+    from t5x_lite import layers
+    from t5x_lite.bench import median_seconds
+
+    x = jax.random.normal(jax.random.key(0), shape, jnp.bfloat16)
+    rng = jax.random.key(1)
+    forms = {"layers.dropout": layers.dropout, "grouped_16bit": grouped_dropout,
+             "rbg": rbg_dropout}
+    results = {}
+    for name, drop in forms.items():
+        def loss(x, rng, drop=drop):
+            return (drop(x, rate, rng) * x).astype(jnp.float32).sum()
+        step = jax.jit(jax.value_and_grad(loss))
+        hlo = step.lower(x, rng).compile().as_text()
+        (seconds,) = median_seconds(lambda: step(x, rng), steps=steps, warmup=2)
+        dropped = float((drop(x, rate, rng) == 0).mean())
+        results[name] = {"forward_backward_ms": seconds * 1e3, "dropped_share": dropped,
+                         "random_bits_writes_per_element": random_bits_elements(hlo) / x.size}
+    for name in ("grouped_16bit", "rbg"):
+        results[name]["speedup"] = (results["layers.dropout"]["forward_backward_ms"]
+                                    / results[name]["forward_backward_ms"])
+    return {"shape": shape, "rate": rate, "dtype": "bfloat16",
+            "devices": str(jax.devices()[0].device_kind), "forms": results}
+
+
 # Kernel name -> what it does, first match wins (XLA's GPU fusions, cuBLAS / cuDNN kernels, and
 # on a CPU XLA's own ops); the rest are "other" (elementwise and fused ops).
 KERNEL_KINDS = (("attention", r"cudnn|fmha|flash|sdpa|attention"),
@@ -291,7 +370,7 @@ def device_start_seconds() -> float:
 
 
 CHILDREN = {"bench": child_bench, "attention": child_attention, "vmap": child_vmap,
-            "profile": child_profile}
+            "profile": child_profile, "dropout": child_dropout}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -423,6 +502,11 @@ def plan(toy: bool) -> list[tuple[str, Any]]:
     # `attention.at_even_lengths` makes; its outputs and speed against XLA's at that length.
     parts.append(("attention/odd_length", functools.partial(run_child, "attention", {
         **arguments, "shape": {**shape, "length": shape["length"] - 1}})))
+    # Dropout's bits: one Threefry call per element against four 16-bit draws per call and
+    # against XLA's own generator (the 19 ms of Threefry in the paper step's profile), on
+    # T5-base's largest dropped activation.
+    parts.append(("dropout/bits", functools.partial(run_child, "dropout", {
+        "shape": [2, 64, 256] if toy else [128, 512, 3072], "steps": steps})))
     for impl in kernels:
         arguments = {"preset": sizes["small"][0], "steps": steps,
                      "overrides": [BF16, *sizes["small"][1], f"model.attention_impl={impl}"]}
@@ -445,13 +529,13 @@ def plan(toy: bool) -> list[tuple[str, Any]]:
 # Each part's own cap (seconds) on one H200; a part gets less when the budget has less left.
 # The paper preset's unscanned step took 52 s to compile on this project's CPU (README); on a
 # GPU it is not known, so its headline part gets the most room.
-CAPS = {"paper": 180, "profile": 180, "small": 90, "attention": 90, "vmap": 120, "tests": 150,
-        "demo": 240}
+CAPS = {"paper": 180, "profile": 180, "small": 90, "attention": 90, "dropout": 60, "vmap": 120,
+        "tests": 150, "demo": 240}
 # Parts by priority: the two targets' measurements first, then every item once, then the
 # other variants; the demo, longest, last (`--parts demo` runs it alone).
 PRIORITY = (
     "paper/plain", "vmap/small/4", "attention/kernels", "attention/odd_length",
-    "paper/scan_layers", "tests",
+    "paper/scan_layers", "tests", "dropout/bits",
     "paper/scan_layers+cudnn", "paper/scan_layers+einsum", "profile/paper",
     "paper/plain+cudnn", "paper/plain+einsum",
     "paper/scan_layers+cudnn+no_dropout", "paper/scan_layers+einsum+no_dropout",

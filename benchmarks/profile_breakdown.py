@@ -11,7 +11,7 @@ what each fusion computes, so every kernel gets a kind:
   attention        cuDNN's attention kernels (and their dQ / dbias helpers)
   matmul           cuBLAS / cuBLASLt kernels and XLA's GEMM fusions
   copy             memcpy / memset: among them the scanned layers' residuals copied in and out
-  dropout bits     fusions computing Threefry (at least 8 shifts: its rotations)
+  dropout bits     fusions computing random bits (at least 8 shifts: Threefry's rotations)
   layer stacking   fusions writing a slice of a [layers, ...] buffer (dynamic-update-slice),
                    and the step's own fusions that fill such buffers (a broadcast constant)
   reduction        the other fusions with a reduce (norms, softmax, cross-entropy, bias grads)
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import re
 from collections import Counter
 from pathlib import Path
@@ -78,6 +79,27 @@ def opcodes(computations: dict[str, list[str]], name: str) -> Counter:
     return counts
 
 
+def computes_random_bits(ops: Counter) -> bool:
+    """Whether a kernel with these opcodes computes random bits: at least 8 shifts (Threefry's
+    rotations, a left and a right shift each; Philox's 64-bit products split in halves)."""
+    return ops["shift-left"] + ops["shift-right-logical"] >= 8
+
+
+def random_bits_elements(hlo_text: str) -> int:
+    """How many elements the module's random-bit kernels (`computes_random_bits`) write: for
+    each such fusion, its largest output array's size (a loop's body counts once). A kernel
+    computes the bits of each element it writes, so, against the elements that need bits, this
+    says how often a draw is computed: XLA fusing a draw into a consumer that reads each of its
+    values several times (a broadcast) computes it once per consumer element."""
+    computations, instructions, _ = parse_hlo(hlo_text)
+    total = 0
+    for shape, opcode, called, _ in instructions.values():
+        if opcode == "fusion" and called and computes_random_bits(opcodes(computations, called)):
+            total += max(math.prod(int(d) for d in dims.split(",") if d)
+                         for dims in re.findall(r"\[([\d,]*)\]", shape))
+    return total
+
+
 def kernel_kinds(names: list[str], hlo_text: str) -> dict[str, tuple[str, str]]:
     """Kernel name (as the trace has it) -> (its kind, as the module docstring lists them; the
     shape of the fusion it runs, '' where the HLO has none)."""
@@ -92,7 +114,7 @@ def kernel_kinds(names: list[str], hlo_text: str) -> dict[str, tuple[str, str]]:
         if kind is None and instruction is not None:
             _, opcode, called, computation = instruction
             ops = opcodes(computations, called) if called else Counter({opcode: 1})
-            if ops["shift-left"] + ops["shift-right-logical"] >= 8:
+            if computes_random_bits(ops):
                 kind = "dropout bits"
             elif ops["dynamic-update-slice"] or (computation == entry and set(ops) <= INIT_OPS):
                 kind = "layer stacking"

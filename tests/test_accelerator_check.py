@@ -1,7 +1,8 @@
 """benchmarks/accelerator_check.py's own logic (issue #19's one-run device check): every part
 it plans runs, in priority order, within the budget; a part out of time is skipped and the
-summary is on disk after every part; the targets read the parts' results. No JAX: the parts
-here are stand-ins (the script's real parts were run at toy size on CPU, see its --toy)."""
+summary is on disk after every part; the targets read the parts' results. The parts here are
+stand-ins (the script's real parts were run at toy size on CPU, see its --toy), except the
+dropout probe, whose Threefry count is checked on programs XLA compiled."""
 import json
 import sys
 
@@ -22,7 +23,7 @@ def test_every_planned_part_has_a_priority_and_a_cap(check, toy):
     # Every item of the issue is planned: bench at both presets, attention, vmap, tests, demo,
     # and the profile of the paper step that says what is left to the MFU target.
     assert {name.split("/")[0] for name in names} == {"paper", "small", "attention", "vmap",
-                                                      "tests", "demo", "profile"}
+                                                      "tests", "demo", "profile", "dropout"}
     assert check.select(names, None) == [n for n in check.PRIORITY if n in names]
 
 
@@ -138,3 +139,23 @@ def test_a_cpu_trace_counts_xla_s_threads(check):
     assert summary["source"] == "XLA host threads"
     assert summary["share_by_kind"] == {"matmul": 1.0}
     assert summary["kernel_ms_per_step"] == pytest.approx(0.3)
+
+
+def test_the_dropout_probe_counts_threefry_calls_in_xla_s_program(check):
+    import jax
+
+    from t5x_lite.layers import random_bits
+
+    # Bits alone: one Threefry call per element (the key's own derivation adds a handful).
+    shape = (64, 256)
+    compiled = jax.jit(random_bits, static_argnums=1).lower(jax.random.key(0), shape).compile()
+    assert 64 * 256 <= check.random_bits_elements(compiled.as_text()) < 64 * 256 + 64
+    result = check.child_dropout([4, 32, 256], steps=2)
+    assert set(result["forms"]) == {"layers.dropout", "grouped_16bit", "rbg"}
+    for form in result["forms"].values():
+        assert abs(form["dropped_share"] - 0.1) < 0.02  # 32,768 draws: sd 0.0017
+        assert form["forward_backward_ms"] > 0
+    # Forward and backward each need the mask: drawn once and kept, or drawn again; the grouped
+    # form makes a quarter of the calls unless XLA evaluates them once per element.
+    assert 1.0 <= result["forms"]["layers.dropout"]["random_bits_writes_per_element"] <= 2.01
+    assert 0.25 <= result["forms"]["grouped_16bit"]["random_bits_writes_per_element"] <= 2.01

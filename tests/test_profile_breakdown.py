@@ -106,3 +106,10 @@ def test_the_breakdown_sums_device_kernels_per_step_by_kind(breakdown_module):
     assert [k["name"][:12] for k in result["top_kernels"]] == [
         "cudnn_genera", "nvjet_sm90_t", "memcpy128"]
     assert all(k["launches_per_step"] == 1 for k in result["top_kernels"])
+
+
+def test_random_bits_elements_counts_what_each_random_bits_kernel_writes(breakdown_module):
+    # One Threefry fusion writing (bf16[4], pred[4]): 4 evaluations; other fusions none.
+    assert breakdown_module.random_bits_elements(HLO) == 4
+    wider = HLO.replace("(bf16[4]{0}, pred[4]{0}) fusion", "(bf16[16,4]{1,0}, pred[4]{0}) fusion")
+    assert breakdown_module.random_bits_elements(wider) == 64  # its largest output counts
