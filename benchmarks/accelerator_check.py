@@ -14,7 +14,8 @@ first, then each item once, then the other variants, the demo last):
                    bf16 peak (`accounting.PEAKS`), compile time, peak device memory; plain,
                    `model.scan_layers`, `model.remat`, and both (item 1); with cuDNN attention
                    scanned (with and without dropout) and unscanned;
-  profile/paper    a trace of that step with cuDNN: its kernel time by kind and by kernel;
+  profile/paper    a trace of that step with cuDNN: its kernel time by kind and by kernel,
+                   scanned (`paper`) and unscanned (`paper_unscanned`);
   small/*          the same at the `small` preset (item 2);
   attention/*      cuDNN attention (`attention_impl=cudnn`) against the XLA kernel: the two
                    kernels' outputs on one bf16 batch with T5's mask and bias (agreeing within
@@ -302,15 +303,16 @@ def summarise_trace(trace: dict[str, Any], steps: int, top: int = 15) -> dict[st
     }
 
 
-def child_profile(preset: str, overrides: list[str], steps: int,
-                  hlo_dir: str | None = None) -> dict[str, Any]:
+def child_profile(preset: str, overrides: list[str], steps: int, hlo_dir: str | None = None,
+                  name: str | None = None) -> dict[str, Any]:
     """A `jax.profiler` trace of `steps` train steps of the preset (compiled and warmed up first),
     summarised by `summarise_trace`, with the step's wall time over the same steps and, before
     the trace, the median of 10 steps without the profiler (`step_ms_unprofiled`). The trace
-    itself is copied to $OUT (profile_PRESET.json.gz; open it in ui.perfetto.dev) when that is
-    set and the file is under the device tool's 16 MiB. With `hlo_dir`, where the parent had
+    itself is copied to $OUT (profile_NAME.json.gz, NAME being `name` or else the preset's;
+    open it in ui.perfetto.dev) when that is set and the file is under the device tool's
+    16 MiB. With `hlo_dir`, where the parent had
     XLA dump this child's train step (`--xla_dump_to`), the optimised module goes beside it
-    (hlo_PRESET.txt.gz): it says which ops each fused kernel of the trace holds (dropout's
+    (hlo_NAME.txt.gz): it says which ops each fused kernel of the trace holds (dropout's
     Threefry rounds among them), and `ms_per_step_by_fused_kind` sums the kernel time by what
     the kernels compute (`benchmarks/profile_breakdown.py`, which reads the two files)."""
     import gzip
@@ -320,6 +322,7 @@ def child_profile(preset: str, overrides: list[str], steps: int,
 
     from t5x_lite import bench
 
+    name = name or preset
     run, info = bench.jax_train_step(preset_config(preset, overrides))
     # The step's time without the profiler first: the baseline the other paper parts (such
     # as the same step without dropout) compare with, measured in the same run.
@@ -336,7 +339,7 @@ def child_profile(preset: str, overrides: list[str], steps: int,
         summary = summarise_trace(events, steps)
         copied = None
         if os.environ.get("OUT") and trace.stat().st_size < 16 * 2**20:
-            copied = str(Path(os.environ["OUT"]) / f"profile_{preset}.json.gz")
+            copied = str(Path(os.environ["OUT"]) / f"profile_{name}.json.gz")
             shutil.copy(trace, copied)
     hlo_file = None
     modules = sorted(Path(hlo_dir).glob("*.jit_step.*after_optimizations.txt"),
@@ -345,7 +348,7 @@ def child_profile(preset: str, overrides: list[str], steps: int,
         summary["ms_per_step_by_fused_kind"] = breakdown(
             events, modules[-1].read_text(), steps)["ms_per_step_by_kind"]
     if modules and os.environ.get("OUT"):
-        hlo_file = str(Path(os.environ["OUT"]) / f"hlo_{preset}.txt.gz")
+        hlo_file = str(Path(os.environ["OUT"]) / f"hlo_{name}.txt.gz")
         with open(modules[-1], "rb") as source, gzip.open(hlo_file, "wb") as target:
             shutil.copyfileobj(source, target)
         if Path(hlo_file).stat().st_size >= 16 * 2**20:  # it would not come back
@@ -487,7 +490,12 @@ def plan(toy: bool) -> list[tuple[str, Any]]:
         **arguments, "overrides": [o for o in arguments["overrides"] if "scan_layers" not in o]})))
     # Where that step's time goes, kernel by kernel: what is left between it and the target.
     parts.append(("profile/paper", functools.partial(
-        run_profile, {**arguments, "steps": 3 if toy else 5})))
+        run_profile, {**arguments, "steps": 3 if toy else 5, "name": "paper"})))
+    # And unscanned (the default, 19 ms faster): how much of the scanned step's copying and
+    # stacking it keeps.
+    parts.append(("profile/paper_unscanned", functools.partial(run_profile, {
+        **arguments, "steps": 3 if toy else 5, "name": "paper_unscanned",
+        "overrides": [o for o in arguments["overrides"] if "scan_layers" not in o]})))
     # The same step without dropout: what dropout's random bits and masks cost it, which the
     # profile cannot name (XLA fuses the bits into kernels named after their other ops).
     parts.append((f"paper/scan_layers+{kernels[1]}+no_dropout", functools.partial(
@@ -537,6 +545,7 @@ PRIORITY = (
     "paper/plain", "vmap/small/4", "attention/kernels", "attention/odd_length",
     "paper/scan_layers", "tests", "dropout/bits",
     "paper/scan_layers+cudnn", "paper/scan_layers+einsum", "profile/paper",
+    "profile/paper_unscanned",
     "paper/plain+cudnn", "paper/plain+einsum",
     "paper/scan_layers+cudnn+no_dropout", "paper/scan_layers+einsum+no_dropout",
     "small/plain", "attention/small_step_xla", "attention/small_step_cudnn",
