@@ -29,7 +29,8 @@ first, then each item once, then the other variants, the demo last):
                    calls XLA's compiled program makes;
   vmap/PRESET/K    `benchmarks/vmap_throughput.py` on Table 6 (its four corruption rates x two
                    seeds) at the `small` and `tiny` presets: K = 1, 2, 4, 8 points in one
-                   vmapped step against the same K stepped one by one (item 4);
+                   vmapped step against the same K stepped one by one (item 4), layers
+                   scanned, the small preset's with remat (to fit K = 4 on the device);
   tests            tests/test_objectives.py and tests/test_decoding.py on the accelerator
                    (`T5X_LITE_TEST_ON_ACCELERATOR=1`: float32 noise counts there; item 5);
   demo             `t5x-lite demo` wall time from an empty workdir (item 6).
@@ -190,7 +191,8 @@ def child_vmap(preset: str, points: int, steps: int, overrides: list[str]) -> di
                                        *overrides))
     return {"preset": preset, **{key: result[key] for key in (
         "K", "points", "devices", "sequential_s_per_update", "vmapped_s_per_update",
-        "sequential_tokens_per_s", "vmapped_tokens_per_s", "speedup", "compile_s")}}
+        "sequential_tokens_per_s", "vmapped_tokens_per_s", "speedup", "compile_s",
+        "memory_gib")}}
 
 
 def grouped_dropout(x: Any, rate: float, rng: Any) -> Any:
@@ -521,12 +523,14 @@ def plan(toy: bool) -> list[tuple[str, Any]]:
         parts.append((f"attention/small_step_{impl}",
                       functools.partial(run_child, "bench", arguments)))
     # Scanned layers: the unscanned small step took 89 s to compile on an H200, so the vmapped
-    # one did not compile within the part's time (2026-12-04); scanning is the same for both
-    # sides of the comparison.
+    # one did not compile within the part's time (2026-12-04). And at the small preset remat:
+    # without it the vmapped step of K = 4 needs about 335 GiB (`vmap_throughput.py`'s note).
+    # Both are the same for both sides of the comparison.
     for preset in ["demo"] if toy else ["small", "tiny"]:
         for k in [1, 2] if toy else [1, 2, 4, 8]:
             arguments = {"preset": preset, "points": k, "steps": 2 if toy else 10,
                          "overrides": ["model.scan_layers=True",
+                                       *(["model.remat=True"] if preset == "small" else []),
                                        *(["train.batch_size=2"] if toy else [])]}
             parts.append((f"vmap/{preset}/{k}", functools.partial(run_child, "vmap", arguments)))
     parts.append(("tests", run_tests))

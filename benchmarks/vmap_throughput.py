@@ -9,8 +9,13 @@ eight runs, each rate's seeds next to each other), or its first K points with `-
 builds both the shared single-point step and the vmapped step of the chunk, and times, in
 turns, one update of every point each way on random real-token batches (the step's cost does
 not depend on the token values; the input pipeline is left out). Prints one JSON object: K,
-the medians per update of all K points, and the throughput in tokens/s (K x batch x (inputs +
-targets) tokens per update of all points).
+the medians per update of all K points, the throughput in tokens/s (K x batch x (inputs +
+targets) tokens per update of all points), and the memory XLA gives each program.
+
+The vmapped step holds K points' activations at once: on this project's CPU, XLA's buffer
+assignment gives Table 6's small-preset step (bf16, scanned layers, batch 128 x 512 / 514)
+84 GiB at K = 1 and 335 GiB at K = 4, 20 and 76 GiB with `model.remat=True` (2026-12-04), so
+on one 141 GB device the small preset's K = 4 needs remat.
 """
 from __future__ import annotations
 
@@ -71,6 +76,7 @@ def vmap_benchmark(experiment: str = "table6", preset: str = "demo", steps: int 
                            time.perf_counter() - start)
     sequential_s, vmapped_s = bench.median_seconds(sequential, vmapped, steps=steps,
                                                    warmup=warmup)
+    memory = {"sequential": compiled_memory_gib(step), "vmapped": compiled_memory_gib(vmapped_step)}
     tokens = len(configs) * configs[0].train.batch_size * (layout.inputs_length
                                                            + layout.targets_length)
     return {
@@ -81,7 +87,20 @@ def vmap_benchmark(experiment: str = "table6", preset: str = "demo", steps: int 
         "vmapped_tokens_per_s": tokens / vmapped_s, "speedup": sequential_s / vmapped_s,
         "compile_s": {"sequential": step.program.compile_seconds,
                       "vmapped": vmapped_step.program.compile_seconds},
+        "memory_gib": memory,
     }
+
+
+def compiled_memory_gib(step: train_step.TrainStep) -> float | None:
+    """The memory XLA's buffer assignment gives the step's compiled program on each device, in
+    GiB: temporaries, arguments and outputs, less the outputs that reuse a donated argument's
+    buffer. None where the backend does not say."""
+    (executable,) = step.program.executables.values()  # compiled by the step's first call
+    analysis = executable.memory_analysis()
+    if analysis is None:
+        return None
+    return (analysis.temp_size_in_bytes + analysis.argument_size_in_bytes
+            + analysis.output_size_in_bytes - analysis.alias_size_in_bytes) / 2**30
 
 
 def main() -> None:

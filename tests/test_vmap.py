@@ -142,3 +142,18 @@ def test_stacked_specs_keep_the_fields_all_points_share_as_scalars(configs):
     np.testing.assert_allclose(spec.noise_density, [0.15, 0.5, 0.15])
     assert np.ndim(spec.mean_noise_span_length) == 0  # shared: a real branch, not a select
     assert np.ndim(spec.random_token_fraction) == 0
+
+
+def test_the_vmap_benchmark_times_both_ways_and_says_what_each_program_needs(benchmark_script):
+    """benchmarks/vmap_throughput.py (the accelerator check's vmap parts) at toy size: K points
+    timed both ways, and the vmapped program's memory holding K points' states and
+    activations where the sequential one holds one point's."""
+    vmap_throughput = benchmark_script("vmap_throughput")
+    result = vmap_throughput.vmap_benchmark(
+        "table6", "demo", steps=1, warmup=0, points=2,
+        overrides=("sweep.seeds=(0, 1)", "data.corpus=python_docs", "train.batch_size=8"))
+    assert result["K"] == 2 and len(result["points"]) == 2
+    assert result["speedup"] == pytest.approx(
+        result["sequential_s_per_update"] / result["vmapped_s_per_update"])
+    memory = result["memory_gib"]
+    assert 1.5 * memory["sequential"] < memory["vmapped"] < 2.5 * memory["sequential"]
