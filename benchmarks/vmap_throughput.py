@@ -92,15 +92,10 @@ def vmap_benchmark(experiment: str = "table6", preset: str = "demo", steps: int 
 
 
 def compiled_memory_gib(step: train_step.TrainStep) -> float | None:
-    """The memory XLA's buffer assignment gives the step's compiled program on each device, in
-    GiB: temporaries, arguments and outputs, less the outputs that reuse a donated argument's
-    buffer. None where the backend does not say."""
+    """`train_step.program_memory_bytes` of the step's compiled program, in GiB."""
     (executable,) = step.program.executables.values()  # compiled by the step's first call
-    analysis = executable.memory_analysis()
-    if analysis is None:
-        return None
-    return (analysis.temp_size_in_bytes + analysis.argument_size_in_bytes
-            + analysis.output_size_in_bytes - analysis.alias_size_in_bytes) / 2**30
+    memory = train_step.program_memory_bytes(executable)
+    return None if memory is None else memory / 2**30
 
 
 def main() -> None:

@@ -208,6 +208,37 @@ def test_raw_tokens_of_the_wrong_shape_are_rejected():
         step(None, raw_batch(rows=4), spec, jax.random.key(0))
 
 
+def test_a_step_too_big_for_its_devices_is_refused_before_it_runs(monkeypatch):
+    """On an accelerator, a step whose compiled program needs more memory than a device's
+    allocator holds could only end in an out-of-memory error: a one-line ConfigError instead,
+    and nothing is kept, so the same step compiles again where it fits. (A CPU reports no
+    limit, so the devices' limit is set here.)"""
+    config, mesh = tiny_config(), one_device()
+    spec = objectives.spec_from_config(objective("span_corruption"))
+    state = train_step.init_state(config, mesh)
+    with cold_program_cache():
+        step = train_step.make_train_step(config, layout(), mesh)
+        monkeypatch.setattr(train_step, "device_memory_limit", lambda: 2**20)  # 1 MiB devices
+        with pytest.raises(ConfigError, match=r"^the train step needs \d+\.\d GiB on each device "
+                           r"and a device holds 0\.0 GiB: set model\.remat=True, lower "
+                           r"train\.batch_size, or pre-train fewer grid points in one step "
+                           r"\(--vmap\)$"):
+            step(state, raw_batch(), spec, jax.random.key(0))
+        assert step.program.executables == {}
+        monkeypatch.setattr(train_step, "device_memory_limit", lambda: 2**40)
+        _, metrics = step(state, raw_batch(), spec, jax.random.key(0))
+        assert np.isfinite(float(metrics["loss"]))
+
+
+def test_a_program_s_memory_counts_its_buffers_once():
+    x = jnp.ones((256, 256), jnp.float32)  # 256 KiB
+    product = jax.jit(lambda x: x @ x).lower(x).compile()
+    assert train_step.program_memory_bytes(product) >= 2 * x.nbytes  # argument and output
+    # A donated argument's buffer holds the output: counted once.
+    in_place = jax.jit(lambda x: x + 1, donate_argnums=0).lower(x).compile()
+    assert x.nbytes <= train_step.program_memory_bytes(in_place) < 2 * x.nbytes
+
+
 # --- behaviour on one device ------------------------------------------------------------------
 
 
