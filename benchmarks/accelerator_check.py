@@ -216,8 +216,7 @@ def grouped_dropout(x: Any, rate: float, rng: Any) -> Any:
     part = jax.lax.broadcasted_iota(jnp.uint32, quads, len(groups))
     word = jnp.where(part < 2, word0, word1)
     bits = jnp.where(part % 2 == 0, word >> 16, word & 0xFFFF).reshape(x.shape)
-    keep = bits >= round(rate * 2**16)
-    return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
+    return layers.keep_and_scale(x, bits >= round(rate * 2**16), rate)
 
 
 def rbg_dropout(x: Any, rate: float, rng: Any) -> Any:
@@ -228,9 +227,11 @@ def rbg_dropout(x: Any, rate: float, rng: Any) -> Any:
     import jax
     import jax.numpy as jnp
 
+    from t5x_lite import layers
+
     key = jax.random.wrap_key_data(jax.random.bits(rng, (4,), jnp.uint32), impl="rbg")
     keep = jax.random.bits(key, x.shape, jnp.uint32) >= round(rate * 2**32)
-    return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
+    return layers.keep_and_scale(x, keep, rate)
 
 
 def child_dropout(shape: list[int], steps: int, rate: float = 0.1) -> dict[str, Any]:

@@ -52,7 +52,12 @@ def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
         return x
     # Dropped iff bits < threshold: probability threshold / 2^32, `rate` to within 2^-32.
     threshold = jnp.uint32(min(round(rate * 2.0**32), 2**32 - 1))
-    keep = random_bits(rng, x.shape) >= threshold
+    return keep_and_scale(x, random_bits(rng, x.shape) >= threshold, rate)
+
+
+def keep_and_scale(x: jax.Array, keep: jax.Array, rate: float) -> jax.Array:
+    """Inverted dropout's rule given its mask: `x / (1 - rate)` where `keep`, 0 elsewhere, in
+    the dtype of `x`."""
     return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
 
 
