@@ -230,6 +230,15 @@ def test_a_step_too_big_for_its_devices_is_refused_before_it_runs(monkeypatch):
         assert np.isfinite(float(metrics["loss"]))
 
 
+def test_on_a_gpu_the_refusal_also_names_jax_s_share_of_the_device(monkeypatch):
+    product = jax.jit(lambda x: x @ x).lower(jnp.ones((256, 256))).compile()
+    monkeypatch.setattr(train_step, "device_memory_limit", lambda: 2**10)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # after compiling: only the check
+    with pytest.raises(ConfigError, match=r"\(--vmap\), or give JAX more of the GPU "
+                                          r"\(XLA_PYTHON_CLIENT_MEM_FRACTION\)$"):
+        train_step.require_fits_on_devices(product)
+
+
 def test_a_program_s_memory_counts_its_buffers_once():
     x = jnp.ones((256, 256), jnp.float32)  # 256 KiB
     product = jax.jit(lambda x: x @ x).lower(x).compile()
