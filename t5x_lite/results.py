@@ -53,7 +53,7 @@ def write_atomically(path: Path, text: str) -> None:
     """Replace `path` with `text`, so that a reader, a crash or a power cut never meets half a
     file: written to a temporary file of its own beside it (several processes may write one
     path at once, e.g. the array tasks of a SLURM sweep starting on a new workdir), flushed to
-    disk, then renamed over `path`."""
+    disk, then renamed over `path`, and the rename itself flushed (`sync_folder`)."""
     path = Path(path)
     # A name no other writer uses; opened as any new file is (the umask's permissions).
     partial = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp")
@@ -66,6 +66,17 @@ def write_atomically(path: Path, text: str) -> None:
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
+    sync_folder(path.parent)
+
+
+def sync_folder(folder: Path) -> None:
+    """Flush `folder`'s entries to disk: a file's own fsync does not make a new name (a rename,
+    a created file) survive a power cut; its folder's does (POSIX; Linux, macOS)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -148,6 +159,7 @@ class ResultsFile:
         if not is_writer():
             return
         line = (json.dumps(record) + "\n").encode()
+        created = not self.path.exists()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             if os.write(fd, line) != len(line):
@@ -155,6 +167,8 @@ class ResultsFile:
             os.fsync(fd)
         finally:
             os.close(fd)
+        if created:  # the file's name too, so that its first record survives a power cut
+            sync_folder(self.path.parent)
 
 
 def latest_records(records: Sequence[dict]) -> list[dict]:

@@ -1,7 +1,10 @@
-"""results.jsonl: whole-line appends by process 0, and a reader that skips a killed run's
-cut-off last line but refuses a damaged file."""
+"""results.jsonl: whole-line appends by process 0, flushed with their folder when they create
+a name, and a reader that skips a killed run's cut-off last line but refuses a damaged
+file."""
 import concurrent.futures
 import json
+import os
+import stat
 import threading
 
 import jax
@@ -92,3 +95,22 @@ def test_writers_of_one_file_at_once_neither_collide_nor_tear_it(tmp_path):
             reader.result()
     assert seen <= set(range(4)) and json.loads(path.read_text())["writer"] in range(4)
     assert [p.name for p in tmp_path.iterdir()] == ["sweep.json"]  # no temporary file left
+
+
+def test_a_new_name_is_flushed_with_its_folder(tmp_path, monkeypatch):
+    """A file's fsync does not keep a rename or a new file through a power cut; its folder's
+    does. Which descriptors are flushed, folders marked True:"""
+    flushed, fsync = [], os.fsync
+
+    def recording_fsync(fd):
+        flushed.append(stat.S_ISDIR(os.fstat(fd).st_mode))
+        fsync(fd)
+
+    monkeypatch.setattr(results.os, "fsync", recording_fsync)
+    results.write_atomically(tmp_path / "record.json", "{}")
+    assert flushed == [False, True]  # the text, then the folder holding the renamed file
+    flushed.clear()
+    file = results.ResultsFile(tmp_path)
+    file.append({"point": "a"})
+    file.append({"point": "b"})
+    assert flushed == [False, True, False]  # the folder once: when the first line made the file
