@@ -70,7 +70,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # The other scripts of benchmarks/ (a folder of scripts, not a package), also when this one is
 # imported from elsewhere (its tests).
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from profile_breakdown import breakdown, kernel_totals, random_bits_elements  # noqa: E402
+from profile_breakdown import breakdown, kernel_totals, random_bit_draws  # noqa: E402
 BF16 = "model.dtype=bfloat16"
 # (name, settings) of the compute variants item 1 asks for, plain first.
 VARIANTS = (("plain", ()), ("scan_layers", ("model.scan_layers=True",)),
@@ -238,11 +238,12 @@ def child_dropout(shape: list[int], steps: int, rate: float = 0.1) -> dict[str, 
     """Dropout's random bits on one bf16 activation of `shape` (T5-base's largest, the MLP's
     `[B, L, d_ff]`): `layers.dropout` against `grouped_dropout` and `rbg_dropout`, each as in
     a train step (the dropped activation's forward and the gradient through its mask): the
-    median time, the share dropped, and `random_bits_writes_per_element`, what XLA's compiled
-    program's random-bit kernels write per element of `x` (`profile_breakdown.
-    random_bits_elements`): 1 per pass that draws for `layers.dropout` (the forward, and the
-    backward where it draws again rather than keep the mask), a quarter of that for the grouped
-    form unless XLA fused its calls into their consumers."""
+    median time, the share dropped, and `random_bit_draws_per_element`, the Threefry calls of
+    XLA's compiled program per element of `x` (`profile_breakdown.random_bit_draws`): 1 per
+    pass that draws for `layers.dropout` (the forward, and the backward where it draws again
+    rather than keep the mask), a quarter of that for the grouped form unless XLA fused its
+    calls into their consumers (`rbg`'s Philox is counted as Threefry calls would be: compare
+    it by time)."""
     import jax
     import jax.numpy as jnp
 
@@ -262,7 +263,7 @@ def child_dropout(shape: list[int], steps: int, rate: float = 0.1) -> dict[str, 
         (seconds,) = median_seconds(lambda: step(x, rng), steps=steps, warmup=2)
         dropped = float((drop(x, rate, rng) == 0).mean())
         results[name] = {"forward_backward_ms": seconds * 1e3, "dropped_share": dropped,
-                         "random_bits_writes_per_element": random_bits_elements(hlo) / x.size}
+                         "random_bit_draws_per_element": random_bit_draws(hlo) / x.size}
     for name in ("grouped_16bit", "rbg"):
         results[name]["speedup"] = (results["layers.dropout"]["forward_backward_ms"]
                                     / results[name]["forward_backward_ms"])

@@ -85,18 +85,54 @@ def computes_random_bits(ops: Counter) -> bool:
     return ops["shift-left"] + ops["shift-right-logical"] >= 8
 
 
-def random_bits_elements(hlo_text: str) -> int:
-    """How many elements the module's random-bit kernels (`computes_random_bits`) write: for
-    each such fusion, its largest output array's size (a loop's body counts once). A kernel
-    computes the bits of each element it writes, so, against the elements that need bits, this
-    says how often a draw is computed: XLA fusing a draw into a consumer that reads each of its
-    values several times (a broadcast) computes it once per consumer element."""
-    computations, instructions, _ = parse_hlo(hlo_text)
+# Threefry-2x32-20's rounds: one rotation, so one left shift, each.
+THREEFRY_ROUNDS = 20
+WHILE_BODY = re.compile(r" while\(.*body=%([\w.\-]+)")
+TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+
+
+def computation_runs(computations: dict[str, list[str]], entry: str | None) -> dict[str, int]:
+    """How many times each computation reachable from the entry by loops and calls runs in one
+    run of the module: a while loop's body its known trip count (1 where XLA knows none) times
+    its caller's runs, a `call`'s callee as often as its caller."""
+    runs = {entry: 1} if entry else {}
+    queue = list(runs)
+    for computation in queue:
+        for line in computations.get(computation, []):
+            loop = WHILE_BODY.search(line)
+            call = re.search(r" call\(.*to_apply=%([\w.\-]+)", line)
+            if loop:
+                trips = TRIP_COUNT.search(line)
+                callee, times = loop.group(1), int(trips.group(1)) if trips else 1
+            elif call:
+                callee, times = call.group(1), 1
+            else:
+                continue
+            runs[callee] = runs.get(callee, 0) + runs[computation] * times
+            queue.append(callee)
+    return runs
+
+
+def random_bit_draws(hlo_text: str) -> int:
+    """How many Threefry calls one run of the module makes: for each fusion that computes
+    random bits (`computes_random_bits`), its largest output array's size times the calls it
+    holds (its left shifts / `THREEFRY_ROUNDS`, at least 1) times the runs of the computation
+    it is in (`computation_runs`; 1 for one no loop or call reaches). A kernel draws for each
+    element it writes, so, against the elements that need bits, this says how often a draw is
+    made: XLA fusing a draw into a consumer that reads each of its values several times (a
+    broadcast) makes it once per consumer element."""
+    computations, instructions, entry = parse_hlo(hlo_text)
+    runs = computation_runs(computations, entry)
     total = 0
-    for shape, opcode, called, _ in instructions.values():
-        if opcode == "fusion" and called and computes_random_bits(opcodes(computations, called)):
-            total += max(math.prod(int(d) for d in dims.split(",") if d)
-                         for dims in re.findall(r"\[([\d,]*)\]", shape))
+    for shape, opcode, called, computation in instructions.values():
+        if opcode != "fusion" or not called:
+            continue
+        ops = opcodes(computations, called)
+        if computes_random_bits(ops):
+            size = max(math.prod(int(d) for d in dims.split(",") if d)
+                       for dims in re.findall(r"\[([\d,]*)\]", shape))
+            calls = max(1, round(ops["shift-left"] / THREEFRY_ROUNDS))
+            total += size * calls * runs.get(computation, 1)
     return total
 
 
@@ -194,7 +230,8 @@ def main() -> None:
     result = breakdown(trace, hlo_text, args.steps, args.top)
     for kind, ms in result["ms_per_step_by_kind"].items():
         print(f"{ms:8.2f} ms  {kind}")
-    print(f"{result['kernel_ms_per_step']:8.2f} ms  kernel time per step\n")
+    print(f"{result['kernel_ms_per_step']:8.2f} ms  kernel time per step")
+    print(f"{random_bit_draws(hlo_text):.3g} Threefry calls per step\n")
     for kernel in result["top_kernels"]:
         print(f"{kernel['ms_per_step']:7.2f} ms {kernel['launches_per_step']:6.0f}x "
               f"{kernel['kind']:15s} {kernel['name'][:60]:60s} {kernel['shape'][:50]}")

@@ -149,7 +149,7 @@ def test_the_dropout_probe_counts_threefry_calls_in_xla_s_program(check):
     # Bits alone: one Threefry call per element (the key's own derivation adds a handful).
     shape = (64, 256)
     compiled = jax.jit(random_bits, static_argnums=1).lower(jax.random.key(0), shape).compile()
-    assert 64 * 256 <= check.random_bits_elements(compiled.as_text()) < 64 * 256 + 64
+    assert 64 * 256 <= check.random_bit_draws(compiled.as_text()) < 64 * 256 + 64
     result = check.child_dropout([4, 32, 256], steps=2)
     assert set(result["forms"]) == {"layers.dropout", "grouped_16bit", "rbg"}
     for form in result["forms"].values():
@@ -157,5 +157,5 @@ def test_the_dropout_probe_counts_threefry_calls_in_xla_s_program(check):
         assert form["forward_backward_ms"] > 0
     # Forward and backward each need the mask: drawn once and kept, or drawn again; the grouped
     # form makes a quarter of the calls unless XLA evaluates them once per element.
-    assert 1.0 <= result["forms"]["layers.dropout"]["random_bits_writes_per_element"] <= 2.01
-    assert 0.25 <= result["forms"]["grouped_16bit"]["random_bits_writes_per_element"] <= 2.01
+    assert 1.0 <= result["forms"]["layers.dropout"]["random_bit_draws_per_element"] <= 2.01
+    assert 0.25 <= result["forms"]["grouped_16bit"]["random_bit_draws_per_element"] <= 2.01

@@ -108,8 +108,14 @@ def test_the_breakdown_sums_device_kernels_per_step_by_kind(breakdown_module):
     assert all(k["launches_per_step"] == 1 for k in result["top_kernels"])
 
 
-def test_random_bits_elements_counts_what_each_random_bits_kernel_writes(breakdown_module):
-    # One Threefry fusion writing (bf16[4], pred[4]): 4 evaluations; other fusions none.
-    assert breakdown_module.random_bits_elements(HLO) == 4
+def test_random_bit_draws_count_each_kernel_s_output_times_its_loop_s_trips(breakdown_module):
+    # One Threefry fusion writing (bf16[4], pred[4]) in a computation no loop reaches: 4 draws.
+    assert breakdown_module.random_bit_draws(HLO) == 4
     wider = HLO.replace("(bf16[4]{0}, pred[4]{0}) fusion", "(bf16[16,4]{1,0}, pred[4]{0}) fusion")
-    assert breakdown_module.random_bits_elements(wider) == 64  # its largest output counts
+    assert breakdown_module.random_bit_draws(wider) == 64  # its largest output counts
+    # The same fusion in the body of a loop the entry runs 3 times.
+    entry = "ENTRY %main.9 (p: f32[4]) -> f32[12,4] {\n  %p = f32[4]{0} parameter(0)\n"
+    assert entry in HLO
+    looped = HLO.replace(entry, entry + '  %loop = f32[4]{0} while(%p), condition=%cond, '
+                         'body=%body, backend_config={"known_trip_count":{"n":"3"}}\n')
+    assert breakdown_module.random_bit_draws(looped) == 12
