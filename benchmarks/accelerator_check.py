@@ -221,9 +221,10 @@ def grouped_dropout(x: Any, rate: float, rng: Any) -> Any:
 
 def rbg_dropout(x: Any, rate: float, rng: Any) -> Any:
     """`layers.dropout`'s rule on bits from XLA's RngBitGenerator (a JAX `rbg` key made from
-    `rng`; Philox on a GPU) instead of Threefry. Not adopted: on a CPU it is about 10x slower
-    than the fused Threefry, and its bits are not specified to be the same under every
-    sharding of `x`; `child_dropout` times it on the device."""
+    `rng`; Philox on a GPU) instead of Threefry. Not adopted: on this project's CPU it was
+    about 10x slower than the fused Threefry (16 x 128 x 1024, forward and backward), and its
+    bits are not specified to be the same under every sharding of `x`; `child_dropout` times
+    it on the device."""
     import jax
     import jax.numpy as jnp
 
@@ -314,8 +315,8 @@ def child_profile(preset: str, overrides: list[str], steps: int, hlo_dir: str | 
     the trace, the median of 10 steps without the profiler (`step_ms_unprofiled`). The trace
     itself is copied to $OUT (profile_NAME.json.gz, NAME being `name` or else the preset's;
     open it in ui.perfetto.dev) when that is set and the file is under the device tool's
-    16 MiB. With `hlo_dir`, where the parent had
-    XLA dump this child's train step (`--xla_dump_to`), the optimised module goes beside it
+    16 MiB. With `hlo_dir`, where the parent had XLA dump this child's train step
+    (`--xla_dump_to`), the optimised module goes beside it
     (hlo_NAME.txt.gz): it says which ops each fused kernel of the trace holds (dropout's
     Threefry rounds among them), and `ms_per_step_by_fused_kind` sums the kernel time by what
     the kernels compute (`benchmarks/profile_breakdown.py`, which reads the two files)."""
