@@ -92,9 +92,8 @@ def vmap_benchmark(experiment: str = "table6", preset: str = "demo", steps: int 
 
 
 def compiled_memory_gib(step: train_step.TrainStep) -> float | None:
-    """`train_step.program_memory_bytes` of the step's compiled program, in GiB."""
-    (executable,) = step.program.executables.values()  # compiled by the step's first call
-    memory = train_step.program_memory_bytes(executable)
+    """`train_step.program_memory_bytes` of the program the step's latest call ran, in GiB."""
+    memory = train_step.program_memory_bytes(step.program.last_executable)
     return None if memory is None else memory / 2**30
 
 

@@ -121,6 +121,7 @@ def jax_train_step(config: ml_collections.ConfigDict) -> tuple[Callable[[], Any]
         "init_compile_s": sum(init_compiles),
         "compile_s": step.program.compile_seconds,
         "first_call_s": first_call_s,
+        "program_memory_gib": _gib(train_step.program_memory_bytes(step.program.last_executable)),
         "devices": f"{mesh.devices.size} x {mesh.devices.flat[0].device_kind}",
         "layout": {"raw_length": layout.raw_length, "inputs_length": layout.inputs_length,
                    "targets_length": layout.targets_length},
@@ -194,12 +195,15 @@ def pipeline_seconds(config: ml_collections.ConfigDict, batches: int = 200) -> f
     return seconds_per_batch(data, num_batches=batches)
 
 
+def _gib(size: int | None) -> float | None:
+    return None if size is None else size / 2**30
+
+
 def peak_device_memory_gib() -> float | None:
     """The first local device's peak bytes in use so far, in GiB; None where JAX keeps no
     memory statistics (CPU)."""
     stats = jax.local_devices()[0].memory_stats() or {}
-    peak = stats.get("peak_bytes_in_use")
-    return None if peak is None else peak / 2**30
+    return _gib(stats.get("peak_bytes_in_use"))
 
 
 def run_benchmarks(config: ml_collections.ConfigDict, *, steps: int = 10, warmup: int = 2,
@@ -240,6 +244,8 @@ def run_benchmarks(config: ml_collections.ConfigDict, *, steps: int = 10, warmup
         "devices": info["devices"],
         "host_memory_retained": host_memory.retained,  # see `host_memory`
         "peak_memory_gib": peak_device_memory_gib(),  # after the timed steps
+        # What XLA's buffer assignment gives the step on each device (any backend, a CPU too).
+        "program_memory_gib": info["program_memory_gib"],
         "layout": info["layout"],
         "corruption_ms": corrupt_s * 1e3,
         "corruption_share_of_step": corrupt_s / step_s,

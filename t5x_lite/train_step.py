@@ -325,6 +325,7 @@ class _Program:
     def __init__(self, jitted: Any):
         self.jitted = jitted
         self.executables: dict[Any, Any] = {}
+        self.last_executable: Any = None  # the one the latest call ran (`program_memory_bytes`)
         self.compiles = 0
         self.compile_seconds = 0.0
 
@@ -339,7 +340,8 @@ class _Program:
             self.compiles += 1
             require_fits_on_devices(executable)
             self.executables[key] = executable
-        return self.executables[key](*args)
+        self.last_executable = self.executables[key]
+        return self.last_executable(*args)
 
 
 def program_memory_bytes(executable: Any) -> int | None:

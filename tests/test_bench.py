@@ -54,6 +54,10 @@ def test_bench_command_prints_one_consistent_json_object(tmp_path):
     glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
     assert result["host_memory_retained"] is glibc
     assert result["peak_memory_gib"] is None  # JAX keeps no memory statistics for a CPU
+    # XLA's own account of the step's buffers, on any backend: at least the parameters and
+    # AdamW's two moments (3 x 4 bytes x 3.1 M parameters), far below a GiB.
+    params = accounting.param_count(config.model)
+    assert 12 * params / 2**30 < result["program_memory_gib"] < 1
     assert "torch" not in result
     assert not (tmp_path / compilation_cache.DEFAULT_DIR).exists()
 
