@@ -32,7 +32,8 @@ first, then each item once, then the other variants, the demo last):
                    vmapped step against the same K stepped one by one (item 4), layers
                    scanned, the small preset's with remat (to fit K = 4 on the device);
   tests            tests/test_objectives.py and tests/test_decoding.py on the accelerator
-                   (`T5X_LITE_TEST_ON_ACCELERATOR=1`: float32 noise counts there; item 5);
+                   (`T5X_LITE_TEST_ON_ACCELERATOR=1`: float32 noise counts there; item 5),
+                   and the train step's memory check's tests;
   demo             `t5x-lite demo` wall time from an empty workdir (item 6).
 
 Parts the budget leaves out are "skipped"; `--parts demo` (names or prefixes, run in the order
@@ -439,7 +440,12 @@ def run_tests(limit_s: float) -> dict[str, Any]:
     env = {"T5X_LITE_TEST_ON_ACCELERATOR": "1", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     backend = run_command([sys.executable, "-c", "import jax; print(jax.default_backend())"],
                           60, env)
-    files = ["tests/test_objectives.py", "tests/test_decoding.py"]
+    # And the train step's memory check against the device's real allocator and executables.
+    files = ["tests/test_objectives.py", "tests/test_decoding.py", *(
+        f"tests/test_train.py::{name}" for name in (
+            "test_a_step_too_big_for_its_devices_is_refused_before_it_runs",
+            "test_on_a_gpu_the_refusal_also_names_jax_s_share_of_the_device",
+            "test_a_program_s_memory_counts_its_buffers_once"))]
     # Every failure, each with a short traceback and named in the summary (-rfE); the whole
     # output goes to $OUT/tests.log too, since the summary keeps only its end.
     ran = run_command([sys.executable, "-m", "pytest", "-q", "-rfE", "--tb=short", "-n", "4",

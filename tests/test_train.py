@@ -222,7 +222,7 @@ def test_a_step_too_big_for_its_devices_is_refused_before_it_runs(monkeypatch):
         with pytest.raises(ConfigError, match=r"^the train step needs \d+\.\d GiB on each device "
                            r"and a device holds 0\.0 GiB: set model\.remat=True, lower "
                            r"train\.batch_size, or pre-train fewer grid points in one step "
-                           r"\(--vmap\)$"):
+                           r"\(--vmap\)(, or give JAX more of the GPU \(\w+\))?$"):
             step(state, raw_batch(), spec, jax.random.key(0))
         assert step.program.executables == {}
         monkeypatch.setattr(train_step, "device_memory_limit", lambda: 2**40)
