@@ -654,6 +654,8 @@ def main() -> None:
         parser.error(f"--parts={args.parts!r} names no part; the parts are {', '.join(parts)}")
     out = Path(args.out) if args.out else (Path(os.environ["OUT"]) / "accelerator_check.json"
                                            if os.environ.get("OUT") else None)
+    if os.environ.get("OUT"):  # the parts write their files there too (the tests' log, traces)
+        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
     environment = run_command([sys.executable, "-c", (
         "import jax, json, flax; print(json.dumps({'jax': jax.__version__, "
         "'flax': flax.__version__, 'backend': jax.default_backend(), "
