@@ -325,6 +325,9 @@ class _Program:
     def __init__(self, jitted: Any):
         self.jitted = jitted
         self.executables: dict[Any, Any] = {}
+        # Why an argument shape's program cannot run here (`require_fits_on_devices`): said
+        # again without compiling again, e.g. for each chunk of a vmapped sweep.
+        self.refusals: dict[Any, str] = {}
         self.last_executable: Any = None  # the one the latest call ran (`program_memory_bytes`)
         self.compiles = 0
         self.compile_seconds = 0.0
@@ -333,12 +336,18 @@ class _Program:
         leaves, treedef = jax.tree.flatten(args)
         # Shapes are tuples and dtypes hashable as they are: str(dtype) cost ~0.7 ms a step.
         key = (treedef, tuple((x.shape, x.dtype) for x in leaves))
+        if key in self.refusals:
+            raise ConfigError(self.refusals[key])
         if key not in self.executables:
             start = time.perf_counter()
             executable = self.jitted.lower(*args).compile()
             self.compile_seconds += time.perf_counter() - start
             self.compiles += 1
-            require_fits_on_devices(executable)
+            try:
+                require_fits_on_devices(executable)
+            except ConfigError as refusal:
+                self.refusals[key] = str(refusal)
+                raise
             self.executables[key] = executable
         self.last_executable = self.executables[key]
         return self.last_executable(*args)

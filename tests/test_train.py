@@ -211,23 +211,28 @@ def test_raw_tokens_of_the_wrong_shape_are_rejected():
 def test_a_step_too_big_for_its_devices_is_refused_before_it_runs(monkeypatch):
     """On an accelerator, a step whose compiled program needs more memory than a device's
     allocator holds could only end in an out-of-memory error: a one-line ConfigError instead,
-    and nothing is kept, so the same step compiles again where it fits. (A CPU reports no
-    limit, so the devices' limit is set here.)"""
+    nothing run or kept, and the same refusal again without compiling again (a vmapped sweep's
+    next chunk). (A CPU reports no limit, so the devices' limit is set here.)"""
     config, mesh = tiny_config(), one_device()
     spec = objectives.spec_from_config(objective("span_corruption"))
     state = train_step.init_state(config, mesh)
-    with cold_program_cache():
-        step = train_step.make_train_step(config, layout(), mesh)
-        monkeypatch.setattr(train_step, "device_memory_limit", lambda: 2**20)  # 1 MiB devices
-        with pytest.raises(ConfigError, match=r"^the train step needs \d+\.\d GiB on each device "
-                           r"and a device holds 0\.0 GiB: set model\.remat=True, lower "
-                           r"train\.batch_size, or pre-train fewer grid points in one step "
-                           r"\(--vmap\)(, or give JAX more of the GPU \(\w+\))?$"):
+    refusal = (r"^the train step needs \d+\.\d GiB on each device and a device holds 0\.0 GiB: "
+               r"set model\.remat=True, lower train\.batch_size, or pre-train fewer grid points "
+               r"in one step \(--vmap\)(, or give JAX more of the GPU \(\w+\))?$")
+    # A program cache of this test's own: the refused program must not reach the other tests.
+    monkeypatch.setattr(train_step, "_PROGRAMS", {})
+    monkeypatch.setattr(train_step, "device_memory_limit", lambda: 2**20)  # 1 MiB devices
+    step = train_step.make_train_step(config, layout(), mesh)
+    for _ in range(2):
+        with pytest.raises(ConfigError, match=refusal):
             step(state, raw_batch(), spec, jax.random.key(0))
-        assert step.program.executables == {}
-        monkeypatch.setattr(train_step, "device_memory_limit", lambda: 2**40)
-        _, metrics = step(state, raw_batch(), spec, jax.random.key(0))
-        assert np.isfinite(float(metrics["loss"]))
+    assert step.program.executables == {} and step.program.compiles == 1
+    # Where the program fits (another process, another device), the same step runs.
+    monkeypatch.setattr(train_step, "_PROGRAMS", {})
+    monkeypatch.setattr(train_step, "device_memory_limit", lambda: 2**40)
+    step = train_step.make_train_step(config, layout(), mesh)
+    _, metrics = step(state, raw_batch(), spec, jax.random.key(0))
+    assert np.isfinite(float(metrics["loss"]))
 
 
 def test_on_a_gpu_the_refusal_also_names_jax_s_share_of_the_device(monkeypatch):
