@@ -498,16 +498,16 @@ def plan(toy: bool) -> list[tuple[str, Any]]:
                   functools.partial(run_child, "bench", arguments)))
     # The same step unscanned: a scanned stack stacks what its backward keeps into [layers, ...]
     # buffers, which the device fills, writes into and copies out of layer by layer.
+    unscanned = [o for o in arguments["overrides"] if "scan_layers" not in o]
     parts.append((f"paper/plain+{kernels[1]}", functools.partial(run_child, "bench", {
-        **arguments, "overrides": [o for o in arguments["overrides"] if "scan_layers" not in o]})))
+        **arguments, "overrides": unscanned})))
     # Where that step's time goes, kernel by kernel: what is left between it and the target.
     parts.append(("profile/paper", functools.partial(
         run_profile, {**arguments, "steps": 3 if toy else 5, "name": "paper"})))
     # And unscanned (the default, 19 ms faster): how much of the scanned step's copying and
     # stacking it keeps.
     parts.append(("profile/paper_unscanned", functools.partial(run_profile, {
-        **arguments, "steps": 3 if toy else 5, "name": "paper_unscanned",
-        "overrides": [o for o in arguments["overrides"] if "scan_layers" not in o]})))
+        **arguments, "steps": 3 if toy else 5, "name": "paper_unscanned", "overrides": unscanned})))
     # The same step without dropout: what dropout's random bits and masks cost it, which the
     # profile cannot name (XLA fuses the bits into kernels named after their other ops).
     parts.append((f"paper/scan_layers+{kernels[1]}+no_dropout", functools.partial(

@@ -76,7 +76,8 @@ def vmap_benchmark(experiment: str = "table6", preset: str = "demo", steps: int 
                            time.perf_counter() - start)
     sequential_s, vmapped_s = bench.median_seconds(sequential, vmapped, steps=steps,
                                                    warmup=warmup)
-    memory = {"sequential": compiled_memory_gib(step), "vmapped": compiled_memory_gib(vmapped_step)}
+    memory = {"sequential": bench.program_memory_gib(step),
+              "vmapped": bench.program_memory_gib(vmapped_step)}
     tokens = len(configs) * configs[0].train.batch_size * (layout.inputs_length
                                                            + layout.targets_length)
     return {
@@ -89,12 +90,6 @@ def vmap_benchmark(experiment: str = "table6", preset: str = "demo", steps: int 
                       "vmapped": vmapped_step.program.compile_seconds},
         "memory_gib": memory,
     }
-
-
-def compiled_memory_gib(step: train_step.TrainStep) -> float | None:
-    """`train_step.program_memory_bytes` of the program the step's latest call ran, in GiB."""
-    memory = train_step.program_memory_bytes(step.program.last_executable)
-    return None if memory is None else memory / 2**30
 
 
 def main() -> None:

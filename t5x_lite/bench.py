@@ -121,7 +121,7 @@ def jax_train_step(config: ml_collections.ConfigDict) -> tuple[Callable[[], Any]
         "init_compile_s": sum(init_compiles),
         "compile_s": step.program.compile_seconds,
         "first_call_s": first_call_s,
-        "program_memory_gib": _gib(train_step.program_memory_bytes(step.program.last_executable)),
+        "program_memory_gib": program_memory_gib(step),
         "devices": f"{mesh.devices.size} x {mesh.devices.flat[0].device_kind}",
         "layout": {"raw_length": layout.raw_length, "inputs_length": layout.inputs_length,
                    "targets_length": layout.targets_length},
@@ -197,6 +197,11 @@ def pipeline_seconds(config: ml_collections.ConfigDict, batches: int = 200) -> f
 
 def _gib(size: int | None) -> float | None:
     return None if size is None else size / 2**30
+
+
+def program_memory_gib(step: train_step.TrainStep) -> float | None:
+    """`train_step.program_memory_bytes` of the program the step's latest call ran, in GiB."""
+    return _gib(train_step.program_memory_bytes(step.program.last_executable))
 
 
 def peak_device_memory_gib() -> float | None:
