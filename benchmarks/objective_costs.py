@@ -2,7 +2,7 @@
 
     python benchmarks/objective_costs.py [--preset tiny] [--steps 10] [--objectives a,b,...]
 
-For every pre-training objective (`config.OBJECTIVES`), builds the preset's train step with
+For every pre-training objective (`objective_registry.names()`), builds the preset's train step with
 that objective (its layout compiles only that objective's branch,
 `objectives.BatchLayout.objectives`), on the preset's architecture where that trains the
 objective and else on the first one that does (GLM's `blank_infilling`: `prefix_lm`), and the
@@ -19,17 +19,17 @@ import argparse
 import json
 import sys
 
-from t5x_lite import architectures, bench, presets
-from t5x_lite.config import OBJECTIVES, parse_overrides, apply_overrides
+from t5x_lite import architectures, bench, objective_registry, presets
+from t5x_lite.config import parse_overrides, apply_overrides
 
 
 def objective_costs(preset: str = "tiny", steps: int = 10, warmup: int = 2,
-                    names: tuple[str, ...] = OBJECTIVES,
+                    names: tuple[str, ...] | None = None,
                     overrides: tuple[str, ...] = ()) -> dict[str, dict[str, float]]:
     """{objective: {"arch", "step_ms", "corruption_ms", "corruption_share_of_step",
-    "compile_s"}}."""
+    "compile_s"}}, for the objectives `names` (default: every registered one)."""
     results = {}
-    for name in names:
+    for name in names or objective_registry.names():
         config = presets.get_preset(preset)
         apply_overrides(config, parse_overrides(config, overrides))
         trains_it = architectures.names(objective=name)
@@ -51,16 +51,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--objectives", default=",".join(OBJECTIVES),
+    parser.add_argument("--objectives", default=",".join(objective_registry.names()),
                         help="comma-separated objective names (default: all)")
     parser.add_argument("--override", action="append", default=[],
                         help="a 'field=value' config override, e.g. train.batch_size=8")
     args = parser.parse_args()
     names = tuple(args.objectives.split(","))
-    unknown = [name for name in names if name not in OBJECTIVES]
+    unknown = [name for name in names if name not in objective_registry.names()]
     if unknown:
         parser.error(f"--objectives: unknown {', '.join(unknown)}; choose from "
-                     f"{', '.join(OBJECTIVES)}")
+                     f"{', '.join(objective_registry.names())}")
     print(json.dumps({"preset": args.preset, "objectives": objective_costs(
         args.preset, args.steps, names=names, overrides=tuple(args.override))}, indent=1))
 

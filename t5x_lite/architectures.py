@@ -18,8 +18,10 @@ so that each is written once, here:
   parameters of one L-layer stack; M: what the L + L encoder-decoder costs on an input-target
   pair; `t5x_lite.accounting` measures the ratios behind them);
 - `objectives` (derived from the family and prefix attention, so that a newly registered
-  architecture gets the same rule as the built-in ones): the pre-training objectives
-  (`config.OBJECTIVES`) it can train on; `require_objective` checks a config against them.
+  architecture gets the same rule as the built-in ones, and from each objective's record, so
+  that a newly registered objective does): the pre-training objectives
+  (`t5x_lite.objective_registry`) it can train on; `require_objective` checks a config
+  against them.
 
 The five architectures of the paper's Table 2 are registered below, in its row order, then
 `encoder_only`, the BERT-style family the paper's section 3.2 starts from (not a Table 2 row).
@@ -30,23 +32,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from t5x_lite import batch_format
-from t5x_lite.config import OBJECTIVES
+from t5x_lite import batch_format, objective_registry
 from t5x_lite.errors import ConfigError, require_choice
 
 # The stacks a model can have: the model attribute each is built as, and the prefix of the
 # batch keys it reads (encoder_input_tokens; decoder_input_tokens, decoder_target_tokens, ...).
 ROLES = ("encoder", "decoder")
-
-
-# The objectives that need a decoder-only row whose inputs are attended bidirectionally: GLM's
-# blank infilling (`t5x_lite.glm`), whose Part A is, and whose explicit positions only the
-# decoder-only row carries. Of the built-in architectures only prefix_lm trains on them
-# (language_model runs its program with prefix attention switched off).
-PREFIX_OBJECTIVES = ("blank_infilling",)
-# The objectives whose targets are the inputs' own tokens at the corrupted positions: the only
-# ones a family that predicts in place (`batch_format.in_place`: encoder_only) can train on.
-IN_PLACE_OBJECTIVES = ("bert_style", "mass_style")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,14 +81,19 @@ class Architecture:
 
     @property
     def objectives(self) -> tuple[str, ...]:
-        """The pre-training objectives it can train on: a family that predicts in place only
-        `IN_PLACE_OBJECTIVES`; the others every objective but `PREFIX_OBJECTIVES`, which
-        need a decoder-only row whose inputs are attended bidirectionally."""
+        """The pre-training objectives it can train on, in registry order: a family that
+        predicts in place only those whose targets are the inputs' own tokens at the corrupted
+        positions (`Objective.in_place`: BERT's and MASS's); a decoder-only family with prefix
+        attention every one; the others every one but those that need a decoder-only row
+        whose inputs are attended bidirectionally (`Objective.needs_prefix_attention`: GLM's
+        blank infilling, whose Part A is, and whose explicit positions only the decoder-only
+        row carries)."""
+        records = [objective_registry.get(name) for name in objective_registry.names()]
         if batch_format.in_place(self.family):
-            return IN_PLACE_OBJECTIVES
-        if self.family == "decoder_only" and self.prefix_attention:
-            return OBJECTIVES
-        return tuple(name for name in OBJECTIVES if name not in PREFIX_OBJECTIVES)
+            return tuple(record.name for record in records if record.in_place)
+        prefix = self.family == "decoder_only" and self.prefix_attention
+        return tuple(record.name for record in records
+                     if prefix or not record.needs_prefix_attention)
 
     @property
     def program(self) -> str:
@@ -110,12 +106,12 @@ class Architecture:
 
     def require_objective(self, objective: str) -> None:
         """Raise a one-line `ConfigError` unless the architecture can pre-train on
-        `objective.name=objective`; for one of PREFIX_OBJECTIVES, which few architectures
-        train, it names those too."""
+        `objective.name=objective`; for one that needs prefix attention, which few
+        architectures train, it names those too."""
         if objective not in self.objectives:
             trains_it = names(objective=objective)
             others = (f", or a model.arch that trains it: {', '.join(map(repr, trains_it))}"
-                      if objective in PREFIX_OBJECTIVES else "")
+                      if objective_registry.get(objective).needs_prefix_attention else "")
             raise ConfigError(
                 f"objective.name={objective!r} is not allowed for model.arch={self.name!r}; "
                 f"choose one of {', '.join(map(repr, self.objectives))}{others}")
@@ -231,5 +227,5 @@ register(Architecture("prefix_lm", "decoder_only", _DECODER_ONLY, "P", "M",
 # output predicts, at positions of its own input, the corrupted tokens (pre-training) or a
 # task's target tokens at mask slots (fine-tuning). Its Params are one L-layer stack's (P);
 # its Cost is that of one L-layer stack over inputs + targets, like the decoder-only models (M).
-# Only IN_PLACE_OBJECTIVES can train it.
+# Only the objectives that predict in place (`Objective.in_place`) can train it.
 register(Architecture("encoder_only", "encoder_only", (_ENCODER,), "P", "M"))

@@ -32,28 +32,6 @@ ATTENTION_IMPLS = ("auto", "xla", "cudnn", "einsum")
 OPTIMIZERS = ("adafactor", "adamw")
 SCHEDULES = ("rsqrt", "linear", "cosine", "constant")
 DECODE_METHODS = ("greedy", "sample", "beam")
-# The pre-training objectives (`t5x_lite.objectives`); a spec's objective id is an index here.
-OBJECTIVES = (
-    "span_corruption",
-    "drop_corrupted_tokens",
-    "bert_style",
-    "mass_style",
-    "deshuffling",
-    "prefix_lm",
-    "lm",
-    "iid_denoising",  # appended, so that the others keep their ids
-    # BART's noising functions (Lewis et al. 2019, section 2.2), appended likewise.
-    "token_masking",
-    "token_deletion",
-    "text_infilling",
-    "document_rotation",
-    "sentence_permutation",
-    "text_infilling_permutation",
-    # UL2's mixture of denoisers (Tay et al. 2022, `t5x_lite.ul2`), appended likewise.
-    "ul2",
-    # GLM's autoregressive blank infilling (Du et al. 2021, `t5x_lite.glm`), appended likewise.
-    "blank_infilling",
-)
 # The ul2 objective's default mixture (`objective.ul2_denoisers`): (kind, noise_density,
 # mean_noise_span_length, share) per denoiser, the UL2 paper's seven (section 3.1.2; the S-
 # denoiser's mean span is L/4, set by its rate, so its 1.0 is unused), S 20% and the R- and

@@ -18,26 +18,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_lite import architectures, bart_noising, batch_format, glm, noise_lengths, ul2
-# OBJECTIVES (the objective ids) lives with the config's other allowed values, which
-# `t5x_lite.settings` checks a config against.
-from t5x_lite.config import MIN_INPUTS_LENGTH, OBJECTIVES, UL2_DENOISERS, ConfigError
+from t5x_lite import (architectures, bart_noising, batch_format, glm, noise_lengths,
+                      objective_registry, ul2)
+from t5x_lite.config import MIN_INPUTS_LENGTH, UL2_DENOISERS, ConfigError
 from t5x_lite.errors import require_choice
 from t5x_lite.settings import check_objective, require_number, require_vocab_room
-
-# BART's objectives that draw text infilling's Poisson spans, and those that read sentences.
-INFILLING_OBJECTIVES = ("text_infilling", "text_infilling_permutation")
-SENTENCE_OBJECTIVES = ("sentence_permutation", "text_infilling_permutation")
-# The objectives whose span lengths are Poisson(lambda = mean_noise_span_length).
-POISSON_SPAN_OBJECTIVES = (*INFILLING_OBJECTIVES, glm.NAME)
-# The objectives whose noise depends on objective.mean_noise_span_length: random spans, and
-# the Poisson span lengths.
-READS_MEAN_SPAN_LENGTH = ("span_corruption", *POISSON_SPAN_OBJECTIVES)
-# Whether an objective corrupts chosen tokens (its `noise_mask` means something); by name, not
-# by position beside OBJECTIVES, so an appended objective cannot shift the flags.
-_WITHOUT_NOISE_MASK = ("deshuffling", "prefix_lm", "lm", "document_rotation",
-                       "sentence_permutation")
-HAS_NOISE_MASK = {name: name not in _WITHOUT_NOISE_MASK for name in OBJECTIVES}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -53,7 +38,7 @@ class ObjectiveSpec:
     setting (a vectorised sweep).
     """
 
-    objective: jax.Array  # int32, index into OBJECTIVES
+    objective: jax.Array  # int32, the objective's id (`objective_registry.objective_id`)
     noise_density: jax.Array  # float32, share of corrupted tokens
     mean_noise_span_length: jax.Array  # float32, span_corruption only
     random_token_fraction: jax.Array  # float32, bert_style: share of noise made random tokens
@@ -70,9 +55,9 @@ class BatchLayout:
     batches have rows [B, inputs_length + targets_length]; encoder-only batches (targets_length
     0: predicted in place) have rows [B, inputs_length].
 
-    `objectives`: the names (in `OBJECTIVES` order) the program can run, the branches of its
-    objective switch: a grid's own, so a step compiles only the corruption its points use
-    (`layout_for`); every spec fed with the layout must name one of them (`require_objective`).
+    `objectives`: the names (in registry order) the program can run, the branches of its
+    objective switch (by default every registered one): a grid's own, so a step compiles only
+    the corruption its points use (`layout_for`); every spec fed with the layout must name one of them (`require_objective`).
     `denoisers`: the ul2 objective's mixture, each with its raw length (empty without ul2).
     """
 
@@ -82,7 +67,7 @@ class BatchLayout:
     targets_length: int
     vocab_size: int
     num_sentinels: int
-    objectives: tuple[str, ...] = OBJECTIVES
+    objectives: tuple[str, ...] = dataclasses.field(default_factory=objective_registry.names)
     denoisers: tuple[ul2.Denoiser, ...] = ()
     # Per vocabulary id, its sentence class (`bart_noising.sentence_classes`), which the
     # sentence objectives read sentences from; None until `with_sentences` binds the run's
@@ -96,8 +81,8 @@ class BatchLayout:
 
     @property
     def reads_sentences(self) -> bool:
-        """Whether the layout runs an objective that reads sentences (SENTENCE_OBJECTIVES)."""
-        return any(name in SENTENCE_OBJECTIVES for name in self.objectives)
+        """Whether the layout runs an objective that reads sentences (`reads_sentences`)."""
+        return any(objective_registry.get(name).reads_sentences for name in self.objectives)
 
     def with_sentences(self, vocab: Any) -> BatchLayout:
         """This layout, reading sentences off `vocab`'s pieces (a `Vocabulary`, the one the raw
@@ -190,44 +175,69 @@ def lengths_for(objective: str, inputs_length: int, noise_density: float,
                 mean_noise_span_length: float,
                 denoisers: Iterable[Iterable[Any]] = UL2_DENOISERS) -> tuple[int, int, int]:
     """(raw, inputs, targets): the raw tokens an objective consumes and the longest inputs and
-    targets (incl. EOS) it produces from them.
+    targets (incl. EOS) it produces from them: its record's `lengths` (the functions below for
+    the built-in objectives; `objective_registry.whole_text_lengths` by default: bert_style,
+    mass_style, deshuffling, prefix_lm, token_masking, document_rotation, sentence_permutation,
+    blank_infilling, whose inputs and targets are each at most the raw tokens + EOS).
+    `denoisers`: the ul2 mixture, read by ul2 only."""
+    return objective_registry.get(objective).lengths(_point(
+        objective, inputs_length, noise_density, mean_noise_span_length, denoisers))
 
-    - span_corruption: `raw_length_for`; inputs = non-noise + spans + 1,
-      targets = noise + spans + 1.
-    - iid_denoising, drop_corrupted_tokens: their lengths are random;
-      `noise_lengths.iid_lengths` chooses the largest raw and the smallest targets that an
-      example exceeds with probability <= noise_lengths.OVERFLOW_PROBABILITY; inputs =
-      inputs_length (mean_noise_span_length is ignored).
-    - bert_style, mass_style, deshuffling, prefix_lm, token_masking, document_rotation,
-      blank_infilling: raw = inputs_length - 1, and inputs and targets are at most raw + EOS
-      (for prefix_lm and blank_infilling each part is shorter, raw + EOS bounds both).
-    - token_deletion: raw = inputs_length - 1, targets = raw + EOS, inputs = the longest
-      n - ceil(n * noise_density) + EOS (`bart_noising.token_deletion_inputs_length`).
-    - sentence_permutation: raw = inputs_length - 1, inputs = targets = raw + EOS.
-    - text_infilling, text_infilling_permutation: raw = `bart_noising.infilling_raw_length`
-      (<= inputs_length - 1: the largest whose inputs overflow with probability <=
-      noise_lengths.OVERFLOW_PROBABILITY), inputs = inputs_length, targets = raw + EOS.
-    - lm: raw = inputs_length - 1, no inputs, targets = raw + EOS.
-    - ul2: the maximum over its `denoisers` (the config's (kind, rate, mean span, share)
-      tuples) of `ul2_denoiser_lengths`.
-    """
-    if objective == "ul2":
-        lengths = [ul2_denoiser_lengths(d, inputs_length) for d in denoisers]
-        return tuple(max(column) for column in zip(*lengths))
-    if objective == "span_corruption":
-        raw, _ = raw_length_for(inputs_length, noise_density, mean_noise_span_length)
-        return (raw, *_span_corruption_lengths(raw, noise_density, mean_noise_span_length))
-    if objective in noise_lengths.COUNTS:
-        lengths = noise_lengths.iid_lengths(objective, inputs_length, noise_density)
-        return lengths.raw_length, lengths.inputs_length, lengths.targets_length
-    if objective in INFILLING_OBJECTIVES:
-        raw = bart_noising.infilling_raw_length(inputs_length, float(noise_density),
-                                                float(mean_noise_span_length))
-        return raw, inputs_length, raw + 1
-    raw = inputs_length - 1
-    if objective == "token_deletion":
-        return raw, bart_noising.token_deletion_inputs_length(raw, noise_density), raw + 1
-    return raw, (0 if objective == "lm" else raw + 1), raw + 1
+
+def _point(objective: str, inputs_length: int, noise_density: float,
+           mean_noise_span_length: float, denoisers: Iterable[Iterable[Any]]) -> dict[str, Any]:
+    """The objective config (a grid point's objective dict) that these settings make."""
+    return dict(name=objective, inputs_length=inputs_length, noise_density=noise_density,
+                mean_noise_span_length=mean_noise_span_length, ul2_denoisers=denoisers)
+
+
+def span_corruption_lengths(point: Mapping[str, Any]) -> tuple[int, int, int]:
+    """span_corruption: raw = `raw_length_for`; inputs = non-noise + spans + 1, targets =
+    noise + spans + 1."""
+    density, span = point["noise_density"], point["mean_noise_span_length"]
+    raw, _ = raw_length_for(point["inputs_length"], density, span)
+    return (raw, *_span_corruption_lengths(raw, density, span))
+
+
+def iid_lengths(point: Mapping[str, Any]) -> tuple[int, int, int]:
+    """iid_denoising, drop_corrupted_tokens: their lengths are random;
+    `noise_lengths.iid_lengths` chooses the largest raw and the smallest targets that an
+    example exceeds with probability <= noise_lengths.OVERFLOW_PROBABILITY; inputs =
+    inputs_length (mean_noise_span_length is ignored)."""
+    lengths = noise_lengths.iid_lengths(point["name"], point["inputs_length"],
+                                        point["noise_density"])
+    return lengths.raw_length, lengths.inputs_length, lengths.targets_length
+
+
+def infilling_lengths(point: Mapping[str, Any]) -> tuple[int, int, int]:
+    """text_infilling, text_infilling_permutation: raw = `bart_noising.infilling_raw_length`
+    (<= inputs_length - 1: the largest whose inputs overflow with probability <=
+    noise_lengths.OVERFLOW_PROBABILITY), inputs = inputs_length, targets = raw + EOS."""
+    raw = bart_noising.infilling_raw_length(point["inputs_length"],
+                                            float(point["noise_density"]),
+                                            float(point["mean_noise_span_length"]))
+    return raw, point["inputs_length"], raw + 1
+
+
+def token_deletion_lengths(point: Mapping[str, Any]) -> tuple[int, int, int]:
+    """token_deletion: raw = inputs_length - 1, targets = raw + EOS, inputs = the longest
+    n - ceil(n * noise_density) + EOS (`bart_noising.token_deletion_inputs_length`)."""
+    raw = point["inputs_length"] - 1
+    return (raw, bart_noising.token_deletion_inputs_length(raw, point["noise_density"]),
+            raw + 1)
+
+
+def lm_lengths(point: Mapping[str, Any]) -> tuple[int, int, int]:
+    """lm: raw = inputs_length - 1, no inputs, targets = raw + EOS."""
+    raw = point["inputs_length"] - 1
+    return raw, 0, raw + 1
+
+
+def ul2_lengths(point: Mapping[str, Any]) -> tuple[int, int, int]:
+    """ul2: the maximum over its denoisers (the point's (kind, rate, mean span, share)
+    tuples) of `ul2_denoiser_lengths`."""
+    lengths = [ul2_denoiser_lengths(d, point["inputs_length"]) for d in _point_denoisers(point)]
+    return tuple(max(column) for column in zip(*lengths))
 
 
 def expected_loss_tokens(objective: str, inputs_length: int, noise_density: float,
@@ -236,38 +246,51 @@ def expected_loss_tokens(objective: str, inputs_length: int, noise_density: floa
     """The expected number of target tokens with a loss weight in one example: its targets'
     non-padding positions (EOS and sentinels included), which is what `batch_format` weights
     in both families, for an example that fills the objective's raw length R (`lengths_for`;
-    a shorter document has fewer).
-
-    - span_corruption: exactly noise + spans + 1 (its targets length: the spans never merge);
-    - iid_denoising: R p noise tokens, E[runs] = p + (R - 1) p (1 - p) sentinels leading them,
-      the final sentinel and EOS;
-    - drop_corrupted_tokens: R p + 1;
-    - bert_style, mass_style, deshuffling, lm and BART's token_masking, token_deletion,
-      text_infilling, document_rotation, sentence_permutation, text_infilling_permutation:
-      R + 1 (every token is a target);
-    - prefix_lm: the split is uniform over [1, R - 1] (`random_prefix_split`), so R / 2 + 1.
-    - blank_infilling: its spans' tokens and one EOS each, `glm.expected_targets`.
-    - ul2: the share-weighted mean over its denoisers: span corruption's targets for R and X,
-      and (m + 1) / 2 + 1 for S (its target length is uniform over [1, m], `ul2.s_split`).
+    a shorter document has fewer): its record's `expected_loss_tokens` (the functions below;
+    R + 1 by default, every token being a target: bert_style, mass_style, deshuffling, lm and
+    BART's token_masking, token_deletion, text_infilling, document_rotation,
+    sentence_permutation, text_infilling_permutation).
     The rare examples of the i.i.d. objectives and text infilling that overflow the layout
     (share <= `noise_lengths.OVERFLOW_PROBABILITY`) get no loss weights; that is left out.
     """
-    if objective == "ul2":
-        return sum(float(share) * _denoiser_loss_tokens(kind, inputs_length, density, span)
-                   for kind, density, span, share in denoisers)
-    raw, _, targets = lengths_for(objective, inputs_length, noise_density, mean_noise_span_length)
-    p = float(noise_density)
-    if objective == "span_corruption":
-        return float(targets)
-    if objective == "iid_denoising":
-        return raw * p + p + (raw - 1) * p * (1 - p) + 2
-    if objective == "drop_corrupted_tokens":
-        return raw * p + 1
-    if objective == "prefix_lm":
-        return (raw / 2 if raw >= 2 else max(raw - 1, 0)) + 1
-    if objective == glm.NAME:
-        return glm.expected_targets(raw, noise_density, mean_noise_span_length)
-    return float(raw + 1)
+    point = _point(objective, inputs_length, noise_density, mean_noise_span_length, denoisers)
+    record = objective_registry.get(objective)
+    raw, _, targets = record.lengths(point)
+    return record.expected_loss_tokens(point, raw, targets)
+
+
+def span_corruption_loss_tokens(point: Mapping[str, Any], raw: int, targets: int) -> float:
+    """span_corruption: exactly noise + spans + 1 (its targets length: the spans never merge)."""
+    return float(targets)
+
+
+def iid_denoising_loss_tokens(point: Mapping[str, Any], raw: int, targets: int) -> float:
+    """iid_denoising: R p noise tokens, E[runs] = p + (R - 1) p (1 - p) sentinels leading them,
+    the final sentinel and EOS."""
+    p = float(point["noise_density"])
+    return raw * p + p + (raw - 1) * p * (1 - p) + 2
+
+
+def drop_corrupted_loss_tokens(point: Mapping[str, Any], raw: int, targets: int) -> float:
+    """drop_corrupted_tokens: R p + 1."""
+    return raw * float(point["noise_density"]) + 1
+
+
+def prefix_lm_loss_tokens(point: Mapping[str, Any], raw: int, targets: int) -> float:
+    """prefix_lm: the split is uniform over [1, R - 1] (`random_prefix_split`), so R / 2 + 1."""
+    return (raw / 2 if raw >= 2 else max(raw - 1, 0)) + 1
+
+
+def blank_infilling_loss_tokens(point: Mapping[str, Any], raw: int, targets: int) -> float:
+    """blank_infilling: its spans' tokens and one EOS each, `glm.expected_targets`."""
+    return glm.expected_targets(raw, point["noise_density"], point["mean_noise_span_length"])
+
+
+def ul2_loss_tokens(point: Mapping[str, Any], raw: int, targets: int) -> float:
+    """ul2: the share-weighted mean over its denoisers: span corruption's targets for R and X,
+    and (m + 1) / 2 + 1 for S (its target length is uniform over [1, m], `ul2.s_split`)."""
+    return sum(float(share) * _denoiser_loss_tokens(kind, point["inputs_length"], density, span)
+               for kind, density, span, share in _point_denoisers(point))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -292,7 +315,8 @@ def ul2_denoiser_lengths(denoiser: Iterable[Any], inputs_length: int) -> tuple[i
         raw = inputs_length - 1
         most = int(ul2.s_target_most(density, raw, np))
         return raw, inputs_length, max(min(most, raw - 1), 0) + 1
-    raw, inputs, targets = lengths_for("span_corruption", inputs_length - 1, density, span)
+    raw, inputs, targets = span_corruption_lengths(dict(
+        inputs_length=inputs_length - 1, noise_density=density, mean_noise_span_length=span))
     return raw, inputs + 1, targets
 
 
@@ -331,22 +355,20 @@ def _denoiser_loss_tokens(kind: str, inputs_length: int, density: float, span: f
 
 
 def _describe(point: Mapping[str, Any]) -> str:
-    """The settings that decide a point's lengths, for error messages."""
-    if point["name"] == "ul2":  # its denoisers carry their own rates and spans
-        return f"objective.name='ul2' with inputs_length={point['inputs_length']}"
-    text = (f"objective.name={point['name']!r} with inputs_length={point['inputs_length']}, "
-            f"noise_density={point['noise_density']}")
-    if point["name"] in READS_MEAN_SPAN_LENGTH:
-        text += f", mean_noise_span_length={point['mean_noise_span_length']}"
-    return text
+    """The settings that decide a point's lengths, for error messages: inputs_length and the
+    rate and span length where its objective reads them (ul2's denoisers carry their own)."""
+    reads = objective_registry.get(point["name"]).reads
+    return ", ".join([f"objective.name={point['name']!r} with inputs_length="
+                      f"{point['inputs_length']}"] + [
+        f"{field}={point[field]}" for field in ("noise_density", "mean_noise_span_length")
+        if field in reads])
 
 
 def _validated_lengths(point: Mapping[str, Any]) -> tuple[int, int, int]:
     """Check one objective config (a ConfigDict or dict: `settings.check_objective`) and
     return its `lengths_for`."""
     check_objective(point)
-    lengths = lengths_for(point["name"], point["inputs_length"], point["noise_density"],
-                          point["mean_noise_span_length"], _point_denoisers(point))
+    lengths = objective_registry.get(point["name"]).lengths(point)
     if lengths[0] < 1:  # only text infilling's raw length shrinks with its overflow risk
         raise ConfigError(f"objective.inputs_length={point['inputs_length']} is too small for "
                           f"{_describe(point)}: even a one-token document's inputs would "
@@ -364,25 +386,28 @@ def _require_targets_length(point: Mapping[str, Any], lengths: tuple[int, int, i
                        f"{_describe(point)}")
 
 
-def _sentinels_needed(point: Mapping[str, Any], raw_length: int) -> tuple[int, str]:
-    """(sentinels, why): how many sentinels a validated point needs, and why, for the error
-    message; 0 where the mask token alone (which `validate_vocab` guarantees) suffices."""
-    name = point["name"]
-    if name == "span_corruption":  # one sentinel per noise span
-        num_spans = int(noise_counts(raw_length, point["noise_density"],
-                                      point["mean_noise_span_length"], np)[1])
-        return num_spans, f"it makes up to {num_spans} spans"
-    if name == "iid_denoising":  # one per run of noise, and the final one
-        needed = noise_lengths.iid_lengths(name, point["inputs_length"],
-                                           point["noise_density"]).num_sentinels
-        return needed, (f"it uses one per run of noise and a final one, and {needed} cover all "
-                        f"but a share <= {noise_lengths.OVERFLOW_PROBABILITY} of its examples")
-    if name == "ul2":
-        needed = max(_ul2_sentinels(d) for d in _denoisers_of(point))
-        return needed, (f"its denoisers make up to {needed - len(batch_format.MODE_TOKENS)} "
-                        f"spans and its {len(batch_format.MODE_TOKENS)} mode tokens are the "
-                        "last sentinels")
-    return 0, ""
+def span_corruption_sentinels(point: Mapping[str, Any], raw_length: int) -> tuple[int, str]:
+    """span_corruption's sentinels (`Objective.sentinels_needed`): one per noise span."""
+    num_spans = int(noise_counts(raw_length, point["noise_density"],
+                                  point["mean_noise_span_length"], np)[1])
+    return num_spans, f"it makes up to {num_spans} spans"
+
+
+def iid_denoising_sentinels(point: Mapping[str, Any], raw_length: int) -> tuple[int, str]:
+    """iid_denoising's sentinels: one per run of noise, and the final one, enough for all but
+    a share <= noise_lengths.OVERFLOW_PROBABILITY of its examples."""
+    needed = noise_lengths.iid_lengths(point["name"], point["inputs_length"],
+                                       point["noise_density"]).num_sentinels
+    return needed, (f"it uses one per run of noise and a final one, and {needed} cover all "
+                    f"but a share <= {noise_lengths.OVERFLOW_PROBABILITY} of its examples")
+
+
+def ul2_sentinels(point: Mapping[str, Any], raw_length: int) -> tuple[int, str]:
+    """ul2's sentinels: its denoisers' spans, and the mode tokens (the last sentinels)."""
+    needed = max(_ul2_sentinels(d) for d in _denoisers_of(point))
+    return needed, (f"its denoisers make up to {needed - len(batch_format.MODE_TOKENS)} "
+                    f"spans and its {len(batch_format.MODE_TOKENS)} mode tokens are the "
+                    "last sentinels")
 
 
 def validate_vocab(vocab_size: int, num_sentinels: int) -> None:
@@ -404,7 +429,7 @@ def spec_from_config(objective_cfg: Mapping[str, Any]) -> ObjectiveSpec:
     """
     raw, _, _ = _validated_lengths(objective_cfg)
     return ObjectiveSpec(
-        objective=jnp.asarray(OBJECTIVES.index(objective_cfg["name"]), jnp.int32),
+        objective=jnp.asarray(objective_registry.objective_id(objective_cfg["name"]), jnp.int32),
         noise_density=jnp.asarray(objective_cfg["noise_density"], jnp.float32),
         mean_noise_span_length=jnp.asarray(objective_cfg["mean_noise_span_length"], jnp.float32),
         random_token_fraction=jnp.asarray(objective_cfg.get("random_token_fraction", 0.1),
@@ -442,7 +467,7 @@ def layout_for(points: Iterable[Mapping[str, Any]], family: str, vocab_size: int
             _require_targets_length(point, (point_raw, point_inputs, point_targets))
         raw, inputs = max(raw, point_raw), max(inputs, point_inputs)
         targets = max(targets, point_targets, point.get("targets_length") or 0)
-        needed, why = _sentinels_needed(point, point_raw)
+        needed, why = objective_registry.get(point["name"]).sentinels_needed(point, point_raw)
         if needed > num_sentinels:
             raise ConfigError(f"model.num_sentinels={num_sentinels} is too small for "
                               f"{_describe(point)}: {why}, so it needs at least {needed} "
@@ -453,7 +478,7 @@ def layout_for(points: Iterable[Mapping[str, Any]], family: str, vocab_size: int
         targets = 0
     names = {point["name"] for point in points}
     return BatchLayout(family, raw, inputs, targets, vocab_size, num_sentinels,
-                       tuple(name for name in OBJECTIVES if name in names),
+                       tuple(name for name in objective_registry.names() if name in names),
                        next(iter(denoisers), ()))
 
 

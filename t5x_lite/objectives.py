@@ -9,9 +9,13 @@ objectives of its grid, the only ones the program compiles) is baked in.
     spec = spec_from_config(config.objective)                                 # host, per point
     batch = corrupt(raw_tokens, spec, rng, layout)                            # device, jitted
 
-This module is the objectives' definitions and their device code; the host side (the spec, the
-layout, T5's length arithmetic, the checks against a config) is `t5x_lite.objective_layout`,
-re-exported here.
+This module is the objectives' definitions and their device code, and it registers each one's
+record (`t5x_lite.objective_registry`: its encoder and what the rest of the library reads about
+it) at its end, in the order of their ids; the host side (the spec, the layout, T5's length
+arithmetic, the checks against a config) is `t5x_lite.objective_layout`, re-exported here. A
+researcher's own objective is a record registered from a file of theirs, its encoder built from
+`pack_with_eos`, `packed_width` and `no_noise` (README, "Adding an architecture or an
+objective").
 
 Objectives (Raffel et al. 2020, Tables 4 to 7), for raw tokens x_1..x_n:
 - iid_denoising, the paper's baseline (section 3.1.4, Figure 2): each token is noise
@@ -79,7 +83,7 @@ alone). objective.noise_density and mean_noise_span_length are ignored. The mixt
 the layout (`BatchLayout.denoisers`): the grid's ul2 points share one.
 
 GLM's autoregressive blank infilling (Du et al. 2021, arXiv 2103.10360, sections 2.1 and 2.2;
-`t5x_lite.glm`), for prefix_lm only (`architectures.PREFIX_OBJECTIVES`): `blank_infilling`
+`t5x_lite.glm`), for prefix_lm only (`Objective.needs_prefix_attention`): `blank_infilling`
 draws spans of Poisson(lambda = mean_noise_span_length) lengths (>= 1) until at least
 ceil(n * noise_density) tokens are masked; the inputs (Part A) are the text with each span
 replaced by one mask token, the targets (Part B) the spans in a random order, each followed by
@@ -120,15 +124,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5x_lite import bart_noising, batch_format, glm, ul2
-from t5x_lite.config import EOS_ID, NUM_RESERVED_IDS, OBJECTIVES, PAD_ID, sentinel_id
+# The host side: each built-in objective's length arithmetic, which its record names.
+from t5x_lite import objective_layout as host
+from t5x_lite.config import EOS_ID, NUM_RESERVED_IDS, PAD_ID, sentinel_id
 
 # The host side (`t5x_lite.objective_layout`), re-exported: callers build specs and layouts
 # through this module.
 from t5x_lite.objective_layout import (  # noqa: F401
-    HAS_NOISE_MASK, INFILLING_OBJECTIVES, POISSON_SPAN_OBJECTIVES, READS_MEAN_SPAN_LENGTH,
     BatchLayout, ObjectiveSpec, expected_loss_tokens, layout_for,
     layout_from_config, lengths_for, noise_counts, raw_length_for, spec_from_config,
     ul2_denoiser_lengths, validate_vocab)
+# The registry of objectives (`t5x_lite.objective_registry`), filled below, re-exported: a
+# researcher registers an objective of their own as `objectives.register(objectives.Objective(
+# ...))`.
+from t5x_lite.objective_registry import Objective, get, names, objective_id, register  # noqa: F401
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,17 +229,17 @@ def random_prefix_split(valid_length: Any, rng: jax.Array) -> jax.Array:
 
 
 # ---------------------------------------------------------------------------------------------
-# Encoders (device; one example). Each takes tokens int32[R], the valid length n, the spec,
-# uniform draws float32[_uniform_rows(layout), R] (`_example_draws`) and the layout; it
-# returns (inputs, targets, noise, sentinels): inputs and targets int32[_packed_width], the
-# tokens packed at the front, EOS after them, then zero padding; noise bool[R], the tokens it
-# corrupted (all False for an objective without a noise mask: deshuffling, prefix_lm, lm,
-# document_rotation); sentinels int32, how many sentinel ids (<extra_id_0> up) it needs, which
-# the layout must hold.
+# Encoders (device; one example; `Objective.encode`). Each takes tokens int32[R], the valid
+# length n, the spec, uniform draws float32[_uniform_rows(layout), R] (`_example_draws`) and
+# the layout; it returns (inputs, targets, noise, sentinels): inputs and targets
+# int32[packed_width], the tokens packed at the front, EOS after them, then zero padding; noise
+# bool[R], the tokens it corrupted (all False for an objective without a noise mask:
+# deshuffling, prefix_lm, lm, document_rotation, sentence_permutation); sentinels int32, how
+# many sentinel ids (<extra_id_0> up) it needs, which the layout must hold.
 # ---------------------------------------------------------------------------------------------
 
 
-def _packed_width(layout: BatchLayout) -> int:
+def packed_width(layout: BatchLayout) -> int:
     """max(R + 3, inputs_length + 1) for R = layout.raw_length. R + 3 is the longest output of
     the T5 objectives, iid_denoising's targets (noise + runs <= R + 1, as every run but the
     last is followed by a clean token, plus the final sentinel and EOS); text infilling's
@@ -241,15 +250,15 @@ def _packed_width(layout: BatchLayout) -> int:
 
 
 def _uniform_rows(layout: BatchLayout) -> int:
-    """Rows of R uniform draws per example: 3 for the T5 objectives, then, when the layout
-    runs text infilling, enough for its 2 * width + 1 (`bart_noising.infilling_plan`), and
-    when it runs blank infilling, at least its `glm.UNIFORM_ROWS`."""
-    rows = 3
-    if set(INFILLING_OBJECTIVES) & set(layout.objectives):
-        rows = 3 + -(-(2 * _packed_width(layout) + 1) // max(layout.raw_length, 1))
-    if glm.NAME in layout.objectives:
-        rows = max(rows, glm.UNIFORM_ROWS)
-    return rows
+    """Rows of R uniform draws per example: 3 (the T5 objectives'), or more where an objective
+    of the layout reads more (`Objective.uniform_rows`: text infilling's 2 * width + 1 draws,
+    `bart_noising.infilling_plan`; blank infilling's `glm.UNIFORM_ROWS`)."""
+    return max([3, *(get(name).uniform_rows(layout) for name in layout.objectives)])
+
+
+def _infilling_rows(layout: BatchLayout) -> int:
+    """Text infilling's rows: the T5 objectives' 3, then room for its 2 * width + 1 draws."""
+    return 3 + -(-(2 * packed_width(layout) + 1) // max(layout.raw_length, 1))
 
 
 def _example_draws(rng: jax.Array, layout: BatchLayout) -> jax.Array:
@@ -269,7 +278,7 @@ def example_draws(rng: jax.Array, batch_size: int, layout: BatchLayout) -> jax.A
         jax.random.split(rng, batch_size))
 
 
-def _pack_with_eos(values: jax.Array, keep: jax.Array, width: int) -> jax.Array:
+def pack_with_eos(values: jax.Array, keep: jax.Array, width: int) -> jax.Array:
     """The kept values moved to the front, in order, followed by EOS and zeros: int32[width]
     (kept values past the width are dropped)."""
     values = jnp.append(values, EOS_ID)
@@ -292,58 +301,59 @@ def _sentinel(index: jax.Array, layout: BatchLayout) -> jax.Array:
 
 def _spans_to_sentinels(tokens: jax.Array, spans: jax.Array, valid: jax.Array,
                         layout: BatchLayout):
-    """(values, keep) for `_pack_with_eos`: the valid tokens with each run of `spans` replaced
+    """(values, keep) for `pack_with_eos`: the valid tokens with each run of `spans` replaced
     by one sentinel, the i-th run by <extra_id_i> (T5's `noise_span_to_unique_sentinel`)."""
     starts = _run_starts(spans)
     values = jnp.where(starts, _sentinel(jnp.cumsum(starts) - 1, layout), tokens)
     return values, valid & ~(spans & ~starts)
 
 
-def _no_noise(tokens: jax.Array) -> jax.Array:
+def no_noise(tokens: jax.Array) -> jax.Array:
+    """The noise mask of an objective that corrupts no chosen tokens: bool[R], all False."""
     return jnp.zeros(tokens.shape, bool)
 
 
 def _span_corruption(tokens, n, spec, uniform, layout):
-    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(layout)
+    valid, width = jnp.arange(tokens.shape[0]) < n, packed_width(layout)
     noise = _spans_mask(uniform[:2], spec.noise_density, spec.mean_noise_span_length, n)
-    inputs = _pack_with_eos(*_spans_to_sentinels(tokens, noise, valid, layout), width)
-    targets = _pack_with_eos(*_spans_to_sentinels(tokens, valid & ~noise, valid, layout), width)
+    inputs = pack_with_eos(*_spans_to_sentinels(tokens, noise, valid, layout), width)
+    targets = pack_with_eos(*_spans_to_sentinels(tokens, valid & ~noise, valid, layout), width)
     return inputs, targets, noise, jnp.sum(_run_starts(noise))
 
 
 def _iid_denoising(tokens, n, spec, uniform, layout):
-    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(layout)
+    valid, width = jnp.arange(tokens.shape[0]) < n, packed_width(layout)
     noise = _iid_mask(uniform[0], spec.noise_density, n)
-    inputs = _pack_with_eos(*_spans_to_sentinels(tokens, noise, valid, layout), width)
+    inputs = pack_with_eos(*_spans_to_sentinels(tokens, noise, valid, layout), width)
     # Targets: each noise token, led by its run's sentinel where a run starts (a pair of slots
     # per position keeps this one O(R) pack), then the final sentinel <extra_id_k>.
     starts = _run_starts(noise)
     num_runs = jnp.sum(starts)
     pairs = jnp.stack([_sentinel(jnp.cumsum(starts) - 1, layout), tokens], axis=1).ravel()
     keep_pairs = jnp.stack([starts, noise], axis=1).ravel()
-    targets = _pack_with_eos(jnp.append(pairs, _sentinel(num_runs, layout)),
-                             jnp.append(keep_pairs, True), width)
+    targets = pack_with_eos(jnp.append(pairs, _sentinel(num_runs, layout)),
+                            jnp.append(keep_pairs, True), width)
     return inputs, targets, noise, num_runs + 1
 
 
 def _drop_corrupted_tokens(tokens, n, spec, uniform, layout):
-    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(layout)
+    valid, width = jnp.arange(tokens.shape[0]) < n, packed_width(layout)
     # The same draw as iid_denoising: with one rng both objectives corrupt the same tokens.
     noise = _iid_mask(uniform[0], spec.noise_density, n)
-    return (_pack_with_eos(tokens, valid & ~noise, width), _pack_with_eos(tokens, noise, width),
+    return (pack_with_eos(tokens, valid & ~noise, width), pack_with_eos(tokens, noise, width),
             noise, jnp.int32(0))
 
 
 def _mask_or_random_tokens(tokens, n, noise_density, random_token_fraction, uniform, layout):
     """Shared by bert_style and mass_style: i.i.d. noise tokens -> mask token or random token."""
-    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(layout)
+    valid, width = jnp.arange(tokens.shape[0]) < n, packed_width(layout)
     noise = _iid_mask(uniform[0], noise_density, n)
     use_random = uniform[1] < random_token_fraction
     lowest_sentinel = sentinel_id(layout.vocab_size, layout.num_sentinels - 1)
     random_tokens = _uniform_int(uniform[2], NUM_RESERVED_IDS, lowest_sentinel)
     mask_token = batch_format.mask_token(layout.vocab_size)
     corrupted = jnp.where(noise, jnp.where(use_random, random_tokens, mask_token), tokens)
-    return (_pack_with_eos(corrupted, valid, width), _pack_with_eos(tokens, valid, width), noise,
+    return (pack_with_eos(corrupted, valid, width), pack_with_eos(tokens, valid, width), noise,
             jnp.int32(1))
 
 
@@ -357,56 +367,56 @@ def _mass_style(tokens, n, spec, uniform, layout):
 
 
 def _deshuffling(tokens, n, spec, uniform, layout):
-    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(layout)
+    valid, width = jnp.arange(tokens.shape[0]) < n, packed_width(layout)
     order = jnp.argsort(jnp.where(valid, uniform[0], 2.0))  # a random order of the valid tokens
-    return (_pack_with_eos(tokens[order], valid, width), _pack_with_eos(tokens, valid, width),
-            _no_noise(tokens), jnp.int32(0))
+    return (pack_with_eos(tokens[order], valid, width), pack_with_eos(tokens, valid, width),
+            no_noise(tokens), jnp.int32(0))
 
 
 def _prefix_lm(tokens, n, spec, uniform, layout):
-    position, width = jnp.arange(tokens.shape[0]), _packed_width(layout)
+    position, width = jnp.arange(tokens.shape[0]), packed_width(layout)
     split = _prefix_split(uniform[0, 0], n)
-    return (_pack_with_eos(tokens, position < split, width),
-            _pack_with_eos(tokens, (position >= split) & (position < n), width), _no_noise(tokens),
+    return (pack_with_eos(tokens, position < split, width),
+            pack_with_eos(tokens, (position >= split) & (position < n), width), no_noise(tokens),
             jnp.int32(0))
 
 
 def _lm(tokens, n, spec, uniform, layout):
-    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(layout)
+    valid, width = jnp.arange(tokens.shape[0]) < n, packed_width(layout)
     # No inputs; a family whose rows need an input token (an encoder's) gets a lone EOS.
     if batch_format.min_inputs_length(layout.family):
-        inputs = _pack_with_eos(tokens, _no_noise(tokens), width)
+        inputs = pack_with_eos(tokens, no_noise(tokens), width)
     else:
         inputs = jnp.zeros(width, jnp.int32)
-    return inputs, _pack_with_eos(tokens, valid, width), _no_noise(tokens), jnp.int32(0)
+    return inputs, pack_with_eos(tokens, valid, width), no_noise(tokens), jnp.int32(0)
 
 
 # BART's noising (`t5x_lite.bart_noising`): every target is the original document + EOS.
 
 
 def _token_masking(tokens, n, spec, uniform, layout):
-    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(layout)
+    valid, width = jnp.arange(tokens.shape[0]) < n, packed_width(layout)
     noise = bart_noising.exact_count_mask(uniform[0], spec.noise_density, n)
     masked = jnp.where(noise, batch_format.mask_token(layout.vocab_size), tokens)
-    return (_pack_with_eos(masked, valid, width), _pack_with_eos(tokens, valid, width), noise,
+    return (pack_with_eos(masked, valid, width), pack_with_eos(tokens, valid, width), noise,
             jnp.int32(1))
 
 
 def _token_deletion(tokens, n, spec, uniform, layout):
-    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(layout)
+    valid, width = jnp.arange(tokens.shape[0]) < n, packed_width(layout)
     # The same draw as token_masking: with one rng both corrupt the same tokens.
     noise = bart_noising.exact_count_mask(uniform[0], spec.noise_density, n)
-    return (_pack_with_eos(tokens, valid & ~noise, width), _pack_with_eos(tokens, valid, width),
+    return (pack_with_eos(tokens, valid & ~noise, width), pack_with_eos(tokens, valid, width),
             noise, jnp.int32(0))
 
 
 def _text_infilling(tokens, n, spec, uniform, layout):
-    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(layout)
+    valid, width = jnp.arange(tokens.shape[0]) < n, packed_width(layout)
     plan = bart_noising.infilling_plan(uniform[3:].ravel(), spec.noise_density,
                                        spec.mean_noise_span_length, n, tokens.shape[0], width)
     clean = tokens[jnp.clip(plan.raw_start, 0, max(tokens.shape[0] - 1, 0))]
     slots = jnp.where(plan.is_span, batch_format.mask_token(layout.vocab_size), clean)  # a span
-    return (_pack_with_eos(slots, plan.in_sequence, width), _pack_with_eos(tokens, valid, width),
+    return (pack_with_eos(slots, plan.in_sequence, width), pack_with_eos(tokens, valid, width),
             plan.noise, jnp.int32(1))
 
 
@@ -420,27 +430,27 @@ def _permuted_sentences(tokens, n, uniform, layout):
 
 
 def _sentence_permutation(tokens, n, spec, uniform, layout):
-    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(layout)
+    valid, width = jnp.arange(tokens.shape[0]) < n, packed_width(layout)
     permuted, _ = _permuted_sentences(tokens, n, uniform, layout)
-    return (_pack_with_eos(permuted, valid, width), _pack_with_eos(tokens, valid, width),
-            _no_noise(tokens), jnp.int32(0))
+    return (pack_with_eos(permuted, valid, width), pack_with_eos(tokens, valid, width),
+            no_noise(tokens), jnp.int32(0))
 
 
 def _text_infilling_permutation(tokens, n, spec, uniform, layout):
     # fairseq's order: permute the sentences, then infill the permuted tokens.
     permuted, destination = _permuted_sentences(tokens, n, uniform, layout)
     inputs, _, noise, sentinels = _text_infilling(permuted, n, spec, uniform, layout)
-    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(layout)
+    valid, width = jnp.arange(tokens.shape[0]) < n, packed_width(layout)
     # The noise mask at the raw positions: raw token i is permuted token destination[i].
-    return inputs, _pack_with_eos(tokens, valid, width), noise[destination], sentinels
+    return inputs, pack_with_eos(tokens, valid, width), noise[destination], sentinels
 
 
 def _document_rotation(tokens, n, spec, uniform, layout):
-    valid, width = jnp.arange(tokens.shape[0]) < n, _packed_width(layout)
+    valid, width = jnp.arange(tokens.shape[0]) < n, packed_width(layout)
     start = bart_noising.rotation_start(uniform[0, 0], n)
     rotated = tokens[(start + jnp.arange(tokens.shape[0])) % jnp.maximum(n, 1)]
-    return (_pack_with_eos(rotated, valid, width), _pack_with_eos(tokens, valid, width),
-            _no_noise(tokens), jnp.int32(0))
+    return (pack_with_eos(rotated, valid, width), pack_with_eos(tokens, valid, width),
+            no_noise(tokens), jnp.int32(0))
 
 
 # UL2's mixture of denoisers (`t5x_lite.ul2`): one span corruption at the drawn denoiser's rate
@@ -461,11 +471,11 @@ def _ul2(tokens, n, spec, uniform, layout):
         noise_density=density,
         mean_noise_span_length=pick([d.mean_noise_span_length for d in denoisers], jnp.float32)),
         uniform, layout)
-    position, width = jnp.arange(tokens.shape[0]), _packed_width(layout)
+    position, width = jnp.arange(tokens.shape[0]), packed_width(layout)
     split = ul2.s_split(uniform[0, 0], density, n)
-    prefix = (_pack_with_eos(tokens, position < split, width),
-              _pack_with_eos(tokens, (position >= split) & (position < n), width),
-              _no_noise(tokens), jnp.int32(0))
+    prefix = (pack_with_eos(tokens, position < split, width),
+              pack_with_eos(tokens, (position >= split) & (position < n), width),
+              no_noise(tokens), jnp.int32(0))
     is_s = pick([d.kind == "S" for d in denoisers], bool)
     inputs, targets, noise, sentinels = jax.tree.map(
         lambda s_value, span_value: jnp.where(is_s, s_value, span_value), prefix, spans)
@@ -480,32 +490,57 @@ def _ul2(tokens, n, spec, uniform, layout):
 
 
 def _blank_infilling(tokens, n, spec, uniform, layout):
-    width = _packed_width(layout)
+    width = packed_width(layout)
     plan = glm.plan(tokens, n, spec.noise_density, spec.mean_noise_span_length, uniform,
                     batch_format.mask_token(layout.vocab_size), width)
-    return (_pack_with_eos(plan.part_a, plan.keep, width), plan.targets, plan.noise,
+    return (pack_with_eos(plan.part_a, plan.keep, width), plan.targets, plan.noise,
             jnp.int32(1), plan.target_positions)
 
 
-# Each objective's encoder, by name: a new objective is its name appended to OBJECTIVES and
-# its encoder here (a name in one and not the other stops the import, naming it).
-_ENCODER_OF = {
-    "span_corruption": _span_corruption, "drop_corrupted_tokens": _drop_corrupted_tokens,
-    "bert_style": _bert_style, "mass_style": _mass_style, "deshuffling": _deshuffling,
-    "prefix_lm": _prefix_lm, "lm": _lm, "iid_denoising": _iid_denoising,
-    "token_masking": _token_masking, "token_deletion": _token_deletion,
-    "text_infilling": _text_infilling, "document_rotation": _document_rotation,
-    "sentence_permutation": _sentence_permutation,
-    "text_infilling_permutation": _text_infilling_permutation, "ul2": _ul2,
-    "blank_infilling": _blank_infilling,
-}
-if set(_ENCODER_OF) != set(OBJECTIVES):
-    raise ImportError(
-        "config.OBJECTIVES and objectives._ENCODER_OF must name the same objectives; only in "
-        f"OBJECTIVES: {sorted(set(OBJECTIVES) - set(_ENCODER_OF))}, only in _ENCODER_OF: "
-        f"{sorted(set(_ENCODER_OF) - set(OBJECTIVES))}")
-# In the order of OBJECTIVES: the objective id indexes this tuple.
-_ENCODERS = tuple(_ENCODER_OF[name] for name in OBJECTIVES)
+# The built-in objectives' records, in the order of their ids: an objective's id is its position
+# in the registry, so a new one is appended.
+_SPANS = ("noise_density", "mean_noise_span_length")
+_RATE = ("noise_density",)
+register(Objective("span_corruption", _span_corruption, has_noise_mask=True, reads=_SPANS,
+                   lengths=host.span_corruption_lengths,
+                   expected_loss_tokens=host.span_corruption_loss_tokens,
+                   sentinels_needed=host.span_corruption_sentinels))
+register(Objective("drop_corrupted_tokens", _drop_corrupted_tokens, has_noise_mask=True,
+                   reads=_RATE, lengths=host.iid_lengths,
+                   expected_loss_tokens=host.drop_corrupted_loss_tokens))
+register(Objective("bert_style", _bert_style, has_noise_mask=True, in_place=True,
+                   reads=("noise_density", "random_token_fraction")))
+register(Objective("mass_style", _mass_style, has_noise_mask=True, in_place=True, reads=_RATE))
+register(Objective("deshuffling", _deshuffling, has_noise_mask=False))
+register(Objective("prefix_lm", _prefix_lm, has_noise_mask=False,
+                   expected_loss_tokens=host.prefix_lm_loss_tokens))
+register(Objective("lm", _lm, has_noise_mask=False, lengths=host.lm_lengths))
+register(Objective("iid_denoising", _iid_denoising, has_noise_mask=True, reads=_RATE,
+                   lengths=host.iid_lengths, expected_loss_tokens=host.iid_denoising_loss_tokens,
+                   sentinels_needed=host.iid_denoising_sentinels))
+# BART's noising functions (Lewis et al. 2019, section 2.2).
+register(Objective("token_masking", _token_masking, has_noise_mask=True, reads=_RATE))
+register(Objective("token_deletion", _token_deletion, has_noise_mask=True, reads=_RATE,
+                   lengths=host.token_deletion_lengths))
+register(Objective("text_infilling", _text_infilling, has_noise_mask=True, reads=_SPANS,
+                   poisson_spans=True, uniform_rows=_infilling_rows,
+                   lengths=host.infilling_lengths))
+register(Objective("document_rotation", _document_rotation, has_noise_mask=False))
+register(Objective("sentence_permutation", _sentence_permutation, has_noise_mask=False,
+                   reads_sentences=True))
+register(Objective("text_infilling_permutation", _text_infilling_permutation,
+                   has_noise_mask=True, reads=_SPANS, poisson_spans=True, reads_sentences=True,
+                   uniform_rows=_infilling_rows, lengths=host.infilling_lengths))
+# UL2's mixture of denoisers (Tay et al. 2022): its rates and spans are its denoisers'
+# (`objective.ul2_denoisers`), a mixture the layout holds (`BatchLayout.denoisers`).
+register(Objective("ul2", _ul2, has_noise_mask=True, lengths=host.ul2_lengths,
+                   expected_loss_tokens=host.ul2_loss_tokens,
+                   sentinels_needed=host.ul2_sentinels))
+# GLM's autoregressive blank infilling (Du et al. 2021).
+register(Objective(glm.NAME, _blank_infilling, has_noise_mask=True, reads=_SPANS,
+                   poisson_spans=True, needs_prefix_attention=True, explicit_positions=True,
+                   uniform_rows=lambda layout: glm.UNIFORM_ROWS,
+                   expected_loss_tokens=host.blank_infilling_loss_tokens))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -529,10 +564,10 @@ def corrupt_with_details(raw_tokens: jax.Array, spec: ObjectiveSpec, rng: jax.Ar
     """`corrupt`, and what it did: (batch, details).
 
     details: `noise_mask` bool [B, layout.raw_length], the raw tokens the objective corrupted
-    (all False for objectives without a noise mask, see `HAS_NOISE_MASK`); `overflow` bool [B],
-    the examples whose inputs or targets did not fit the layout or that needed more sentinels
-    than layout.num_sentinels (possible for the i.i.d. objectives, whose lengths and runs of
-    noise are random; `noise_lengths` makes it rare). An overflowing example is cut to the
+    (all False for objectives without a noise mask, see `Objective.has_noise_mask`);
+    `overflow` bool [B], the examples whose inputs or targets did not fit the layout or that
+    needed more sentinels than layout.num_sentinels (possible for the i.i.d. objectives, whose
+    lengths and runs of noise are random; `noise_lengths` makes it rare). An overflowing example is cut to the
     layout (sentinels past the last become the last) and gets zero loss weights, so it never
     trains on a cut sequence; the train step reports how many there were
     (`objective_overflow`).
@@ -559,22 +594,23 @@ def corrupt_with_details(raw_tokens: jax.Array, spec: ObjectiveSpec, rng: jax.Ar
         example[weights] = example[weights] * fits
         return example, {"noise_mask": noise, "overflow": ~fits}
 
-    # Only the layout's objectives are compiled; branch_of maps an OBJECTIVES index to its
-    # branch (an objective outside the layout, which the host refuses, would run branch 0).
-    ids = [OBJECTIVES.index(name) for name in layout.runs()]
-    # A layout running blank infilling gives every branch its fifth output, target positions
-    # (none for the others: their rows keep their own); the other layouts' programs are as
-    # they were.
-    explicit = glm.NAME in layout.runs()
+    # Only the layout's objectives are compiled; branch_of maps an objective id to its branch
+    # (an objective outside the layout, which the host refuses, would run branch 0).
+    registered = names()
+    ids = [registered.index(name) for name in layout.runs()]
+    # A layout running an objective with explicit target positions (blank infilling) gives
+    # every branch a fifth output, target positions (none for the others: their rows keep
+    # their own); the other layouts' programs are as they were.
+    explicit = any(get(name).explicit_positions for name in layout.runs())
 
-    def branch(i):
-        encoder = functools.partial(_ENCODERS[i], layout=layout)
-        if not explicit or OBJECTIVES[i] == glm.NAME:
+    def branch(name):
+        encoder = functools.partial(get(name).encode, layout=layout)
+        if not explicit or get(name).explicit_positions:
             return encoder
-        return lambda *args: (*encoder(*args), glm.no_positions(_packed_width(layout)))
+        return lambda *args: (*encoder(*args), glm.no_positions(packed_width(layout)))
 
-    branches = [branch(i) for i in ids]
-    branch_of = jnp.zeros(len(OBJECTIVES), jnp.int32).at[jnp.asarray(ids)].set(
+    branches = [branch(name) for name in layout.runs()]
+    branch_of = jnp.zeros(len(registered), jnp.int32).at[jnp.asarray(ids)].set(
         jnp.arange(len(ids), dtype=jnp.int32))
     rngs = jax.random.split(rng, raw_tokens.shape[0])
     # Scalar spec fields stay unbatched so the objective switch is a real branch, not a select.

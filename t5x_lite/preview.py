@@ -102,7 +102,7 @@ def corrupted_examples(run: PreviewedRun, count: int = 3) -> list[dict[str, Any]
 
     Each is a dict: `raw` (the chunk's tokens the objective reads, ids), `noise_mask` (0/1 per
     raw token, the ones it corrupted; None for an objective without a noise mask, see
-    `objectives.HAS_NOISE_MASK`), `inputs` and `targets` (ids as the model gets them, without
+    `Objective.has_noise_mask`), `inputs` and `targets` (ids as the model gets them, without
     padding, ending in EOS unless cut by an overflow; a decoder-only row split where its
     targets start), their texts `raw_text`, `inputs_text`, `targets_text` (`token_text`),
     `overflow` (did not fit the layout: cut to it and left out of the loss), and where it
@@ -146,7 +146,7 @@ def corrupted_examples(run: PreviewedRun, count: int = 3) -> list[dict[str, Any]
                 "objective": name, "seed": run.seed, "step": step, "batch_row": row,
                 "raw": raw,
                 "noise_mask": ([int(m) for m in details["noise_mask"][row][:used]]
-                               if objectives.HAS_NOISE_MASK[name] else None),
+                               if objectives.get(name).has_noise_mask else None),
                 "inputs": inputs, "targets": targets,
                 "raw_text": token_text(vocab, raw),
                 "inputs_text": token_text(vocab, inputs, names),
@@ -168,13 +168,12 @@ def _header(run: PreviewedRun) -> list[str]:
     else:
         where = f"{run.experiment} point {run.point} ({run.row!r}), preset {run.preset}"
         layout_source = "the grid's shared layout"
-    settings = ""
-    if objectives.HAS_NOISE_MASK[objective.name]:
-        settings = f": noise_density {objective.noise_density}"
-        if objective.name in objectives.READS_MEAN_SPAN_LENGTH:
-            settings += f", mean_noise_span_length {objective.mean_noise_span_length}"
-            if objective.name in objectives.POISSON_SPAN_OBJECTIVES:  # BART's, GLM's spans
-                settings += " (the Poisson lambda of its span lengths)"
+    record = objectives.get(objective.name)
+    settings = ", ".join(f"{field} {objective[field]}" + (
+        " (the Poisson lambda of its span lengths)"
+        if field == "mean_noise_span_length" and record.poisson_spans else "")
+        for field in record.reads)
+    settings = f": {settings}" if settings else ""
     if objective.name == "ul2":
         settings = ": denoisers " + ", ".join(
             f"{d.kind}(r={d.noise_density:g}, mu={d.mean_noise_span_length:g}, "

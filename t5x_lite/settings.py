@@ -27,9 +27,9 @@ from typing import Any, Callable, ClassVar, Mapping
 
 import ml_collections
 
-from t5x_lite import architectures, partitioning, ul2
+from t5x_lite import architectures, objective_registry, partitioning, ul2
 from t5x_lite.config import (ATTENTION_IMPLS, BUDGETS, DECODE_METHODS, DTYPES, MIN_INPUTS_LENGTH,
-                             MLP_KINDS, NUM_RESERVED_IDS, OBJECTIVES, OPTIMIZERS, SCHEDULES,
+                             MLP_KINDS, NUM_RESERVED_IDS, OPTIMIZERS, SCHEDULES,
                              UL2_DENOISERS, ConfigError)
 from t5x_lite.errors import require_choice
 
@@ -95,7 +95,7 @@ def check_objective(point: Mapping[str, Any]) -> None:
     that no objective can run: an unknown name, noise_density outside (0, 1),
     mean_noise_span_length < 1, random_token_fraction outside [0, 1], inputs_length <
     MIN_INPUTS_LENGTH or a ul2 mixture that `ul2.check_denoisers` refuses."""
-    require_choice("objective.name", point["name"], OBJECTIVES)
+    require_choice("objective.name", point["name"], objective_registry.names())
     require_number("objective.noise_density", point["noise_density"], lambda v: 0 < v < 1,
                    "a number in (0, 1)")
     require_number("objective.mean_noise_span_length", point["mean_noise_span_length"],

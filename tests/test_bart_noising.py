@@ -17,7 +17,7 @@ from hypothesis import given, strategies as st
 from scipy import stats
 
 from t5x_lite import bart_noising, objectives, presets
-from t5x_lite.config import OBJECTIVES, ConfigError
+from t5x_lite.config import ConfigError
 from t5x_lite.data import builders, pipeline
 from t5x_lite.noise_lengths import OVERFLOW_PROBABILITY
 from t5x_lite.objectives import BatchLayout, ObjectiveSpec
@@ -47,7 +47,7 @@ class Pieces:
 
 LAYOUT = BatchLayout("encoder_decoder", RAW, RAW + 1, RAW + 3, VOCAB, SENTINELS).with_sentences(
     Pieces)
-WIDTH = objectives._packed_width(LAYOUT)
+WIDTH = objectives.packed_width(LAYOUT)
 corrupt_jit = jax.jit(objectives.corrupt_with_details, static_argnums=3)
 
 
@@ -55,7 +55,7 @@ corrupt_jit = jax.jit(objectives.corrupt_with_details, static_argnums=3)
 def plans_for(layout):
     """plans(draws [B, D], densities [B], lambdas [B], valid lengths [B]) for layout's
     examples: text infilling's spans as `corrupt` draws them."""
-    width = objectives._packed_width(layout)
+    width = objectives.packed_width(layout)
     return jax.jit(jax.vmap(lambda draws, p, lam, n: bart_noising.infilling_plan(
         draws, p, lam, n, layout.raw_length, width)))
 
@@ -72,7 +72,7 @@ def drawn_plans(rng, batch, layout, density, lam, valid):
 
 def make_spec(name, density=0.3, span=3.0, raw_length=RAW):
     return ObjectiveSpec(
-        objective=jnp.int32(OBJECTIVES.index(name)), noise_density=jnp.float32(density),
+        objective=jnp.int32(objectives.objective_id(name)), noise_density=jnp.float32(density),
         mean_noise_span_length=jnp.float32(span), random_token_fraction=jnp.float32(0.1),
         raw_length=jnp.int32(raw_length))
 
@@ -427,18 +427,19 @@ def test_the_lengths_of_the_bart_objectives():
                  "sentence_permutation", "text_infilling_permutation"):
         raw = objectives.lengths_for(name, 24, 0.15, 3.0)[0]
         assert objectives.expected_loss_tokens(name, 24, 0.15, 3.0) == raw + 1
-    assert objectives.HAS_NOISE_MASK == dict(
-        objectives.HAS_NOISE_MASK, token_masking=True, token_deletion=True,
-        text_infilling=True, document_rotation=False, sentence_permutation=False,
-        text_infilling_permutation=True)
-    assert {"text_infilling", "text_infilling_permutation"} <= set(
-        objectives.READS_MEAN_SPAN_LENGTH)
+    noise_masks = dict(token_masking=True, token_deletion=True, text_infilling=True,
+                       document_rotation=False, sentence_permutation=False,
+                       text_infilling_permutation=True)
+    assert {name: objectives.get(name).has_noise_mask for name in noise_masks} == noise_masks
+    for name in ("text_infilling", "text_infilling_permutation"):
+        assert objectives.get(name).reads == ("noise_density", "mean_noise_span_length")
+        assert objectives.get(name).poisson_spans
 
 
 def test_one_program_serves_a_batch_mixing_every_objective():
     """Each example its own objective (every one), in two orders, through one compiled
     program; each row is what its objective makes of it alone with the same rng."""
-    names = list(OBJECTIVES) + ["text_infilling"] * (16 - len(OBJECTIVES))
+    names = list(objectives.names()) + ["text_infilling"] * (16 - len(objectives.names()))
     tokens, rng = raw_tokens(7, batch=len(names)), jax.random.key(7)
 
     def mixed_corrupt(*args):  # a function of its own: no earlier test can have compiled it

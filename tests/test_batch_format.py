@@ -70,7 +70,7 @@ def corrupt(family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@given(name=st.sampled_from(objectives.OBJECTIVES), density=st.floats(0.05, 0.5),
+@given(name=st.sampled_from(objectives.names()), density=st.floats(0.05, 0.5),
        seed=st.integers(0, 2**16))
 def test_corrupted_rows_are_the_finetuning_rows_of_their_examples(family, name, density, seed):
     """Through the real pre-training path: every row `corrupt` makes (an empty input for lm,
@@ -79,7 +79,7 @@ def test_corrupted_rows_are_the_finetuning_rows_of_their_examples(family, name, 
     rng = np.random.default_rng(seed)
     tokens = rng.integers(3, VOCAB - SENTINELS, (BATCH, RAW)).astype(np.int32)
     spec = objectives.ObjectiveSpec(
-        objective=jnp.int32(objectives.OBJECTIVES.index(name)),
+        objective=jnp.int32(objectives.objective_id(name)),
         noise_density=jnp.float32(density), mean_noise_span_length=jnp.float32(3.0),
         random_token_fraction=jnp.float32(0.1), raw_length=jnp.int32(RAW))
     batch, details = jax.device_get(corrupt_fn(tokens, spec, jax.random.key(seed)))

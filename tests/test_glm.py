@@ -34,12 +34,12 @@ corrupt_jit = jax.jit(objectives.corrupt_with_details, static_argnums=3)
 def plans(tokens, n, density, lam, draws):
     """The spans `corrupt` draws for LAYOUT's examples, from their uniform draws."""
     return jax.vmap(lambda t, m, p, mu, u: glm.plan(t, m, p, mu, u, MASK,
-                                                    objectives._packed_width(LAYOUT)),
+                                                    objectives.packed_width(LAYOUT)),
                     in_axes=(0, 0, None, 0, 0))(tokens, n, density, lam, draws)
 
 
 def make_spec(density, lam=3.0, raw_length=RAW):
-    return ObjectiveSpec(objective=jnp.int32(objectives.OBJECTIVES.index("blank_infilling")),
+    return ObjectiveSpec(objective=jnp.int32(objectives.objective_id("blank_infilling")),
                          noise_density=jnp.float32(density),
                          mean_noise_span_length=jnp.float32(lam),
                          random_token_fraction=jnp.float32(0.1),

@@ -19,12 +19,15 @@ from scipy.special import gammaln
 from t5x_lite import noise_lengths, objectives
 from t5x_lite.config import UL2_DENOISERS, ConfigError, default_config
 from t5x_lite.objectives import (
-    OBJECTIVES, BatchLayout, ObjectiveSpec, corrupt, iid_noise_mask, layout_for, lengths_for,
+    BatchLayout, ObjectiveSpec, corrupt, iid_noise_mask, layout_for, lengths_for,
     random_prefix_split, random_spans_noise_mask, raw_length_for, spec_from_config, validate_vocab,
 )
 from t5x_lite.presets import get_preset
 
 from compile_events import compilations
+
+OBJECTIVES = objectives.names()  # the built-in objectives, in the order of their ids
+INFILLING = ("text_infilling", "text_infilling_permutation")  # BART's, inputs of random length
 
 VOCAB, SENTINELS, RAW, BATCH = 128, 40, 64, 8
 REAL_LOW, REAL_HIGH = 3, VOCAB - SENTINELS  # real token ids are [3, 88)
@@ -95,7 +98,7 @@ def unpad(row):
 
 def make_spec(name, density=0.15, span=3.0, raw_length=RAW, random_fraction=0.1):
     return ObjectiveSpec(
-        objective=jnp.int32(OBJECTIVES.index(name)), noise_density=jnp.float32(density),
+        objective=jnp.int32(objectives.objective_id(name)), noise_density=jnp.float32(density),
         mean_noise_span_length=jnp.float32(span),
         random_token_fraction=jnp.float32(random_fraction),
         raw_length=jnp.int32(raw_length))
@@ -465,7 +468,7 @@ def test_outputs_use_only_real_tokens_eos_and_their_own_special_ids(name, densit
                                               jax.random.key(seed), WIDE["encoder_decoder"])
     overflow = np.asarray(details["overflow"])
     # WIDE holds every output but text infilling's with many zero-length spans (flagged).
-    assert name in objectives.INFILLING_OBJECTIVES or not overflow.any()
+    assert name in INFILLING or not overflow.any()
     for i, n in enumerate(lengths):
         if overflow[i]:
             continue
@@ -491,7 +494,7 @@ def test_outputs_use_only_real_tokens_eos_and_their_own_special_ids(name, densit
             assert targets == original and sorted(inputs) == sorted(original)
         elif name == "prefix_lm":
             assert 1 <= len(inputs) <= n - 1 and inputs + targets == original
-        elif name in ("token_masking", *objectives.INFILLING_OBJECTIVES):
+        elif name in ("token_masking", *INFILLING):
             assert targets == original
             assert all(REAL_LOW <= t < REAL_HIGH or t == VOCAB - 1 for t in inputs)
             assert len(inputs) == n if name == "token_masking" else VOCAB - 1 in inputs
@@ -586,7 +589,7 @@ def test_outputs_fit_the_lengths_the_arithmetic_promises(name, inputs_length, de
     assert input_lengths.max() <= max(inputs_bound, 1) <= inputs_length
     assert target_lengths.max() <= targets_bound
     if name in ("lm", "token_masking", "token_deletion", "document_rotation",
-                *objectives.INFILLING_OBJECTIVES, "sentence_permutation"):
+                *INFILLING, "sentence_permutation"):
         assert target_lengths.min() == targets_bound, "these objectives' lengths are exact"
     if name == "span_corruption":  # exact too, but for noise spans that merge (fewer sentinels)
         num_noise, num_spans = expected_counts(raw, density, span)
@@ -602,7 +605,7 @@ def test_decoder_only_row_is_inputs_then_targets(name, density, span, raw_length
     row = corrupt_jit(tokens, spec, rng, WIDE["decoder_only"])
     assert row["decoder_target_tokens"].shape == (BATCH, 2 * RAW + 4)
     # Only text infilling can overflow WIDE; each family cuts an overflowing example its way.
-    assert (name in objectives.INFILLING_OBJECTIVES
+    assert (name in INFILLING
             or not np.asarray(details["overflow"]).any())
     for i in np.flatnonzero(~np.asarray(details["overflow"])):
         inputs = [] if name == "lm" else unpad(pair["encoder_input_tokens"][i])
@@ -649,7 +652,7 @@ def test_a_layout_compiles_only_its_grids_objectives_and_corrupts_as_the_full_on
     points = [dict(name=name, noise_density=0.15, mean_noise_span_length=3.0, inputs_length=24)
               for name in ("text_infilling", "span_corruption", "lm")]
     layout = layout_for(points, "encoder_decoder", VOCAB, SENTINELS)
-    assert layout.objectives == ("span_corruption", "lm", "text_infilling")  # OBJECTIVES order
+    assert layout.objectives == ("span_corruption", "lm", "text_infilling")  # registry order
     full = dataclasses.replace(layout, objectives=OBJECTIVES)
     tokens = np.random.default_rng(9).integers(REAL_LOW, REAL_HIGH, (3, layout.raw_length),
                                                np.int32)
@@ -782,7 +785,7 @@ def test_details_noise_mask_is_what_the_objective_corrupted(name):
                                               jax.random.key(5), WIDE["encoder_decoder"])
     noise = np.asarray(details["noise_mask"])
     assert noise.shape == tokens.shape and not np.asarray(details["overflow"]).any()
-    if not objectives.HAS_NOISE_MASK[name]:
+    if not objectives.get(name).has_noise_mask:
         assert not noise.any()
         return
     inputs = np.asarray(batch["encoder_input_tokens"])

@@ -37,7 +37,7 @@ def objective(name, rate=0.15, span=3.0):
     return cfg
 
 
-GRID = [objective(n, r, s) for n, r, s in itertools.product(objectives.OBJECTIVES, RATES, SPANS)]
+GRID = [objective(n, r, s) for n, r, s in itertools.product(objectives.names(), RATES, SPANS)]
 
 
 class Pieces:
@@ -288,7 +288,7 @@ def test_every_objective_rate_and_span_shares_one_compilation():
     # objective once (at rates and spans taken in turn) and span corruption at every rate and
     # span cover each branch and each traced value without running all of GRID's points.
     points = [objective(name, RATES[i % len(RATES)], SPANS[i % len(SPANS)])
-              for i, name in enumerate(objectives.OBJECTIVES)]
+              for i, name in enumerate(objectives.names())]
     points += [objective("span_corruption", r, s) for r, s in itertools.product(RATES, SPANS)]
     specs = [objectives.spec_from_config(point) for point in points]
     state, _ = step(state, raw_batch(), specs[0], jax.random.key(0))
@@ -302,7 +302,7 @@ def test_every_objective_rate_and_span_shares_one_compilation():
             assert np.isfinite(float(metrics["loss"]))
     assert step.compiles == before
     assert compiled == []  # no backend compile of anything
-    assert full_layout().objectives == objectives.OBJECTIVES  # the program holds every branch
+    assert full_layout().objectives == objectives.names()  # the program holds every branch
 
 
 def test_language_model_and_prefix_lm_share_one_compilation_but_not_their_masks():

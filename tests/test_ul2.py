@@ -53,7 +53,7 @@ def rows(batch, family):
 def per_example_spec(name, denoisers, chosen):
     picked = [denoisers[i] for i in chosen]
     return ObjectiveSpec(
-        objective=jnp.int32(objectives.OBJECTIVES.index(name)),
+        objective=jnp.int32(objectives.objective_id(name)),
         noise_density=jnp.asarray([d.noise_density for d in picked], jnp.float32),
         mean_noise_span_length=jnp.asarray([d.mean_noise_span_length for d in picked],
                                            jnp.float32),

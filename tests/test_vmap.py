@@ -138,7 +138,7 @@ def test_configs_that_cannot_share_a_step_are_rejected(configs, layout, tmp_path
 
 def test_stacked_specs_keep_the_fields_all_points_share_as_scalars(configs):
     spec = train_step.stack_specs([objectives.spec_from_config(c.objective) for c in configs])
-    np.testing.assert_array_equal(spec.objective, [0, 0, objectives.OBJECTIVES.index("prefix_lm")])
+    np.testing.assert_array_equal(spec.objective, [0, 0, objectives.objective_id("prefix_lm")])
     np.testing.assert_allclose(spec.noise_density, [0.15, 0.5, 0.15])
     assert np.ndim(spec.mean_noise_span_length) == 0  # shared: a real branch, not a select
     assert np.ndim(spec.random_token_fraction) == 0
