@@ -24,10 +24,11 @@ layout.raw_length), of which the first n (a traced int32) are the text; spec the
 randomness); layout the static `BatchLayout`. It returns (inputs, targets, noise, sentinels):
 inputs and targets int32[`objectives.packed_width(layout)`], the tokens at the front, EOS after
 them, then zeros (`objectives.pack_with_eos` makes them); noise bool[R], the raw tokens it
-corrupted; sentinels, how many sentinel ids it used (an example needing more than the layout
-holds is left out of the loss). Its `lengths` must bound what it makes: an example longer than
-the layout's inputs or targets is cut to them and left out of the loss. It runs inside the jitted train step, as one branch of a
-`lax.switch` over the grid's objectives.
+corrupted; sentinels int32[], how many sentinel ids it used (an example needing more than the
+layout holds is left out of the loss). Outputs of another type or shape are refused, naming the
+objective, when the step is traced. Its `lengths` must bound what it makes: an example longer
+than the layout's inputs or targets is cut to them and left out of the loss. It runs inside the
+jitted train step, as one branch of a `lax.switch` over the grid's objectives.
 
 `lengths(point)` -> (raw, inputs, targets): the raw tokens it reads and the longest inputs and
 targets (EOS included) it makes from them, for an objective config `point` (a mapping with

@@ -548,6 +548,33 @@ register(Objective(glm.NAME, _blank_infilling, has_noise_mask=True, reads=_SPANS
 # ---------------------------------------------------------------------------------------------
 
 
+def _typed(value: Any) -> str:
+    """A value's dtype and shape as the contract below writes them: int32[19], bool[], ..."""
+    return f"{jnp.result_type(value).name}{list(jnp.shape(value))}"
+
+
+def _checked_outputs(name: str, outputs: Any, layout: BatchLayout) -> tuple:
+    """Objective `name`'s encoder outputs for one example, once checked against the contract
+    (`objective_registry`: inputs and targets int32[packed_width], noise bool[raw_length],
+    sentinels int32[], and target positions int32[packed_width] for an objective with
+    explicit positions); a `TypeError` naming the objective and both forms otherwise, rather
+    than `lax.switch`'s complaint about unequal branches. It runs while the step is traced,
+    so it costs the compiled program nothing."""
+    width, raw = packed_width(layout), layout.raw_length
+    expected = [("inputs", f"int32[{width}]"), ("targets", f"int32[{width}]"),
+                ("noise", f"bool[{raw}]"), ("sentinels", "int32[]")]
+    if get(name).explicit_positions:
+        expected.append(("target positions", f"int32[{width}]"))
+    returned = ([_typed(value) for value in outputs] if isinstance(outputs, (tuple, list))
+                else [type(outputs).__name__])
+    if returned != [form for _, form in expected]:
+        contract = ", ".join(f"{what} {form}" for what, form in expected)
+        raise TypeError(f"objective {name!r}: encode must return ({contract}) for this layout "
+                        f"(packed_width {width}, raw_length {raw}); it returned "
+                        f"({', '.join(returned)})")
+    return tuple(outputs)
+
+
 def _fits(inputs: jax.Array, targets: jax.Array, sentinels: jax.Array,
           layout: BatchLayout) -> jax.Array:
     """bool: whether an example's inputs and targets (incl. EOS) fit the layout's lengths, and
@@ -567,9 +594,9 @@ def corrupt_with_details(raw_tokens: jax.Array, spec: ObjectiveSpec, rng: jax.Ar
     (all False for objectives without a noise mask, see `Objective.has_noise_mask`);
     `overflow` bool [B], the examples whose inputs or targets did not fit the layout or that
     needed more sentinels than layout.num_sentinels (possible for the i.i.d. objectives, whose
-    lengths and runs of noise are random; `noise_lengths` makes it rare). An overflowing example is cut to the
-    layout (sentinels past the last become the last) and gets zero loss weights, so it never
-    trains on a cut sequence; the train step reports how many there were
+    lengths and runs of noise are random; `noise_lengths` makes it rare). An overflowing
+    example is cut to the layout (sentinels past the last become the last) and gets zero loss
+    weights, so it never trains on a cut sequence; the train step reports how many there were
     (`objective_overflow`).
     """
     if raw_tokens.shape[-1] != layout.raw_length:
@@ -604,7 +631,9 @@ def corrupt_with_details(raw_tokens: jax.Array, spec: ObjectiveSpec, rng: jax.Ar
     explicit = any(get(name).explicit_positions for name in layout.runs())
 
     def branch(name):
-        encoder = functools.partial(get(name).encode, layout=layout)
+        def encoder(*args):
+            return _checked_outputs(name, get(name).encode(*args, layout=layout), layout)
+
         if not explicit or get(name).explicit_positions:
             return encoder
         return lambda *args: (*encoder(*args), glm.no_positions(packed_width(layout)))

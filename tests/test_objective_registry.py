@@ -79,6 +79,30 @@ def test_registering_refuses_a_record_that_cannot_work(registered):
     assert "mine" not in objective_registry.names()
 
 
+def test_an_encoder_that_breaks_the_contract_is_named_with_what_it_returned(registered):
+    """An encoder whose outputs have other shapes or types than the contract's gets a
+    TypeError naming the objective, the contract for the layout and what it returned, when the
+    step is traced (before anything compiles), not lax.switch's complaint about branches."""
+    def noise_as_int(tokens, n, spec, uniform, layout):  # a noise mask of int32, and no EOS room
+        inputs, targets, noise, sentinels = registered.encode(tokens, n, spec, uniform, layout)
+        return inputs[:-1], targets, noise.astype(jnp.int32), sentinels
+
+    objective_registry.register(objective_registry.Objective(
+        "broken", noise_as_int, has_noise_mask=False))
+    layout = objectives.layout_for([point("span_corruption"), point("broken")],
+                                   "encoder_decoder", VOCAB, SENTINELS)
+    width, raw = objectives.packed_width(layout), layout.raw_length
+    tokens = np.full((2, raw), 5, np.int32)
+    # JAX may add lines of its own after the message.
+    with pytest.raises(TypeError, match="^" + re.escape(
+            f"objective 'broken': encode must return (inputs int32[{width}], targets "
+            f"int32[{width}], noise bool[{raw}], sentinels int32[]) for this layout "
+            f"(packed_width {width}, raw_length {raw}); it returned (int32[{width - 1}], "
+            f"int32[{width}], int32[{raw}], int32[])") + r"(\n|$)"):
+        jax.jit(objectives.corrupt, static_argnums=3).lower(
+            tokens, objectives.spec_from_config(point("broken")), jax.random.key(0), layout)
+
+
 def test_a_registered_objective_is_validated_laid_out_and_given_the_next_id(registered):
     builtin = objective_registry.names()[:-1]
     assert objective_registry.names() == (*builtin, "reversal")
