@@ -419,14 +419,18 @@ def _preview(argv: list[str]) -> None:
                         "omit it for a plain config")
     parser.add_argument("--point", help=f"the grid point's id, as in {RESULTS_FILE} "
                         "(e.g. rate_50)")
-    parser.add_argument("--preset", default="tiny",
-                        help=f"{', '.join(presets.PRESETS)} (default: tiny)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--preset", help=f"{', '.join(presets.PRESETS)} (default: tiny)")
+    source.add_argument("--config", metavar="FILE.py[:ARG]", help="a plain config from an "
+                        "ml_collections config file, as `train --config` reads it (its "
+                        "get_config(ARG)); not with an experiment")
     parser.add_argument("--seed", type=int, default=0, help="the run's train.seed")
     parser.add_argument("--examples", type=int, default=3, help="how many (past the batch "
                         "size they come from the following steps' batches)")
     parser.add_argument("--json", action="store_true", help="one JSON object per example")
     args, overrides = _parse(parser, argv)
-    run = preview.previewed_run(args.experiment, args.point, args.preset, args.seed, overrides)
+    run = preview.previewed_run(args.experiment, args.point, args.preset or "tiny", args.seed,
+                                overrides, config_file=args.config)
     examples = preview.corrupted_examples(run, args.examples)
     if args.json:
         for example in examples:

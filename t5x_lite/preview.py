@@ -22,7 +22,8 @@ import ml_collections
 import numpy as np
 
 from t5x_lite import batch_format, grid, objectives, presets, ul2
-from t5x_lite.config import EOS_ID, PAD_ID, ConfigError, apply_overrides, parse_overrides
+from t5x_lite.config import (EOS_ID, PAD_ID, ConfigError, apply_overrides, load_config_file,
+                             parse_overrides)
 from t5x_lite.data.vocabulary import Vocabulary
 from t5x_lite.settings import Settings
 from t5x_lite.train_step import batch_and_dropout_keys, step_key
@@ -34,15 +35,17 @@ EOS_TEXT = "</s>"
 @dataclasses.dataclass(frozen=True)
 class PreviewedRun:
     """The run whose corruption is shown: its config (`train.seed` set), the layout it trains
-    with, and where it comes from (experiment, point id and the paper's row label; all None
-    for a plain config)."""
+    with, and where it comes from: the preset, or the config file (`--config`; the preset is
+    then None), and for a grid point the experiment, point id and the paper's row label (all
+    None for a plain config)."""
 
     config: ml_collections.ConfigDict
     layout: objectives.BatchLayout
-    preset: str
+    preset: str | None
     experiment: str | None = None
     point: str | None = None
     row: str | None = None
+    config_file: str | None = None
 
     @property
     def seed(self) -> int:
@@ -50,23 +53,30 @@ class PreviewedRun:
 
 
 def previewed_run(experiment: str | None, point: str | None, preset: str = "tiny",
-                  seed: int = 0, overrides: Sequence[str] = ()) -> PreviewedRun:
+                  seed: int = 0, overrides: Sequence[str] = (),
+                  config_file: str | None = None) -> PreviewedRun:
     """Validate the request and resolve its config and layout; builds no data.
 
     experiment given: grid point `point` (its id as in results.jsonl) of `grid.expand(
-    experiment, preset, overrides)`, with the grid's shared layout. experiment None: the preset
-    with the 'field=value' overrides, with its own layout. Either way `train.seed` = seed.
-    Raises `ConfigError` naming the field for an unknown experiment, point (listing the grid's
-    points), preset or override field, and for a config that cannot train.
+    experiment, preset, overrides)`, with the grid's shared layout. experiment None: the preset,
+    or the config file `config_file` (`path.py[:ARG]`, as `train --config` reads it, so that
+    an objective it registers is known), with the 'field=value' overrides and its own layout.
+    Either way `train.seed` = seed. Raises `ConfigError` naming the field for an unknown
+    experiment, point (listing the grid's points), preset or override field, a config file
+    beside an experiment, and a config that cannot train.
     """
     if experiment is None:
         if point is not None:
             raise ConfigError(f"point={point!r} needs an experiment (e.g. table2) to be a point of")
-        config = presets.get_preset(preset)
+        config = load_config_file(config_file) if config_file else presets.get_preset(preset)
         apply_overrides(config, parse_overrides(config, overrides))
         config.train.seed = seed
         Settings.from_config(config)  # every bad value, before any data or array is built
-        return PreviewedRun(config, objectives.layout_from_config(config), preset)
+        return PreviewedRun(config, objectives.layout_from_config(config),
+                            None if config_file else preset, config_file=config_file)
+    if config_file is not None:
+        raise ConfigError(f"config={config_file!r} and experiment={experiment!r}: give one; an "
+                          "experiment's points take their config from the experiment file")
     points = grid.expand(experiment, preset, overrides)
     ids = list(dict.fromkeys(p.point for p in points))  # a point once, whatever its seeds
     if point not in ids:
@@ -106,7 +116,8 @@ def corrupted_examples(run: PreviewedRun, count: int = 3) -> list[dict[str, Any]
     padding, ending in EOS unless cut by an overflow; a decoder-only row split where its
     targets start), their texts `raw_text`, `inputs_text`, `targets_text` (`token_text`),
     `overflow` (did not fit the layout: cut to it and left out of the loss), and where it
-    comes from: `experiment`, `point`, `preset`, `objective`, `seed`, `step`, `batch_row`;
+    comes from: `experiment`, `point`, `preset`, `config_file`, `objective`, `seed`, `step`,
+    `batch_row`;
     `denoiser`: for the ul2 objective, the example's denoiser (`ul2.describe`), else None.
     """
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
@@ -143,6 +154,7 @@ def corrupted_examples(run: PreviewedRun, count: int = 3) -> list[dict[str, Any]
                 layout.family, {key: value[row] for key, value in batch.items()})
             examples.append({
                 "experiment": run.experiment, "point": run.point, "preset": run.preset,
+                "config_file": run.config_file,
                 "objective": name, "seed": run.seed, "step": step, "batch_row": row,
                 "raw": raw,
                 "noise_mask": ([int(m) for m in details["noise_mask"][row][:used]]
@@ -163,7 +175,8 @@ def _header(run: PreviewedRun) -> list[str]:
     config, layout = run.config, run.layout
     objective = config.objective
     if run.experiment is None:
-        where = f"preset {run.preset} (a plain config)"
+        where = (f"config file {run.config_file}" if run.config_file
+                 else f"preset {run.preset} (a plain config)")
         layout_source = "its own layout"
     else:
         where = f"{run.experiment} point {run.point} ({run.row!r}), preset {run.preset}"

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5x_lite import architectures, objective_registry, objectives
+from t5x_lite import architectures, objective_registry, objectives, preview
 from t5x_lite.config import EOS_ID, PAD_ID, ConfigError
 from t5x_lite.settings import check_objective
 from xla_env import child_env
@@ -152,6 +152,35 @@ def test_a_registered_objective_corrupts_as_its_definition_says_in_a_mixed_progr
         else:
             for key_name in mixed:
                 np.testing.assert_array_equal(mixed[key_name][row], alone[key_name][row])
+
+
+def test_a_config_file_s_objective_previews_as_train_would_run_it(registered, monkeypatch,
+                                                                    tmp_path):
+    """`t5x-lite preview --config FILE`, the file that `train --config FILE` reads: it
+    registers the objective (here in a registry of the test's own) and sets it; the preview
+    names the file and shows the definition at work on the corpus."""
+    monkeypatch.setattr(objective_registry, "_REGISTRY", {
+        name: record for name, record in objective_registry._REGISTRY.items()
+        if name != "reversal"})
+    config_file = tmp_path / "reversal_config.py"
+    config_file.write_text(REVERSAL + '''
+from t5x_lite import presets
+
+
+def get_config():
+    config = presets.get_preset("demo")
+    config.objective.name = "reversal"
+    return config
+''')
+    run = preview.previewed_run(None, None, config_file=str(config_file))
+    assert (run.preset, run.config_file, run.config.objective.name) == (
+        None, str(config_file), "reversal")
+    examples = preview.corrupted_examples(run, 2)
+    for example in examples:
+        assert (example["inputs"], example["targets"]) == transcription(example["raw"])
+        assert example["config_file"] == str(config_file) and example["noise_mask"] is None
+    assert preview.format_text(run, examples).startswith(f"config file {config_file}, seed 0\n"
+                                                         "objective reversal; model.arch")
 
 
 @pytest.mark.slow

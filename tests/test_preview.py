@@ -163,6 +163,8 @@ def test_a_plain_config_uses_its_own_layout_and_seed():
     (["--preset", "demo", "--examples", "0"], "examples=0 must be an integer >= 1"),
     (["table6"], "point=None is not a point of table6; choose one of rate_10, rate_15"),
     (["--point", "rate_50"], "point='rate_50' needs an experiment"),
+    (["table6", "--point", "rate_50", "--config", "configs/tiny.py"],
+     "config='configs/tiny.py' and experiment='table6': give one"),
 ])
 def test_bad_requests_stop_with_one_line_naming_the_field(args, message):
     with pytest.raises(SystemExit) as exit_info:
