@@ -194,7 +194,7 @@ def child_vmap(preset: str, points: int, steps: int, overrides: list[str]) -> di
     return {"preset": preset, **{key: result[key] for key in (
         "K", "points", "devices", "sequential_s_per_update", "vmapped_s_per_update",
         "sequential_tokens_per_s", "vmapped_tokens_per_s", "speedup", "compile_s",
-        "memory_gib")}}
+        "memory_gib", "first_update_losses", "first_update_loss_difference")}}
 
 
 def grouped_dropout(x: Any, rate: float, rng: Any) -> Any:
@@ -543,6 +543,12 @@ def plan(toy: bool) -> list[tuple[str, Any]]:
                                        *(["model.remat=True"] if preset == "small" else []),
                                        *(["train.batch_size=2"] if toy else [])]}
             parts.append((f"vmap/{preset}/{k}", functools.partial(run_child, "vmap", arguments)))
+    # cuDNN's attention under vmap (two demo points in bf16, the kernel's dtype), which no
+    # device has run: with attention/odd_length, what `attention_impl=auto` needs before it
+    # may pick cuDNN on a GPU (it picks XLA's kernel there now).
+    parts.append((f"vmap/demo/2+{kernels[1]}", functools.partial(run_child, "vmap", {
+        "preset": "demo", "points": 2, "steps": 2 if toy else 10,
+        "overrides": [BF16, f"model.attention_impl={kernels[1]}"]})))
     parts.append(("tests", run_tests))
     parts.append(("demo", functools.partial(run_demo, toy=toy)))
     return parts
@@ -557,7 +563,7 @@ CAPS = {"paper": 180, "profile": 180, "small": 90, "attention": 90, "dropout": 6
 # other variants; the demo, longest, last (`--parts demo` runs it alone).
 PRIORITY = (
     "paper/plain", "vmap/small/4", "attention/kernels", "attention/odd_length",
-    "paper/scan_layers", "tests", "dropout/bits",
+    "vmap/demo/2+cudnn", "vmap/demo/2+einsum", "paper/scan_layers", "tests", "dropout/bits",
     "paper/scan_layers+cudnn", "paper/scan_layers+einsum", "profile/paper",
     "profile/paper_unscanned",
     "paper/plain+cudnn", "paper/plain+einsum",

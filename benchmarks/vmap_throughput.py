@@ -10,7 +10,9 @@ builds both the shared single-point step and the vmapped step of the chunk, and 
 turns, one update of every point each way on random real-token batches (the step's cost does
 not depend on the token values; the input pipeline is left out). Prints one JSON object: K,
 the medians per update of all K points, the throughput in tokens/s (K x batch x (inputs +
-targets) tokens per update of all points), and the memory XLA gives each program.
+targets) tokens per update of all points), the memory XLA gives each program, and each
+point's loss in the first update both ways (from the same states, batch and keys, so they
+agree to the dtype's rounding: the vmapped step computes what the single-point one does).
 
 The vmapped step holds K points' activations at once: on this project's CPU, XLA's buffer
 assignment gives Table 6's small-preset step (bf16, scanned layers, batch 128 x 512 / 514)
@@ -54,9 +56,11 @@ def vmap_benchmark(experiment: str = "table6", preset: str = "demo", steps: int 
     states = [jax.block_until_ready(train_step.init_state(c, mesh)) for c in configs]
     bench.report_phase(f"{len(configs)} initial states built", time.perf_counter() - start)
 
-    def sequential() -> Any:
+    def sequential() -> list[Any]:
+        metrics = []
         for k in range(len(configs)):
-            states[k], metrics = step(states[k], raw, specs[k], keys[k])
+            states[k], point_metrics = step(states[k], raw, specs[k], keys[k])
+            metrics.append(point_metrics)
         return metrics
 
     vmapped_step = train_step.make_vmapped_train_step(configs, layout, mesh)
@@ -69,11 +73,14 @@ def vmap_benchmark(experiment: str = "table6", preset: str = "demo", steps: int 
         stacked[0], metrics = vmapped_step(stacked[0], stacked_raw, stacked_specs, stacked_keys)
         return metrics
 
+    first = {}  # each way's metrics of the first update, from the same states, batch and keys
     for name, run in (("the single-point step", sequential), ("the vmapped step", vmapped)):
         start = time.perf_counter()
-        jax.block_until_ready(run())
+        first[name] = jax.device_get(jax.block_until_ready(run()))
         bench.report_phase(f"{name} compiled and run once for all {len(configs)} points",
                            time.perf_counter() - start)
+    sequential_losses = np.array([m["loss"] for m in first["the single-point step"]])
+    vmapped_losses = np.asarray(first["the vmapped step"]["loss"])
     sequential_s, vmapped_s = bench.median_seconds(sequential, vmapped, steps=steps,
                                                    warmup=warmup)
     memory = {"sequential": bench.program_memory_gib(step),
@@ -89,6 +96,10 @@ def vmap_benchmark(experiment: str = "table6", preset: str = "demo", steps: int 
         "compile_s": {"sequential": step.program.compile_seconds,
                       "vmapped": vmapped_step.program.compile_seconds},
         "memory_gib": memory,
+        "first_update_losses": {"sequential": sequential_losses.tolist(),
+                                "vmapped": vmapped_losses.tolist()},
+        "first_update_loss_difference": float(np.max(np.abs(sequential_losses
+                                                            - vmapped_losses))),
     }
 
 

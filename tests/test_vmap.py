@@ -146,8 +146,9 @@ def test_stacked_specs_keep_the_fields_all_points_share_as_scalars(configs):
 
 def test_the_vmap_benchmark_times_both_ways_and_says_what_each_program_needs(benchmark_script):
     """benchmarks/vmap_throughput.py (the accelerator check's vmap parts) at toy size: K points
-    timed both ways, and the vmapped program's memory holding K points' states and
-    activations where the sequential one holds one point's."""
+    timed both ways, the vmapped program's memory holding K points' states and activations
+    where the sequential one holds one point's, and both ways' first update of each point
+    agreeing."""
     vmap_throughput = benchmark_script("vmap_throughput")
     result = vmap_throughput.vmap_benchmark(
         "table6", "demo", steps=1, warmup=0, points=2,
@@ -157,3 +158,8 @@ def test_the_vmap_benchmark_times_both_ways_and_says_what_each_program_needs(ben
         result["sequential_s_per_update"] / result["vmapped_s_per_update"])
     memory = result["memory_gib"]
     assert 1.5 * memory["sequential"] < memory["vmapped"] < 2.5 * memory["sequential"]
+    # The two ways compute the same first update of each point (float32 here).
+    losses = result["first_update_losses"]
+    assert len(losses["sequential"]) == 2 and losses["sequential"][0] > 1.0
+    np.testing.assert_allclose(losses["vmapped"], losses["sequential"], rtol=1e-5)
+    assert result["first_update_loss_difference"] <= 1e-5 * max(losses["sequential"])
