@@ -57,7 +57,8 @@ class BatchLayout:
 
     `objectives`: the names (in registry order) the program can run, the branches of its
     objective switch (by default every registered one): a grid's own, so a step compiles only
-    the corruption its points use (`layout_for`); every spec fed with the layout must name one of them (`require_objective`).
+    the corruption its points use (`layout_for`); every spec fed with the layout must name one
+    of them (`require_objective`).
     `denoisers`: the ul2 objective's mixture, each with its raw length (empty without ul2).
     """
 
@@ -199,7 +200,7 @@ def span_corruption_lengths(point: Mapping[str, Any]) -> tuple[int, int, int]:
     return (raw, *_span_corruption_lengths(raw, density, span))
 
 
-def iid_lengths(point: Mapping[str, Any]) -> tuple[int, int, int]:
+def iid_corruption_lengths(point: Mapping[str, Any]) -> tuple[int, int, int]:
     """iid_denoising, drop_corrupted_tokens: their lengths are random;
     `noise_lengths.iid_lengths` chooses the largest raw and the smallest targets that an
     example exceeds with probability <= noise_lengths.OVERFLOW_PROBABILITY; inputs =

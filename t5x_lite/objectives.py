@@ -506,7 +506,7 @@ register(Objective("span_corruption", _span_corruption, has_noise_mask=True, rea
                    expected_loss_tokens=host.span_corruption_loss_tokens,
                    sentinels_needed=host.span_corruption_sentinels))
 register(Objective("drop_corrupted_tokens", _drop_corrupted_tokens, has_noise_mask=True,
-                   reads=_RATE, lengths=host.iid_lengths,
+                   reads=_RATE, lengths=host.iid_corruption_lengths,
                    expected_loss_tokens=host.drop_corrupted_loss_tokens))
 register(Objective("bert_style", _bert_style, has_noise_mask=True, in_place=True,
                    reads=("noise_density", "random_token_fraction")))
@@ -516,7 +516,8 @@ register(Objective("prefix_lm", _prefix_lm, has_noise_mask=False,
                    expected_loss_tokens=host.prefix_lm_loss_tokens))
 register(Objective("lm", _lm, has_noise_mask=False, lengths=host.lm_lengths))
 register(Objective("iid_denoising", _iid_denoising, has_noise_mask=True, reads=_RATE,
-                   lengths=host.iid_lengths, expected_loss_tokens=host.iid_denoising_loss_tokens,
+                   lengths=host.iid_corruption_lengths,
+                   expected_loss_tokens=host.iid_denoising_loss_tokens,
                    sentinels_needed=host.iid_denoising_sentinels))
 # BART's noising functions (Lewis et al. 2019, section 2.2).
 register(Objective("token_masking", _token_masking, has_noise_mask=True, reads=_RATE))
