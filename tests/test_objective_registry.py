@@ -48,12 +48,30 @@ def transcription(text: list[int]) -> tuple[list[int], list[int]]:
     return text + [EOS_ID], text[::-1] + [EOS_ID]
 
 
+# A config file as `train --config` and `preview --config` read it: the objective, and a config
+# that trains on it.
+CONFIG_FILE = REVERSAL + '''
+from t5x_lite import presets
+
+
+def get_config():
+    config = presets.get_preset("demo")
+    config.objective.name = "reversal"
+    return config
+'''
+
+
 @pytest.fixture
-def registered(monkeypatch):
-    """The registry with `reversal` added for this test only."""
+def own_registry(monkeypatch):
+    """A registry of this test's own, the built-in objectives in it: what the test registers
+    leaves with it."""
     monkeypatch.setattr(objective_registry, "_REGISTRY", dict(objective_registry._REGISTRY))
-    namespace: dict = {}
-    exec(REVERSAL, namespace)  # as a user's file runs
+
+
+@pytest.fixture
+def registered(own_registry):
+    """`reversal`, registered for this test only."""
+    exec(REVERSAL, {})  # as a user's file runs
     return objective_registry.get("reversal")
 
 
@@ -154,24 +172,12 @@ def test_a_registered_objective_corrupts_as_its_definition_says_in_a_mixed_progr
                 np.testing.assert_array_equal(mixed[key_name][row], alone[key_name][row])
 
 
-def test_a_config_file_s_objective_previews_as_train_would_run_it(registered, monkeypatch,
-                                                                    tmp_path):
+def test_a_config_file_s_objective_previews_as_train_would_run_it(own_registry, tmp_path):
     """`t5x-lite preview --config FILE`, the file that `train --config FILE` reads: it
     registers the objective (here in a registry of the test's own) and sets it; the preview
     names the file and shows the definition at work on the corpus."""
-    monkeypatch.setattr(objective_registry, "_REGISTRY", {
-        name: record for name, record in objective_registry._REGISTRY.items()
-        if name != "reversal"})
     config_file = tmp_path / "reversal_config.py"
-    config_file.write_text(REVERSAL + '''
-from t5x_lite import presets
-
-
-def get_config():
-    config = presets.get_preset("demo")
-    config.objective.name = "reversal"
-    return config
-''')
+    config_file.write_text(CONFIG_FILE)
     run = preview.previewed_run(None, None, config_file=str(config_file))
     assert (run.preset, run.config_file, run.config.objective.name) == (
         None, str(config_file), "reversal")
@@ -181,6 +187,29 @@ def get_config():
         assert example["config_file"] == str(config_file) and example["noise_mask"] is None
     assert preview.format_text(run, examples).startswith(f"config file {config_file}, seed 0\n"
                                                          "objective reversal; model.arch")
+
+
+@pytest.mark.slow
+def test_train_runs_a_config_file_s_objective_and_resumes_it(tmp_path):
+    """`t5x-lite train --config FILE` in a child process: the file registers the objective and
+    trains on it; a second command with the same file resumes from the checkpoint."""
+    config_file = tmp_path / "reversal_config.py"
+    config_file.write_text(CONFIG_FILE)
+    tiny = ["--config.model.d_model=32", "--config.model.d_ff=64", "--config.model.num_heads=2",
+            "--config.model.d_kv=16", "--config.train.warmup_steps=1",
+            "--config.train.log_every=2", "--config.checkpoint.every=2",
+            "--config.train.eval_every=2"]
+    workdir = tmp_path / "run"
+    first = cli("train", "--config", str(config_file), "--workdir", str(workdir), "--steps", "2",
+                *tiny)
+    assert first.returncode == 0, first.stderr[-3000:]
+    summary = json.loads(first.stdout[first.stdout.index("{"):])
+    assert (summary["step"], summary["objective_overflow"]) == (2, 0)
+    assert summary["loss"] > 1.0
+    second = cli("train", "--config", str(config_file), "--workdir", str(workdir), "--steps", "4",
+                 *tiny)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert json.loads(second.stdout[second.stdout.index("{"):])["start_step"] == 2
 
 
 @pytest.mark.slow
