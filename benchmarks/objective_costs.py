@@ -2,8 +2,8 @@
 
     python benchmarks/objective_costs.py [--preset tiny] [--steps 10] [--objectives a,b,...]
 
-For every pre-training objective (`objective_registry.names()`), builds the preset's train step with
-that objective (its layout compiles only that objective's branch,
+For every pre-training objective (`objective_registry.names()`), builds the preset's train step
+with that objective (its layout compiles only that objective's branch,
 `objectives.BatchLayout.objectives`), on the preset's architecture where that trains the
 objective and else on the first one that does (GLM's `blank_infilling`: `prefix_lm`), and the
 objective's corruption jitted alone, and times the two in turns (`bench.median_seconds`).
@@ -51,16 +51,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--objectives", default=",".join(objective_registry.names()),
+    registered = objective_registry.names()
+    parser.add_argument("--objectives", default=",".join(registered),
                         help="comma-separated objective names (default: all)")
     parser.add_argument("--override", action="append", default=[],
                         help="a 'field=value' config override, e.g. train.batch_size=8")
     args = parser.parse_args()
     names = tuple(args.objectives.split(","))
-    unknown = [name for name in names if name not in objective_registry.names()]
+    unknown = [name for name in names if name not in registered]
     if unknown:
         parser.error(f"--objectives: unknown {', '.join(unknown)}; choose from "
-                     f"{', '.join(objective_registry.names())}")
+                     f"{', '.join(registered)}")
     print(json.dumps({"preset": args.preset, "objectives": objective_costs(
         args.preset, args.steps, names=names, overrides=tuple(args.override))}, indent=1))
 

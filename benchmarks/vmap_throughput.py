@@ -73,14 +73,15 @@ def vmap_benchmark(experiment: str = "table6", preset: str = "demo", steps: int 
         stacked[0], metrics = vmapped_step(stacked[0], stacked_raw, stacked_specs, stacked_keys)
         return metrics
 
-    first = {}  # each way's metrics of the first update, from the same states, batch and keys
+    first = []  # each way's metrics of the first update, from the same states, batch and keys
     for name, run in (("the single-point step", sequential), ("the vmapped step", vmapped)):
         start = time.perf_counter()
-        first[name] = jax.device_get(jax.block_until_ready(run()))
+        first.append(jax.device_get(jax.block_until_ready(run())))
         bench.report_phase(f"{name} compiled and run once for all {len(configs)} points",
                            time.perf_counter() - start)
-    sequential_losses = np.array([m["loss"] for m in first["the single-point step"]])
-    vmapped_losses = np.asarray(first["the vmapped step"]["loss"])
+    sequential_first, vmapped_first = first
+    sequential_losses = np.array([m["loss"] for m in sequential_first])
+    vmapped_losses = np.asarray(vmapped_first["loss"])
     sequential_s, vmapped_s = bench.median_seconds(sequential, vmapped, steps=steps,
                                                    warmup=warmup)
     memory = {"sequential": bench.program_memory_gib(step),

@@ -359,10 +359,10 @@ def _describe(point: Mapping[str, Any]) -> str:
     """The settings that decide a point's lengths, for error messages: inputs_length and the
     rate and span length where its objective reads them (ul2's denoisers carry their own)."""
     reads = objective_registry.get(point["name"]).reads
+    settings = [f"{field}={point[field]}"
+                for field in ("noise_density", "mean_noise_span_length") if field in reads]
     return ", ".join([f"objective.name={point['name']!r} with inputs_length="
-                      f"{point['inputs_length']}"] + [
-        f"{field}={point[field]}" for field in ("noise_density", "mean_noise_span_length")
-        if field in reads])
+                      f"{point['inputs_length']}", *settings])
 
 
 def _validated_lengths(point: Mapping[str, Any]) -> tuple[int, int, int]:

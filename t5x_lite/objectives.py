@@ -624,8 +624,7 @@ def corrupt_with_details(raw_tokens: jax.Array, spec: ObjectiveSpec, rng: jax.Ar
 
     # Only the layout's objectives are compiled; branch_of maps an objective id to its branch
     # (an objective outside the layout, which the host refuses, would run branch 0).
-    registered = names()
-    ids = [registered.index(name) for name in layout.runs()]
+    ids = [objective_id(name) for name in layout.runs()]
     # A layout running an objective with explicit target positions (blank infilling) gives
     # every branch a fifth output, target positions (none for the others: their rows keep
     # their own); the other layouts' programs are as they were.
@@ -640,7 +639,7 @@ def corrupt_with_details(raw_tokens: jax.Array, spec: ObjectiveSpec, rng: jax.Ar
         return lambda *args: (*encoder(*args), glm.no_positions(packed_width(layout)))
 
     branches = [branch(name) for name in layout.runs()]
-    branch_of = jnp.zeros(len(registered), jnp.int32).at[jnp.asarray(ids)].set(
+    branch_of = jnp.zeros(len(names()), jnp.int32).at[jnp.asarray(ids)].set(
         jnp.arange(len(ids), dtype=jnp.int32))
     rngs = jax.random.split(rng, raw_tokens.shape[0])
     # Scalar spec fields stay unbatched so the objective switch is a real branch, not a select.
