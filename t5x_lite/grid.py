@@ -10,7 +10,9 @@ A point's config is: get_config(preset), then the user's overrides, then the row
 (so the grid stays the grid), then `train.seed` = the seed. An override of a field that every
 row sets would change no point, so it is refused (`ConfigError`); one of a field that some
 rows set reaches only the others, and a warning names the rows that keep their own. Each row runs once per seed in
-`sweep.seeds` and is fine-tuned on each task of `sweep.tasks` separately.
+`sweep.seeds` and is fine-tuned on each task of `sweep.tasks` separately. Rows that would
+compute the same runs (their configs differ only in objective settings their objective does
+not read or sees as the same numbers, `identical_rows`) are warned of at expansion.
 
 Compute-matched sweeps: `sweep.budget` (`BUDGETS`) says what every point's pre-training
 matches. "steps" (the default): each point runs its configured `train.steps`. "tokens" /
@@ -44,7 +46,8 @@ from typing import Any, Mapping, Sequence
 
 import ml_collections
 
-from t5x_lite import accounting, architectures, objectives, partitioning, presets
+from t5x_lite import (accounting, architectures, objective_registry, objectives, partitioning,
+                      presets)
 from t5x_lite.checkpointing import ADDED_MODEL_FIELDS, config_as_json
 from t5x_lite.config import (BUDGETS, ConfigError, apply_overrides, drop_unread_objective_fields,
                              parse_overrides)
@@ -438,4 +441,55 @@ def expand(experiment: str, preset: str, overrides: Sequence[str] = ()) -> list[
                   layout=layouts[_layout_group(config)])
         for index, (row, config) in enumerate(rows)
     ]
-    return match_budget(points, *budget)
+    points = match_budget(points, *budget)
+    for rows_alike in identical_rows(points):
+        warnings.warn(_identical_rows_message(name, preset, rows_alike), stacklevel=2)
+    return points
+
+
+def _computation(point: GridPoint) -> str:
+    """What a point's runs compute, as JSON: its config as `config_hash` reads it, but the
+    objective fields its objective reads as that objective sees them (`Objective.effective`)."""
+    plain = config_as_json(point.config)
+    plain.pop("sweep", None)
+    objective = plain.pop("objective")
+    seen = objective_registry.get(objective["name"]).effective(objective)
+    plain["objective"] = {**{field: value for field, value in objective.items()
+                             if field not in objective_registry.READABLE_FIELDS}, "seen": seen}
+    return json.dumps(plain, sort_keys=True)
+
+
+def identical_rows(points: Sequence[GridPoint]) -> list[list[GridPoint]]:
+    """The groups of a grid's rows (each by its first seed's point) that compute the same
+    runs, so their records will be equal seed by seed: their configs differ only in objective
+    settings that their objective does not read or sees alike. E.g. table7 at 32 inputs:
+    span_corruption makes 5 noise tokens in 2 spans of each 34-token chunk for span lengths 2
+    and 3 alike (`objective_layout.span_corruption_effective_settings`)."""
+    first_seeds: dict[str, GridPoint] = {}
+    for point in points:
+        first_seeds.setdefault(point.point, point)
+    groups: dict[str, list[GridPoint]] = {}
+    for point in first_seeds.values():
+        groups.setdefault(_computation(point), []).append(point)
+    return [group for group in groups.values() if len(group) > 1]
+
+
+def _identical_rows_message(experiment: str, preset: str, group: Sequence[GridPoint]) -> str:
+    """One line for a group of `identical_rows`: which rows, where they differ, and why that
+    changes nothing."""
+    objective = group[0].config.objective
+    record = objective_registry.get(objective.name)
+    differing = [field for field in objective_registry.READABLE_FIELDS
+                 if len({point.config.objective[field] for point in group}) > 1]
+    values = "; ".join(f"{field} {', '.join(str(p.config.objective[field]) for p in group)}"
+                       for field in differing)
+    if not differing:
+        why = "their configs are the same"
+    elif not set(differing) & set(record.reads):
+        why = f"they differ only in {values}, which {objective.name} does not read"
+    else:
+        seen = ", ".join(f"{key}={value}" for key, value in record.effective(objective).items())
+        why = (f"they differ only in {values}, which {objective.name} sees alike at "
+               f"objective.inputs_length={objective.inputs_length}: {seen}")
+    rows = " and ".join(f"{point.row!r} ({point.point})" for point in group)
+    return f"{experiment} --preset {preset}: rows {rows} will give the same records: {why}"

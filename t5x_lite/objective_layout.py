@@ -200,6 +200,17 @@ def span_corruption_lengths(point: Mapping[str, Any]) -> tuple[int, int, int]:
     return (raw, *_span_corruption_lengths(raw, density, span))
 
 
+def span_corruption_effective_settings(point: Mapping[str, Any]) -> dict[str, int]:
+    """span_corruption's rate and span length as its mask sees them: the whole numbers of noise
+    tokens and spans (`noise_counts`) in a chunk of its raw length. Every pre-training chunk is
+    that long (`PretrainData` cuts an unpadded stream), so points with equal counts corrupt
+    every chunk alike; at 32 inputs, spans 2 and 3 both make 5 noise tokens in 2 spans of a
+    34-token chunk."""
+    raw = span_corruption_lengths(point)[0]
+    noise, spans = noise_counts(raw, point["noise_density"], point["mean_noise_span_length"], np)
+    return {"raw_length": raw, "noise_tokens": int(noise), "noise_spans": int(spans)}
+
+
 def iid_corruption_lengths(point: Mapping[str, Any]) -> tuple[int, int, int]:
     """iid_denoising, drop_corrupted_tokens: their lengths are random;
     `noise_lengths.iid_lengths` chooses the largest raw and the smallest targets that an

@@ -16,7 +16,8 @@ each is written once, in its record:
 - `explicit_positions`: its encoder gives a fifth output, the position of each target token
   (`batch_format.POSITIONS_KEY`);
 - `uniform_rows`: how many rows of uniform draws per example it reads, given the layout;
-- `lengths`, `expected_loss_tokens`, `sentinels_needed`: its host arithmetic (below).
+- `lengths`, `expected_loss_tokens`, `sentinels_needed`: its host arithmetic (below);
+- `effective_settings`: what its corruption makes of the `reads` fields (below).
 
 `encode(tokens, n, spec, uniform, layout)` corrupts one example: tokens int32[R] (R =
 layout.raw_length), of which the first n (a traced int32) are the text; spec the example's
@@ -37,6 +38,11 @@ targets (EOS included) it makes from them, for an objective config `point` (a ma
 all of them + EOS. `expected_loss_tokens(point, raw, targets)`: the expected target tokens with
 a loss weight in an example that fills `raw` (default every token + EOS). `sentinels_needed(
 point, raw)` -> (count, why): the sentinel ids it may use, and why in words (default none).
+`effective_settings(point)` -> {name: value}: the `reads` fields as its corruption sees them
+(`Objective.effective`), so that two points whose values differ and whose effective settings
+are equal are known to corrupt every pre-training chunk alike (`grid.identical_rows`); None
+(the default) means as given. span_corruption's rate and span length reach its mask only as
+whole counts of noise tokens and spans at its raw length, which T5's rounding can make equal.
 
 The built-in objectives (the T5 paper's, BART's, UL2's, GLM's) are registered by
 `t5x_lite.objectives`, in the order of their ids (an objective's id is its position in the
@@ -91,6 +97,14 @@ class Objective:
     lengths: Callable[[Mapping[str, Any]], tuple[int, int, int]] = whole_text_lengths
     expected_loss_tokens: Callable[[Mapping[str, Any], int, int], float] = every_target_token
     sentinels_needed: Callable[[Mapping[str, Any], int], tuple[int, str]] = no_sentinels
+    effective_settings: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
+
+    def effective(self, point: Mapping[str, Any]) -> dict[str, Any]:
+        """The fields of objective config `point` that this objective `reads`, as its
+        corruption sees them (`effective_settings`, else as given)."""
+        if self.effective_settings is not None:
+            return dict(self.effective_settings(point))
+        return {field: point[field] for field in self.reads}
 
 
 _REGISTRY: dict[str, Objective] = {}

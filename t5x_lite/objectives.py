@@ -504,7 +504,8 @@ _RATE = ("noise_density",)
 register(Objective("span_corruption", _span_corruption, has_noise_mask=True, reads=_SPANS,
                    lengths=host.span_corruption_lengths,
                    expected_loss_tokens=host.span_corruption_loss_tokens,
-                   sentinels_needed=host.span_corruption_sentinels))
+                   sentinels_needed=host.span_corruption_sentinels,
+                   effective_settings=host.span_corruption_effective_settings))
 register(Objective("drop_corrupted_tokens", _drop_corrupted_tokens, has_noise_mask=True,
                    reads=_RATE, lengths=host.iid_corruption_lengths,
                    expected_loss_tokens=host.drop_corrupted_loss_tokens))

@@ -186,6 +186,9 @@ def _header(run: PreviewedRun) -> list[str]:
         " (the Poisson lambda of its span lengths)"
         if field == "mean_noise_span_length" and record.poisson_spans else "")
         for field in record.reads)
+    if record.effective_settings is not None:  # what rounding makes of them, e.g. span counts
+        seen = ", ".join(f"{key} {value}" for key, value in record.effective(objective).items())
+        settings += f" (as it sees them: {seen})"
     settings = f": {settings}" if settings else ""
     if objective.name == "ul2":
         settings = ": denoisers " + ", ".join(

@@ -234,6 +234,11 @@ def _sections(table: Table, bold: Callable[[str], str]) -> list[_Section]:
     return sections
 
 
+def _sentence_end(text: str) -> str:
+    """`text` ending a sentence: with a full stop, unless it ends with one ("i.i.d.")."""
+    return text if text.endswith(".") else f"{text}."
+
+
 def _held_out_note(table: Table) -> list[str]:
     """What the held-out loss column is and which of its rows compare (`Row.held_out_group`)."""
     if not _held_out_columns(table):
@@ -253,7 +258,7 @@ def _held_out_note(table: Table) -> list[str]:
             "lowest of such rows (spread over seeds "
             f"{pooled_std(row.held_out for row in table.rows if row.held_out):.3f})."
             + (f" Scored the same examples: {compared}." if compared else "")
-            + (f" Alone: {', '.join(alone)}." if alone else "")
+            + (f" Alone: {_sentence_end(', '.join(alone))}" if alone else "")
             + (f" Not known which examples (a sweep older than the records' held_out_examples)"
                f": {', '.join(unknown)}." if unknown else "")]
 
@@ -276,6 +281,10 @@ def _notes(table: Table, bold_name: str = "Bold") -> list[str]:
                  f"deviation is the spread over seeds ({spreads}), 0 with one seed, so then only "
                  "the best is bold.")
     notes += _held_out_note(table)
+    notes += [f"Rows {' and '.join(group)} pre-trained identically (the same loss at every "
+              "logged step, seed by seed): at these settings and lengths they ran the same "
+              "pre-training, so this table cannot tell them apart." for group in
+              table.identical_pretraining]
     for column, tasks in table.columns.items():
         if column == "GLUE":
             missing = sorted(set(GLUE_AVERAGE_GROUPS.values())

@@ -247,6 +247,9 @@ class Table:
     # One per row after the first of each group of rows that scored the same held-out examples
     # in two or more seeds (`_held_out`), group by group.
     held_out_differences: tuple[HeldOutDifference, ...] = ()
+    # The groups of rows (as `row_name`s) whose pre-training was the same, seed by seed
+    # (`_identical_pretraining`); `grid.identical_rows` warns of them before a sweep runs.
+    identical_pretraining: tuple[tuple[str, ...], ...] = ()
 
 
 def kendall_tau(ours: Sequence[float], paper: Sequence[float]) -> float | None:
@@ -369,12 +372,29 @@ def build_table(records: Sequence[dict]) -> Table:
                      for r in records if r["status"] == "failed")
     budget, compute = _compute(keys, by_row)
     return Table(experiment, preset, paper, columns, tuple(rows), _taus(rows, columns), failures,
-                 budget, compute, _zero_shot_rows(keys, by_row), differences)
+                 budget, compute, _zero_shot_rows(keys, by_row), differences,
+                 _identical_pretraining(keys, by_row))
 
 
 def row_name(label: str, objective: str | None) -> str:
     """A row as prose: "Encoder-decoder (Denoising)", or the label alone."""
     return f"{label} ({objective})" if objective else label
+
+
+def _identical_pretraining(keys: Sequence[tuple[str, str | None]],
+                           by_row: dict[tuple[str, str | None], list[dict]]
+                           ) -> tuple[tuple[str, ...], ...]:
+    """The groups of rows (as `row_name`s, in row order) whose pre-training losses are equal at
+    every logged step (`pretrain_curve`) for the same seeds: runs that computed the same thing,
+    e.g. rows whose objective settings corrupt text alike at the sweep's lengths
+    (`grid.identical_rows`). A row whose records hold no curve is in none."""
+    groups: dict[tuple, list[str]] = {}
+    for key in keys:
+        curves = tuple(sorted({(r["seed"], repr(r["pretrain_curve"])) for r in by_row[key]
+                               if r.get("pretrain_curve")}))
+        if curves:
+            groups.setdefault(curves, []).append(row_name(*key))
+    return tuple(tuple(names) for names in groups.values() if len(names) > 1)
 
 
 def _held_out(keys: Sequence[tuple[str, str | None]],

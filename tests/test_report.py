@@ -131,7 +131,10 @@ def test_sweep_rejects_a_grid_row_the_paper_table_does_not_have(tmp_path):
 def test_an_experiment_of_ones_own_has_no_paper_rows_to_match(tmp_path):
     mine = _experiment_file(tmp_path, "my_ablation", ("a", "My row", None),
                             ("b", "30%", "Whatever"))
-    assert [p.row for p in grid.expand(mine, "demo")] == ["My row", "30%"]
+    # Its two rows have one config, so the grid also warns that they compute the same runs.
+    with pytest.warns(UserWarning, match=r"my_ablation --preset demo: rows 'My row' \(a\) and "
+                      r"'30%' \(b\) will give the same records: their configs are the same"):
+        assert [p.row for p in grid.expand(mine, "demo")] == ["My row", "30%"]
 
 
 # ----------------------------------------------------------------------------- rules
