@@ -491,5 +491,6 @@ def _identical_rows_message(experiment: str, preset: str, group: Sequence[GridPo
         seen = ", ".join(f"{key}={value}" for key, value in record.effective(objective).items())
         why = (f"they differ only in {values}, which {objective.name} sees alike at "
                f"objective.inputs_length={objective.inputs_length}: {seen}")
-    rows = " and ".join(f"{point.row!r} ({point.point})" for point in group)
+    named = [f"{point.row!r} ({point.point})" for point in group]
+    rows = f"{', '.join(named[:-1])} and {named[-1]}"
     return f"{experiment} --preset {preset}: rows {rows} will give the same records: {why}"

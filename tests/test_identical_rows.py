@@ -68,6 +68,12 @@ def test_table7_at_demo_lengths_warns_of_the_span_lengths_that_round_alike_and_t
                 run, examples)
     assert {(len(e["raw"]), sum(e["noise_mask"])) for e in examples} == {(34, 5)}
     # At the tiny preset's 128 inputs every span length makes its own number of spans.
+    # Shorter still, every span length makes one span of one noise token.
+    assert _expand_warnings("table7", "demo", ["objective.inputs_length=8"])[1] == [
+        "table7 --preset demo: rows '2' (span_2), '3' (span_3), '5' (span_5) and '10' (span_10) "
+        "will give the same records: they differ only in mean_noise_span_length 2.0, 3.0, 5.0, "
+        "10.0, which span_corruption sees alike at objective.inputs_length=8: raw_length=7, "
+        "noise_tokens=1, noise_spans=1"]
     assert _expand_warnings("table7", "tiny")[1] == []
     assert grid.identical_rows(grid.expand("table7", "tiny")) == []
 
