@@ -420,6 +420,17 @@ def test_colab_notebook_runs_on_cpu_with_tiny_settings(child_env, tmp_path, monk
     assert [(r["point"], r["status"]) for r in records] == [
         ("encoder_decoder/denoising", "ok"), ("encoder_decoder/lm", "ok")]
     assert "Encoder-decoder" in outputs  # the table's row label
+    # The preview shows the denoising objective's sentinels in inputs and targets.
+    assert "  inputs:  " in outputs and "<extra_id_0>" in outputs
+    # Changed one thing (the feed-forward layer) and ran again into a workdir of its own.
+    changed = [json.loads(line) for line in open(f"{tmp_path}_gated_gelu/results.jsonl")]
+    assert [(r["point"], r["status"]) for r in changed] == [
+        ("encoder_decoder/denoising", "ok"), ("encoder_decoder/lm", "ok")]
+    assert {r["config_hash"] for r in changed}.isdisjoint({r["config_hash"] for r in records})
+    comparison = outputs[outputs.index("average before"):].splitlines()
+    row = next(line for line in comparison if line.startswith("Encoder-decoder (Denoising)"))
+    # Its averages and held-out losses before and after, each a number.
+    assert [float(value) >= 0 for value in row.split()[2:]] == [True] * 4
 
 
 # ---------------------------------------------------------------------------------------------
