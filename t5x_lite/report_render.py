@@ -281,10 +281,10 @@ def _notes(table: Table, bold_name: str = "Bold") -> list[str]:
                  f"deviation is the spread over seeds ({spreads}), 0 with one seed, so then only "
                  "the best is bold.")
     notes += _held_out_note(table)
-    notes += [f"Rows {', '.join(group[:-1])} and {group[-1]} pre-trained identically (the same loss at every "
-              "logged step, seed by seed): at these settings and lengths they ran the same "
-              "pre-training, so this table cannot tell them apart." for group in
-              table.identical_pretraining]
+    notes += [f"Rows {', '.join(group[:-1])} and {group[-1]} pre-trained identically (the same "
+              "loss at every logged step, seed by seed): at these settings and lengths they ran "
+              "the same pre-training, so this table cannot tell them apart."
+              for group in table.identical_pretraining]
     for column, tasks in table.columns.items():
         if column == "GLUE":
             missing = sorted(set(GLUE_AVERAGE_GROUPS.values())

@@ -34,7 +34,8 @@ def _expand_warnings(experiment, preset, overrides=()):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         points = grid.expand(experiment, preset, overrides)
-    return points, [str(w.message) for w in caught if "will give the same records" in str(w.message)]
+    messages = [str(warning.message) for warning in caught]
+    return points, [message for message in messages if "will give the same records" in message]
 
 
 def test_table7_at_demo_lengths_warns_of_the_span_lengths_that_round_alike_and_they_do():
