@@ -382,10 +382,10 @@ def _sweep(argv: list[str]) -> None:
         _print_report(args.workdir, None)
 
 
-def _print_report(workdir: str, out_dir: str | None) -> None:
+def _print_report(workdir: str, out_dir: str | None, against: str | None = None) -> None:
     from t5x_lite import report
 
-    print(report.report(workdir, out_dir=out_dir).text)
+    print(report.report(workdir, out_dir=out_dir, against=against).text)
 
 
 def _report(argv: list[str]) -> None:
@@ -393,9 +393,12 @@ def _report(argv: list[str]) -> None:
     parser.add_argument("workdir", help=f"a sweep's workdir (holding {RESULTS_FILE})")
     parser.add_argument("--out", type=_folder,
                         help="where the tables and plots go (default: WORKDIR/report)")
+    parser.add_argument("--against", metavar="OTHER_WORKDIR",
+                        help="also compare each row with the same row of the sweep in "
+                             "OTHER_WORKDIR (e.g. before a change): comparison.md, .csv")
     args = parser.parse_args(argv)
     try:
-        _print_report(args.workdir, args.out)
+        _print_report(args.workdir, args.out, args.against)
     except (FileNotFoundError, ValueError) as error:
         raise SystemExit(f"t5x-lite report: {error}") from None
 

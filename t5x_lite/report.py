@@ -4,13 +4,17 @@
 `t5x_lite.sweep`), builds a `Table` in the layout of the paper's table for that experiment
 (`t5x_lite.report_table`, whose docstring gives the paper's conventions the table follows)
 and writes it to `workdir/report/` as Markdown, CSV and LaTeX (`t5x_lite.report_render`), with
-PNG plots (`t5x_lite.report_plots`). `Report.text` is the terminal rendering.
+PNG plots (`t5x_lite.report_plots`). `Report.text` is the terminal rendering. With `against`
+(another sweep's workdir), the sweep is also compared with that one row by row
+(`t5x_lite.report_compare`): what changing one thing did.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 
+from t5x_lite import report_compare
+from t5x_lite.report_compare import Comparison
 from t5x_lite.report_plots import write_plots
 from t5x_lite.report_render import (compute_csv, findings_csv, held_out_differences_csv, to_csv,
                                     to_latex, to_markdown, to_text, zero_shot_csv)
@@ -25,16 +29,23 @@ class Report:
     table: Table
     text: str  # the terminal rendering, with a line naming what was written
     files: tuple[str, ...]  # every file written
+    comparison: Comparison | None = None  # against another sweep, when asked
 
 
-def report(workdir: str, *, out_dir: str | None = None) -> Report:
+def report(workdir: str, *, out_dir: str | None = None, against: str | None = None) -> Report:
     """Reads `workdir/results.jsonl` and writes table.md, table.csv, table.tex, findings.csv
     (compute.csv too for a compute-matched sweep, zero_shot.csv for one with zero-shot
     scores, held_out_differences.csv for one with held-out losses of several seeds to pair)
     and the PNG plots to `out_dir` (default `workdir/report`). Nothing interactive
-    opens: the plots are drawn off screen."""
+    opens: the plots are drawn off screen. `against`: another sweep's workdir, read before
+    anything is written; the comparison with it goes to comparison.md and comparison.csv and
+    ends the text."""
     records = read_results(str(results_path(workdir)))
     table = build_table(records)
+    comparison = None
+    if against is not None:
+        comparison = report_compare.compare(
+            table, build_table(read_results(str(results_path(against)))), against)
     out_dir = out_dir or os.path.join(workdir, "report")
     os.makedirs(out_dir, exist_ok=True)
     files = []
@@ -46,10 +57,15 @@ def report(workdir: str, *, out_dir: str | None = None) -> Report:
         renders.append(("zero_shot.csv", zero_shot_csv))
     if table.held_out_differences:
         renders.append(("held_out_differences.csv", held_out_differences_csv))
+    if comparison is not None:
+        renders += [("comparison.md", lambda _: report_compare.to_markdown(comparison)),
+                    ("comparison.csv", lambda _: report_compare.to_csv(comparison))]
     for name, render in renders:
         files.append(os.path.join(out_dir, name))
         with open(files[-1], "w", encoding="utf-8") as f:
             f.write(render(table))
     files += write_plots(table, records, out_dir)
     written = f"Wrote {len(files)} files to {out_dir}."
-    return Report(table, f"{to_text(table)}\n{written}\n", tuple(files))
+    against_text = f"\n{report_compare.to_text(comparison)}" if comparison else ""
+    return Report(table, f"{to_text(table)}{against_text}\n{written}\n", tuple(files),
+                  comparison)

@@ -298,7 +298,8 @@ def _notes(table: Table, bold_name: str = "Bold") -> list[str]:
     return notes + _budget_note(table)
 
 
-def _markdown_table(grid: list[list[str]], numeric: int) -> list[str]:
+def markdown_table(grid: list[list[str]], numeric: int) -> list[str]:
+    """A header row and body as Markdown lines, the last `numeric` columns right-aligned."""
     header, *body = grid
     return ["| " + " | ".join(header) + " |",
             "|" + "---|" * (len(header) - numeric) + "---:|" * numeric,
@@ -310,10 +311,10 @@ def to_markdown(table: Table) -> str:
     further section (held-out loss, findings, zero-shot, ...) as its own Markdown table."""
     bold = "**{}**".format
     lines = [f"## {_title(table)}", "",
-             *_markdown_table(_grid(table, bold), len(_numeric_columns(table))), "",
+             *markdown_table(_grid(table, bold), len(_numeric_columns(table))), "",
              *_notes(table)]
     for section in _sections(table, bold):
-        lines += ["", f"### {section.title}", "", *_markdown_table(section.grid, section.numeric),
+        lines += ["", f"### {section.title}", "", *markdown_table(section.grid, section.numeric),
                   "", *section.notes]
     items = _findings_lines(table, lambda verdict: f"**{verdict}**", "  ")
     if items:

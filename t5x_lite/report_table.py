@@ -172,6 +172,8 @@ class Row:
     # examples (1, 2, ... in row order), so only they compare; None when unknown.
     held_out: Cell | None = None
     held_out_group: int | None = None
+    # (seed, `held_out_examples`) of the records with a loss: which examples it scored.
+    held_out_examples: tuple[tuple[int, str | None], ...] = ()
 
     @property
     def average(self) -> float | None:
@@ -366,7 +368,7 @@ def build_table(records: Sequence[dict]) -> Table:
     held_out, held_out_groups, differences = _held_out(keys, by_row)
     rows = [Row(key[0], key[1], _label(by_row[key][0], "params_label", "params_ratio"),
                 _label(by_row[key][0], "cost_label", "flops_ratio"), cells[key], published[key],
-                held_out.get(key), held_out_groups.get(key))
+                held_out.get(key), held_out_groups.get(key), _held_out_examples(by_row[key]))
             for key in keys]
     failures = tuple(f"{r['point']} seed {r['seed']} {r['task']}: {_one_line(r.get('error'))}"
                      for r in records if r["status"] == "failed")
@@ -397,6 +399,13 @@ def _identical_pretraining(keys: Sequence[tuple[str, str | None]],
     return tuple(tuple(names) for names in groups.values() if len(names) > 1)
 
 
+def _held_out_examples(records: Sequence[dict]) -> tuple[tuple[int, str | None], ...]:
+    """(seed, `held_out_examples`) of the records with a held-out loss, sorted: which examples
+    a row's losses scored (None where a record does not say)."""
+    return tuple(sorted({(r["seed"], r.get("held_out_examples")) for r in records
+                         if _is_number(r.get("held_out_loss"))}))
+
+
 def _held_out(keys: Sequence[tuple[str, str | None]],
               by_row: dict[tuple[str, str | None], list[dict]]
               ) -> tuple[dict[tuple, Cell], dict[tuple, int], tuple[HeldOutDifference, ...]]:
@@ -417,8 +426,8 @@ def _held_out(keys: Sequence[tuple[str, str | None]],
     cells = {key: _over_seeds(list(by_seed.values())) if by_seed else Cell("missing")
              for key, by_seed in losses.items()}
     groups: dict[tuple, list[tuple[str, str | None]]] = {}
-    for key, records in scored.items():
-        examples = tuple(sorted({(r["seed"], r.get("held_out_examples")) for r in records}))
+    for key in keys:
+        examples = _held_out_examples(by_row[key])
         if examples and all(fingerprint for _, fingerprint in examples):
             groups.setdefault(examples, []).append(key)
     differences = []

@@ -427,10 +427,11 @@ def test_colab_notebook_runs_on_cpu_with_tiny_settings(child_env, tmp_path, monk
     assert [(r["point"], r["status"]) for r in changed] == [
         ("encoder_decoder/denoising", "ok"), ("encoder_decoder/lm", "ok")]
     assert {r["config_hash"] for r in changed}.isdisjoint({r["config_hash"] for r in records})
-    comparison = outputs[outputs.index("average before"):].splitlines()
+    comparison = outputs[outputs.index(f"Against {tmp_path}"):].splitlines()
+    assert comparison[2].split() == ["Row", "builtin_reverse", "Average", "Held-out", "loss"]
     row = next(line for line in comparison if line.startswith("Encoder-decoder (Denoising)"))
-    # Its averages and held-out losses before and after, each a number.
-    assert [float(value) >= 0 for value in row.split()[2:]] == [True] * 4
+    # Its score, average and held-out loss after the change, each with its difference.
+    assert len(row.split()) == 2 + 2 * 3 and "–" not in row
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,109 @@
+"""`t5x-lite report NEW --against OLD`: each row of one sweep against the same row of another."""
+import csv
+import io
+import json
+import math
+import statistics
+
+import pytest
+
+from t5x_lite import cli, report, report_compare, report_table
+
+
+def _records(row, scores, losses=None, examples=None):
+    """A table6 row's records, one per seed: its builtin_reverse score and held-out loss."""
+    return [{"experiment": "table6", "preset": "demo", "point": f"rate_{row}", "row": row,
+             "seed": seed, "task": "builtin_reverse", "status": "ok",
+             "metrics": {"accuracy": score},
+             **({"held_out_loss": losses[seed], "held_out_examples": examples[seed]}
+                if losses else {})}
+            for seed, score in enumerate(scores)]
+
+
+def _write(directory, records):
+    directory.mkdir()
+    (directory / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(directory)
+
+
+@pytest.fixture
+def sweeps(tmp_path):
+    """Before and after a change: two seeds each; '25%' only after, '50%' only before; the
+    15% row's held-out examples differ (as when the change is to the objective)."""
+    after = _write(tmp_path / "after", [
+        *_records("10%", [50.0, 52.0], [3.0, 3.2], ["x0", "x1"]),
+        *_records("15%", [60.0, 62.0], [3.1, 3.3], ["y0", "y1"]),
+        *_records("25%", [70.0, 71.0], [3.4, 3.5], ["w0", "w1"])])
+    before = _write(tmp_path / "before", [
+        *_records("10%", [40.0, 42.0], [3.5, 3.7], ["x0", "x1"]),
+        *_records("15%", [59.0, 61.0], [3.6, 3.8], ["z0", "z1"]),
+        *_records("50%", [30.0, 30.5], [4.0, 4.1], ["v0", "v1"])])
+    return after, before
+
+
+def test_each_shared_row_gets_its_mean_and_change_judged_by_twice_the_pooled_spread(sweeps):
+    after, before = sweeps
+    comparison = report.report(after, against=before).comparison
+    assert comparison.columns == ("builtin_reverse", "Average", "Held-out loss")
+    assert list(comparison.rows) == ["10%", "15%"]
+    # The spread: root mean variance over every cell of both sweeps, shared rows or not.
+    scores = [[50, 52], [60, 62], [70, 71], [40, 42], [59, 61], [30, 30.5]]
+    spread = math.sqrt(statistics.mean(statistics.variance(s) for s in scores))
+    assert comparison.spreads["builtin_reverse"] == pytest.approx(spread)
+    ten, fifteen = comparison.rows["10%"], comparison.rows["15%"]
+    assert (ten["builtin_reverse"].ours, ten["builtin_reverse"].theirs) == (51.0, 41.0)
+    assert ten["builtin_reverse"].difference == 10.0 > 2 * spread
+    assert ten["builtin_reverse"].told_apart is True
+    assert fifteen["builtin_reverse"].difference == 1.0 < 2 * spread
+    assert fifteen["builtin_reverse"].told_apart is False
+    assert ten["Average"] == report_compare.Change(51.0, 41.0, None)  # never judged
+    # Held-out losses compare where both scored the same examples: 10% only.
+    assert ten["Held-out loss"].difference == pytest.approx(-0.5)
+    assert ten["Held-out loss"].told_apart is True  # by the losses' own spread, about 0.12
+    assert fifteen["Held-out loss"] == report_compare.Change(pytest.approx(3.2), None, None)
+    assert comparison.held_out_not_comparable == ("15%",)
+    assert (comparison.only_ours, comparison.only_theirs) == (("25%",), ("50%",))
+
+
+def test_the_comparison_is_printed_and_written_as_markdown_and_csv(sweeps, tmp_path, capsys):
+    after, before = sweeps
+    cli.main(["t5x-lite", "report", after, "--against", before, "--out", str(tmp_path / "out")])
+    text = capsys.readouterr().out
+    section = text[text.index(f"Against {before}"):].splitlines()
+    assert section[2].split() == ["Row", "builtin_reverse", "Average", "Held-out", "loss"]
+    assert section[4].split() == ["10%", "51.00", "(+10.00)*", "51.00", "(+10.00)", "3.10",
+                                  "(-0.50)*"]
+    assert section[5].split() == ["15%", "61.00", "(+1.00)", "61.00", "(+1.00)", "3.20", "(–)"]
+    assert f"Rows only in {before}: 50%." in text and "Rows only in this sweep: 25%." in text
+    assert "not comparable (other examples: the objective's settings or the seeds differ): 15%." \
+        in text
+    markdown = (tmp_path / "out" / "comparison.md").read_text()
+    assert "| 10% | **51.00 (+10.00)** | 51.00 (+10.00) | **3.10 (-0.50)** |" in markdown
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "out" / "comparison.csv").read_text())))
+    assert rows[0] == {"row": "10%", "column": "builtin_reverse", "this": "51.0",
+                       "other": "41.0", "difference": "10.0", "told_apart": "True"}
+    assert {(r["row"], r["column"]): r["told_apart"] for r in rows}[("15%", "Average")] == ""
+
+
+def test_one_seed_judges_nothing_and_unrelated_sweeps_are_refused(tmp_path, capsys):
+    one = _write(tmp_path / "one", _records("10%", [50.0]))
+    other = _write(tmp_path / "other", _records("10%", [40.0]))
+    comparison = report.report(one, against=other).comparison
+    assert comparison.rows["10%"]["builtin_reverse"] == report_compare.Change(50.0, 40.0, None)
+    assert comparison.columns == ("builtin_reverse", "Average")  # no held-out losses
+    unrelated = _write(tmp_path / "unrelated", _records("50%", [30.0]))
+    with pytest.raises(SystemExit, match=rf"^t5x-lite report: {unrelated} shares no row with "
+                                         r"this sweep \(table6: rows 10%; columns "
+                                         r"builtin_reverse\)"):
+        cli.main(["t5x-lite", "report", one, "--against", unrelated, "--out",
+                  str(tmp_path / "refused")])
+    assert not (tmp_path / "refused").exists()  # refused before anything was written
+    with pytest.raises(SystemExit, match=r"missing/results.jsonl does not exist"):
+        cli.main(["t5x-lite", "report", one, "--against", str(tmp_path / "missing")])
+
+
+def test_a_row_s_held_out_examples_are_the_seeds_and_fingerprints_of_its_losses():
+    records = _records("10%", [50.0, 52.0], [3.0, 3.2], ["x0", "x1"])
+    records.append({**records[0], "task": "builtin_module", "held_out_loss": None})
+    table = report_table.build_table(records)
+    assert table.rows[0].held_out_examples == ((0, "x0"), (1, "x1"))
