@@ -46,7 +46,8 @@ class Comparison:
     """This sweep's rows against `other`'s (a workdir): per row name, a `Change` per column."""
 
     other: str
-    columns: tuple[str, ...]  # the shared score columns, then AVERAGE and, with losses, HELD_OUT
+    # The shared score columns, then AVERAGE (over those) and, with losses, HELD_OUT.
+    columns: tuple[str, ...]
     rows: dict[str, dict[str, Change]]  # row name -> column -> change, in this table's order
     spreads: dict[str, float]  # column -> the spread over seeds its judgements use
     only_ours: tuple[str, ...]  # rows this sweep has and the other lacks
@@ -57,6 +58,14 @@ class Comparison:
 
 def _held_out_mean(row: Row) -> float | None:
     return row.held_out.mean if row.held_out and row.held_out.status == "ok" else None
+
+
+def _average(row: Row, columns: list[str]) -> float | None:
+    """The mean of the row's scores over the shared `columns` (a sweep with more tasks than
+    the other averages only those), or None unless each has one."""
+    means = [row.cells[column].mean if row.cells[column].status == "ok" else None
+             for column in columns]
+    return None if None in means else sum(means) / len(means)
 
 
 def _changes(ours: list[Cell], theirs: list[Cell], spread: float) -> list[Change]:
@@ -93,7 +102,8 @@ def compare(table: Table, other: Table, other_name: str) -> Comparison:
         for name, change in zip(names, changes):
             rows[name][column] = change
     for name in names:
-        rows[name][AVERAGE] = Change(mine[name].average, theirs[name].average, None)
+        rows[name][AVERAGE] = Change(_average(mine[name], columns), _average(theirs[name], columns),
+                                     None)
     comparable = [n for n in names if mine[n].held_out_examples
                   and mine[n].held_out_examples == theirs[n].held_out_examples
                   and None not in (_held_out_mean(mine[n]), _held_out_mean(theirs[n]))]
@@ -138,7 +148,7 @@ def _notes(comparison: Comparison, mark: str) -> list[str]:
              f"{comparison.other}'s. {mark}: a difference beyond two standard deviations, twice "
              f"the column's spread over seeds pooled over both sweeps ({spreads}); with one seed "
              f"there is no spread, and no difference is judged. {AVERAGE}: the mean of the row's "
-             "columns, not judged."]
+             "columns above, not judged."]
     if HELD_OUT in comparison.columns:
         notes.append(f"{HELD_OUT}: compared only where both sweeps scored the same examples"
                      + (f"; not comparable (other examples: the objective's settings or the "

@@ -85,6 +85,16 @@ def test_the_comparison_is_printed_and_written_as_markdown_and_csv(sweeps, tmp_p
     assert {(r["row"], r["column"]): r["told_apart"] for r in rows}[("15%", "Average")] == ""
 
 
+def test_the_average_is_over_the_columns_both_sweeps_have(tmp_path):
+    more = _records("10%", [50.0]) + [
+        {**_records("10%", [50.0])[0], "task": "builtin_module", "metrics": {"accuracy": 90.0}}]
+    fewer = _write(tmp_path / "fewer", _records("10%", [40.0]))
+    comparison = report.report(_write(tmp_path / "more", more), against=fewer).comparison
+    assert comparison.columns == ("builtin_reverse", "Average")
+    assert comparison.rows["10%"]["Average"] == report_compare.Change(50.0, 40.0, None)
+    assert comparison.columns_not_shared == ("builtin_module",)
+
+
 def test_one_seed_judges_nothing_and_unrelated_sweeps_are_refused(tmp_path, capsys):
     one = _write(tmp_path / "one", _records("10%", [50.0]))
     other = _write(tmp_path / "other", _records("10%", [40.0]))
