@@ -56,15 +56,19 @@ class Comparison:
     held_out_not_comparable: tuple[str, ...]  # rows whose held-out examples differ
 
 
+def _mean(cell: Cell | None) -> float | None:
+    """A cell's mean over seeds; None for a cell without a score (failed, missing, none)."""
+    return cell.mean if cell is not None and cell.status == "ok" else None
+
+
 def _held_out_mean(row: Row) -> float | None:
-    return row.held_out.mean if row.held_out and row.held_out.status == "ok" else None
+    return _mean(row.held_out)
 
 
 def _average(row: Row, columns: list[str]) -> float | None:
     """The mean of the row's scores over the shared `columns` (a sweep with more tasks than
     the other averages only those), or None unless each has one."""
-    means = [row.cells[column].mean if row.cells[column].status == "ok" else None
-             for column in columns]
+    means = [_mean(row.cells[column]) for column in columns]
     return None if None in means else sum(means) / len(means)
 
 
@@ -72,8 +76,7 @@ def _changes(ours: list[Cell], theirs: list[Cell], spread: float) -> list[Change
     """A column's cells of matched rows -> their changes, judged by `spread`."""
     changes = []
     for mine, other in zip(ours, theirs):
-        change = Change(mine.mean if mine.status == "ok" else None,
-                        other.mean if other.status == "ok" else None, None)
+        change = Change(_mean(mine), _mean(other), None)
         if spread > 0 and change.difference is not None:
             change = dataclasses.replace(change, told_apart=abs(change.difference) > 2 * spread)
         changes.append(change)
