@@ -14,7 +14,6 @@ import dataclasses
 import os
 
 from t5x_lite import report_compare
-from t5x_lite.report_compare import Comparison
 from t5x_lite.report_plots import write_plots
 from t5x_lite.report_render import (compute_csv, findings_csv, held_out_differences_csv, to_csv,
                                     to_latex, to_markdown, to_text, zero_shot_csv)
@@ -29,7 +28,7 @@ class Report:
     table: Table
     text: str  # the terminal rendering, with a line naming what was written
     files: tuple[str, ...]  # every file written
-    comparison: Comparison | None = None  # against another sweep, when asked
+    comparison: report_compare.Comparison | None = None  # against another sweep, when asked
 
 
 def report(workdir: str, *, out_dir: str | None = None, against: str | None = None) -> Report:

@@ -29,7 +29,10 @@ The table follows the paper's conventions:
   of its own: the seed moves a group's rows together, so the paired differences spread less;
 - Kendall's tau (tau-b) between our row order and the paper's, per paper column and for the
   row average (the mean of a row's columns; the paper's side averages the same paper columns,
-  or all seven when some of our columns have no paper column, e.g. the built-in tasks).
+  or all seven when some of our columns have no paper column, e.g. the built-in tasks);
+- rows whose pre-training losses are equal at every logged step, seed by seed, are named under
+  the table (`Table.identical_pretraining`): they ran the same pre-training, so the table
+  cannot tell them apart.
 
 A compute-matched sweep (`sweep.budget` "tokens" or "flops", `t5x_lite.grid`) says so in the
 table's title and notes, and a second table, "Pre-training compute", gives each row's derived
