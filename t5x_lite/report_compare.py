@@ -8,33 +8,49 @@ comparison is this sweep's mean over seeds and its difference from the other swe
 pre-training loss where both scored the same examples (the records' `held_out_examples`: a
 change of the objective's settings changes them, and then the losses do not compare).
 
-A difference is told apart from the seed noise, as the report's bold rule and findings judge
-scores, when it exceeds two standard deviations: twice the column's spread over seeds
-(`report_table.pooled_std`), pooled over the cells of both sweeps. With one seed in each
-there is no spread, and no difference is judged.
+A difference is told apart from the seed noise in one of two ways. Where both cells ran the
+same two or more seeds, by a paired t-test over those seeds, p < `P_VALUE` two-sided: a seed
+draws the same data order, held-out text and noise in both sweeps, so its two runs share that
+part of the noise, as the report's paired held-out losses do (with 2 seeds the test needs the
+two differences nearly equal; a fixed "twice the deviation of the differences" would mark one
+change in five that does nothing). Otherwise by the report's bold rule: a difference beyond
+twice the column's spread over seeds (`report_table.pooled_std`), pooled over every cell of
+both sweeps. With one seed in each there is no spread, and no difference is judged. Each cell
+is judged alone: of 20 paired cells of a change that does nothing, about one is marked by
+chance.
 """
 from __future__ import annotations
 
 import csv
 import dataclasses
 import io
+import math
+import statistics
 from typing import Callable
+
+import scipy.stats
 
 from t5x_lite.report_render import aligned, markdown_table
 from t5x_lite.report_table import Cell, Row, Table, pooled_std, row_name
 
 AVERAGE = "Average"
 HELD_OUT = "Held-out loss"
+P_VALUE = 0.05  # a paired difference is told apart below this two-sided p-value
 
 
 @dataclasses.dataclass(frozen=True)
 class Change:
-    """One cell: this sweep's mean, the other sweep's, and whether their difference exceeds
-    twice the column's spread (None: no spread to judge by, or a side without a number)."""
+    """One cell: this sweep's mean, the other sweep's, and whether their difference is
+    told apart from the seed noise (None: nothing to judge by, or a side without a number).
+    paired: the seeds a paired t-test ran over, with its two-sided `p_value` (0 and None: the
+    column's pooled `spread` judged, by twice it)."""
 
     ours: float | None
     theirs: float | None
     told_apart: bool | None
+    paired: int = 0
+    p_value: float | None = None
+    spread: float | None = None
 
     @property
     def difference(self) -> float | None:
@@ -72,15 +88,32 @@ def _average(row: Row, columns: list[str]) -> float | None:
     return None if None in means else sum(means) / len(means)
 
 
-def _changes(ours: list[Cell], theirs: list[Cell], spread: float) -> list[Change]:
-    """A column's cells of matched rows -> their changes, judged by `spread`."""
-    changes = []
-    for mine, other in zip(ours, theirs):
-        change = Change(_mean(mine), _mean(other), None)
-        if spread > 0 and change.difference is not None:
-            change = dataclasses.replace(change, told_apart=abs(change.difference) > 2 * spread)
-        changes.append(change)
-    return changes
+def paired_p_value(differences: list[float]) -> float:
+    """The two-sided p-value of a paired t-test of per-seed differences (two or more) against
+    no difference: t = mean / (deviation / sqrt(n)) with n - 1 degrees of freedom; equal
+    differences give 0 (1 when all are 0)."""
+    mean, deviation = statistics.mean(differences), statistics.stdev(differences)
+    if deviation == 0:
+        return 1.0 if mean == 0 else 0.0
+    t = mean / (deviation / math.sqrt(len(differences)))
+    return float(2 * scipy.stats.t.sf(abs(t), len(differences) - 1))
+
+
+def _change(mine: Cell, other: Cell, pooled: float) -> Change:
+    """Two cells of one row and column -> their change, judged by a paired t-test when they
+    ran the same two or more seeds, else by twice `pooled`."""
+    change = Change(_mean(mine), _mean(other), None)
+    if change.difference is None:
+        return change
+    ours, theirs = dict(mine.per_seed), dict(other.per_seed)
+    if len(ours) > 1 and ours.keys() == theirs.keys():
+        p_value = paired_p_value([ours[seed] - theirs[seed] for seed in ours])
+        return dataclasses.replace(change, told_apart=p_value < P_VALUE, paired=len(ours),
+                                   p_value=p_value)
+    if pooled > 0:
+        return dataclasses.replace(change, told_apart=abs(change.difference) > 2 * pooled,
+                                   spread=pooled)
+    return change
 
 
 def compare(table: Table, other: Table, other_name: str) -> Comparison:
@@ -100,10 +133,9 @@ def compare(table: Table, other: Table, other_name: str) -> Comparison:
     spreads = {}
     for column in columns:
         spreads[column] = pooled_std(row.cells[column] for row in both)
-        changes = _changes([mine[n].cells[column] for n in names],
-                           [theirs[n].cells[column] for n in names], spreads[column])
-        for name, change in zip(names, changes):
-            rows[name][column] = change
+        for name in names:
+            rows[name][column] = _change(mine[name].cells[column], theirs[name].cells[column],
+                                         spreads[column])
     for name in names:
         rows[name][AVERAGE] = Change(_average(mine[name], columns), _average(theirs[name], columns),
                                      None)
@@ -113,11 +145,10 @@ def compare(table: Table, other: Table, other_name: str) -> Comparison:
     with_losses = any(_held_out_mean(mine[n]) is not None for n in names)
     if with_losses:
         spreads[HELD_OUT] = pooled_std(row.held_out for row in both if row.held_out)
-        changes = _changes([mine[n].held_out for n in comparable],
-                           [theirs[n].held_out for n in comparable], spreads[HELD_OUT])
-        by_name = dict(zip(comparable, changes))
         for name in names:
-            rows[name][HELD_OUT] = by_name.get(name, Change(_held_out_mean(mine[name]), None, None))
+            rows[name][HELD_OUT] = (
+                _change(mine[name].held_out, theirs[name].held_out, spreads[HELD_OUT])
+                if name in comparable else Change(_held_out_mean(mine[name]), None, None))
     return Comparison(
         other=other_name,
         columns=(*columns, AVERAGE, *([HELD_OUT] if with_losses else [])),
@@ -148,10 +179,11 @@ def _grid(comparison: Comparison, told_apart: Callable[[str], str]) -> list[list
 def _notes(comparison: Comparison, mark: str) -> list[str]:
     spreads = ", ".join(f"{column} {spread:.2f}" for column, spread in comparison.spreads.items())
     notes = [f"Each cell: this sweep's mean over seeds and, in parentheses, this minus "
-             f"{comparison.other}'s. {mark}: a difference beyond two standard deviations, twice "
-             f"the column's spread over seeds pooled over both sweeps ({spreads}); with one seed "
-             f"there is no spread, and no difference is judged. {AVERAGE}: the mean of the row's "
-             "columns above, not judged."]
+             f"{comparison.other}'s. {mark}: told apart from the seed noise, by a paired t-test "
+             f"(p < {P_VALUE}, two-sided) where both sweeps ran the same two or more seeds, else "
+             "by a difference beyond twice the column's spread over seeds pooled over both "
+             f"sweeps ({spreads}); with one seed nothing is judged. Each cell is judged alone. "
+             f"{AVERAGE}: the mean of the row's columns above, not judged."]
     if HELD_OUT in comparison.columns:
         notes.append(f"{HELD_OUT}: compared only where both sweeps scored the same examples"
                      + (f"; not comparable (other examples: the objective's settings or the "
@@ -184,13 +216,16 @@ def to_markdown(comparison: Comparison) -> str:
 
 
 def to_csv(comparison: Comparison) -> str:
-    """comparison.csv: a line per (row, column) with both means, the difference and whether
-    it is told apart (empty where not judged)."""
+    """comparison.csv: a line per (row, column) with both means, the difference, whether it
+    is told apart (empty where not judged), the seeds a paired t-test ran over (0: none) and
+    its p-value, or the pooled spread that judged it."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["row", "column", "this", "other", "difference", "told_apart"])
+    writer.writerow(["row", "column", "this", "other", "difference", "told_apart",
+                     "paired_seeds", "p_value", "spread"])
     for name, changes in comparison.rows.items():
         for column, change in changes.items():
             writer.writerow([name, column, *("" if v is None else v for v in (
-                change.ours, change.theirs, change.difference, change.told_apart))])
+                change.ours, change.theirs, change.difference, change.told_apart,
+                change.paired, change.p_value, change.spread))])
     return out.getvalue()

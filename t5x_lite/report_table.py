@@ -56,7 +56,7 @@ import dataclasses
 import math
 import os
 import warnings
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import scipy.stats
@@ -149,6 +149,8 @@ class Cell:
       missing cell, since an average or a spread with it would be NaN as well.
     mean, std, seeds: our score over the seeds that ran (std: sample deviation, 0 for one).
     paper: the published score, where the paper has this row and column.
+    per_seed: an 'ok' cell's (seed, score) pairs, in seed order (what another sweep's cell is
+      paired with, `report_compare`).
     """
 
     status: str
@@ -157,6 +159,7 @@ class Cell:
     seeds: int = 0
     paper: float | None = None
     bold: bool = False
+    per_seed: tuple[tuple[int, float], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,19 +294,23 @@ def _cell(column: str, tasks: tuple[str, ...], records: list[dict], paper: Paper
     by_seed: dict[int, dict[str, dict]] = {}
     for record in mine:
         by_seed.setdefault(record["seed"], {})[record["task"]] = record["metrics"]
-    values = [paper_results.column_score(column, metrics) for metrics in by_seed.values()
-              if set(metrics) == set(tasks)]  # a seed without every task of the column: no score
-    if not values:
+    scores = {seed: paper_results.column_score(column, metrics)
+              for seed, metrics in by_seed.items()
+              if set(metrics) == set(tasks)}  # a seed without every task of the column: no score
+    if not scores:
         return Cell("missing", paper=published)
-    if not all(math.isfinite(value) for value in values):
-        return Cell("undefined", seeds=len(values), paper=published)
-    return _over_seeds(values, published)
+    if not all(math.isfinite(value) for value in scores.values()):
+        return Cell("undefined", seeds=len(scores), paper=published)
+    return _over_seeds(scores, published)
 
 
-def _over_seeds(values: Sequence[float], paper: float | None = None) -> Cell:
-    """An 'ok' cell of one score per seed: their mean and sample deviation (0 for one seed)."""
+def _over_seeds(scores: Mapping[int, float], paper: float | None = None) -> Cell:
+    """An 'ok' cell of one score per seed (seed -> score): their mean and sample deviation
+    (0 for one seed)."""
+    values = list(scores.values())
     std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
-    return Cell("ok", float(np.mean(values)), std, len(values), paper)
+    return Cell("ok", float(np.mean(values)), std, len(values), paper,
+                per_seed=tuple(sorted(scores.items())))
 
 
 def _paper_average_columns(columns: Iterable[str]) -> tuple[str, ...]:
@@ -426,7 +433,7 @@ def _held_out(keys: Sequence[tuple[str, str | None]],
               for key, records in scored.items()}
     if not any(losses.values()):
         return {}, {}, ()
-    cells = {key: _over_seeds(list(by_seed.values())) if by_seed else Cell("missing")
+    cells = {key: _over_seeds(by_seed) if by_seed else Cell("missing")
              for key, by_seed in losses.items()}
     groups: dict[tuple, list[tuple[str, str | None]]] = {}
     for key in keys:
@@ -444,7 +451,7 @@ def _held_out(keys: Sequence[tuple[str, str | None]],
             for key in group[1:]:
                 per_seed = {seed: losses[key][seed] - reference[seed] for seed in sorted(reference)}
                 differences.append(HeldOutDifference(key[0], key[1], row_name(*group[0]),
-                                                     per_seed, _over_seeds(list(per_seed.values()))))
+                                                     per_seed, _over_seeds(per_seed)))
     numbers = {key: number for number, group in enumerate(groups.values(), 1) for key in group}
     return cells, numbers, tuple(differences)
 

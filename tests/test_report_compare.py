@@ -5,7 +5,9 @@ import json
 import math
 import statistics
 
+import numpy as np
 import pytest
+import scipy.stats
 
 from t5x_lite import cli, report, report_compare, report_table
 
@@ -28,41 +30,51 @@ def _write(directory, records):
 
 @pytest.fixture
 def sweeps(tmp_path):
-    """Before and after a change: two seeds each; '25%' only after, '50%' only before; the
-    15% row's held-out examples differ (as when the change is to the objective)."""
+    """Before and after a change. 10% and 15%: the same two seeds in both sweeps (paired);
+    25%: two seeds after, one before (judged by the pooled spread); 50% only before. The 15%
+    row's held-out examples differ (as when the change is to the objective)."""
     after = _write(tmp_path / "after", [
         *_records("10%", [50.0, 52.0], [3.0, 3.2], ["x0", "x1"]),
         *_records("15%", [60.0, 62.0], [3.1, 3.3], ["y0", "y1"]),
         *_records("25%", [70.0, 71.0], [3.4, 3.5], ["w0", "w1"])])
     before = _write(tmp_path / "before", [
         *_records("10%", [40.0, 42.0], [3.5, 3.7], ["x0", "x1"]),
-        *_records("15%", [59.0, 61.0], [3.6, 3.8], ["z0", "z1"]),
+        *_records("15%", [61.0, 59.0], [3.6, 3.8], ["z0", "z1"]),
+        *_records("25%", [69.0], [3.45], ["w0"]),
         *_records("50%", [30.0, 30.5], [4.0, 4.1], ["v0", "v1"])])
     return after, before
 
 
-def test_each_shared_row_gets_its_mean_and_change_judged_by_twice_the_pooled_spread(sweeps):
+def test_each_shared_row_gets_its_mean_and_change_judged_paired_by_seed_or_pooled(sweeps):
     after, before = sweeps
     comparison = report.report(after, against=before).comparison
     assert comparison.columns == ("builtin_reverse", "Average", "Held-out loss")
-    assert list(comparison.rows) == ["10%", "15%"]
-    # The spread: root mean variance over every cell of both sweeps, shared rows or not.
-    scores = [[50, 52], [60, 62], [70, 71], [40, 42], [59, 61], [30, 30.5]]
-    spread = math.sqrt(statistics.mean(statistics.variance(s) for s in scores))
-    assert comparison.spreads["builtin_reverse"] == pytest.approx(spread)
-    ten, fifteen = comparison.rows["10%"], comparison.rows["15%"]
-    assert (ten["builtin_reverse"].ours, ten["builtin_reverse"].theirs) == (51.0, 41.0)
-    assert ten["builtin_reverse"].difference == 10.0 > 2 * spread
-    assert ten["builtin_reverse"].told_apart is True
-    assert fifteen["builtin_reverse"].difference == 1.0 < 2 * spread
-    assert fifteen["builtin_reverse"].told_apart is False
+    assert list(comparison.rows) == ["10%", "15%", "25%"]
+    ten, fifteen, twenty_five = (comparison.rows[row] for row in ("10%", "15%", "25%"))
+    # Paired by seed: a paired t-test. 10%: +10 in both seeds, no spread at all: p = 0.
+    assert ten["builtin_reverse"] == report_compare.Change(51.0, 41.0, True, paired=2,
+                                                           p_value=0.0)
+    # 15%: -1 and +3: t = 1 / (2.83 / sqrt 2) = 0.5 with one degree of freedom.
+    p_value = scipy.stats.ttest_rel([60, 62], [61, 59]).pvalue
+    assert fifteen["builtin_reverse"] == report_compare.Change(61.0, 60.0, False, paired=2,
+                                                               p_value=pytest.approx(p_value))
+    assert p_value == pytest.approx(0.705, abs=1e-3)
+    # 25%: the seeds differ, so the column's spread judges: root mean variance over every cell
+    # of both sweeps with two or more seeds, shared rows or not.
+    scores = [[50, 52], [60, 62], [70, 71], [40, 42], [61, 59], [30, 30.5]]
+    pooled = math.sqrt(statistics.mean(statistics.variance(s) for s in scores))
+    assert comparison.spreads["builtin_reverse"] == pytest.approx(pooled)
+    assert twenty_five["builtin_reverse"] == report_compare.Change(
+        70.5, 69.0, False, paired=0, spread=pytest.approx(pooled))
+    assert 1.5 < 2 * pooled
     assert ten["Average"] == report_compare.Change(51.0, 41.0, None)  # never judged
-    # Held-out losses compare where both scored the same examples: 10% only.
-    assert ten["Held-out loss"].difference == pytest.approx(-0.5)
-    assert ten["Held-out loss"].told_apart is True  # by the losses' own spread, about 0.12
+    # Held-out losses compare where both scored the same examples: 10% only (25%'s seeds and
+    # 15%'s examples differ); -0.5 in both seeds.
+    assert ten["Held-out loss"] == report_compare.Change(
+        pytest.approx(3.1), pytest.approx(3.6), True, paired=2, p_value=pytest.approx(0.0))
     assert fifteen["Held-out loss"] == report_compare.Change(pytest.approx(3.2), None, None)
-    assert comparison.held_out_not_comparable == ("15%",)
-    assert (comparison.only_ours, comparison.only_theirs) == (("25%",), ("50%",))
+    assert comparison.held_out_not_comparable == ("15%", "25%")
+    assert (comparison.only_ours, comparison.only_theirs) == ((), ("50%",))
 
 
 def test_the_comparison_is_printed_and_written_as_markdown_and_csv(sweeps, tmp_path, capsys):
@@ -74,14 +86,15 @@ def test_the_comparison_is_printed_and_written_as_markdown_and_csv(sweeps, tmp_p
     assert section[4].split() == ["10%", "51.00", "(+10.00)*", "51.00", "(+10.00)", "3.10",
                                   "(-0.50)*"]
     assert section[5].split() == ["15%", "61.00", "(+1.00)", "61.00", "(+1.00)", "3.20", "(–)"]
-    assert f"Rows only in {before}: 50%." in text and "Rows only in this sweep: 25%." in text
-    assert "not comparable (other examples: the objective's settings or the seeds differ): 15%." \
-        in text
+    assert f"Rows only in {before}: 50%." in text and "Rows only in this sweep" not in text
+    assert ("not comparable (other examples: the objective's settings or the seeds differ): "
+            "15%, 25%.") in text
     markdown = (tmp_path / "out" / "comparison.md").read_text()
     assert "| 10% | **51.00 (+10.00)** | 51.00 (+10.00) | **3.10 (-0.50)** |" in markdown
     rows = list(csv.DictReader(io.StringIO((tmp_path / "out" / "comparison.csv").read_text())))
     assert rows[0] == {"row": "10%", "column": "builtin_reverse", "this": "51.0",
-                       "other": "41.0", "difference": "10.0", "told_apart": "True"}
+                       "other": "41.0", "difference": "10.0", "told_apart": "True",
+                       "paired_seeds": "2", "p_value": "0.0", "spread": ""}
     assert {(r["row"], r["column"]): r["told_apart"] for r in rows}[("15%", "Average")] == ""
 
 
@@ -110,6 +123,14 @@ def test_one_seed_judges_nothing_and_unrelated_sweeps_are_refused(tmp_path, caps
     assert not (tmp_path / "refused").exists()  # refused before anything was written
     with pytest.raises(SystemExit, match=r"missing/results.jsonl does not exist"):
         cli.main(["t5x-lite", "report", one, "--against", str(tmp_path / "missing")])
+
+
+@pytest.mark.parametrize("seeds", [2, 3, 5, 10])
+def test_the_paired_p_value_is_the_paired_t_test(seeds):
+    rng = np.random.default_rng(seeds)
+    after, before = rng.normal(50, 5, seeds), rng.normal(48, 5, seeds)
+    assert report_compare.paired_p_value(list(after - before)) == pytest.approx(
+        scipy.stats.ttest_rel(after, before).pvalue, rel=1e-9)
 
 
 def test_a_row_s_held_out_examples_are_the_seeds_and_fingerprints_of_its_losses():
