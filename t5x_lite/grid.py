@@ -203,10 +203,10 @@ def load_experiment(experiment: str) -> ModuleType:
 OBSERVING_FIELDS = ("train.eval_every", "train.eval_batches")
 
 
-def config_hash(config: ml_collections.ConfigDict) -> str:
-    """A short stable hash of what a run computes: the config less its `sweep` section (the
-    seeds, tasks and progress setting of the whole sweep, which a user may extend and resume),
-    so equal runs have equal hashes."""
+def _computed_fields(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """What a run computes, as JSON data: the config less its `sweep` section (the seeds,
+    tasks and progress setting of the whole sweep, which a user may extend and resume), the
+    objective fields its objective does not read and the held-out evaluation's fields."""
     plain = config_as_json(config)
     plain.pop("sweep", None)
     # A model field added later hashes at None as before it existed, so that the records of
@@ -219,6 +219,13 @@ def config_hash(config: ml_collections.ConfigDict) -> str:
     # (`t5x_lite.held_out`), so switching it on resumes a sweep run without it.
     for name in OBSERVING_FIELDS:
         plain["train"].pop(name.removeprefix("train."), None)
+    return plain
+
+
+def config_hash(config: ml_collections.ConfigDict) -> str:
+    """A short stable hash of what a run computes (`_computed_fields`), so equal runs have
+    equal hashes."""
+    plain = _computed_fields(config)
     return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -448,10 +455,10 @@ def expand(experiment: str, preset: str, overrides: Sequence[str] = ()) -> list[
 
 
 def _computation(point: GridPoint) -> str:
-    """What a point's runs compute, as JSON: its config as `config_hash` reads it, but the
-    objective fields its objective reads as that objective sees them (`Objective.effective`)."""
-    plain = config_as_json(point.config)
-    plain.pop("sweep", None)
+    """What a point's runs compute, as JSON: its `_computed_fields` (what `config_hash`
+    hashes), but the objective fields its objective reads as that objective sees them
+    (`Objective.effective`)."""
+    plain = _computed_fields(point.config)
     objective = plain.pop("objective")
     seen = objective_registry.get(objective["name"]).effective(objective)
     plain["objective"] = {**{field: value for field, value in objective.items()
