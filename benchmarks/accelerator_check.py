@@ -71,7 +71,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # The other scripts of benchmarks/ (a folder of scripts, not a package), also when this one is
 # imported from elsewhere (its tests).
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from profile_breakdown import breakdown, kernel_totals, random_bit_draws  # noqa: E402
+from profile_breakdown import (breakdown, kernel_totals, kind_by_name,  # noqa: E402
+                               random_bit_draws)
 BF16 = "model.dtype=bfloat16"
 # (name, settings) of the compute variants item 1 asks for, plain first.
 VARIANTS = (("plain", ()), ("scan_layers", ("model.scan_layers=True",)),
@@ -274,18 +275,19 @@ def child_dropout(shape: list[int], steps: int, rate: float = 0.1) -> dict[str, 
             "devices": str(jax.devices()[0].device_kind), "forms": results}
 
 
-# Kernel name -> what it does, first match wins (XLA's GPU fusions, cuBLAS / cuDNN kernels, and
-# on a CPU XLA's own ops); the rest are "other" (elementwise and fused ops).
-KERNEL_KINDS = (("attention", r"cudnn|fmha|flash|sdpa|attention"),
-                ("matmul", r"gemm|cublas|cutlass|nvjet|xmma|matmul|\bdot|ynn_fusion"),
-                ("random bits", r"threefry|rng|random"),
-                ("copy", r"memcpy|memset|copy|transpose"),
-                ("reduction", r"reduc"))
+# Without the HLO, XLA's own fusions are classed by the ops their names mention, first match
+# wins; the rest are "other" (elementwise and fused ops).
+FUSION_KINDS_BY_NAME = (("random bits", r"threefry|rng|random"),
+                        ("copy", r"copy|transpose"),
+                        ("reduction", r"reduc"))
 
 
 def kernel_kind(name: str) -> str:
+    """What a kernel does, by its name alone: `profile_breakdown.kind_by_name` (library kernels
+    and matmuls), else `FUSION_KINDS_BY_NAME`."""
     lowered = name.lower()
-    return next((kind for kind, pattern in KERNEL_KINDS if re.search(pattern, lowered)), "other")
+    return kind_by_name(name) or next(
+        (kind for kind, pattern in FUSION_KINDS_BY_NAME if re.search(pattern, lowered)), "other")
 
 
 def summarise_trace(trace: dict[str, Any], steps: int, top: int = 15) -> dict[str, Any]:

@@ -9,7 +9,7 @@ Threefry rounds, for one, are fused into kernels named after the ops around them
 what each fusion computes, so every kernel gets a kind:
 
   attention        cuDNN's attention kernels (and their dQ / dbias helpers)
-  matmul           cuBLAS / cuBLASLt kernels and XLA's GEMM fusions
+  matmul           cuBLAS / cuBLASLt kernels and XLA's GEMM fusions (on a CPU, its dots)
   copy             memcpy / memset: among them the scanned layers' residuals copied in and out
   dropout bits     fusions computing random bits (at least 8 shifts: Threefry's rotations)
   layer stacking   fusions writing a slice of a [layers, ...] buffer (dynamic-update-slice),
@@ -31,9 +31,18 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-KIND_BY_NAME = (("attention", r"cudnn|fmha|flash|sdpa"),
-                ("matmul", r"nvjet|gemm|cublas|cutlass|xmma"),
+# Kernels whose name says what they compute, first match wins: cuDNN's attention, cuBLAS /
+# cuBLASLt and XLA's GEMM fusions, memcpy / memset; on a CPU, XLA's dots and YNNPACK's fusions.
+KIND_BY_NAME = (("attention", r"cudnn|fmha|flash|sdpa|attention"),
+                ("matmul", r"nvjet|gemm|cublas|cutlass|xmma|matmul|\bdot|ynn_fusion"),
                 ("copy", r"^(memcpy|memset)"))
+
+
+def kind_by_name(name: str) -> str | None:
+    """The kind a kernel's name alone says (`KIND_BY_NAME`); None for XLA's other fusions,
+    whose names say little (the HLO does, `kernel_kinds`)."""
+    return next((kind for kind, pattern in KIND_BY_NAME if re.search(pattern, name.lower())),
+                None)
 # An instruction line of an HLO module: name, shape (a tuple shape is parenthesised), opcode.
 INSTRUCTION = re.compile(r"\s*(?:ROOT )?%(\S+) = (\(.*?\)|\S+) ([\w\-]+)\(")
 COMPUTATION = re.compile(r"^(ENTRY )?%(\S+) \(")
@@ -144,7 +153,7 @@ def kernel_kinds(names: list[str], hlo_text: str) -> dict[str, tuple[str, str]]:
     by_trace_name = {name.replace(".", "_"): name for name in instructions}
     kinds = {}
     for name in names:
-        kind = next((k for k, pattern in KIND_BY_NAME if re.search(pattern, name.lower())), None)
+        kind = kind_by_name(name)
         instruction = instructions.get(name) or instructions.get(by_trace_name.get(name, ""))
         shape = instruction[0] if instruction else ""
         if kind is None and instruction is not None:

@@ -56,6 +56,7 @@ KERNELS = {
     "void cudnn::fusion::fmha_dbias<true>(void const*)": (40.0, "attention"),
     "nvjet_sm90_tst_128x160_64x5_2x1_v_bz_NNT": (200.0, "matmul"),
     "gemm_fusion_dot_general_130": (20.0, "matmul"),
+    "dot.3": (3.0, "matmul"),  # a CPU trace's XLA op
     "memcpy128": (50.0, "copy"),
     "loop_compare_select_fusion_1": (30.0, "dropout bits"),
     "loop_dynamic_update_slice_fusion": (10.0, "layer stacking"),
