@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from t5x_lite import bench, host_memory, objectives, partitioning, presets, train_step
+from t5x_lite import bench, host_memory, objectives, partitioning, presets, train_state, train_step
 
 
 def _median_ms(fns: dict[str, Callable[[], Any]], steps: int, warmup: int = 2) -> dict[str, float]:
@@ -40,7 +40,7 @@ def phases(config: ml_collections.ConfigDict, steps: int) -> dict[str, dict[str,
     spec = objectives.spec_from_config(config.objective)
     raw = jnp.asarray(bench.random_raw_tokens(config, layout.raw_length))
     batch = jax.jit(lambda r, k: objectives.corrupt(r, spec, k, layout))(raw, jax.random.key(0))
-    params = train_step.init_state(config, partitioning.make_mesh(config.mesh)).params
+    params = train_state.init_state(config, partitioning.make_mesh(config.mesh)).params
     loss_sums = train_step.loss_sums_fn(config)
 
     def loss(p: Any, b: dict) -> jax.Array:

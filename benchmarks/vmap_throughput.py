@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_lite import bench, grid, objectives, partitioning, sweep, train_step
+from t5x_lite import bench, grid, objectives, partitioning, sweep, train_state, train_step
 
 
 def vmap_benchmark(experiment: str = "table6", preset: str = "demo", steps: int = 20,
@@ -49,11 +49,11 @@ def vmap_benchmark(experiment: str = "table6", preset: str = "demo", steps: int 
     mesh = partitioning.make_mesh(configs[0].mesh)
     raw = bench.random_raw_tokens(configs[0], layout.raw_length)
     specs = [objectives.spec_from_config(c.objective) for c in configs]
-    keys = [train_step.step_key(c.train.seed) for c in configs]
+    keys = [train_state.step_key(c.train.seed) for c in configs]
 
     step = train_step.make_train_step(configs[0], layout, mesh)
     start = time.perf_counter()
-    states = [jax.block_until_ready(train_step.init_state(c, mesh)) for c in configs]
+    states = [jax.block_until_ready(train_state.init_state(c, mesh)) for c in configs]
     bench.report_phase(f"{len(configs)} initial states built", time.perf_counter() - start)
 
     def sequential() -> list[Any]:
@@ -64,7 +64,7 @@ def vmap_benchmark(experiment: str = "table6", preset: str = "demo", steps: int 
         return metrics
 
     vmapped_step = train_step.make_vmapped_train_step(configs, layout, mesh)
-    stacked = [train_step.stack_states([train_step.init_state(c, mesh) for c in configs],
+    stacked = [train_state.stack_states([train_state.init_state(c, mesh) for c in configs],
                                        configs[0], mesh)]
     stacked_raw, stacked_specs = np.stack([raw] * len(configs)), train_step.stack_specs(specs)
     stacked_keys = jnp.stack(keys)

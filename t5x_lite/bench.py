@@ -26,7 +26,8 @@ import numpy as np
 from flax import nnx
 
 from t5x_lite import (accounting, architectures, batch_format, compile_events, convert, decoding,
-                      host_memory, loop, objectives, partitioning, train_step)
+                      host_memory, loop, objectives, partitioning, programs, train_state,
+                      train_step)
 from t5x_lite.config import EOS_ID, NUM_RESERVED_IDS, ConfigError, sentinel_id
 from t5x_lite.models import build_model, make_masks
 from t5x_lite.settings import Settings
@@ -98,10 +99,10 @@ def jax_train_step(config: ml_collections.ConfigDict) -> tuple[Callable[[], Any]
     step = train_step.make_train_step(config, layout, mesh)
     spec = objectives.spec_from_config(config.objective)
     raw = random_raw_tokens(config, layout.raw_length)
-    rng = train_step.step_key(config.train.seed)
+    rng = train_state.step_key(config.train.seed)
     with compile_events.compile_seconds() as init_compiles:
         start = time.perf_counter()
-        state = jax.block_until_ready(train_step.init_state(config, mesh))
+        state = jax.block_until_ready(train_state.init_state(config, mesh))
         init_s = time.perf_counter() - start
     report_phase(f"initial state built ({sum(init_compiles):.1f} s of it compiling)", init_s)
     start = time.perf_counter()
@@ -200,8 +201,8 @@ def _gib(size: int | None) -> float | None:
 
 
 def program_memory_gib(step: train_step.TrainStep) -> float | None:
-    """`train_step.program_memory_bytes` of the program the step's latest call ran, in GiB."""
-    return _gib(train_step.program_memory_bytes(step.program.last_executable))
+    """`programs.program_memory_bytes` of the program the step's latest call ran, in GiB."""
+    return _gib(programs.program_memory_bytes(step.program.last_executable))
 
 
 def peak_device_memory_gib() -> float | None:

@@ -25,8 +25,8 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
-from t5x_lite import (architectures, batch_format, checkpointing, decoding, partitioning,
-                      train_step)
+from t5x_lite import (architectures, batch_format, checkpointing, decoding, partitioning, programs,
+                      train_state, train_step)
 from t5x_lite.config import ConfigError
 from t5x_lite.data import pipeline, tasks
 from t5x_lite.data.vocabulary import Vocabulary
@@ -202,7 +202,7 @@ class Evaluator:
         self.config, self.splits, self.vocab = config, list(splits), vocab
         self.max_length = ft.decode.max_length or ft.targets_length
         self.eval_step = train_step.make_eval_step(config, mesh)
-        self.graphdef = train_step.model_graphdef(config)
+        self.graphdef = train_state.model_graphdef(config)
         self.rows = partitioning.batch_sharding(mesh,
                                                 partitioning.normalize_rules(config.mesh.rules))
         family = architectures.get(config.model.arch).family
@@ -235,7 +235,7 @@ class Evaluator:
         texts = []
         for batch in inputs:
             global_shape = (len(batch) * jax.process_count(), *batch.shape[1:])
-            whole = train_step.global_rows(batch, self.rows, global_shape, "encoder_input_tokens")
+            whole = programs.global_rows(batch, self.rows, global_shape, "encoder_input_tokens")
             result = decoding.decode(model, whole, max_length=self.max_length,
                                      arch=self.config.model.arch, method=settings.method,
                                      num_beams=settings.num_beams, alpha=settings.alpha)
@@ -251,7 +251,7 @@ def params_of(config: ml_collections.ConfigDict, source: Any, mesh: Mesh) -> nnx
     if isinstance(source, (str, Path)):
         directory = checkpoint_dir(source)
         require_same(directory, config, PARAMETER_FIELDS, "hold another model or vocabulary")
-        abstract = train_step.abstract_state(config, mesh).params
+        abstract = train_state.abstract_state(config, mesh).params
         return checkpointing.restore_params_only(directory, abstract)
     if isinstance(source, nnx.Module):
         return nnx.state(source, nnx.Param)

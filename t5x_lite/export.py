@@ -42,7 +42,7 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
-from t5x_lite import architectures, checkpointing, evaluation, partitioning, train_step
+from t5x_lite import architectures, checkpointing, evaluation, partitioning, train_state
 from t5x_lite.config import EOS_ID, PAD_ID, ConfigError, default_config
 from t5x_lite.convert import HF_CONFIG_FIELDS, HF_CONFIG_FILE, WEIGHTS_FILE, hf_t5_weights
 from t5x_lite.data import hf_tokenizer, pipeline
@@ -214,6 +214,6 @@ def _saved_config(directory: Path) -> ml_collections.ConfigDict:
 def _restore(config: ml_collections.ConfigDict, directory: Path) -> nnx.Module:
     """The model of `config` holding the parameters of the newest checkpoint in `directory`."""
     mesh = partitioning.make_mesh(config.mesh)
-    abstract = train_step.abstract_state(config, mesh).params
+    abstract = train_state.abstract_state(config, mesh).params
     params = checkpointing.restore_params_only(directory, abstract)
-    return nnx.merge(train_step.model_graphdef(config), params)
+    return nnx.merge(train_state.model_graphdef(config), params)

@@ -29,7 +29,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from t5x_lite import architectures, attention, batch_format, checkpointing, train_step
+from t5x_lite import architectures, attention, batch_format, checkpointing, train_state, train_step
 from t5x_lite.config import ConfigError
 from t5x_lite.data import pipeline, tasks
 from t5x_lite.evaluation import (PARAMETER_FIELDS, Evaluator, TaskSplit, check_finetune_settings,
@@ -157,20 +157,20 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
         _require_same_source(workdir, source, restart)
     ft_config = finetune_train_config(config)
 
-    def fresh_state(point: ml_collections.ConfigDict, mesh: Mesh) -> train_step.TrainState:
+    def fresh_state(point: ml_collections.ConfigDict, mesh: Mesh) -> train_state.TrainState:
         if source is None:
-            return train_step.init_state(point, mesh)
+            return train_state.init_state(point, mesh)
         if isinstance(source, nnx.State):
-            return train_step.state_from_params(point, mesh, source)
-        abstract = train_step.abstract_state(point, mesh).params
+            return train_state.state_from_params(point, mesh, source)
+        abstract = train_state.abstract_state(point, mesh).params
         params = checkpointing.restore_params_only(source, abstract)
-        return train_step.state_from_params(point, mesh, params)
+        return train_state.state_from_params(point, mesh, params)
 
     plan = RunPlan(
         configs=[ft_config], workdirs=[workdir],
         make_data=lambda: _TaskData(config, task_list),
         make_step=lambda mesh: train_step.make_finetune_step(ft_config, mesh),
-        step_args=(train_step.step_key(config.train.seed),),
+        step_args=(train_state.step_key(config.train.seed),),
         lengths=(ft.inputs_length, ft.targets_length), fresh_state=fresh_state,
         batch_field="finetune.batch_size",
         resume_fields=checkpointing.RESUME_FIELDS + _FINETUNE_DATA_FIELDS)
@@ -180,7 +180,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
 
         examples = sum(len(split.examples) for split in run.data.validation)
 
-        def validate(step: int, state: train_step.TrainState) -> None:
+        def validate(step: int, state: train_state.TrainState) -> None:
             # Decoding every validation example takes a while (minutes on a CPU): say so.
             run.progress.note(f"step {step}/{run.total}: validating on {examples} examples "
                               f"({evaluator.max_length} tokens decoded at most)")

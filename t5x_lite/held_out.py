@@ -16,7 +16,7 @@ result of the run. The order is drawn from `train.seed`, so runs of one seed sha
 held-out text, whatever their architecture.
 
 Which noise: the chunks are corrupted once by the run's objective (its rate and span length),
-with a key of their own (`train_step.held_out_key`, fixed per seed and batch), so every
+with a key of their own (`train_state.held_out_key`, fixed per seed and batch), so every
 evaluation of a run, and every run of one seed and objective, scores the same examples. The
 loss is therefore the objective's own: it compares architectures within one objective, and
 one run over time, not one objective with another. Which runs scored the same examples is
@@ -37,7 +37,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from t5x_lite import batch_format, objectives, train_step
+from t5x_lite import batch_format, objectives, train_state, train_step
 from t5x_lite.config import ConfigError
 from t5x_lite.loop import EVAL_FILE, EvalLog, Every, Run
 
@@ -92,7 +92,7 @@ class HeldOut:
         with jax.default_device(jax.local_devices(backend="cpu")[0]):
             batches = [jax.device_get(objectives.jitted_corrupt_with_details(
                            data.held_out_batch(index), spec,
-                           train_step.held_out_key(train.seed, index), layout)[0])
+                           train_state.held_out_key(train.seed, index), layout)[0])
                        for index in range(data.held_out_batches)]
         batches = [{name: np.asarray(value) for name, value in batch.items()}
                    for batch in batches]

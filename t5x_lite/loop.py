@@ -43,7 +43,8 @@ from t5x_lite import accounting, compile_events, tensorboard
 from t5x_lite.checkpointing import Checkpointer
 from t5x_lite.preemption import Preempted
 from t5x_lite.results import write_atomically
-from t5x_lite.train_step import FinetuneStep, TrainState, TrainStep, unstack_state
+from t5x_lite.train_state import TrainState, unstack_state
+from t5x_lite.train_step import FinetuneStep, TrainStep
 
 log = logging.getLogger(__name__)
 

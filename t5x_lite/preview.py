@@ -7,7 +7,7 @@
 The examples are the first `count` rows of the batches a run of `run.config` corrupts at steps
 0, 1, ...: the chunks of `PretrainData.batch(step)` (single-process), the layout the run trains
 with (an experiment point: its grid's shared layout, as `grid.expand` gives it; a plain config:
-`objectives.layout_from_config`), and the batch key of `train_step.batch_and_dropout_keys`. The
+`objectives.layout_from_config`), and the batch key of `train_state.batch_and_dropout_keys`. The
 whole batch is corrupted, because each example's key is split from the batch key over the batch
 rows; a count beyond the batch size continues with the batches of steps 1, 2, ...
 """
@@ -26,7 +26,7 @@ from t5x_lite.config import (EOS_ID, PAD_ID, ConfigError, apply_overrides, load_
                              parse_overrides)
 from t5x_lite.data.vocabulary import Vocabulary
 from t5x_lite.settings import Settings
-from t5x_lite.train_step import batch_and_dropout_keys, step_key
+from t5x_lite.train_state import batch_and_dropout_keys, step_key
 
 # How an EOS id shows in text: T5's piece for it. Raw chunks hold one at every document end.
 EOS_TEXT = "</s>"

@@ -29,15 +29,8 @@ from t5x_lite.checkpointing import CHECKPOINTS_DIR, RESUME_FIELDS, Checkpointer
 from t5x_lite.config import ConfigError
 from t5x_lite.loop import MetricsWriter, Point, PreemptionWatch, Progress, Run, Throughput
 from t5x_lite.settings import Settings
-from t5x_lite.train_step import (
-    FinetuneStep,
-    TrainState,
-    TrainStep,
-    abstract_state,
-    init_state,
-    require_one_group,
-    stack_states,
-)
+from t5x_lite.train_state import TrainState, abstract_state, init_state, stack_states
+from t5x_lite.train_step import FinetuneStep, TrainStep, require_one_group
 
 
 @dataclasses.dataclass(frozen=True)

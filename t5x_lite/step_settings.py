@@ -1,10 +1,10 @@
 """What a compiled train step reads, as one frozen value: the key of its program cache.
 
 `step_settings(config, data_kind)` extracts a `StepSettings` from the config's typed settings
-(`t5x_lite.settings.Settings.from_config`), once; the functions that build a step
-(`t5x_lite.train_step`, `t5x_lite.optim`) receive only it, never the config, so whatever they
-read is in the settings, and two configs share a compiled program exactly when their settings
-(and mesh) are equal.
+(`t5x_lite.settings.Settings.from_config`), once; the functions that build a step or its state
+(`t5x_lite.train_step`, `t5x_lite.train_state`, `t5x_lite.optim`) receive only it, never the
+config, so whatever they read is in the settings, and two configs share a compiled program
+exactly when their settings (and mesh) are equal.
 
 Every leaf of the config sections a step reads (`STEP_SECTIONS`) is either copied into the
 settings or listed in `NOT_IN_THE_PROGRAM` with the reason; `tests/test_step_settings.py` fails
@@ -29,7 +29,7 @@ _ENDS_AT_STEPS = ("linear", "cosine")
 STEP_SECTIONS = ("model", "train", "mesh")
 # The leaves of STEP_SECTIONS that no compiled step reads, and why.
 NOT_IN_THE_PROGRAM = {
-    "train.seed": "the step key is an argument of the step (`train_step.step_key`)",
+    "train.seed": "the step key is an argument of the step (`train_state.step_key`)",
     "train.log_every": "read by the training loop, not the step",
     "train.eval_every": "read by the held-out evaluation (`t5x_lite.held_out`), not the step",
     "train.eval_batches": "read by the held-out evaluation (`t5x_lite.held_out`), not the step",

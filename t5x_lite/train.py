@@ -26,8 +26,9 @@ from flax import nnx
 from t5x_lite import held_out, objectives
 from t5x_lite.loop import run_loop, summaries
 from t5x_lite.run_setup import RunPlan, set_up
-from t5x_lite.train_step import (TrainStep, init_state, make_train_step,
-                                 make_vmapped_train_step, stack_specs, state_from_params, step_key)
+from t5x_lite.train_state import init_state, state_from_params, step_key
+from t5x_lite.train_step import (TrainStep, make_train_step, make_vmapped_train_step,
+                                 stack_specs)
 
 
 class _RawBatches:

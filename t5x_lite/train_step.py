@@ -1,4 +1,4 @@
-"""The one jitted train step: the train state, the loss, and the compiled update programs.
+"""The one jitted train step: T5X's loss, the update, and the programs that run it.
 
     raw tokens [B, raw_len] --jit(train_step)--> corrupt -> masks -> model -> loss -> grads -> optax
     ready batch (fine-tuning) --jit(finetune_step)------^
@@ -15,19 +15,18 @@ family shares one executable.
 Vectorised sweeps: K points that differ only in that traced data (`vmap_group_key`) can share
 one step `jax.vmap`-ed over their stacked states, specs and step keys
 (`make_vmapped_train_step`), one compilation for the K. The one loop around these steps is
-`t5x_lite.loop.run_loop` (pre-training, vmapped points and fine-tuning alike).
+`t5x_lite.loop.run_loop` (pre-training, vmapped points and fine-tuning alike). The state the
+steps update, its keys and its creation are `t5x_lite.train_state`'s; compiling a program and
+placing its arguments on the mesh, `t5x_lite.programs`'.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
-import time
 from typing import Any, Callable, Sequence
 
-import flax
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -36,24 +35,17 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from t5x_lite import architectures, batch_format, objectives, partitioning
+from t5x_lite import architectures, batch_format, objectives, partitioning, train_state
 from t5x_lite.config import ConfigError, flat_fields
-from t5x_lite.models import build_model, make_masks
-from t5x_lite.optim import learning_rate_schedule, make_optimizer
-from t5x_lite.step_settings import ModelSettings, StepSettings, step_settings
+from t5x_lite.models import make_masks
+from t5x_lite.optim import learning_rate_schedule
+from t5x_lite.programs import Program, global_rows, replicated_array
+from t5x_lite.step_settings import StepSettings, step_settings
+from t5x_lite.train_state import TrainState, batch_and_dropout_keys, stacked_sharding
 
-
-@flax.struct.dataclass
-class TrainState:
-    """Everything that changes during training; the model's graphdef stays outside (static).
-
-    step: int32 scalar, the number of updates applied. params: `nnx.State` of the model's
-    `nnx.Param`s (float32, with `logical_axes` metadata). opt_state: the optax state.
-    """
-
-    step: jax.Array
-    params: nnx.State
-    opt_state: optax.OptState
+# (settings, mesh, the step's kind) -> the shared train, fine-tuning or eval step: equal keys
+# share one executable.
+_PROGRAMS: dict[Any, Program] = {}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -95,115 +87,6 @@ def cross_entropy_sums(
 
 
 # ---------------------------------------------------------------------------------------------
-# State: abstract shapes, shardings, initialisation
-
-
-# Parameter initialisation, the train steps and the held-out batches' corruption draw from
-# separate streams of the seed key, so no noise is derived from the key that drew a parameter.
-_INIT_STREAM, _STEP_STREAM, _HELD_OUT_STREAM = 0, 1, 2
-
-
-def step_key(seed: int) -> jax.Array:
-    """The key a run passes to its train steps (each step folds in its own number)."""
-    return jax.random.fold_in(jax.random.key(seed), _STEP_STREAM)
-
-
-def held_out_key(seed: int, index: int) -> jax.Array:
-    """The key that corrupts held-out batch `index` of a run of `seed` (`t5x_lite.held_out`):
-    fixed, so every evaluation of the run scores the same examples."""
-    return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), _HELD_OUT_STREAM), index)
-
-
-def batch_and_dropout_keys(key: jax.Array, step: jax.Array | int) -> tuple[jax.Array, jax.Array]:
-    """The keys train step `step` of a run with key `key` (`step_key`) draws from: one for
-    making its batch (the objective's corruption), one for dropout.
-
-    Folding in the step number makes the randomness of step n independent of how the run got
-    there (resumed or not). `t5x_lite.preview` uses it to show the corruption a step makes.
-    """
-    batch_key, dropout_key = jax.random.split(jax.random.fold_in(key, step))
-    return batch_key, dropout_key
-
-
-def _optimizer(settings: StepSettings) -> optax.GradientTransformation:
-    return make_optimizer(settings.train, scanned_layers=settings.model.scan_layers)
-
-
-def _init_fn(settings: StepSettings) -> Callable[[jax.Array], TrainState]:
-    """seed key -> a fresh train state. The key is an argument, not a constant, so one
-    compiled init serves every seed."""
-    model_cfg, tx = settings.model, _optimizer(settings)
-
-    def init(seed_key: jax.Array) -> TrainState:
-        rngs = nnx.Rngs(jax.random.fold_in(seed_key, _INIT_STREAM))
-        params = nnx.state(build_model(model_cfg, rngs), nnx.Param)
-        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
-
-    return init
-
-
-# Tracing the model's construction takes ~0.2 s on a CPU, and every run of a sweep asks for its
-# structure several times (init, restore, fine-tuning, evaluation): each is traced once per
-# process. Both results are immutable (a GraphDef; a tree of ShapeDtypeStructs nobody mutates).
-@functools.lru_cache(maxsize=None)
-def _graphdef(model: ModelSettings) -> nnx.GraphDef:
-    graphdef, _ = nnx.split(
-        nnx.eval_shape(lambda: build_model(model, nnx.Rngs(0))), nnx.Param)
-    return graphdef
-
-
-def model_graphdef(config: ml_collections.ConfigDict) -> nnx.GraphDef:
-    """The static structure (no arrays allocated) of the model the program builds for `config`."""
-    return _graphdef(step_settings(config).model)
-
-
-@functools.lru_cache(maxsize=None)
-def _abstract_state(settings: StepSettings, mesh: Mesh) -> TrainState:
-    shapes = jax.eval_shape(_init_fn(settings), jax.random.key(0))
-    shardings = partitioning.state_shardings(shapes, mesh, settings.rules)
-    return jax.tree.map(
-        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
-    )
-
-
-def abstract_state(config: ml_collections.ConfigDict, mesh: Mesh) -> TrainState:
-    """The train state as `jax.ShapeDtypeStruct`s with their shardings (for init and restore)."""
-    return _abstract_state(step_settings(config), mesh)
-
-
-# Keyed by (settings, mesh, ...): equal keys share one executable.
-_PROGRAMS: dict[Any, _Program] = {}  # -> the shared train, fine-tuning or eval step
-_INITS: dict[Any, Callable] = {}  # (+ what the state starts from) -> jitted init
-
-
-def init_state(config: ml_collections.ConfigDict, mesh: Mesh) -> TrainState:
-    """Fresh parameters and optimiser state, created directly in their shardings."""
-    settings = step_settings(config)
-    key = (settings, mesh, "from seed")
-    if key not in _INITS:  # a sweep initialises many runs of one program: compile once
-        shardings = jax.tree.map(lambda s: s.sharding, _abstract_state(settings, mesh))
-        _INITS[key] = jax.jit(_init_fn(settings), out_shardings=shardings)
-    return _INITS[key](jax.random.key(config.train.seed))
-
-
-def state_from_params(
-    config: ml_collections.ConfigDict, mesh: Mesh, params: nnx.State
-) -> TrainState:
-    """A train state at step 0 holding `params` and a fresh optimiser state (fine-tuning from
-    a checkpoint's parameters only), created in the state's shardings."""
-    settings = step_settings(config)
-    key = (settings, mesh, "from params")
-    if key not in _INITS:
-        tx = _optimizer(settings)
-        shardings = jax.tree.map(lambda s: s.sharding, _abstract_state(settings, mesh))
-        _INITS[key] = jax.jit(
-            lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p)),
-            in_shardings=(shardings.params,), out_shardings=shardings,
-        )
-    return _INITS[key](params)
-
-
-# ---------------------------------------------------------------------------------------------
 # The train step: one update core, fed raw tokens (pre-training) or ready batches (fine-tuning)
 
 
@@ -212,7 +95,7 @@ def _split_microbatches(
 ) -> dict[str, jax.Array]:
     """[B, ...] -> [count, B / count, ...]; micro-batch m takes rows m, m + count, ... so that
     every device's rows hold an equal share of every micro-batch (no resharding)."""
-    stacked = NamedSharding(rows.mesh, PartitionSpec(None, *rows.spec))
+    stacked = stacked_sharding(rows)
 
     def split(x: jax.Array) -> jax.Array:
         x = jnp.swapaxes(x.reshape(x.shape[0] // count, count, *x.shape[1:]), 0, 1)
@@ -235,7 +118,8 @@ def _with_prefix_flag(batch: dict[str, jax.Array], prefix_flag: jax.Array) -> di
 
 
 def _loss_sums_fn(settings: StepSettings) -> Callable:
-    graphdef, arch, train = _graphdef(settings.model), settings.model.arch, settings.train
+    graphdef, arch = train_state.graphdef(settings.model), settings.model.arch
+    train = settings.train
     # The targets and weights of the stack the logits come from (the batch format's).
     targets, weights = batch_format.loss_keys(architectures.get(arch).family)
 
@@ -266,7 +150,7 @@ def _step_fn(
     pre-training, the batch itself and no metrics for fine-tuning. Everything after it (loss,
     micro-batches, optimiser, metrics) is shared.
     """
-    tx, train = _optimizer(settings), settings.train
+    tx, train = train_state.optimizer(settings), settings.train
     schedule, loss_sums = learning_rate_schedule(train), _loss_sums_fn(settings)
     dropout = settings.model.dropout_rate > 0
     rows = _rows_sharding(settings, mesh)
@@ -319,114 +203,19 @@ def _step_fn(
     return step
 
 
-class _Program:
-    """One jitted function and its AOT-compiled executables, keyed by argument shapes."""
-
-    def __init__(self, jitted: Any):
-        self.jitted = jitted
-        self.executables: dict[Any, Any] = {}
-        # Why an argument shape's program cannot run here (`require_fits_on_devices`): said
-        # again without compiling again, e.g. for each chunk of a vmapped sweep.
-        self.refusals: dict[Any, str] = {}
-        self.last_executable: Any = None  # the one the latest call ran (`program_memory_bytes`)
-        self.compiles = 0
-        self.compile_seconds = 0.0
-
-    def __call__(self, *args: Any) -> Any:
-        leaves, treedef = jax.tree.flatten(args)
-        # Shapes are tuples and dtypes hashable as they are: str(dtype) cost ~0.7 ms a step.
-        key = (treedef, tuple((x.shape, x.dtype) for x in leaves))
-        if key in self.refusals:
-            raise ConfigError(self.refusals[key])
-        if key not in self.executables:
-            start = time.perf_counter()
-            executable = self.jitted.lower(*args).compile()
-            self.compile_seconds += time.perf_counter() - start
-            self.compiles += 1
-            try:
-                require_fits_on_devices(executable)
-            except ConfigError as refusal:
-                self.refusals[key] = str(refusal)
-                raise
-            self.executables[key] = executable
-        self.last_executable = self.executables[key]
-        return self.last_executable(*args)
-
-
-def program_memory_bytes(executable: Any) -> int | None:
-    """What XLA's buffer assignment gives a compiled program on each device: temporaries,
-    arguments and outputs, less the outputs that reuse a donated argument's buffer. None where
-    the backend does not say."""
-    analysis = executable.memory_analysis()
-    if analysis is None:
-        return None
-    return (analysis.temp_size_in_bytes + analysis.argument_size_in_bytes
-            + analysis.output_size_in_bytes - analysis.alias_size_in_bytes)
-
-
-def device_memory_limit() -> int | None:
-    """The bytes the smallest local device's allocator can hold (`memory_stats`'
-    `bytes_limit`); None where JAX keeps no memory statistics (CPU)."""
-    limits = [(device.memory_stats() or {}).get("bytes_limit") for device in jax.local_devices()]
-    return None if None in limits else min(limits)
-
-
-def require_fits_on_devices(executable: Any) -> None:
-    """A `ConfigError` when a compiled step needs more memory on each device than the device's
-    allocator holds: such a program could only stop with an out-of-memory error once it runs
-    (a vmapped step holds K points' activations: Table 6's small-preset step needs 84 GiB at
-    K = 1 and 335 GiB at K = 4 without remat, by XLA's analysis on a CPU)."""
-    limit = device_memory_limit()
-    needed = None if limit is None else program_memory_bytes(executable)
-    if needed is not None and needed > limit:
-        # JAX's GPU allocator takes 75 % of the device's memory unless told otherwise.
-        share = (", or give JAX more of the GPU (XLA_PYTHON_CLIENT_MEM_FRACTION)"
-                 if jax.default_backend() == "gpu" else "")
-        raise ConfigError(
-            f"the train step needs {needed / 2**30:.1f} GiB on each device and a device holds "
-            f"{limit / 2**30:.1f} GiB: set model.remat=True, lower train.batch_size, or "
-            f"pre-train fewer grid points in one step (--vmap){share}")
-
-
-def _replicated(x: Any, mesh: Mesh) -> jax.Array:
-    """A host value every process holds identically -> a global array replicated on `mesh`."""
-    return jax.make_array_from_process_local_data(
-        NamedSharding(mesh, PartitionSpec()), np.asarray(x)
-    )
-
-
-def global_rows(local: Any, sharding: NamedSharding, global_shape: tuple[int, ...],
-                 name: str, rows_axis: int = 0) -> jax.Array:
-    """This process's rows (split on `rows_axis`) of a batch-sharded array (numpy, or an
-    already global jax.Array of `global_shape`) -> the global array; a wrong shape is an error
-    naming `name`."""
-    if isinstance(local, jax.Array) and local.shape == global_shape:
-        return jax.device_put(local, sharding)  # a no-op if it is already placed so
-    local = np.asarray(local)
-    processes = jax.process_count()
-    expected = list(global_shape)
-    expected[rows_axis] //= processes
-    if list(local.shape) != expected or expected[rows_axis] * processes != global_shape[rows_axis]:
-        raise ValueError(
-            f"{name} has shape {local.shape}; each of the {processes} processes must pass "
-            f"its share of the batch rows: {expected}"
-        )
-    return jax.make_array_from_process_local_data(sharding, local, global_shape)
-
-
 @dataclasses.dataclass
 class _StepCaller:
     """What both step callers share: the compiled program, the mesh, the row sharding of the
     batch, and the static prefix-attention setting fed to the program as a traced flag."""
 
-    program: _Program
+    program: Program
     mesh: Mesh
     rows: NamedSharding
     prefix_attention: bool | np.ndarray  # bool [K] for a vmapped step
 
     def _run(self, state: TrainState, data: Any, rng: jax.Array) -> tuple[TrainState, dict]:
-        key_data = _replicated(jax.random.key_data(rng), self.mesh)
-        flag = _replicated(np.asarray(self.prefix_attention, np.bool_), self.mesh)
+        key_data = replicated_array(jax.random.key_data(rng), self.mesh)
+        flag = replicated_array(np.asarray(self.prefix_attention, np.bool_), self.mesh)
         return self.program(state, data, key_data, flag)
 
     @property
@@ -451,7 +240,7 @@ class TrainStep(_StepCaller):
     rng: the run's seed key; the step folds in `state.step`. The state is donated.
 
     A vmapped step (`make_vmapped_train_step`, K points) takes and returns everything with a
-    leading [K] axis: `stack_states` of the points' states, raw tokens [K, batch_size /
+    leading [K] axis: `train_state.stack_states` of the points' states, raw tokens [K, batch_size /
     process_count, raw_length], `stack_specs` of their specs, a [K] array of seed keys; each
     metric is [K] (a spec field may stay a scalar that all points share).
     """
@@ -465,7 +254,7 @@ class TrainStep(_StepCaller):
             raw_tokens = np.asarray(raw_tokens, np.int32)
         raw_tokens = global_rows(raw_tokens, self.rows, self.global_shape, "raw_tokens",
                                   rows_axis=len(self.global_shape) - 2)
-        spec = jax.tree.map(lambda x: _replicated(x, self.mesh), spec)
+        spec = jax.tree.map(lambda x: replicated_array(x, self.mesh), spec)
         return self._run(state, (raw_tokens, spec), rng)
 
 
@@ -496,11 +285,6 @@ def _validate_batch_split(settings: StepSettings, mesh: Mesh,
         settings.train.batch_size, settings.train.microbatches, mesh, settings.rules, field)
 
 
-def _stacked(sharding: NamedSharding) -> NamedSharding:
-    """The sharding of K stacked copies: a leading, unsharded [K] axis."""
-    return NamedSharding(sharding.mesh, PartitionSpec(None, *sharding.spec))
-
-
 def _vmap_points(step: Callable) -> Callable:
     """`step` over K points: state, key data and flag stacked on axis 0, and so is the data,
     except its scalar leaves, which all points share (e.g. an objective every point uses,
@@ -514,7 +298,7 @@ def _vmap_points(step: Callable) -> Callable:
 
 
 def _compiled_step(settings: StepSettings, mesh: Mesh, make_batch: Callable,
-                   data_sharding: Any, vmapped: bool = False) -> _Program:
+                   data_sharding: Any, vmapped: bool = False) -> Program:
     """The shared program for (settings, mesh): jitted once with explicit shardings, the state
     donated; `make_batch` (see `_step_fn`) must depend on nothing but the settings' data kind,
     and `data_sharding` places the step's data argument.
@@ -525,12 +309,14 @@ def _compiled_step(settings: StepSettings, mesh: Mesh, make_batch: Callable,
     _validate_batch_split(settings, mesh)
     key = (settings, mesh, vmapped)
     if key not in _PROGRAMS:
-        state_shardings = jax.tree.map(lambda s: s.sharding, _abstract_state(settings, mesh))
+        state_shardings = jax.tree.map(
+            lambda s: s.sharding, train_state.settings_abstract_state(settings, mesh))
         replicated = NamedSharding(mesh, PartitionSpec())
         step = _step_fn(settings, mesh, make_batch)
         if vmapped:
-            step, state_shardings = _vmap_points(step), jax.tree.map(_stacked, state_shardings)
-        _PROGRAMS[key] = _Program(jax.jit(
+            step = _vmap_points(step)
+            state_shardings = jax.tree.map(stacked_sharding, state_shardings)
+        _PROGRAMS[key] = Program(jax.jit(
             step,
             in_shardings=(state_shardings, data_sharding, replicated, replicated),
             out_shardings=(state_shardings, replicated),
@@ -544,7 +330,7 @@ def _rows_sharding(settings: StepSettings, mesh: Mesh) -> NamedSharding:
 
 
 def _pretrain_program(settings: StepSettings, mesh: Mesh, rows: NamedSharding,
-                      vmapped: bool) -> _Program:
+                      vmapped: bool) -> Program:
     """The shared pre-training program: corruption on the device to the settings' layout (their
     data kind), then the update core.
 
@@ -617,7 +403,7 @@ def make_vmapped_train_step(
     every other axis keeps its sharding rules."""
     require_one_group(configs)
     settings = step_settings(configs[0], layout)
-    rows = _stacked(_rows_sharding(settings, mesh))
+    rows = stacked_sharding(_rows_sharding(settings, mesh))
     return TrainStep(
         program=_pretrain_program(settings, mesh, rows, vmapped=True), mesh=mesh,
         rows=rows, prefix_attention=np.array([_prefix_attention(c) for c in configs]),
@@ -634,26 +420,6 @@ def stack_specs(specs: Sequence[objectives.ObjectiveSpec]) -> objectives.Objecti
 
     return jax.tree.map(stack, *specs)
 
-
-def stack_states(states: Sequence[TrainState], config: ml_collections.ConfigDict,
-                 mesh: Mesh) -> TrainState:
-    """K train states of `config`'s program -> one with a leading [K] axis, placed in the
-    vmapped step's shardings."""
-    shardings = jax.tree.map(lambda s: _stacked(s.sharding), abstract_state(config, mesh))
-    stack = jax.jit(lambda *trees: jax.tree.map(lambda *xs: jnp.stack(xs), *trees),
-                    out_shardings=shardings)
-    return stack(*states)
-
-
-@jax.jit
-def _point_of(state: TrainState, index: jax.Array) -> TrainState:
-    return jax.tree.map(lambda x: x[index], state)
-
-
-def unstack_state(state: TrainState, index: int) -> TrainState:
-    """Point `index` of a stacked train state. One program for all points (the index is an
-    argument): slicing each array eagerly costs a dispatch, and a compile per shape, per array."""
-    return _point_of(state, np.int32(index))
 
 
 _READY_BATCHES = "ready batches"  # the data kind of fine-tuning programs (no corruption)
@@ -685,11 +451,11 @@ def make_eval_step(
     key = (settings, mesh, "eval")
     if key not in _PROGRAMS:
         loss_sums = _loss_sums_fn(settings)
-        _PROGRAMS[key] = _Program(jax.jit(
+        _PROGRAMS[key] = Program(jax.jit(
             lambda params, batch, flag: loss_sums(params, _with_prefix_flag(batch, flag), None),
             out_shardings=NamedSharding(mesh, PartitionSpec())))
     program, rows = _PROGRAMS[key], _rows_sharding(settings, mesh)
-    flag = _replicated(np.bool_(_prefix_attention(config)), mesh)
+    flag = replicated_array(np.bool_(_prefix_attention(config)), mesh)
 
     def eval_step(params: nnx.State, batch: dict[str, np.ndarray]) -> dict[str, float]:
         batch = {name: global_rows(value, rows, (len(value) * jax.process_count(),

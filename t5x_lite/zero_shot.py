@@ -39,7 +39,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from t5x_lite import architectures, batch_format, decoding, partitioning, train_step
+from t5x_lite import architectures, batch_format, decoding, partitioning, programs, train_state
 from t5x_lite.config import EOS_ID, ConfigError
 from t5x_lite.data import pipeline, tasks
 from t5x_lite.data.vocabulary import Vocabulary
@@ -92,7 +92,7 @@ class ZeroShotScorer:
         ft = config.finetune
         require_label_options([split.task for split in splits], "tasks")
         self.arch, self.splits = config.model.arch, list(splits)
-        self.graphdef = train_step.model_graphdef(config)
+        self.graphdef = train_state.model_graphdef(config)
         self.rows = partitioning.batch_sharding(mesh,
                                                 partitioning.normalize_rules(config.mesh.rules))
         family = architectures.get(self.arch).family
@@ -121,7 +121,7 @@ class ZeroShotScorer:
         for split, batches in zip(self.splits, self.batches):
             scores = []
             for batch in batches:
-                whole = {name: train_step.global_rows(
+                whole = {name: programs.global_rows(
                              value, self.rows, (len(value) * jax.process_count(),
                                                 *value.shape[1:]), name)
                          for name, value in batch.items()}

@@ -33,7 +33,7 @@ class Toy(nnx.Module):
 
 @struct.dataclass
 class ToyState:
-    """Stands in for train_step.TrainState: step, nnx params and optax state in one pytree."""
+    """Stands in for train_state.TrainState: step, nnx params and optax state in one pytree."""
     step: jax.Array
     params: nnx.State
     opt_state: optax.OptState

@@ -14,7 +14,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from t5x_lite import cli, convert, decoding, partitioning, presets, train_step
+from t5x_lite import cli, convert, decoding, partitioning, presets, train_state
 from t5x_lite.config import ConfigError, sentinel_id
 from t5x_lite.data.vocabulary import load_vocabulary, train_vocabulary
 from tests.test_convert import V1_0, V1_1, _hf_logits, _hf_t5, _logits, _padded_batch
@@ -173,8 +173,8 @@ def test_init_from_hf_gives_the_run_its_model_and_parameters_in_the_run_layout(v
     assert (model.scan_layers, model.dtype, model.dropout_rate) == (True, "bfloat16", 0.0)
     assert derived.data.vocab == str(directory / "spiece.model")
     mesh = partitioning.make_mesh(derived.mesh)
-    state = train_step.state_from_params(derived, mesh, params)
-    expected = train_step.abstract_state(derived, mesh).params
+    state = train_state.state_from_params(derived, mesh, params)
+    expected = train_state.abstract_state(derived, mesh).params
     assert jax.tree.map(lambda a: a.shape, state.params) == jax.tree.map(lambda a: a.shape,
                                                                          expected)
     assert int(state.step) == 0

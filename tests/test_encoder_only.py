@@ -23,9 +23,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from t5x_lite import (batch_format, decoding, evaluation, finetune, grid, layers, loop,
-                      objectives, partitioning, preview, report_render, report_table, sweep,
-                      train, train_step)
+from t5x_lite import (batch_format, decoding, evaluation, finetune, grid, layers, loop, objectives,
+                      partitioning, preview, report_render, report_table, sweep, train, train_state)
 from t5x_lite.config import EOS_ID, PAD_ID, ConfigError, model_config
 from t5x_lite.data import pipeline, tasks
 from t5x_lite.data.pipeline import pack_examples, pad_examples
@@ -291,7 +290,7 @@ def test_a_classification_finetune_runs_end_to_end_and_scores_from_the_slots(pre
     split = evaluation.TaskSplit(tasks.TASKS["builtin_module"], "validation", config, vocab,
                                  config.finetune.eval_examples)
     params = evaluation.params_of(config, str(tmp_path), mesh)
-    model = nnx.merge(train_step.model_graphdef(config), params)
+    model = nnx.merge(train_state.model_graphdef(config), params)
     inputs = np.stack([np.pad(x, (0, config.finetune.inputs_length - len(x)))
                        for x, _ in split.encoded])
     tokens = np.asarray(decoding.decode(model, inputs,

@@ -16,7 +16,7 @@ import pytest
 from flax import nnx
 
 from t5x_lite import (checkpointing, cli, decoding, distributed, evaluation, finetune, models,
-                      presets, train, train_step)
+                      presets, train, train_state)
 from t5x_lite.architectures import names as architecture_names
 from t5x_lite.config import ConfigError, apply_overrides
 from t5x_lite.data import pipeline, tasks
@@ -255,7 +255,7 @@ def test_finetuning_restores_only_the_parameters_and_starts_a_fresh_optimizer(da
 
     ft_config = finetune.finetune_train_config(config)
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "model"))
-    abstract = train_step.abstract_state(ft_config, mesh)
+    abstract = train_state.abstract_state(ft_config, mesh)
     with checkpointing.Checkpointer(tmp_path / "checkpoints", every=1, keep=1,
                                     config=ft_config) as checkpointer:
         state = checkpointer.restore(abstract)

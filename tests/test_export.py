@@ -17,7 +17,7 @@ import torch
 import transformers
 from flax import nnx
 
-from t5x_lite import checkpointing, cli, decoding, export, partitioning, train_step
+from t5x_lite import checkpointing, cli, decoding, export, partitioning, train_state
 from t5x_lite.config import EOS_ID, UNK_ID, ConfigError
 from t5x_lite.convert import from_hf_t5, from_hf_t5_dir
 from t5x_lite.data import hf_tokenizer, pipeline
@@ -266,7 +266,7 @@ def run(vocab, tmp_path_factory):
     config = _config("encoder_decoder_shared", **SHARED_V1_1)
     config.mesh.shape = (1, 1)
     config.data.vocab = str(root / "spm.model")
-    state = train_step.init_state(config, partitioning.make_mesh(config.mesh))
+    state = train_state.init_state(config, partitioning.make_mesh(config.mesh))
     with checkpointing.Checkpointer(root / "workdir" / "checkpoints", every=1, keep=1,
                                     config=config) as checkpointer:
         checkpointer.maybe_save(1, state, force=True)
@@ -288,8 +288,8 @@ def test_the_command_exports_a_trained_checkpoint(run, tmp_path):
     assert _export("--checkpoint", workdir, "--out", out) is None
     hf_model = _load(out)
     directory = workdir / "checkpoints"
-    abstract = train_step.abstract_state(config, partitioning.make_mesh(config.mesh)).params
-    model = nnx.merge(train_step.model_graphdef(config),
+    abstract = train_state.abstract_state(config, partitioning.make_mesh(config.mesh)).params
+    model = nnx.merge(train_state.model_graphdef(config),
                       checkpointing.restore_params_only(directory, abstract))
     _assert_same_logits(model, hf_model, config.model.vocab_size)
     vocab = pipeline.vocabulary_from_config(config)

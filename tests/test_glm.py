@@ -14,7 +14,8 @@ from flax import nnx
 from hypothesis import given, settings, strategies as st
 from scipy import stats
 
-from t5x_lite import batch_format, glm, models, objectives, partitioning, preview, train, train_step
+from t5x_lite import (batch_format, glm, models, objectives, partitioning, preview, train,
+                      train_state, train_step)
 from t5x_lite.config import ConfigError
 from t5x_lite.objectives import ObjectiveSpec
 
@@ -212,7 +213,7 @@ def test_a_prefix_lm_trains_on_it_and_its_model_reads_the_positions():
     model, forward = models.build_model(config.model, nnx.Rngs(0)), nnx.jit(lambda m, b: m(b))
     own = forward(model, {k: v for k, v in batch.items() if k != batch_format.POSITIONS_KEY})
     assert not np.allclose(forward(model, batch), own)
-    state = train_step.init_state(config, mesh)
+    state = train_state.init_state(config, mesh)
     step = train_step.make_train_step(config, layout, mesh)
     for seed in range(2):
         state, metrics = step(state, raw, spec, jax.random.key(seed))

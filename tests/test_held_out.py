@@ -6,7 +6,8 @@ import jax
 import numpy as np
 import pytest
 
-from t5x_lite import evaluation, grid, held_out, objectives, partitioning, train, train_step
+from t5x_lite import (evaluation, grid, held_out, objectives, partitioning, train, train_state,
+                      train_step)
 from t5x_lite.config import ConfigError
 from t5x_lite.data import pipeline
 from t5x_lite.held_out import HELD_OUT
@@ -65,7 +66,7 @@ def test_the_held_out_loss_is_the_final_model_on_the_seed_s_held_out_batches(cor
     total = {"cross_entropy": 0.0, "z_loss": 0.0, "correct": 0.0, "weight": 0.0}
     for index in range(2):
         batch = objectives.corrupt(data.held_out_batch(index), spec,
-                                   train_step.held_out_key(config.train.seed, index), layout)
+                                   train_state.held_out_key(config.train.seed, index), layout)
         for name, value in jax.device_get(loss_sums(params, batch, None)).items():
             total[name] += float(value)
     expected = (total["cross_entropy"] + total["z_loss"]) / total["weight"]

@@ -24,7 +24,7 @@ from t5x_lite import loop, tensorboard
 from t5x_lite.checkpointing import Checkpointer
 from t5x_lite.config import default_config
 from t5x_lite.preemption import PREEMPTED_EXIT_STATUS, Preempted
-from t5x_lite.train_step import TrainState
+from t5x_lite.train_state import TrainState
 from xla_env import child_env
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -235,7 +235,7 @@ CHILD = textwrap.dedent(
     from jax.sharding import NamedSharding, PartitionSpec as P
     from t5x_lite import loop, run_setup
     from t5x_lite.config import default_config
-    from t5x_lite.train_step import TrainState
+    from t5x_lite.train_state import TrainState
 
     def fresh_state(config, mesh):
         rows, whole = NamedSharding(mesh, P("data")), NamedSharding(mesh, P())

@@ -30,13 +30,13 @@ def losses(mesh, process_rows: slice) -> list[float]:
     """Train STEPS updates on the fixed global batch, passing only `process_rows` of it."""
     import jax
 
-    from t5x_lite import objectives, train_step
+    from t5x_lite import objectives, train_state, train_step
 
     config = tiny_config()
     layout = objectives.layout_for([config.objective], "encoder_decoder", 160, 32)
     global_batch = np.random.default_rng(0).integers(3, 128, (8, layout.raw_length), dtype=np.int32)
     spec = objectives.spec_from_config(config.objective)
-    state = train_step.init_state(config, mesh)
+    state = train_state.init_state(config, mesh)
     step = train_step.make_train_step(config, layout, mesh)
     history = []
     for _ in range(STEPS):
@@ -299,7 +299,7 @@ def zero_shot_scores(out: str, checkpoint: str, name: str) -> dict:
     model is made here first, from the seed; in a worker (`name` its process id) it is read."""
     import jax
 
-    from t5x_lite import checkpointing, partitioning, train_step, zero_shot
+    from t5x_lite import checkpointing, partitioning, train_state, zero_shot
     from t5x_lite.data import pipeline, tasks
     from t5x_lite.evaluation import TaskSplit, params_of
     from tiny_configs import tiny_sweep_config
@@ -311,7 +311,7 @@ def zero_shot_scores(out: str, checkpoint: str, name: str) -> dict:
     if jax.process_count() == 1:
         with checkpointing.Checkpointer(Path(checkpoint, "checkpoints"), every=1, keep=1,
                                         config=config) as saver:
-            saver.maybe_save(0, train_step.init_state(config, mesh), force=True)
+            saver.maybe_save(0, train_state.init_state(config, mesh), force=True)
     vocab = pipeline.vocabulary_from_config(config)
     split = TaskSplit(tasks.TASKS["builtin_module"], "validation", config, vocab,
                       config.finetune.eval_examples)

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import t5x_lite
-from t5x_lite import bart_noising, cli, grid, objectives, partitioning, preview, train_step
+from t5x_lite import (bart_noising, cli, grid, objectives, partitioning, preview, train_state,
+                      train_step)
 from t5x_lite.config import EOS_ID
 from t5x_lite.data.pipeline import vocabulary_from_config
 from t5x_lite.step_settings import step_settings
@@ -71,7 +72,7 @@ def test_examples_are_what_the_train_step_corrupts(rate_15):
 
     step_fn = train_step._step_fn(step_settings(config, layout),
                                   partitioning.make_mesh(config.mesh), make_batch)
-    key_data = jax.random.key_data(train_step.step_key(config.train.seed))
+    key_data = jax.random.key_data(train_state.step_key(config.train.seed))
     from t5x_lite.data.pipeline import pretrain_data_from_config
 
     _, data = pretrain_data_from_config(config, layout.raw_length)
@@ -79,7 +80,7 @@ def test_examples_are_what_the_train_step_corrupts(rate_15):
     batch_size = config.train.batch_size
     corrupt = jax.jit(objectives.corrupt_with_details, static_argnums=3)
     for step in (0, 1):
-        state = train_step.TrainState(step=jnp.int32(step), params=None, opt_state=None)
+        state = train_state.TrainState(step=jnp.int32(step), params=None, opt_state=None)
         with pytest.raises(KeySeen):
             step_fn(state, None, key_data, jnp.bool_(False))
         batch, details = corrupt(data.batch(step), spec, seen[-1], layout)

@@ -81,13 +81,13 @@ def newest_checkpoint(config: ml_collections.ConfigDict, workdir: pathlib.Path) 
 
 
 def final_state(config: ml_collections.ConfigDict, workdir: pathlib.Path):
-    from t5x_lite import partitioning, train_step
+    from t5x_lite import partitioning, train_state
     from t5x_lite.checkpointing import Checkpointer
 
     mesh = partitioning.make_mesh(config.mesh, jax.devices()[:2])
     with Checkpointer(workdir / "checkpoints", every=EVERY, keep=STEPS, config=config) as ckpt:
         assert ckpt.latest_step() == STEPS
-        return jax.device_get(ckpt.restore(train_step.abstract_state(config, mesh)))
+        return jax.device_get(ckpt.restore(train_state.abstract_state(config, mesh)))
 
 
 @pytest.mark.slow  # four training processes; the first compiles the train step

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from t5x_lite import batch_format, decoding, objectives, partitioning, train_step
+from t5x_lite import batch_format, decoding, objectives, partitioning, train_state, train_step
 from t5x_lite import architectures
 from t5x_lite.config import ConfigError, model_config
 from t5x_lite.models import build_model, make_masks, scan_layers
@@ -155,7 +155,7 @@ def test_scanned_training_on_a_sharded_mesh_matches_unscanned_on_one_device():
     spec = objectives.spec_from_config(grid[0])
 
     def run(config, mesh):
-        state, step, losses = train_step.init_state(config, mesh), train_step.make_train_step(
+        state, step, losses = train_state.init_state(config, mesh), train_step.make_train_step(
             config, layout, mesh), []
         for _ in range(3):
             state, metrics = step(state, raw, spec, jax.random.key(0))

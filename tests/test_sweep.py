@@ -220,7 +220,7 @@ def test_a_ul2_run_whose_batches_mix_denoisers_records_one_train_step_compile(tm
     """Every example of a UL2 batch draws its own denoiser, and one compiled step serves them
     all: the point's record counts exactly one compilation of the pre-training step (from
     JAX's compile events), while its batches, re-derived from the run's step keys, mix kinds."""
-    from t5x_lite import objectives, train_step, ul2
+    from t5x_lite import objectives, train_state, ul2
 
     path = tmp_path / "ul2_grid.py"
     path.write_text(UL2_EXPERIMENT)
@@ -230,7 +230,7 @@ def test_a_ul2_run_whose_batches_mix_denoisers_records_one_train_step_compile(tm
         {layout.denoisers[i].kind for i in np.asarray(ul2.choose(
             objectives.example_draws(batch_key, train.batch_size, layout)[:, 2, 0],
             layout.denoisers))}
-        for batch_key, _ in (train_step.batch_and_dropout_keys(train_step.step_key(train.seed),
+        for batch_key, _ in (train_state.batch_and_dropout_keys(train_state.step_key(train.seed),
                                                                step)
                              for step in range(train.steps))]
     assert all(len(kinds) >= 2 for kinds in kinds_per_step), kinds_per_step

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5x_lite import objectives, optim, partitioning, train, train_step
+from t5x_lite import objectives, optim, partitioning, programs, train, train_state, train_step
 from t5x_lite.config import ConfigError, default_config
 from t5x_lite.step_settings import step_settings
 from compile_events import cold_program_cache, compilations
@@ -69,7 +69,7 @@ def raw_batch(seed=0, rows=8):
 
 def run(config, mesh, steps, state=None, spec=None, fam="encoder_decoder"):
     """Metrics (lists per name) of `steps` updates on one repeated batch, and the final state."""
-    state = train_step.init_state(config, mesh) if state is None else state
+    state = train_state.init_state(config, mesh) if state is None else state
     step = train_step.make_train_step(config, layout(fam), mesh)
     spec = objectives.spec_from_config(objective("span_corruption")) if spec is None else spec
     history = {}
@@ -88,7 +88,7 @@ def one_device():
 def baseline():
     """Five steps on one device from the 1-device init: (init on host, metrics, final state)."""
     config = tiny_config()
-    initial = jax.device_get(train_step.init_state(config, one_device()))
+    initial = jax.device_get(train_state.init_state(config, one_device()))
     metrics, state = run(config, one_device(), 5, state=jax.device_put(initial))
     return initial, metrics, jax.device_get(state)
 
@@ -215,13 +215,13 @@ def test_a_step_too_big_for_its_devices_is_refused_before_it_runs(monkeypatch):
     next chunk). (A CPU reports no limit, so the devices' limit is set here.)"""
     config, mesh = tiny_config(), one_device()
     spec = objectives.spec_from_config(objective("span_corruption"))
-    state = train_step.init_state(config, mesh)
+    state = train_state.init_state(config, mesh)
     refusal = (r"^the train step needs \d+\.\d GiB on each device and a device holds 0\.0 GiB: "
                r"set model\.remat=True, lower train\.batch_size, or pre-train fewer grid points "
                r"in one step \(--vmap\)(, or give JAX more of the GPU \(\w+\))?$")
     # A program cache of this test's own: the refused program must not reach the other tests.
     monkeypatch.setattr(train_step, "_PROGRAMS", {})
-    monkeypatch.setattr(train_step, "device_memory_limit", lambda: 2**20)  # 1 MiB devices
+    monkeypatch.setattr(programs, "device_memory_limit", lambda: 2**20)  # 1 MiB devices
     step = train_step.make_train_step(config, layout(), mesh)
     for _ in range(2):
         with pytest.raises(ConfigError, match=refusal):
@@ -229,7 +229,7 @@ def test_a_step_too_big_for_its_devices_is_refused_before_it_runs(monkeypatch):
     assert step.program.executables == {} and step.program.compiles == 1
     # Where the program fits (another process, another device), the same step runs.
     monkeypatch.setattr(train_step, "_PROGRAMS", {})
-    monkeypatch.setattr(train_step, "device_memory_limit", lambda: 2**40)
+    monkeypatch.setattr(programs, "device_memory_limit", lambda: 2**40)
     step = train_step.make_train_step(config, layout(), mesh)
     _, metrics = step(state, raw_batch(), spec, jax.random.key(0))
     assert np.isfinite(float(metrics["loss"]))
@@ -237,20 +237,20 @@ def test_a_step_too_big_for_its_devices_is_refused_before_it_runs(monkeypatch):
 
 def test_on_a_gpu_the_refusal_also_names_jax_s_share_of_the_device(monkeypatch):
     product = jax.jit(lambda x: x @ x).lower(jnp.ones((256, 256))).compile()
-    monkeypatch.setattr(train_step, "device_memory_limit", lambda: 2**10)
+    monkeypatch.setattr(programs, "device_memory_limit", lambda: 2**10)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # after compiling: only the check
     with pytest.raises(ConfigError, match=r"\(--vmap\), or give JAX more of the GPU "
                                           r"\(XLA_PYTHON_CLIENT_MEM_FRACTION\)$"):
-        train_step.require_fits_on_devices(product)
+        programs.require_fits_on_devices(product)
 
 
 def test_a_program_s_memory_counts_its_buffers_once():
     x = jnp.ones((256, 256), jnp.float32)  # 256 KiB
     product = jax.jit(lambda x: x @ x).lower(x).compile()
-    assert train_step.program_memory_bytes(product) >= 2 * x.nbytes  # argument and output
+    assert programs.program_memory_bytes(product) >= 2 * x.nbytes  # argument and output
     # A donated argument's buffer holds the output: counted once.
     in_place = jax.jit(lambda x: x + 1, donate_argnums=0).lower(x).compile()
-    assert x.nbytes <= train_step.program_memory_bytes(in_place) < 2 * x.nbytes
+    assert x.nbytes <= programs.program_memory_bytes(in_place) < 2 * x.nbytes
 
 
 # --- behaviour on one device ------------------------------------------------------------------
@@ -283,7 +283,7 @@ def test_metrics_report_the_step_learning_rate_and_token_counts(baseline):
 def test_every_objective_rate_and_span_shares_one_compilation():
     config = tiny_config()
     step = train_step.make_train_step(config, full_layout(), one_device())
-    state = train_step.init_state(config, one_device())
+    state = train_state.init_state(config, one_device())
     # Rate and span are traced values, each objective is a branch of one switch: every
     # objective once (at rates and spans taken in turn) and span corruption at every rate and
     # span cover each branch and each traced value without running all of GRID's points.
@@ -309,7 +309,7 @@ def test_language_model_and_prefix_lm_share_one_compilation_but_not_their_masks(
     lm, prefix = tiny_config("language_model"), tiny_config("prefix_lm")
     mesh = one_device()
     fam = "decoder_only"
-    initial = jax.device_get(train_step.init_state(lm, mesh))
+    initial = jax.device_get(train_state.init_state(lm, mesh))
     spec = objectives.spec_from_config(objective("prefix_lm"))
     program = train_step.make_train_step(lm, layout(fam), mesh).program
     assert train_step.make_train_step(prefix, layout(fam), mesh).program is program
@@ -341,11 +341,11 @@ def test_sharded_training_matches_one_device(baseline, shape):
     config = tiny_config(mesh=shape)
     mesh = partitioning.make_mesh(config.mesh)
     if shape == (2, 4):  # initialised directly sharded: same values as the 1-device init
-        state = train_step.init_state(config, mesh)
+        state = train_state.init_state(config, mesh)
         for a, b in zip(jax.tree.leaves(jax.device_get(state)), jax.tree.leaves(initial)):
             np.testing.assert_array_equal(a, b)
     else:
-        shardings = jax.tree.map(lambda s: s.sharding, train_step.abstract_state(config, mesh))
+        shardings = jax.tree.map(lambda s: s.sharding, train_state.abstract_state(config, mesh))
         state = jax.device_put(initial, shardings)
     sharded, state = run(config, mesh, 5, state=state)
     np.testing.assert_allclose(sharded["loss"], metrics["loss"], rtol=1e-5)

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from t5x_lite import checkpointing, objectives, partitioning, train, train_step
+from t5x_lite import checkpointing, objectives, partitioning, train, train_state, train_step
 from t5x_lite.config import ConfigError
 from compile_events import cold_program_cache
 from tiny_configs import tiny_train_config
@@ -54,7 +54,7 @@ def _losses(workdir):
 
 def _final_params(config, workdir):
     mesh = partitioning.make_mesh(config.mesh)
-    abstract = train_step.abstract_state(config, mesh).params
+    abstract = train_state.abstract_state(config, mesh).params
     return jax.device_get(checkpointing.restore_params_only(workdir / "checkpoints", abstract))
 
 

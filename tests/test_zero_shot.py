@@ -15,8 +15,8 @@ import pytest
 from flax import nnx
 
 from t5x_lite import (architectures, batch_format, cli, decoding, distributed, finetune, grid,
-                      models, partitioning, report, report_render, results, sweep,
-                      sweep_workdir, train, train_step, zero_shot)
+                      models, partitioning, report, report_render, results, sweep, sweep_workdir,
+                      train, train_state, zero_shot)
 from t5x_lite.config import ConfigError, EOS_ID
 from t5x_lite.data import pipeline, tasks
 from t5x_lite.evaluation import TaskSplit, params_of
@@ -142,7 +142,7 @@ def test_the_eval_command_scores_a_checkpoint_zero_shot_and_skips_tasks_without_
     config = tiny_finetune_config("encoder_decoder", *data)
     run = tmp_path / "pretrain"
     train.train(config, run, progress=False)
-    model = nnx.merge(train_step.model_graphdef(config),
+    model = nnx.merge(train_state.model_graphdef(config),
                       params_of(config, str(run), partitioning.make_mesh(config.mesh)))
     best = [OPTIONS[k] for k in option_by_option(config, model).argmax(1)]
     changed = list(best)
