@@ -6,8 +6,9 @@ K vmapped points and unstacked again.
     seed --step_key--> the key every train step folds its own number into
     seed --held_out_key--> the keys of the held-out batches' corruption
 
-Everything here is keyed by the program's `step_settings.StepSettings` and mesh, as the steps
-in `t5x_lite.train_step` are: a sweep initialises many runs of one program with one compile.
+The compiled inits are keyed by the program's `step_settings.StepSettings` and mesh, as the
+steps in `t5x_lite.train_step` are: a sweep initialises many runs of one program with one
+compile.
 """
 
 from __future__ import annotations
