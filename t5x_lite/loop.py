@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 
 
 METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"  # the run's TensorBoard event files (`tensorboard --logdir`)
 
 
 class MetricsWriter:
@@ -72,7 +73,7 @@ class MetricsWriter:
         if self.enabled and self.path.exists():
             keep_records_up_to(self.path, start_step)
         self._file = self.path.open("a") if self.enabled else None
-        self._tensorboard = (tensorboard.EventFileWriter(workdir / "tensorboard")
+        self._tensorboard = (tensorboard.EventFileWriter(workdir / TENSORBOARD_DIR)
                              if self.enabled else None)
 
     def write(self, record: dict[str, Any]) -> None:
@@ -87,8 +88,6 @@ class MetricsWriter:
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
-        if self._tensorboard is not None:
-            self._tensorboard.close()
 
 
 def keep_records_up_to(path: Path, step: int) -> None:
@@ -122,6 +121,19 @@ def _selection_score(metrics: dict[str, float]) -> float:
     return float(np.mean(values)) if len(values) == len(metrics) else -math.inf
 
 
+def _eval_scalars(results: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """{task: record fields} -> TensorBoard's tags and values: each task's loss, token accuracy
+    and task metrics (its other fields, such as the held-out examples' fingerprint, are not
+    numbers)."""
+    scalars = {}
+    for task, result in results.items():
+        numbers = {**{name: result.get(name) for name in ("loss", "token_accuracy")},
+                   **result.get("metrics", {})}
+        scalars.update({f"eval/{task}/{name}": value for name, value in numbers.items()
+                        if isinstance(value, (int, float)) and not isinstance(value, bool)})
+    return scalars
+
+
 class EvalLog:
     """`workdir/eval.jsonl`: one record per (validation step, task), and the best of them:
     fine-tuning's validation (`t5x_lite.finetune`) and pre-training's held-out text
@@ -131,10 +143,15 @@ class EvalLog:
     held-out record "examples" too (`held_out.examples_fingerprint`). Opening the
     log of a run resumed at `start_step` drops the records of later steps (they belong to a
     trajectory the resumed run replaces), so the best scores are those of the run's history.
+    Each record's numbers also go to TensorBoard beside the training metrics, as
+    `eval/<task>/loss`, `eval/<task>/token_accuracy` and `eval/<task>/<metric>` (an event file
+    of its own, `*.eval`, made at the first record).
     """
 
     def __init__(self, workdir: Path, start_step: int):
         self.path = workdir / EVAL_FILE
+        self._tensorboard_dir = workdir / TENSORBOARD_DIR
+        self._tensorboard: tensorboard.EventFileWriter | None = None
         self.records: list[dict[str, Any]] = []
         if self.path.exists():
             if jax.process_index() == 0:  # one writer; the others read what it kept
@@ -151,6 +168,9 @@ class EvalLog:
         if jax.process_index() == 0:
             with self.path.open("a") as f:
                 f.writelines(json.dumps(record) + "\n" for record in new)
+            if self._tensorboard is None:
+                self._tensorboard = tensorboard.EventFileWriter(self._tensorboard_dir, ".eval")
+            self._tensorboard.add_scalars(_eval_scalars(results), step)
 
     def best(self) -> dict[str, dict[str, Any]]:
         """{task: the record with the best selection score (the earliest among equals)}."""

@@ -91,25 +91,27 @@ def scalar_event(tag: str, value: float, step: int, wall_time: float) -> bytes:
 
 
 class EventFileWriter:
-    """Appends scalars to a new `events.out.tfevents.<time>.<host>.<pid>` file in `logdir`
-    (made if missing), which TensorBoard shows while it is written: each step's are flushed."""
+    """Appends scalars to a new `events.out.tfevents.<time>.<host>.<pid><suffix>` file in
+    `logdir` (made if missing), which TensorBoard shows while it is written. Each call appends
+    and closes, so the writer holds no open file and a crash loses nothing written; `suffix`
+    tells apart two writers of one process in one folder (TensorBoard reads every
+    `*tfevents*` file of a folder as one run)."""
 
-    def __init__(self, logdir: str | os.PathLike):
+    def __init__(self, logdir: str | os.PathLike, suffix: str = ""):
         logdir = Path(logdir)
         logdir.mkdir(parents=True, exist_ok=True)
         now = time.time()
-        self.path = logdir / f"events.out.tfevents.{int(now)}.{socket.gethostname()}.{os.getpid()}"
-        self._file = self.path.open("ab")
-        self._file.write(tfrecord(version_event(now)))
-        self._file.flush()
+        self.path = logdir / (f"events.out.tfevents.{int(now)}.{socket.gethostname()}."
+                              f"{os.getpid()}{suffix}")
+        self._append(tfrecord(version_event(now)))
+
+    def _append(self, data: bytes) -> None:
+        with self.path.open("ab") as f:
+            f.write(data)
 
     def add_scalars(self, scalars: dict[str, float], step: int,
                     wall_time: float | None = None) -> None:
-        """One event per scalar (tag -> value) at `step`, then one flush."""
+        """One event per scalar (tag -> value) at `step`, in one write."""
         wall_time = time.time() if wall_time is None else wall_time
-        self._file.write(b"".join(tfrecord(scalar_event(tag, value, step, wall_time))
-                                  for tag, value in scalars.items()))
-        self._file.flush()
-
-    def close(self) -> None:
-        self._file.close()
+        self._append(b"".join(tfrecord(scalar_event(tag, value, step, wall_time))
+                              for tag, value in scalars.items()))

@@ -130,7 +130,7 @@ def test_metrics_writer_appends_json_lines_and_tensorboard_events(tmp_path):
     writer.close()
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["loss"]) for r in lines] == [(1, 2.5), (2, 2.0)]
-    events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    events = list((tmp_path / loop.TENSORBOARD_DIR).glob("events.out.tfevents.*"))
     assert len(events) == 1
     records = _tfrecords(events[0].read_bytes())
     # The version event, then one event per scalar: loss at step 1 (mfu None is left out);
@@ -152,6 +152,51 @@ def _tfrecords(data: bytes) -> list[bytes]:
         assert crc == tensorboard._masked_crc(record)
         records.append(record)
     return records
+
+
+def _scalar(record: bytes) -> tuple[str, float, int]:
+    """(tag, value, step) of a scalar event, read by the layout the tensorboard module's
+    docstring gives: wall_time (field 1, a double), step (2, a varint), summary (5) holding one
+    value (1) of tag (1) and simple_value (2, a float)."""
+    assert record[0] == 0x09 and record[9] == 0x10  # wall_time's key, then step's
+    step, shift, at = 0, 0, 10
+    while True:
+        step |= (record[at] & 0x7F) << shift
+        shift, at = shift + 7, at + 1
+        if not record[at - 1] & 0x80:
+            break
+    summary = record[at + 2:]  # field 5's key and its one-byte length
+    value = summary[2:]  # field 1's key and its one-byte length
+    tag = value[2:2 + value[1]].decode()
+    assert value[2 + value[1]] == 0x15  # simple_value's key
+    (number,) = struct.unpack("<f", value[3 + value[1]:7 + value[1]])
+    return tag, number, step
+
+
+def test_eval_log_writes_json_lines_and_each_number_to_tensorboard(tmp_path):
+    """Validation and held-out records go to eval.jsonl and, as `eval/<task>/<name>` scalars,
+    to an event file of their own beside the training metrics'; non-numbers stay out."""
+    log = loop.EvalLog(tmp_path, start_step=0)
+    assert not (tmp_path / loop.TENSORBOARD_DIR).exists()  # nothing until the first record
+    log.add(10, {"held_out": {"loss": 3.5, "token_accuracy": 21.25, "examples": "1fb5e0848b05",
+                              "metrics": {}}})
+    log.add(300, {"glue_sst2": {"loss": 0.75, "token_accuracy": 90.0,
+                                "metrics": {"accuracy": 88.5}}})
+    records = [json.loads(line) for line in (tmp_path / "eval.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["task"], r["loss"]) for r in records] == [
+        (10, "held_out", 3.5), (300, "glue_sst2", 0.75)]
+    (events,) = (tmp_path / loop.TENSORBOARD_DIR).glob("events.out.tfevents.*.eval")
+    tfrecords = _tfrecords(events.read_bytes())
+    assert tfrecords[0].endswith(b"brain.Event:2")  # one version event, then the scalars
+    assert [_scalar(record) for record in tfrecords[1:]] == [
+        ("eval/held_out/loss", 3.5, 10), ("eval/held_out/token_accuracy", 21.25, 10),
+        ("eval/glue_sst2/loss", 0.75, 300), ("eval/glue_sst2/token_accuracy", 90.0, 300),
+        ("eval/glue_sst2/accuracy", 88.5, 300)]
+    # The training metrics' writer of the same process writes a file of its own.
+    writer = loop.MetricsWriter(tmp_path)
+    writer.write({"step": 1, "loss": 2.5})
+    writer.close()
+    assert len(list((tmp_path / loop.TENSORBOARD_DIR).glob("events.out.tfevents.*"))) == 2
 
 
 def test_crc32c_is_the_castagnoli_crc():
@@ -176,7 +221,6 @@ def test_event_files_hold_the_bytes_tensorboardx_writes(tmp_path):
         theirs.add_scalar(tag, value, step, walltime=1234.5)
         ours.add_scalars({tag: value}, step, wall_time=1234.5)
     theirs.close()
-    ours.close()
     (their_file,) = (tmp_path / "theirs").glob("events.out.tfevents.*")
     their_records = _tfrecords(their_file.read_bytes())
     our_records = _tfrecords(ours.path.read_bytes())
