@@ -314,10 +314,15 @@ def _export(argv: list[str]) -> None:
     parser.add_argument("--out", required=True, type=_folder,
                         help="the Hugging Face directory to write "
                         "(must not exist, or be empty)")
+    parser.add_argument("--config", metavar="FILE.py[:ARG]",
+                        help="a config file to run first, for a checkpoint of an architecture "
+                        "that file registers; the model's settings are the checkpoint's")
     args = parser.parse_args(argv)
     from t5x_lite.export import export_checkpoint
 
     try:  # a bad path or architecture: the message names it, no traceback
+        if args.config:
+            load_config_file(args.config)  # run for its registrations only
         out = export_checkpoint(args.checkpoint, args.out)
     except (ConfigError, FileNotFoundError) as error:
         raise SystemExit(f"t5x-lite export: {error}") from None

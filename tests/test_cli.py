@@ -161,7 +161,7 @@ COMMAND_FLAGS = {
     "train": ["--preset", "--config", "--workdir", "--steps", "--restart"],
     "finetune": ["--preset", "--config", "--workdir", "--init_from", "--tasks", "--restart"],
     "eval": ["--preset", "--config", "--checkpoint", "--tasks", "--split", "--zero_shot"],
-    "export": ["--checkpoint", "--out"],
+    "export": ["--checkpoint", "--out", "--config"],
     "bench": ["--preset", "--config", "--json", "--compare_torch", "--pipeline", "--decode",
               "--bench_steps"],
     "sweep": ["experiment", "--preset", "--workdir", "--launcher", "--workers", "--address",

@@ -7,7 +7,9 @@ same greedy generations as ours. `from_hf_t5` undoes `to_hf_t5` exactly. The tok
 give our vocabulary's ids. The command exports a checkpoint saved by the trainer's
 `Checkpointer`; bad input is refused before any work, leaving nothing behind.
 """
+import json
 import os
+import shutil
 
 import jax.numpy as jnp
 
@@ -303,6 +305,41 @@ def test_the_command_exports_a_trained_checkpoint(run, tmp_path):
     assert message == (f"t5x-lite export: the export directory {out} exists and is not an "
                        "empty folder; give a new path (or an empty folder)")
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+
+
+def test_a_checkpoint_of_an_architecture_a_file_registers_exports_with_that_file(
+        run, tmp_path, monkeypatch):
+    """A run of `my_t5`, registered by a config file of its own (here the shared
+    encoder-decoder under another name): without the file this process cannot build its model
+    and says which flag gives it; with `--config FILE` the export is the run's model."""
+    from t5x_lite import architectures
+
+    monkeypatch.setattr(architectures, "_REGISTRY", dict(architectures._REGISTRY))  # undone
+    config, workdir = run
+    mine = tmp_path / "my_run"
+    shutil.copytree(workdir, mine)
+    saved = json.loads((mine / "checkpoints" / "config.json").read_text())
+    saved["model"]["arch"] = "my_t5"
+    (mine / "checkpoints" / "config.json").write_text(json.dumps(saved))
+    out = tmp_path / "hf"
+    message = _export("--checkpoint", mine, "--out", out)
+    assert message.startswith(f"t5x-lite export: {mine}/checkpoints/config.json holds "
+                              "model.arch='my_t5', which is not registered in this process; "
+                              "pass --config=FILE with the file that registers it")
+    assert not out.exists()
+    registering = tmp_path / "my_t5.py"
+    registering.write_text(
+        "import dataclasses\n"
+        "from t5x_lite import architectures, presets\n"
+        "architectures.register(dataclasses.replace(\n"
+        "    architectures.get('encoder_decoder_shared'), name='my_t5'))\n"
+        "def get_config():\n"
+        "    return presets.tiny()\n")
+    assert _export("--config", registering, "--checkpoint", mine, "--out", out) is None
+    abstract = train_state.abstract_state(config, partitioning.make_mesh(config.mesh)).params
+    model = nnx.merge(train_state.model_graphdef(config),
+                      checkpointing.restore_params_only(workdir / "checkpoints", abstract))
+    _assert_same_logits(model, _load(out), config.model.vocab_size)
 
 
 def test_bad_checkpoints_are_refused_before_any_work(tmp_path):
