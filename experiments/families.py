@@ -5,8 +5,8 @@ for Zero-Shot Generalization?").
 What it asks: which architecture and pre-training objective gives the better model in each of
 Wang et al.'s two regimes, scored zero-shot right after self-supervised pre-training
 (`sweep.zero_shot=True`: the label options ranked by their log-likelihood, `t5x_lite.zero_shot`)
-and after fine-tuning. Four architectures, each with its natural objective and with span
-corruption, every point pre-trained on the same FLOP budget (`sweep.budget="flops"`): what the
+and after fine-tuning. Four architectures, each with its natural objective, and the three that
+can take it also with span corruption (seven points), every point pre-trained on the same FLOP budget (`sweep.budget="flops"`): what the
 T5 encoder-decoder with span corruption spends in the preset's `train.steps`
 (`sweep.budget_reference`); a cheaper step runs more steps (`grid.match_budget`).
 

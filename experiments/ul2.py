@@ -12,8 +12,9 @@ The grid is two architectures x seven objectives, every architecture's rows in o
   only, the X-denoisers only, or all seven (`config.UL2_DENOISERS`, the default mixture).
   "R only" etc. keep that kind's denoisers from `config.UL2_DENOISERS` with their shares
   renormalised to sum to 1 (`only`); each example still starts with its kind's mode token.
-All rows of one architecture share one batch layout (the longest objective's), so their
-pre-training steps compile once per architecture.
+All rows of one architecture train on rows of one size (the longest objective's lengths); the
+three single objectives share one compiled pre-training step per architecture, and each ul2
+mixture compiles its own (the mixture is part of the layout): 10 programs in all.
 
 What the paper finds, in its abstract's words: "We conduct extensive ablative experiments to
 compare multiple pre-training objectives and find that our method pushes the Pareto-frontier
