@@ -6,7 +6,7 @@ import random
 import numpy as np
 import pytest
 
-from t5x_lite import attention
+from t5x_lite import attention, batch_format
 from t5x_lite.config import EOS_ID, UNK_ID, ConfigError, default_config
 from t5x_lite.data import builders, pipeline
 from t5x_lite.data.pipeline import (MixtureData, PretrainData, encode_examples, pack_examples,
@@ -349,6 +349,25 @@ def test_two_processes_feed_the_halves_of_the_single_process_mixture_batch():
         MixtureData([_task_examples(0, 10)], mixing_limit=50, batch_size=6, inputs_length=8,
                     targets_length=8, family="encoder_decoder", pack=False, seed=0,
                     process_count=4)
+
+
+def test_a_family_that_cannot_pack_reads_a_batch_of_examples_a_step_when_asked_to_pack():
+    """encoder_only rows hold one example each: asked to pack (fine-tuning's default), its
+    mixture reads the unpacked batch, the next batch_size examples, and skips none. It read as
+    many as packing would fit and kept the first batch_size of them."""
+    def mixture(pack):
+        return MixtureData([_task_examples(0, 100), _task_examples(1, 10)], mixing_limit=50,
+                           batch_size=6, inputs_length=8, targets_length=8,
+                           family="encoder_only", pack=pack, seed=0,
+                           mask_token=batch_format.mask_token(64))
+
+    asked, unpacked = mixture(pack=True), mixture(pack=False)
+    assert not asked.pack and asked.examples_per_step == 6
+    for step in (0, 1, 5):
+        batch = asked.batch(step)
+        assert batch.keys() == unpacked.batch(step).keys()
+        for name, value in unpacked.batch(step).items():
+            np.testing.assert_array_equal(batch[name], value)
 
 
 def test_mixture_batches_are_a_pure_function_of_seed_and_step():

@@ -520,7 +520,7 @@ class MixtureData:
         self.lengths = (inputs_length, targets_length)
         self.family, self.mask_token = family, mask_token
         self.pack = pack and batch_format.packable(family)
-        self.examples_per_step = batch_size * (self._examples_per_row() if pack else 1)
+        self.examples_per_step = batch_size * (self._examples_per_row() if self.pack else 1)
         self._permutations: dict[tuple[int, int], np.ndarray] = {}
 
     def _examples_per_row(self) -> int:
