@@ -147,7 +147,7 @@ def default_config() -> ml_collections.ConfigDict:
             label_smoothing=0.0,
             microbatches=1,
             seed=0,
-            weight_decay=0.0,  # AdamW only; Adafactor (T5) uses none
+            weight_decay=0.0,  # AdamW: matrices only; Adafactor: every parameter (T5: 0)
             loss_normalizing_factor=None,  # None: sum of loss weights; a number: that constant
             log_every=10,
             # Held-out pre-training evaluation (`t5x_lite.held_out`): every eval_every steps

@@ -215,7 +215,7 @@ def sweep_preset(name: str) -> ml_collections.ConfigDict:
     """The preset `name` plus its fine-tuning settings (`apply_finetune_settings`) and the
     sweep section: `sweep.tasks` (fine-tuned one at a time), `sweep.seeds` (each grid point
     runs once per seed), `sweep.progress` (train progress), `sweep.budget` /
-    `sweep.budget_reference` (what the points' pre-training steps match: `sweep.BUDGETS`) and
+    `sweep.budget_reference` (what the points' pre-training steps match: `config.BUDGETS`) and
     `sweep.zero_shot` (default False; True also scores each classification task zero-shot
     on the pre-trained model, before fine-tuning: `t5x_lite.zero_shot`).
 

@@ -385,7 +385,7 @@ class Checkpoint(_Section):
 
 @dataclasses.dataclass(frozen=True)
 class Decode(_Section):
-    """`config.finetune.decode`: how evaluation generates (`decoding.generate`)."""
+    """`config.finetune.decode`: how evaluation generates (`decoding.decode`)."""
 
     NAME: ClassVar[str] = "finetune.decode"
 

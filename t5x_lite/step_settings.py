@@ -1,10 +1,12 @@
 """What a compiled train step reads, as one frozen value: the key of its program cache.
 
 `step_settings(config, data_kind)` extracts a `StepSettings` from the config's typed settings
-(`t5x_lite.settings.Settings.from_config`), once; the functions that build a step or its state
-(`t5x_lite.train_step`, `t5x_lite.train_state`, `t5x_lite.optim`) receive only it, never the
-config, so whatever they read is in the settings, and two configs share a compiled program
-exactly when their settings (and mesh) are equal.
+(`t5x_lite.settings.Settings.from_config`), once; what the functions that build a step or its
+state compile (`t5x_lite.train_step`, `t5x_lite.train_state`, `t5x_lite.optim`) is made from
+it alone, never from the config, so whatever a program reads is in the settings, and two
+configs share a compiled program exactly when their settings (and mesh) are equal. What they
+still take from the config they pass to the program as data: the seed, and the prefix
+attention flag of the architecture (`model.arch`) among those sharing its program.
 
 Every leaf of the config sections a step reads (`STEP_SECTIONS`) is either copied into the
 settings or listed in `NOT_IN_THE_PROGRAM` with the reason; `tests/test_step_settings.py` fails

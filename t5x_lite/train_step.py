@@ -6,9 +6,9 @@
 Pre-training and fine-tuning run the same update (`_step_fn`); they differ only in how the
 step's data becomes a batch on the device (corruption, or none). A step is compiled once per
 *program*: its `step_settings.StepSettings` (the model, optimiser, loss, data kind, e.g. the
-batch layout, and sharding rules; the only thing the step builders read) and its mesh. The
-objective, corruption rate and span length arrive as a traced `ObjectiveSpec`, and the
-architectures of one program (`Architecture.program`: `language_model` and `prefix_lm`) run it
+batch layout, and sharding rules; all the compiled program reads of the config) and its
+mesh. The objective, corruption rate and span length arrive as a traced `ObjectiveSpec`, and
+the architectures of one program (`Architecture.program`: `language_model` and `prefix_lm`) run it
 with their prefix attention as a traced flag, so a whole ablation grid for one architecture
 family shares one executable.
 
@@ -237,12 +237,13 @@ class TrainStep(_StepCaller):
     raw_tokens: this process's rows of the global batch, int32 [batch_size / process_count,
     layout.raw_length] (a numpy array, or an already global jax.Array). spec: an
     `objectives.ObjectiveSpec` (traced: any objective / rate / span reuses the executable).
-    rng: the run's seed key; the step folds in `state.step`. The state is donated.
+    rng: the run's step key (`train_state.step_key`); the step folds in `state.step`. The
+    state is donated.
 
     A vmapped step (`make_vmapped_train_step`, K points) takes and returns everything with a
-    leading [K] axis: `train_state.stack_states` of the points' states, raw tokens [K, batch_size /
-    process_count, raw_length], `stack_specs` of their specs, a [K] array of seed keys; each
-    metric is [K] (a spec field may stay a scalar that all points share).
+    leading [K] axis: `train_state.stack_states` of the points' states, raw tokens [K,
+    batch_size / process_count, raw_length], `stack_specs` of their specs, a [K] array of step
+    keys; each metric is [K] (a spec field may stay a scalar that all points share).
     """
 
     global_shape: tuple[int, ...]
@@ -264,7 +265,7 @@ class FinetuneStep(_StepCaller):
 
     batch: this process's rows of a `data.pipeline.pack_examples` / `pad_examples` batch
     (dict of [batch_size / process_count, length] arrays). Each new set of keys or lengths
-    compiles once. rng: the run's seed key, as for `TrainStep`. The state is donated.
+    compiles once. rng: the run's step key, as for `TrainStep`. The state is donated.
     """
 
     batch_size: int
