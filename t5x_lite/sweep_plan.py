@@ -2,9 +2,10 @@
 
     print(render(plan_sweep("table2", "paper", "runs/table2")))
 
-The grid is expanded and checked exactly as `sweep.run_sweep` checks it before its first run
-(every point's config, the corpora, the tasks' splits, a compute budget's derived steps, the
-workdir's sweep and its records), then each run (grid point x seed) is listed with what it
+The grid is expanded and checked as `sweep.run_sweep` checks it before its first run (every
+point's config, the corpora, the tasks' splits, a compute budget's derived steps, the workdir's
+sweep, its records and the folders of the runs left to do), but for the attention kernel's
+presence (a dry run sizes a sweep for a machine it need not run on), then each run (grid point x seed) is listed with what it
 costs and how far it got: its pre-training steps, parameters, training FLOPs per step and in
 all, the compiled pre-training program it shares (points with equal `StepSettings` and layout
 compile once), and, in an existing workdir, whether it is done, resumes from a checkpoint or
@@ -24,7 +25,8 @@ from t5x_lite.results import ResultsFile, latest_records, results_path
 from t5x_lite.step_settings import step_settings
 from t5x_lite.sweep import (LATER_STAGES, base_record, budget_line, require_vmap, select_point,
                             unrecorded_tasks, vmap_chunks)
-from t5x_lite.sweep_workdir import check_workdir, require_current, sweep_identity
+from t5x_lite.sweep_workdir import (check_workdir, require_current, require_current_folders,
+                                     sweep_identity)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +123,8 @@ def plan_sweep(experiment: str, preset: str, workdir: str, overrides: Sequence[s
             tuple(stage.what for stage in LATER_STAGES
                   if stage.on(point.config) and any(map(stage.lacks, latest)))))
     todo = [point for point, run in zip(points, runs) if run.tasks_left]
+    if state != "new":
+        require_current_folders(todo, workdir_path)
     return SweepPlan(
         points[0].experiment, preset, workdir, state, budget,
         tuple(points[0].config.sweep.tasks), points[0].config.finetune.steps, tuple(runs), vmap,

@@ -513,10 +513,13 @@ def test_records_of_a_changed_config_are_refused_not_skipped(experiment, uninter
     changed = json.loads(original)
     changed["objective"]["noise_density"] = 0.25
     saved.write_text(json.dumps(changed))
-    with pytest.raises(ConfigError, match=rf"^{folder} holds point '{stale['point']}' \(seed 0\) "
-                       r"run with another config \(its pre-training's objective.noise_density: "
-                       r"saved 0.25 != now 0.15\); delete that folder to run the point again"):
+    refusal = (rf"^{folder} holds point '{stale['point']}' \(seed 0\) run with another config "
+               r"\(its pre-training's objective.noise_density: saved 0.25 != now 0.15\); delete "
+               r"that folder to run the point again")
+    with pytest.raises(ConfigError, match=refusal):
         sweep.run_sweep(experiment, "demo", str(copy))
+    with pytest.raises(ConfigError, match=refusal):  # a dry run says so too, not "resumes"
+        sweep_plan.plan_sweep(experiment, "demo", str(copy))
     saved.write_text(original)
     record_file = next((folder / "records").glob("*.json"))
     record = json.loads(record_file.read_text())
