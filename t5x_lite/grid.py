@@ -89,7 +89,7 @@ class StepCost:
             tokens=batch * sum(lengths),
             loss_tokens=batch * objectives.expected_loss_tokens(
                 objective.name, objective.inputs_length, objective.noise_density,
-                objective.mean_noise_span_length, objective.ul2_denoisers))
+                objective.mean_noise_span_length, objective.ul2_denoisers, layout.family))
 
     def of_budget(self, kind: str) -> float:
         """The cost of one step in the unit of `sweep.budget=kind` ("tokens" or "flops")."""
@@ -410,7 +410,8 @@ def expand(experiment: str, preset: str, overrides: Sequence[str] = ()) -> list[
     table must be one of that table's rows. Under `sweep.budget` "tokens" or "flops" each
     point's `train.steps` (and warm-up) are derived from the reference's budget
     (`match_budget`); a `sweep.budget` or `sweep.budget_reference` that is not allowed is a
-    one-line `ConfigError` naming the field and the allowed values, before any other check."""
+    one-line `ConfigError` naming the field and the allowed values, before any point's config
+    is validated."""
     from t5x_lite import paper_results
 
     module = load_experiment(experiment)

@@ -40,7 +40,8 @@ class ObjectiveSpec:
 
     objective: jax.Array  # int32, the objective's id (`objective_registry.objective_id`)
     noise_density: jax.Array  # float32, share of corrupted tokens
-    mean_noise_span_length: jax.Array  # float32, span_corruption only
+    # float32: span corruption's mean span length; text and blank infilling's Poisson lambda
+    mean_noise_span_length: jax.Array
     random_token_fraction: jax.Array  # float32, bert_style: share of noise made random tokens
     raw_length: jax.Array  # int32, leading raw tokens used (<= BatchLayout.raw_length)
 
@@ -254,20 +255,26 @@ def ul2_lengths(point: Mapping[str, Any]) -> tuple[int, int, int]:
 
 def expected_loss_tokens(objective: str, inputs_length: int, noise_density: float,
                          mean_noise_span_length: float,
-                         denoisers: Iterable[Iterable[Any]] = UL2_DENOISERS) -> float:
-    """The expected number of target tokens with a loss weight in one example: its targets'
-    non-padding positions (EOS and sentinels included), which is what `batch_format` weights
-    in both families, for an example that fills the objective's raw length R (`lengths_for`;
-    a shorter document has fewer): its record's `expected_loss_tokens` (the functions below;
-    R + 1 by default, every token being a target: bert_style, mass_style, deshuffling, lm and
-    BART's token_masking, token_deletion, text_infilling, document_rotation,
-    sentence_permutation, text_infilling_permutation).
+                         denoisers: Iterable[Iterable[Any]] = UL2_DENOISERS,
+                         family: str = "encoder_decoder") -> float:
+    """The expected number of target tokens with a loss weight in one `family` example that
+    fills the objective's raw length R (`lengths_for`; a shorter document has fewer).
+
+    The encoder-decoder and decoder-only families weight the targets' non-padding positions
+    (EOS and sentinels included, `batch_format`): the record's `expected_loss_tokens` (the
+    functions below; R + 1 by default, every token being a target: bert_style, mass_style,
+    deshuffling, lm and BART's token_masking, token_deletion, text_infilling,
+    document_rotation, sentence_permutation, text_infilling_permutation). A family that
+    predicts in place (`encoder_only`) weights only the noise positions: noise_density x R,
+    the in-place objectives' (bert_style's, mass_style's) i.i.d. noise.
     The rare examples of the i.i.d. objectives and text infilling that overflow the layout
     (share <= `noise_lengths.OVERFLOW_PROBABILITY`) get no loss weights; that is left out.
     """
     point = _point(objective, inputs_length, noise_density, mean_noise_span_length, denoisers)
     record = objective_registry.get(objective)
     raw, _, targets = record.lengths(point)
+    if batch_format.in_place(family):
+        return noise_density * raw
     return record.expected_loss_tokens(point, raw, targets)
 
 

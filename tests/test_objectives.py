@@ -278,6 +278,25 @@ def test_expected_loss_tokens_is_the_mean_loss_weight_of_real_batches(family):
         assert abs(weights.mean() - expected) <= error, (name, weights.mean(), expected)
 
 
+def test_expected_loss_tokens_of_the_in_place_family_are_its_noise_positions():
+    # encoder_only weights only the corrupted positions: about noise_density x R per example,
+    # not the R + 1 targets an encoder-decoder learns from (the report's loss-token column).
+    examples, inputs_length, density = 1024, 24, 0.15
+    layout = BatchLayout("encoder_only", RAW, RAW + 1, 0, VOCAB, SENTINELS,
+                         objectives=("bert_style", "mass_style"))
+    tokens = np.random.default_rng(0).integers(REAL_LOW, REAL_HIGH, (examples, RAW), np.int32)
+    for number, name in enumerate(layout.objectives):
+        raw = lengths_for(name, inputs_length, density, 3.0)[0]
+        batch = corrupt_jit(tokens, make_spec(name, density, 3.0, raw), jax.random.key(number),
+                            layout)
+        weights = np.asarray(batch["encoder_loss_weights"]).sum(axis=1)
+        expected = objectives.expected_loss_tokens(name, inputs_length, density, 3.0,
+                                                   family="encoder_only")
+        assert expected == pytest.approx(density * raw)
+        assert abs(weights.mean() - expected) <= 4 * weights.std() / np.sqrt(examples), name
+        assert objectives.expected_loss_tokens(name, inputs_length, density, 3.0) == raw + 1
+
+
 @pytest.mark.parametrize("objective", sorted(PAPER_OBJECTIVES))
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.85])
 def test_length_distributions_equal_enumerating_every_mask(objective, p):
