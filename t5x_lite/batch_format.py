@@ -208,7 +208,8 @@ def _format(family: str) -> _Format:
 
 def row_lengths(family: str, inputs_length: Any, targets_length: Any) -> dict[str, Any]:
     """{stack: length} of a `family` row holding `inputs_length` input and `targets_length`
-    target tokens: {"encoder": Li, "decoder": Lt} or {"decoder": Li + Lt}. Also what one
+    target tokens: {"encoder": Li, "decoder": Lt}, {"decoder": Li + Lt} or, in place,
+    {"encoder": Li + Lt}. Also what one
     example takes of a packed row, given its own lengths."""
     return _format(family).lengths(inputs_length, targets_length)
 

@@ -1,4 +1,4 @@
-"""The networks of the architectures in `t5x_lite.architectures`, chosen by `config.arch`.
+"""The networks of the architectures in `t5x_lite.architectures`, chosen by `config.model.arch`.
 
 Each architecture's record says which stacks to build (depth, cross-attention, shared layers)
 and which family of network runs them: `EncoderDecoder` (`encoder_decoder`, `_shared`, `_half`
@@ -13,7 +13,8 @@ traced flag, so they share one compilation; with the flag off, the prefix mask i
 mask.) `model(batch)` returns float32 logits `[B, target_len, vocab]` for encoder-decoders and
 `[B, inputs_len + target_len, vocab]` for decoder-only and encoder-only models.
 
-Incremental decoding (`t5x_lite.decoding`) uses two more methods every architecture shares:
+Incremental decoding (`t5x_lite.decoding`) uses two more methods every architecture with a
+decoder shares (not `encoder_only`, whose mask slots `decoding` fills in one forward pass):
 `init_cache` (empty self-attention slots, plus the encoder's cross-attention keys / values)
 and `extend` (run the decoder on the next tokens against the cache).
 """
@@ -86,8 +87,9 @@ def _padding_and_segments(valid: jax.Array, segments: jax.Array | None) -> jax.A
 
 
 def _positions(batch: Batch, stack: str, tokens_key: str) -> jax.Array:
-    """Token positions for the relative position bias: `{stack}_positions [B, L]` when packed,
-    else `arange(L)`."""
+    """Token positions for the relative position bias: `{stack}_positions [B, L]` when the
+    batch has them (packed rows; blank infilling's explicit `decoder_positions`), else
+    `arange(L)`."""
     positions = batch.get(f"{stack}_positions")
     return jnp.arange(batch[tokens_key].shape[1]) if positions is None else positions
 

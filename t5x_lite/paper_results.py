@@ -159,7 +159,8 @@ HEADLINE_METRICS = {
 
 
 def is_glue_task(task: str) -> bool:
-    """Whether `task` counts towards the GLUE average (WNLI and MNLI's training task do not)."""
+    """Whether `task` counts towards the GLUE average (WNLI does not; `glue_mnli`, validated on
+    validation_matched, counts as MNLI's matched score)."""
     return task.removeprefix("local_") in tasks.GLUE_AVERAGE_GROUPS
 
 

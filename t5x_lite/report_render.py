@@ -308,7 +308,8 @@ def markdown_table(grid: list[list[str]], numeric: int) -> list[str]:
 
 def to_markdown(table: Table) -> str:
     """`table` as table.md: its title, the rows beside the paper's, the notes, then each
-    further section (held-out loss, findings, zero-shot, ...) as its own Markdown table."""
+    further section (pre-training compute, zero-shot, paired held-out losses) as its own
+    Markdown table, then the findings as a list."""
     bold = "**{}**".format
     lines = [f"## {_title(table)}", "",
              *markdown_table(_grid(table, bold), len(_numeric_columns(table))), "",

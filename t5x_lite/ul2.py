@@ -65,7 +65,9 @@ class Denoiser(NamedTuple):
     noise_density: float  # r
     mean_noise_span_length: float  # mu (R and X; the S-denoiser ignores it)
     share: float  # its probability in the mixture
-    raw_length: int  # raw tokens it corrupts (the objectives' lengths_for at inputs_length - 1)
+    # Raw tokens it corrupts (`objective_layout.ul2_denoiser_lengths`): span corruption's at
+    # inputs_length - 1 for R and X, inputs_length - 1 itself for S.
+    raw_length: int
 
 
 def check_denoisers(denoisers: Any) -> None:
