@@ -64,7 +64,7 @@ from t5x_lite.preemption import Preempted
 from t5x_lite.results import ResultsFile, latest_records, write_json
 from t5x_lite.sweep_workdir import (claim_workdir, point_lock, require_current,
                                     require_current_folders, require_one_view_of_the_workdir,
-                                    sweep_identity)
+                                    save_failures_as_recorded, sweep_identity)
 
 
 # Record fields that measure time or depend on how often a run was interrupted, not on what it
@@ -338,8 +338,10 @@ def _finetune_tasks(point: GridPoint, workdir: str, started: float,
 
 def _lacks_zero_shot(record: dict) -> bool:
     """A record of a point whose pre-training finished (so it has a checkpoint to score) made
-    without the zero-shot stage."""
-    return "zero_shot" not in record and record.get("pretrain_loss") is not None
+    without the zero-shot stage, or whose zero-shot scoring failed (a failure is not saved in
+    the point's zero_shot.json, so a re-run of the sweep scores it again)."""
+    return (record.get("zero_shot", {}).get("status", "failed") == "failed"
+            and record.get("pretrain_loss") is not None)
 
 
 def _zero_shot_fields(point: GridPoint, workdir: str, records: Sequence[dict]
@@ -547,12 +549,13 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
     require_one_view_of_the_workdir(todo, workdir_path)
     for point in todo:  # what its records hold before anything runs: a fault in that
         base_record(point)  # arithmetic stops the sweep here, not after hours of finished runs
+    # Every process's view of the records (process 0 may not have appended the last ones yet).
+    latest = {(r["point"], r["seed"], r["task"]): r for r in finished_records}
+    save_failures_as_recorded(todo, latest, workdir_path)
     _log(f"sweep {points[0].experiment} --preset {preset}: {len(points)} runs x "
          f"{len(points[0].config.sweep.tasks)} tasks; {len(points) - len(todo)} done, "
          f"{len(todo)} to run; records in {results.path}")
     started, finished = time.perf_counter(), set()
-    # Every process's view of the records (process 0 may not have appended the last ones yet).
-    latest = {(r["point"], r["seed"], r["task"]): r for r in finished_records}
     work = (launcher.map(run_chunk, vmap_chunks(todo, vmap, workdir_path), str(workdir_path))
             if vmap > 1
             else launcher.map(run_point, todo, str(workdir_path)))

@@ -24,7 +24,7 @@ from t5x_lite.checkpointing import (CHECKPOINTS_DIR, RESUME_FIELDS, config_as_js
 from t5x_lite.config import ConfigError
 from t5x_lite.errors import PointBusy
 from t5x_lite.grid import OBSERVING_FIELDS, GridPoint, config_hash, user_overrides
-from t5x_lite.results import write_json
+from t5x_lite.results import is_writer, write_json
 
 SWEEP_FILE = "sweep.json"
 
@@ -179,6 +179,31 @@ def _stale_work(point: GridPoint, workdir: Path) -> str | None:
             if saved_hash != expected:
                 return f"its {task} record's config_hash {saved_hash}, now {expected}"
     return None
+
+
+def save_failures_as_recorded(points: Sequence[GridPoint], latest: dict[tuple, dict],
+                              workdir: Path) -> None:
+    """Before `points` run: make their saved task records (`GridPoint.record_path`, which a
+    point reuses instead of running a task again) say of failures what results.jsonl says
+    (`latest`: (point, seed, task) -> its last record). A task results.jsonl records as failed
+    gets that record saved, so that a point run again for another task (one added to
+    `sweep.tasks`) does not fine-tune it again only for the sweep to drop the result: a
+    failure stands until its line is deleted. A failed saved record of a task results.jsonl
+    no longer holds (its line deleted, to retry it) is removed, so that the task runs again.
+    Only the writer process writes; the others wait for it."""
+    if is_writer():
+        for point in points:
+            for task in point.config.sweep.tasks:
+                path = point.record_path(workdir, task)
+                record = latest.get((point.point, point.seed, task))
+                if record is not None and record["status"] == "failed":
+                    if not path.exists():
+                        write_json(path, record)
+                elif (record is None and path.exists()
+                      and json.loads(path.read_text()).get("status") == "failed"):
+                    path.unlink()
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("t5x_lite_saved_failures")
 
 
 def require_one_view_of_the_workdir(todo: Sequence[GridPoint], workdir: Path) -> None:

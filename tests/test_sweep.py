@@ -529,6 +529,49 @@ def test_records_of_a_changed_config_are_refused_not_skipped(experiment, uninter
     assert (copy / "results.jsonl").read_text() == kept  # nothing ran
 
 
+def test_a_failed_task_stands_when_its_point_runs_again_until_its_line_is_deleted(
+        experiment, uninterrupted, tmp_path, monkeypatch):
+    """A point run again for a task added to sweep.tasks fine-tunes only that task: it ran its
+    failed task too, whose record the sweep then dropped (results.jsonl kept "failed" while the
+    log and the saved record said "ok"). Deleting the failed line retries the task."""
+    from t5x_lite import finetune
+
+    workdir, _ = uninterrupted
+    copy = tmp_path / "sweep"
+    shutil.copytree(workdir, copy)
+    lines = [json.loads(line) for line in (copy / "results.jsonl").read_text().splitlines()]
+    first = next(r for r in lines if r["point"] == "denoising")
+    # As if its fine-tuning had failed: a failed line, no saved record.
+    failed = {**first, "metrics": {}, "status": "failed", "error": "RuntimeError: flaky"}
+    (copy / "results.jsonl").write_text("".join(
+        json.dumps(failed if r is first else r) + "\n" for r in lines))
+    saved = copy / "points" / "denoising" / "seed0" / "records" / "builtin_reverse.json"
+    saved.unlink()
+    calls = []
+
+    def fake_finetune(config, workdir, **kwargs):
+        (task,) = config.finetune.tasks
+        calls.append(task)
+        return {"scores": {task: {"accuracy": 1.0}}, "wall_s": 0.0, "compile_s": 0.0,
+                "compiles": 0}
+
+    monkeypatch.setattr(finetune, "finetune", fake_finetune)
+    both = ["sweep.tasks=('builtin_reverse', 'builtin_module')"]
+    records = sweep.run_sweep(experiment, "demo", str(copy), overrides=both, point_index=0)
+    assert calls == ["builtin_module"]
+    assert [(r["task"], r["status"]) for r in records] == [
+        ("builtin_reverse", "failed"), ("builtin_module", "ok")]
+    assert json.loads(saved.read_text())["status"] == "failed"  # as results.jsonl says
+    # Its line deleted, the task runs again.
+    kept = [line for line in (copy / "results.jsonl").read_text().splitlines()
+            if json.loads(line)["status"] != "failed" or json.loads(line)["point"] != "denoising"]
+    (copy / "results.jsonl").write_text("".join(line + "\n" for line in kept))
+    records = sweep.run_sweep(experiment, "demo", str(copy), overrides=both, point_index=0)
+    assert calls == ["builtin_module", "builtin_reverse"]
+    assert sorted((r["task"], r["status"]) for r in records) == [
+        ("builtin_module", "ok"), ("builtin_reverse", "ok")]
+
+
 def test_killed_sweep_resumes_to_the_same_records(experiment, uninterrupted, tmp_path):
     """SIGKILL the sweep in the middle of its first point's pre-training, re-run it: the
     records equal an uninterrupted sweep's (timing aside), none duplicated or lost."""

@@ -296,6 +296,32 @@ def test_a_sweep_made_without_the_stage_gets_it_later_without_training_again(
         sweep.run_sweep(experiment, "demo", str(copy), overrides=without)
 
 
+@pytest.mark.slow
+def test_a_failed_zero_shot_scoring_is_tried_again_by_the_next_run(zero_shot_sweep, tmp_path,
+                                                                   monkeypatch):
+    """A transient failure of the stage (recorded as failed, not saved in zero_shot.json) was
+    never retried: the task was done, and a record that had a `zero_shot` entry lacked none."""
+    experiment, workdir, records = zero_shot_sweep
+    copy = tmp_path / "sweep"
+    shutil.copytree(workdir, copy)
+    rundir = copy / "points" / "lm" / "seed0"
+    (rundir / sweep.ZERO_SHOT_FILE).unlink()
+    failed = {"status": "failed", "metrics": {}, "error": "lm (seed 0) zero-shot: OSError: flaky"}
+    broken = [{**r, "zero_shot": failed if r["task"] == "builtin_module" else r["zero_shot"]}
+              for r in records]
+    (copy / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in broken))
+    for record in broken:
+        (rundir / "records" / f"{record['task']}.json").write_text(json.dumps(record))
+
+    def trained_again(*args, **kwargs):
+        raise AssertionError("a finished point was trained again")
+
+    monkeypatch.setattr(train, "train", trained_again)
+    monkeypatch.setattr(finetune, "finetune", trained_again)
+    again = sweep.run_sweep(experiment, "demo", str(copy), overrides=ZERO_SHOT_SWEEP)
+    assert again == records  # scored again, as the sweep that never failed scored it
+
+
 HELD_OUT_FIELDS = {"held_out_loss": None, "held_out_token_accuracy": None,
                    "held_out_examples": None, "held_out_curve": []}
 
