@@ -139,7 +139,10 @@ def compare(table: Table, other: Table, other_name: str) -> Comparison:
     for name in names:
         rows[name][AVERAGE] = Change(_average(mine[name], columns), _average(theirs[name], columns),
                                      None)
+    # Comparable: the same examples, known by their fingerprints (records made before the
+    # fingerprints existed say nothing of which examples they scored).
     comparable = [n for n in names if mine[n].held_out_examples
+                  and all(examples for _, examples in mine[n].held_out_examples)
                   and mine[n].held_out_examples == theirs[n].held_out_examples
                   and None not in (_held_out_mean(mine[n]), _held_out_mean(theirs[n]))]
     with_losses = any(_held_out_mean(mine[n]) is not None for n in names)

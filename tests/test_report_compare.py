@@ -133,6 +133,18 @@ def test_the_paired_p_value_is_the_paired_t_test(seeds):
         scipy.stats.ttest_rel(after, before).pvalue, rel=1e-9)
 
 
+def test_held_out_losses_of_unknown_examples_are_not_compared(tmp_path):
+    """Records made before the fingerprints existed hold losses without `held_out_examples`:
+    equal on both sides (None, None), they said nothing of which examples were scored, yet the
+    losses were compared and a difference marked."""
+    after = _write(tmp_path / "after", _records("15%", [60.0, 62.0], [2.10, 2.20], [None, None]))
+    before = _write(tmp_path / "before", _records("15%", [61.0, 59.0], [3.10, 3.21], [None, None]))
+    comparison = report.report(after, against=before).comparison
+    assert comparison.rows["15%"]["Held-out loss"] == report_compare.Change(
+        pytest.approx(2.15), None, None)
+    assert comparison.held_out_not_comparable == ("15%",)
+
+
 def test_a_row_s_held_out_examples_are_the_seeds_and_fingerprints_of_its_losses():
     records = _records("10%", [50.0, 52.0], [3.0, 3.2], ["x0", "x1"])
     records.append({**records[0], "task": "builtin_module", "held_out_loss": None})
