@@ -148,8 +148,11 @@ def table2_columns(
     # One L-layer stack, whatever depth this model's decoder has.
     reference = dataclasses.replace(model_cfg, arch=_REFERENCE_ARCH, num_decoder_layers=None)
     params = param_count(model_cfg)
-    flops = train_flops_per_example(model_cfg, inputs_length, targets_length)
     architecture = architectures.get(model_cfg.arch)
+    # A family that predicts in place reads no target sequence: its targets are the inputs'
+    # own positions (its pre-training layouts have targets_length 0).
+    own_targets = 0 if batch_format.in_place(architecture.family) else targets_length
+    flops = train_flops_per_example(model_cfg, inputs_length, own_targets)
     return Table2Columns(
         params=params,
         train_flops=flops,

@@ -226,6 +226,8 @@ register(Architecture("prefix_lm", "decoder_only", _DECODER_ONLY, "P", "M",
 # BERT-style (Devlin et al. 2018; the paper's section 3.2.1): one bidirectional stack whose
 # output predicts, at positions of its own input, the corrupted tokens (pre-training) or a
 # task's target tokens at mask slots (fine-tuning). Its Params are one L-layer stack's (P);
-# its Cost is that of one L-layer stack over inputs + targets, like the decoder-only models (M).
-# Only the objectives that predict in place (`Objective.in_place`) can train it.
-register(Architecture("encoder_only", "encoder_only", (_ENCODER,), "P", "M"))
+# its Cost, pre-training on an input-target pair whose targets sit at the inputs' own
+# positions, is one L-layer stack over the inputs alone: about half the decoder-only models'
+# over inputs + targets (M/2). Only the objectives that predict in place
+# (`Objective.in_place`) can train it.
+register(Architecture("encoder_only", "encoder_only", (_ENCODER,), "P", "M/2"))

@@ -171,7 +171,8 @@ PAPER_COLUMNS = {
     "encoder_decoder_half": ("P", "M/2"),
     "language_model": ("P", "M"),
     "prefix_lm": ("P", "M"),
-    "encoder_only": ("P", "M"),  # not a Table 2 row: one L-layer stack over inputs + targets
+    # Not a Table 2 row: one L-layer stack over the inputs alone (its targets sit there).
+    "encoder_only": ("P", "M/2"),
 }
 
 
