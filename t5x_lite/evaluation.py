@@ -74,16 +74,36 @@ def require_applicable(arch: str, task_list: Sequence[tasks.Task]) -> None:
             raise ConfigError(reason)
 
 
+def require_slot_decoding(arch: str, finetune: Finetune) -> None:
+    """A model that predicts in place (`encoder_only`) is validated as it trains: greedily, at
+    the `finetune.targets_length` mask slots after its inputs. Any other `finetune.decode`
+    method or length is a one-line `ConfigError` before any work (it would stop the run at
+    its first validation, or score slots it never trained on)."""
+    if not batch_format.in_place(architectures.get(arch).family):
+        return
+    decode = finetune.decode
+    if decode.method != "greedy":
+        raise ConfigError(
+            f"finetune.decode.method={decode.method!r} is not allowed for model.arch={arch!r}: "
+            "it fills its mask slots in one forward pass; use 'greedy'")
+    if decode.max_length not in (None, finetune.targets_length):
+        raise ConfigError(
+            f"finetune.decode.max_length={decode.max_length} is not allowed for "
+            f"model.arch={arch!r}: it predicts the finetune.targets_length="
+            f"{finetune.targets_length} mask slots it trains on; leave it unset")
+
+
 def check_finetune_settings(config: ml_collections.ConfigDict, task_names: Sequence[str],
                             field: str = "finetune.tasks") -> list[tasks.Task]:
     """The checks fine-tuning and evaluation share before any work: the model and `finetune`
     sections (`settings.Model`, `settings.Finetune`), the task names (`field` names them in
-    the errors: `task_names` need not be `finetune.tasks`) and that each task is applicable
-    to the architecture. Returns the tasks."""
+    the errors: `task_names` need not be `finetune.tasks`), that each task is applicable
+    to the architecture and that it can decode as `finetune.decode` says
+    (`require_slot_decoding`). Returns the tasks."""
     model = Model.from_config(config.model)
     task_list = check_task_names(task_names, field)
     require_applicable(model.arch, task_list)
-    Finetune.from_config(config.finetune)
+    require_slot_decoding(model.arch, Finetune.from_config(config.finetune))
     return task_list
 
 

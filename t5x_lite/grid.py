@@ -258,9 +258,9 @@ def _validate(config: ml_collections.ConfigDict, where: str) -> None:
     """Every check that can run before training, with `where` (the grid point) in the message:
     the typed settings (`Settings.from_config`: every section, the sweep's included), the
     batch split over processes, the objective against the architecture, each task's splits,
-    that a zero-shot sweep has a task to score zero-shot and that the pre-training corpus
-    exists."""
-    from t5x_lite import zero_shot
+    that a zero-shot sweep has a task to score zero-shot, that the architecture can decode as
+    `finetune.decode` says and that the pre-training corpus exists."""
+    from t5x_lite import evaluation, zero_shot
     from t5x_lite.data import pipeline, tasks
 
     try:
@@ -275,6 +275,7 @@ def _validate(config: ml_collections.ConfigDict, where: str) -> None:
             raise ConfigError(
                 f"sweep.zero_shot=True needs a task with label options (a classification task, "
                 f"e.g. builtin_module); sweep.tasks={list(settings.sweep.tasks)} has none")
+        evaluation.require_slot_decoding(settings.model.arch, settings.finetune)
         # A missing corpus would fail every point when it runs; it stops the sweep here.
         pipeline.describe_corpus(config)
     except ConfigError as error:

@@ -340,6 +340,39 @@ def test_a_generation_task_is_refused_for_a_run_and_na_in_a_sweep(pretrained, tm
     assert report_render._cell_text(cell, str) == "n/a"
 
 
+def test_decoding_settings_it_cannot_validate_with_are_one_line_before_any_work(pretrained,
+                                                                               tmp_path):
+    """Its validation fills the finetune.targets_length slots it trains on, greedily: beam or
+    sampling stopped a run at its first validation, after training; another max_length scored
+    slots it never trained on, silently."""
+    config, workdir = pretrained
+    for field, value, expected in (
+            ("method", "beam", r"finetune.decode.method='beam' is not allowed for "
+                               r"model.arch='encoder_only': it fills its mask slots in one "
+                               r"forward pass; use 'greedy'"),
+            ("max_length", 2, r"finetune.decode.max_length=2 is not allowed for "
+                              r"model.arch='encoder_only': it predicts the "
+                              r"finetune.targets_length=4 mask slots it trains on; leave it unset")):
+        changed = copy.deepcopy(config)
+        changed.finetune.decode[field] = value
+        with pytest.raises(ConfigError, match=f"^{expected}$"):
+            finetune.finetune(changed, tmp_path / "run", init_from=str(workdir))
+        with pytest.raises(ConfigError, match=f"^{expected}$"):
+            evaluation.evaluate(changed, str(workdir), ["builtin_module"])
+        assert not (tmp_path / "run").exists()
+    same = copy.deepcopy(config)
+    same.finetune.decode.max_length = same.finetune.targets_length  # what it does anyway
+    evaluation.check_finetune_settings(same, ["builtin_module"])
+    beam = copy.deepcopy(config)
+    beam.model.arch, beam.objective.name = "encoder_decoder", "span_corruption"
+    beam.finetune.decode.method = "beam"  # an architecture with a decoder may search
+    evaluation.check_finetune_settings(beam, ["builtin_module"])
+    # A sweep stops at expansion, naming the point, not at each point's first validation.
+    with pytest.raises(ConfigError, match=r"^families point 'encoder_only/natural': "
+                                          r"finetune.decode.method='beam' is not allowed"):
+        grid.expand("families", "demo", ["finetune.decode.method=beam"])
+
+
 # --- (f) bad objective; preview ---------------------------------------------------------------
 
 
