@@ -39,9 +39,12 @@ from t5x_lite.results import write_json
 from t5x_lite.run_setup import RunPlan, set_up
 
 # Fields a resumed fine-tuning run must share with the run that wrote its checkpoints, besides
-# `checkpointing.RESUME_FIELDS`: they fix which examples the step-indexed batches hold.
+# `checkpointing.RESUME_FIELDS`: they fix which examples the step-indexed batches hold, and
+# which examples validation scores and how it decodes them (the best scores are chosen among
+# every validation of the run, eval.jsonl's earlier ones included, so all must compare).
 _FINETUNE_DATA_FIELDS = ("finetune.tasks", "finetune.mixing_limit", "finetune.pack",
-                         "finetune.inputs_length", "finetune.targets_length")
+                         "finetune.inputs_length", "finetune.targets_length",
+                         "finetune.eval_examples", "finetune.decode")
 
 
 def finetune_train_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

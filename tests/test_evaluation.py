@@ -6,6 +6,7 @@ resumable best scores, and bad input rejected before any expensive work.
 A made-up task, `test_reverse` ("reverse: c a f" -> "f a c" over six letters), is registered
 for the module; the vocabulary is trained once on a small corpus of such letters.
 """
+import copy
 import itertools
 import json
 import shutil
@@ -18,7 +19,7 @@ from flax import nnx
 from t5x_lite import (checkpointing, cli, decoding, distributed, evaluation, finetune, models,
                       presets, train, train_state)
 from t5x_lite.architectures import names as architecture_names
-from t5x_lite.config import ConfigError, apply_overrides
+from t5x_lite.config import ConfigError, apply_overrides, parse_overrides
 from t5x_lite.data import pipeline, tasks
 from tiny_configs import tiny_finetune_config, write_letter_corpus
 
@@ -291,6 +292,15 @@ def test_a_resumed_run_keeps_its_validation_history_and_best_scores(data, pretra
     assert result["scores"] == {"test_reverse": best["metrics"]}
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3]
     assert result["steps"] == 3 and result["compiles"] == 0  # the program was reused
+    # Validation on other examples or with other decoding would rank its scores beside these
+    # (a review found a resume with them changed picking the best across both): refused.
+    for field, value in (("eval_examples", 2), ("decode.method", "beam")):
+        changed = copy.deepcopy(config)
+        changed.finetune.steps = 4
+        apply_overrides(changed, parse_overrides(changed, [f"finetune.{field}={value}"]))
+        with pytest.raises(ConfigError, match=rf"(?s)incompatible .*finetune.{field}: saved "):
+            finetune.finetune(changed, tmp_path, init_from=init_from, progress=False)
+    assert [r["step"] for r in read_jsonl(log)] == [1, 2, 3]
 
 
 # --- bad input -----------------------------------------------------------------------------------
