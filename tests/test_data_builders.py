@@ -151,6 +151,19 @@ def test_glue_cola_headerless_and_labels(tmp_path):
         {"sentence": "Bill whistled.", "label": -1, "idx": 0}]
 
 
+def test_a_glue_row_is_cut_at_line_ends_only(tmp_path):
+    """A sentence holding a Unicode line separator, a next-line or a form feed stays one row
+    (str.splitlines cut it in two: one half dropped, the other a wrong example)."""
+    write(tmp_path / "dev.tsv", "sentence\tlabel\nfine movie\t1\n"
+                                "bad\u2028movie\x85really\x0cbad\t0\nlast one\t1\n")
+    rows = load_split(GlueTsv(task="sst2", directory=str(tmp_path)), "validation",
+                      str(tmp_path / "dd"))
+    assert list(rows) == [
+        {"sentence": "fine movie", "label": 1, "idx": 0},
+        {"sentence": "bad\u2028movie\x85really\x0cbad", "label": 0, "idx": 1},
+        {"sentence": "last one", "label": 1, "idx": 2}]
+
+
 def test_glue_pairs_bom_header_named_labels_and_scores(tmp_path):
     mrpc, rte, stsb = (tmp_path / t for t in ("mrpc", "rte", "stsb"))
     for d in (mrpc, rte, stsb):

@@ -276,8 +276,10 @@ class GlueTsv(_LocalSource):
         text = _read_text(paths[0])
         if text is None:
             raise ValueError(f"{paths[0]} is not UTF-8 text")
-        # GLUE fields may contain quote characters that are not csv quoting.
-        rows = list(csv.reader(text.splitlines(), delimiter="\t", quoting=csv.QUOTE_NONE))
+        # GLUE fields may contain quote characters that are not csv quoting. Rows end at line
+        # ends only: str.splitlines would also cut a field at U+2028, U+0085 or a form feed.
+        rows = list(csv.reader(io.StringIO(text, newline=""), delimiter="\t",
+                               quoting=csv.QUOTE_NONE))
         header = list(spec.headerless_columns)
         if not header or (rows and rows[0] and rows[0][0] == "index"):
             header, rows = rows[0], rows[1:]
