@@ -17,7 +17,9 @@ import inspect
 import math
 import os
 import sys
+import traceback
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Mapping, Sequence
 
 import ml_collections
@@ -338,21 +340,55 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Mapping[str, A
             raise ConfigError(f"override {field}={value!r}: {error}") from None
 
 
+def user_code_error(path: str | os.PathLike, error: BaseException) -> str:
+    """'PATH line N: Type: message' for `error` raised while a researcher's file `path` (a
+    config or experiment file) ran: the line of its last frame in that file, the place to look
+    (a traceback of the library's frames would bury it). A syntax error names its own line."""
+    if isinstance(error, SyntaxError):
+        return f"{path} line {error.lineno}: {error.msg}"
+    mine = [frame for frame in traceback.extract_tb(error.__traceback__)
+            if Path(frame.filename).resolve() == Path(path).resolve()]
+    where = f"{path} line {mine[-1].lineno}" if mine else str(path)
+    return f"{where}: {type(error).__name__}: {error}"
+
+
+def run_user_file(path: str | os.PathLike, module_name: str, what: str) -> ModuleType:
+    """Run a researcher's Python file `path` as the module `module_name`; anything it raises
+    is a one-line `ConfigError`, "`what`: `user_code_error`"."""
+    module_spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_name] = module  # before running it: dataclasses look themselves up
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as error:  # the file's own fault: its line, not a traceback
+        del sys.modules[module_name]
+        raise ConfigError(f"{what}: {user_code_error(path, error)}") from None
+    return module
+
+
+def call_user_function(path: str | os.PathLike, function: Any, *args: Any,
+                       what: str) -> Any:
+    """`function(*args)`, a function of the researcher's file `path`; anything it raises is a
+    one-line `ConfigError` ("`what`: `user_code_error`"), but a `ConfigError` of the library's
+    (e.g. an unknown preset it passed on) keeps its own words."""
+    try:
+        return function(*args)
+    except ConfigError as error:
+        raise ConfigError(f"{what}: {error}") from None
+    except Exception as error:  # the file's own fault: its line, not a traceback
+        raise ConfigError(f"{what}: {user_code_error(path, error)}") from None
+
+
 def load_config_file(spec: str) -> ml_collections.ConfigDict:
     """The config of an ml_collections config file, `path.py` or `path.py:ARG`: the file's
-    `get_config()`, or `get_config(ARG)` (as `config_flags.DEFINE_config_file` reads it)."""
+    `get_config()`, or `get_config(ARG)` (as `config_flags.DEFINE_config_file` reads it).
+    Whatever the file gets wrong (a syntax error, an exception as it runs, no get_config, a
+    get_config that raises or returns no ConfigDict) is a one-line `ConfigError`."""
     path, _, arg = spec.partition(":")
     if not os.path.isfile(path) or not path.endswith(".py"):
         raise ConfigError(f"--config={spec!r}: {path!r} is not a .py file; give an "
                           "ml_collections config file (e.g. configs/tiny.py) or use --preset")
-    module_spec = importlib.util.spec_from_file_location(
-        f"t5x_lite_config_{Path(path).stem}", path)
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[module_spec.name] = module  # before running it: dataclasses look themselves up
-    try:
-        module_spec.loader.exec_module(module)
-    except SyntaxError as error:  # the file's line and what is wrong there is all there is
-        raise ConfigError(f"--config={spec!r}: {path} line {error.lineno}: {error.msg}") from None
+    module = run_user_file(path, f"t5x_lite_config_{Path(path).stem}", f"--config={spec!r}")
     get_config = getattr(module, "get_config", None)
     if not callable(get_config):
         raise ConfigError(f"--config={spec!r}: {path} defines no get_config()")
@@ -362,4 +398,9 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
         usage = ("takes no argument; drop ':ARG'" if arg else
                  f"needs an argument: --config={path}:ARG")
         raise ConfigError(f"--config={spec!r}: {path}'s get_config {usage}") from None
-    return get_config(arg) if arg else get_config()
+    config = call_user_function(path, get_config, *([arg] if arg else []),
+                                what=f"--config={spec!r}")
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise ConfigError(f"--config={spec!r}: {path}'s get_config returned "
+                          f"{type(config).__name__}, not an ml_collections.ConfigDict")
+    return config

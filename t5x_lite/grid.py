@@ -49,8 +49,8 @@ import ml_collections
 from t5x_lite import (accounting, architectures, objective_registry, objectives, partitioning,
                       presets)
 from t5x_lite.checkpointing import ADDED_MODEL_FIELDS, config_as_json
-from t5x_lite.config import (BUDGETS, ConfigError, apply_overrides, drop_unread_objective_fields,
-                             parse_overrides)
+from t5x_lite.config import (BUDGETS, ConfigError, apply_overrides, call_user_function,
+                             drop_unread_objective_fields, parse_overrides, run_user_file)
 from t5x_lite.errors import require_choice
 from t5x_lite.settings import Settings, Sweep, Train
 
@@ -171,8 +171,9 @@ def load_experiment(experiment: str) -> ModuleType:
     """The module of an experiment name (`EXPERIMENTS_DIR/<name>.py`) or of a `.py` path, run
     once per process (again only if the file changed).
 
-    Raises `ConfigError` for an unknown name (listing the known ones) and for a file that
-    defines no non-empty GRID or no get_config.
+    Raises a one-line `ConfigError` for an unknown name (listing the known ones), for a file
+    that fails as it runs (its line, `config.run_user_file`), that defines no non-empty GRID
+    or no get_config, or whose GRID rows lack a field or repeat a point id (`_check_rows`).
     """
     path = Path(experiment) if experiment.endswith(".py") else EXPERIMENTS_DIR / f"{experiment}.py"
     if not path.is_file():
@@ -184,9 +185,7 @@ def load_experiment(experiment: str) -> ModuleType:
     key = (path.resolve(), stat.st_mtime_ns, stat.st_size)
     if key in _LOADED:
         return _LOADED[key]
-    spec = importlib.util.spec_from_file_location(f"t5x_lite_experiment_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = run_user_file(path, f"t5x_lite_experiment_{path.stem}", f"experiment file {path}")
     grid = getattr(module, "GRID", None)
     if not grid or isinstance(grid, (str, Mapping)) or not callable(
         getattr(module, "get_config", None)
@@ -195,8 +194,43 @@ def load_experiment(experiment: str) -> ModuleType:
             f"experiment file {path} defines no grid: it needs GRID, a non-empty sequence of "
             "dict(point=..., row=..., overrides={...}), and get_config(preset)"
         )
+    _check_rows(path, grid)
     _LOADED[key] = module
     return module
+
+
+def experiment_config(experiment: str, preset: str) -> ml_collections.ConfigDict:
+    """A fresh copy of the config every row of `experiment` starts from: its file's
+    `get_config(preset)`; anything that call gets wrong is a one-line `ConfigError`."""
+    module = load_experiment(experiment)
+    what = f"experiment {experiment}'s get_config({preset!r})"
+    config = call_user_function(module.__file__, module.get_config, preset, what=what)
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise ConfigError(f"{what} returned {type(config).__name__}, not an "
+                          "ml_collections.ConfigDict")
+    return config
+
+
+def _check_rows(path: Path, grid: Sequence[Any]) -> None:
+    """Each GRID row a dict with a `point` id (unique: it names the row's folders and records)
+    and a `row` label (strings), and `overrides`, a dict; else a one-line `ConfigError`."""
+    seen = set()
+    for index, row in enumerate(grid):
+        where = f"experiment file {path}: GRID[{index}]"
+        if not isinstance(row, Mapping):
+            raise ConfigError(f"{where} is {type(row).__name__}, not a dict(point=..., row=..., "
+                              "overrides={...})")
+        for field in ("point", "row"):
+            if not isinstance(row.get(field), str) or not row[field]:
+                raise ConfigError(f"{where} needs {field}=, a non-empty string; it has "
+                                  f"{row.get(field)!r}")
+        if not isinstance(row.get("overrides"), Mapping):
+            raise ConfigError(f"{where} ({row['point']!r}) needs overrides=, a dict of dotted "
+                              f"config fields (may be empty); it has {row.get('overrides')!r}")
+        if row["point"] in seen:
+            raise ConfigError(f"{where} repeats point {row['point']!r}: a point id names its "
+                              "folders and records, so each row needs its own")
+        seen.add(row["point"])
 
 
 # Fields that change what a run measures, not what it computes: left out of `config_hash`.
@@ -376,7 +410,7 @@ def user_overrides(experiment: str, preset: str,
     """The user's '--config.F=V' (or 'F=V') overrides as (field, value) pairs in the order
     given, each value read as the type of its field in the experiment's config
     (`config.parse_overrides`, as every command reads them)."""
-    base = load_experiment(experiment).get_config(preset)
+    base = experiment_config(experiment, preset)
     return [item for text in overrides for item in parse_overrides(base, [text]).items()]
 
 
@@ -424,7 +458,7 @@ def expand(experiment: str, preset: str, overrides: Sequence[str] = ()) -> list[
     _check_overrides_of_row_fields(Path(experiment).stem, module.GRID, user)
     rows, budget = [], None
     for row in module.GRID:
-        config = module.get_config(preset)
+        config = experiment_config(experiment, preset)
         apply_overrides(config, user)
         apply_overrides(config, row["overrides"])
         settings = _budget_settings(config, module.GRID)  # checked before anything else

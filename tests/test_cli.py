@@ -89,6 +89,68 @@ def test_a_config_file_names_what_is_wrong_with_it(tmp_path):
     (tmp_path / "one.py").write_text("def get_config(name):\n    return None\n")
     with pytest.raises(ConfigError, match="one.py's get_config needs an argument"):
         load_config_file(str(tmp_path / "one.py"))
+    # What the file's own code raises is its line, not a traceback through the library.
+    (tmp_path / "raises.py").write_text("import math\n\n\ndef get_config():\n"
+                                        "    return math.sqrt(-1)\n")
+    with pytest.raises(ConfigError, match=r"^--config='.*raises.py': .*raises.py line 5: "
+                                          r"ValueError: math domain error$"):
+        load_config_file(str(tmp_path / "raises.py"))
+    (tmp_path / "imports.py").write_text("import no_such_module_here\n")
+    with pytest.raises(ConfigError, match=r"imports.py line 1: ModuleNotFoundError: No module "
+                                          r"named 'no_such_module_here'$"):
+        load_config_file(str(tmp_path / "imports.py"))
+    (tmp_path / "number.py").write_text("def get_config():\n    return 5\n")
+    with pytest.raises(ConfigError, match=r"number.py's get_config returned int, not an "
+                                          r"ml_collections.ConfigDict$"):
+        load_config_file(str(tmp_path / "number.py"))
+
+
+@pytest.mark.parametrize("body, message", [
+    ("GRID = [\n", r"experiment file .*exp.py: .*exp.py line 1: '\[' was never closed"),
+    ("import no_such_module_here\n",
+     r"experiment file .*exp.py: .*exp.py line 1: ModuleNotFoundError"),
+    ("GRID = [dict(row='x', overrides={})]\ndef get_config(preset):\n    return None\n",
+     r"experiment file .*exp.py: GRID\[0\] needs point=, a non-empty string; it has None"),
+    ("GRID = [dict(point='a', row='x', overrides={}), dict(point='a', row='y', overrides={})]\n"
+     "def get_config(preset):\n    return None\n",
+     r"experiment file .*exp.py: GRID\[1\] repeats point 'a'"),
+    ("GRID = [dict(point='a', row='x', overrides={})]\ndef get_config(preset):\n"
+     "    raise RuntimeError('boom')\n",
+     r"experiment .*exp.py's get_config\('demo'\): .*exp.py line 3: RuntimeError: boom"),
+])
+def test_an_experiment_file_names_what_is_wrong_with_it_in_one_line(body, message, tmp_path,
+                                                                     capsys):
+    (tmp_path / "exp.py").write_text(body)
+    for command in (["sweep", str(tmp_path / "exp.py"), "--preset", "demo", "--workdir",
+                     str(tmp_path / "w"), "--dry_run"],
+                    ["preview", str(tmp_path / "exp.py"), "--point", "a", "--preset", "demo"]):
+        with pytest.raises(SystemExit) as stopped:
+            cli.main(["t5x-lite", *command])
+        assert re.fullmatch(rf"t5x-lite {command[0]}: invalid config: {message}.*",
+                            str(stopped.value.code)), stopped.value.code
+        assert "\n" not in str(stopped.value.code)
+    assert not (tmp_path / "w").exists()
+
+
+def test_flags_that_cannot_work_are_refused_before_any_work(capsys):
+    for argv, message in (
+            (["sweep", "table2", "--workdir", "w", "--vmap", "0"],
+             "argument --vmap: '0' is not an integer >= 1"),
+            (["preview", "table6", "--point", "rate_50", "--seed", "-1"],
+             "argument --seed: '-1' is not an integer in [0, 2147483647]"),
+            (["bench", "--preset", "demo", "--decode", "--pipeline"],
+             "--decode times decoding alone")):
+        with pytest.raises(SystemExit):
+            cli.main(["t5x-lite", *argv])
+        assert message in capsys.readouterr().err, argv
+    # The PyTorch step is the same step only for T5 with AdamW: said before timing ours.
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["t5x-lite", "bench", "--preset", "demo", "--compare_torch",
+                  "--config.model.arch=prefix_lm"])
+    assert str(stopped.value.code) == (
+        "t5x-lite bench: invalid config: --compare_torch needs model.arch='encoder_decoder' "
+        "and train.optimizer='adamw' (the PyTorch T5 step); this config has "
+        "model.arch='prefix_lm', train.optimizer='adamw'")
 
 
 
