@@ -140,6 +140,16 @@ def corruption_only(config: ml_collections.ConfigDict) -> Callable[[], Any]:
     return lambda: corrupt(raw, spec, key)
 
 
+def require_torch_comparable(config: ml_collections.ConfigDict) -> None:
+    """A `ConfigError` unless the PyTorch T5 step can be the same step as `config`'s (see
+    `torch_t5`)."""
+    if config.model.arch != convert.HF_T5_ARCH or config.train.optimizer != "adamw":
+        raise ConfigError(
+            f"--compare_torch needs model.arch={convert.HF_T5_ARCH!r} and "
+            f"train.optimizer='adamw' (the PyTorch T5 step); this config has "
+            f"model.arch={config.model.arch!r}, train.optimizer={config.train.optimizer!r}")
+
+
 def torch_t5(config: ml_collections.ConfigDict) -> tuple[Any, Any, Any, Any]:
     """The Hugging Face PyTorch T5 of the same size as `config.model` in train mode, its AdamW,
     and one batch of random input ids and labels: (model, optimizer, inputs, labels).
@@ -152,9 +162,7 @@ def torch_t5(config: ml_collections.ConfigDict) -> tuple[Any, Any, Any, Any]:
 
     model_cfg = Settings.from_config(config).model
     layout = objectives.layout_from_config(config)
-    if model_cfg.arch != convert.HF_T5_ARCH or config.train.optimizer != "adamw":
-        raise ValueError(f"the PyTorch comparison needs model.arch={convert.HF_T5_ARCH!r} and "
-                         "train.optimizer='adamw'")
+    require_torch_comparable(config)
     torch.manual_seed(0)
     torch.set_num_threads(os.cpu_count() or 1)
     hf_config = transformers.T5Config(
@@ -221,6 +229,8 @@ def run_benchmarks(config: ml_collections.ConfigDict, *, steps: int = 10, warmup
     when the machine's speed drifts.
     """
     Settings.from_config(config)  # a bad value is a ConfigError before anything compiles
+    if compare_torch:
+        require_torch_comparable(config)
     jax_run, info = jax_train_step(config)
     mesh = info["mesh"]
     runs = {"step": jax_run, "corruption": corruption_only(config)}

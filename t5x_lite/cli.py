@@ -37,7 +37,7 @@ from absl import logging
 from t5x_lite import compilation_cache, host_memory, presets
 from t5x_lite.config import (OVERRIDES_HELP, ConfigError, apply_overrides, load_config_file,
                              parse_overrides, split_overrides)
-from t5x_lite.errors import MachineFault, OneLineWarnings, PointBusy
+from t5x_lite.errors import CommandFailed, MachineFault, OneLineWarnings, PointBusy
 from t5x_lite.preemption import PREEMPTED_EXIT_STATUS
 from t5x_lite.results import RESULTS_FILE, ResultsError, is_writer
 
@@ -160,6 +160,20 @@ def _positive_int(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
+    return value
+
+
+def _seed(text: str) -> int:
+    """A seed flag's value; anything but an integer seed (`settings.require_seed`) is
+    argparse's one-line error."""
+    from t5x_lite.settings import MAX_SEED
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer in [0, {MAX_SEED}]")
     return value
 
 
@@ -287,6 +301,9 @@ def _bench(argv: list[str]) -> None:
     parser.add_argument("--bench_steps", type=_positive_int, default=10,
                         help="timed steps; the median is reported (default: 10)")
     args, overrides = _parse(parser, argv)
+    if args.decode and (args.compare_torch or args.pipeline):
+        parser.error("--decode times decoding alone; --compare_torch and --pipeline time the "
+                     "train step: give one or the other")
     missing = [name for name in ("torch", "transformers") if importlib.util.find_spec(name) is None
                ] if args.compare_torch else []
     if missing:
@@ -355,8 +372,9 @@ def _sweep_parser() -> argparse.ArgumentParser:
                         help="--launcher ray: what each grid point asks for")
     parser.add_argument(launchers.POINT_INDEX_FLAG, type=int,
                         help="run only this grid point (job arrays)")
-    parser.add_argument("--vmap", type=int, default=1, help="pre-train up to K compatible grid "
-                        "points together in one vmapped step (fills an accelerator)")
+    parser.add_argument("--vmap", type=_positive_int, default=1, help="pre-train up to K "
+                        "compatible grid points together in one vmapped step (fills an "
+                        "accelerator)")
     parser.add_argument("--dry_run", action="store_true", help="check the grid and the workdir "
                         "and list every run with its steps, FLOPs, shared program and status; "
                         "run and write nothing")
@@ -432,7 +450,7 @@ def _preview(argv: list[str]) -> None:
     source.add_argument("--config", metavar="FILE.py[:ARG]", help="a plain config from an "
                         "ml_collections config file, as `train --config` reads it (its "
                         "get_config(ARG)); not with an experiment")
-    parser.add_argument("--seed", type=int, default=0, help="the run's train.seed")
+    parser.add_argument("--seed", type=_seed, default=0, help="the run's train.seed")
     parser.add_argument("--examples", type=int, default=3, help="how many (past the batch "
                         "size they come from the following steps' batches)")
     parser.add_argument("--json", action="store_true", help="one JSON object per example")
@@ -642,6 +660,8 @@ def main(argv: list[str] | None = None) -> None:
     except FloatingPointError as error:  # a diverged run: the step, and the checkpoint kept
         raise SystemExit(f"t5x-lite {command}: {error}") from None
     except (MachineFault, PointBusy) as error:  # a sweep stopped: what stopped, what to do
+        raise SystemExit(f"t5x-lite {command}: {error}") from None
+    except CommandFailed as error:  # launch --submit: a cluster command failed, its output shown
         raise SystemExit(f"t5x-lite {command}: {error}") from None
 
 

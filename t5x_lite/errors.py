@@ -18,6 +18,11 @@ class ConfigError(ValueError):
     """A config field holds a value that cannot work; the message names the field."""
 
 
+class CommandFailed(RuntimeError):
+    """A cluster client command (gcloud, sbatch) that `launch --submit` ran exited with an
+    error; its own output, printed above, says why."""
+
+
 class MachineFault(RuntimeError):
     """Work stopped by the machine, not by its settings: a full disk, a permission, a lost
     mount (`is_machine_fault`). A sweep stops on it instead of recording the point as failed,

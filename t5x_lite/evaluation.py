@@ -103,7 +103,11 @@ def check_finetune_settings(config: ml_collections.ConfigDict, task_names: Seque
     model = Model.from_config(config.model)
     task_list = check_task_names(task_names, field)
     require_applicable(model.arch, task_list)
-    require_slot_decoding(model.arch, Finetune.from_config(config.finetune))
+    finetune = Finetune.from_config(config.finetune)
+    require_slot_decoding(model.arch, finetune)
+    if finetune.batch_size % config.train.microbatches:  # its steps split as pre-training's
+        raise ConfigError(f"finetune.batch_size={finetune.batch_size} must be a multiple of "
+                          f"train.microbatches={config.train.microbatches}")
     return task_list
 
 

@@ -44,7 +44,7 @@ import ml_collections
 from absl import logging as absl_logging
 
 from t5x_lite import host_memory
-from t5x_lite.errors import OneLineWarnings
+from t5x_lite.errors import CommandFailed, OneLineWarnings
 from t5x_lite.preemption import PREEMPTED_EXIT_STATUS
 
 
@@ -440,10 +440,15 @@ def shell_join(command: Sequence[str]) -> str:
 
 
 def run_commands(commands: Sequence[Sequence[str]], *, dry_run: bool = True) -> None:
-    """Print the commands (dry run), or run them one after another, stopping at a failure."""
+    """Print the commands (dry run), or run them one after another, stopping at a failure
+    (`CommandFailed`, naming the command; its output says why)."""
     if not dry_run:
         require_program(commands[0][0])
-    for command in commands:
+    for number, command in enumerate(commands):
         print(shell_join(command), flush=True)
         if not dry_run:
-            subprocess.run(command, check=True)
+            status = subprocess.run(command).returncode
+            if status:
+                raise CommandFailed(
+                    f"{shell_join(command)} exited with status {status} (its output above "
+                    f"says why); commands run before it: {number} of {len(commands)}")

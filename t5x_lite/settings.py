@@ -50,6 +50,16 @@ def require_integer(field: str, value: Any, minimum: int) -> None:
         raise ConfigError(f"{field}={value!r} must be an integer >= {minimum}")
 
 
+# Seeds seed numpy's generators and JAX's keys; past 2^31 some of their conversions overflow.
+MAX_SEED = 2**31 - 1
+
+
+def require_seed(field: str, value: Any) -> None:
+    """Raise `ConfigError` unless `value` is an integer seed in [0, MAX_SEED]."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
+        raise ConfigError(f"{field}={value!r} must be an integer in [0, {MAX_SEED}]")
+
+
 def require_bool(field: str, value: Any) -> None:
     """Raise `ConfigError` unless `value` is True or False."""
     if not isinstance(value, bool):
@@ -319,6 +329,10 @@ class Train(_Section):
                 raise ConfigError(f"train.{field}={value!r} must be an integer")
         require_integer("train.eval_every", self.eval_every, 0)  # 0: no held-out evaluation
         require_integer("train.eval_batches", self.eval_batches, 1)
+        require_seed("train.seed", self.seed)
+        if self.batch_size % self.microbatches:
+            raise ConfigError(f"train.batch_size={self.batch_size} must be a multiple of "
+                              f"train.microbatches={self.microbatches}")
         require_warmup("train", self.schedule, self.warmup_steps, self.steps)
         if self.z_loss < 0 or self.weight_decay < 0:
             raise ConfigError(f"train.z_loss={self.z_loss} and train.weight_decay="
@@ -468,6 +482,11 @@ class Sweep(_Section):
                               "names")
         if isinstance(self.seeds, int) or not self.seeds:
             raise ConfigError(f"sweep.seeds={self.seeds!r} must be a non-empty list of seeds")
+        for seed in self.seeds:
+            require_seed("sweep.seeds", seed)
+        for field, values in (("tasks", self.tasks), ("seeds", self.seeds)):
+            if len(set(values)) < len(values):  # a repeat would run and record a run twice
+                raise ConfigError(f"sweep.{field}={values!r} repeats an entry; give each once")
 
 
 @dataclasses.dataclass(frozen=True)

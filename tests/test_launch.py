@@ -481,6 +481,26 @@ def test_slurm_without_a_partition_fails_before_writing_anything(tmp_path, capsy
     assert not script.exists()
 
 
+def test_a_failing_cluster_command_stops_the_launch_in_one_line(tmp_path, monkeypatch):
+    """gcloud not logged in (any command exiting non-zero) ended `launch tpu --submit` in a
+    CalledProcessError traceback; it names the command that failed, and how far it got."""
+    fake = tmp_path / "bin" / "gcloud"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'ERROR: (gcloud) You do not currently have an active "
+                    "account selected.' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["t5x-lite", "launch", "tpu", "--submit", "--tpu", "t", "--zone", "z",
+                  "--repo", "https://h/t5x_lite", "--", "table2", "--preset", "demo",
+                  "--workdir", "runs/t2"])
+    message = str(stopped.value.code)
+    commands = launchers.tpu_commands(["table2"], tpu="t", zone="z", repo="r")
+    assert message.startswith("t5x-lite launch: gcloud ") and "\n" not in message
+    assert message.endswith(" exited with status 1 (its output above says why); commands run "
+                            f"before it: 0 of {len(commands)}")
+
+
 def test_launch_command_reports_bad_input_without_a_traceback(capsys):
     with pytest.raises(SystemExit):
         cli.main(["t5x-lite", "launch", "tpu", "--zone", "us-central2-b", "--repo", "https://h/t",

@@ -85,7 +85,11 @@ def test_every_field_is_annotated_with_a_type_the_checks_know():
                                  "train.schedule='cosine'; with fewer steps, set "
                                  "--config.train.warmup_steps too"),
     ("train.label_smoothing", 1.0, r"train.label_smoothing=1.0 must be in \[0, 1\)"),
-    ("train.seed", None, "train.seed=None must be of type int"),
+    ("train.seed", None, r"train.seed=None must be an integer in \[0, 2147483647\]"),
+    # numpy's generator refused a negative seed, and 2^64 overflowed, after the run had begun.
+    ("train.seed", -1, r"train.seed=-1 must be an integer in \[0, 2147483647\]"),
+    ("train.seed", 2**40, r"train.seed=1099511627776 must be an integer in \[0, 2147483647\]"),
+    ("train.microbatches", 3, "train.batch_size=16 must be a multiple of train.microbatches=3"),
     ("train.eval_every", -1, "train.eval_every=-1 must be an integer >= 0"),
     ("train.eval_batches", 0, "train.eval_batches=0 must be an integer >= 1"),
     ("mesh.rules", (("batch", "data"), ("nope", None)), "mesh.rules names unknown logical "
@@ -106,8 +110,12 @@ def test_every_field_is_annotated_with_a_type_the_checks_know():
     ("sweep.budget", "joules", "sweep.budget='joules' is not allowed; choose one of steps, "
                                "tokens, flops"),
     ("sweep.tasks", (), r"sweep.tasks=\(\) must be a non-empty list of task names"),
-    ("sweep.seeds", (0, "1"), r"sweep.seeds=\(0, '1'\) must be of type tuple\[int, ...\]"),
+    ("sweep.seeds", (0, "1"), r"sweep.seeds='1' must be an integer in \[0, 2147483647\]"),
     ("sweep.seeds", (), r"sweep.seeds=\(\) must be a non-empty list of seeds"),
+    ("sweep.seeds", (0, -1), r"sweep.seeds=-1 must be an integer in \[0, 2147483647\]"),
+    ("sweep.seeds", (0, 0), r"sweep.seeds=\(0, 0\) repeats an entry; give each once"),
+    ("sweep.tasks", ("builtin_module", "builtin_module"),
+     r"sweep.tasks=\('builtin_module', 'builtin_module'\) repeats an entry"),
     # NaN passes every comparison unnoticed: a run of it trained, then stopped at a NaN loss.
     ("train.learning_rate", float("nan"), "train.learning_rate=nan must be a finite number"),
     ("train.learning_rate", float("inf"), "train.learning_rate=inf must be a finite number"),
