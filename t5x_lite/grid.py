@@ -310,6 +310,9 @@ def _validate(config: ml_collections.ConfigDict, where: str) -> None:
                 f"sweep.zero_shot=True needs a task with label options (a classification task, "
                 f"e.g. builtin_module); sweep.tasks={list(settings.sweep.tasks)} has none")
         evaluation.require_slot_decoding(settings.model.arch, settings.finetune)
+        if settings.data.vocab and not os.path.isfile(settings.data.vocab):
+            raise ConfigError(f"data.vocab={settings.data.vocab!r} is not a file; give a "
+                              "SentencePiece .model path, or '' to train one on data.corpus")
         # A missing corpus would fail every point when it runs; it stops the sweep here.
         pipeline.describe_corpus(config)
     except ConfigError as error:

@@ -54,11 +54,13 @@ from typing import Any, Callable, Sequence
 import jax
 from jax.experimental import multihost_utils
 
-from t5x_lite import accounting, attention, batch_format, held_out, launchers, objectives, presets
+from t5x_lite import (accounting, attention, batch_format, held_out, launchers, objectives,
+                      partitioning, presets)
 from t5x_lite.checkpointing import CHECKPOINTS_DIR, newest_step
 from t5x_lite.config import ConfigError, apply_overrides, parse_overrides
 from t5x_lite.errors import MachineFault, is_machine_fault
-from t5x_lite.grid import GridPoint, StepCost, config_hash, expand, load_experiment
+from t5x_lite.grid import (SWEEP_SPLITS, GridPoint, StepCost, config_hash, expand,
+                           load_experiment)
 from t5x_lite.loop import METRICS_FILE, PreemptionWatch
 from t5x_lite.preemption import Preempted
 from t5x_lite.results import ResultsFile, latest_records, write_json
@@ -495,6 +497,30 @@ def require_vmap(vmap: int, launcher: launchers.Launcher | None = None) -> None:
                           "launcher sizes its tasks per point")
 
 
+def _require_local_inputs(points: Sequence[GridPoint], mesh: bool) -> None:
+    """What the points need of this machine: their attention kernel, the data of every task
+    split the sweep reads (loaded once here, as fine-tuning would load it; a TFDS dataset not
+    in data.data_dir is a one-line `FileNotFoundError` naming the task) and, with `mesh` (the
+    points run in this process), the devices of their mesh (`partitioning.make_mesh`)."""
+    from t5x_lite.data import tasks
+
+    for attention_impl in {point.config.model.attention_impl for point in points}:
+        attention.require_available(attention_impl)
+    for shape in {tuple(point.config.mesh.shape) for point in points} if mesh else ():
+        partitioning.make_mesh(next(p.config.mesh for p in points
+                                    if tuple(p.config.mesh.shape) == shape))
+    sources = {(point.config.data.data_dir or None, point.config.data.data_root or None,
+                tuple(point.config.sweep.tasks)) for point in points}
+    for data_dir, data_root, task_names in sources:
+        for name in task_names:
+            task = tasks.get_task(name, "sweep.tasks")
+            for split in SWEEP_SPLITS:
+                try:
+                    task.load(task.splits[split], data_dir, data_root)
+                except FileNotFoundError as error:
+                    raise FileNotFoundError(f"sweep.tasks has {name!r}: {error}") from None
+
+
 def select_point(points: Sequence[GridPoint], point_index: int | None) -> list[GridPoint]:
     """`points`, or with `point_index` (one job of a job array) only that one of them."""
     if point_index is None:
@@ -531,11 +557,10 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
     points = select_point(points, point_index)
     launcher = launcher if launcher is not None else launchers.LocalLauncher()
     if isinstance(launcher, (launchers.LocalLauncher, launchers.LocalParallelLauncher)):
-        # The points run on this machine: a kernel it lacks stops the sweep before it claims
-        # the workdir, not each point with a failed record. (Ray's workers may have what the
-        # driver lacks.)
-        for attention_impl in {point.config.model.attention_impl for point in points}:
-            attention.require_available(attention_impl)
+        # The points run on this machine: what it lacks stops the sweep before it claims the
+        # workdir, not each point with a failed record after its pre-training. (Ray's workers
+        # may have what the driver lacks.)
+        _require_local_inputs(points, mesh=isinstance(launcher, launchers.LocalLauncher))
     workdir_path = Path(workdir)
     workdir_path.mkdir(parents=True, exist_ok=True)
     claim_workdir(workdir_path, sweep_identity(experiment, points, overrides))

@@ -23,8 +23,8 @@ from compile_events import cold_program_cache
 
 # A three-point sweep of tiny models: two encoder-decoder points of one parameter structure
 # (so they must share one compiled pre-train step) around a point that fails when it runs: its
-# vocabulary file is missing, which (unlike a missing corpus, refused at expansion) only the
-# run finds out.
+# vocabulary file is no SentencePiece model, which (unlike a missing file or corpus, refused at
+# expansion) only the run finds out.
 TINY_EXPERIMENT = '''
 from tiny_configs import tiny_sweep_config
 
@@ -32,7 +32,7 @@ GRID = (
     dict(point="denoising", row="Encoder-decoder", objective="Denoising",
          overrides={"objective.name": "span_corruption"}),
     dict(point="broken", row="Enc-dec, shared", objective="Denoising",
-         overrides={"data.vocab": "/nonexistent/vocab.model"}),
+         overrides={"data.vocab": __file__}),  # this file
     dict(point="prefix_lm", row="Encoder-decoder", objective="LM",
          overrides={"objective.name": "prefix_lm"}),
 )
@@ -243,10 +243,29 @@ def test_a_ul2_run_whose_batches_mix_denoisers_records_one_train_step_compile(tm
 def test_a_failing_point_is_recorded_and_the_sweep_goes_on(uninterrupted):
     _, records = uninterrupted
     broken = next(r for r in records if r["point"] == "broken")
-    assert broken["error"] == ("FileNotFoundError: vocabulary path '/nonexistent/vocab.model' "
-                               "is not a file")
+    assert broken["error"].startswith("RuntimeError: INTERNAL: ")  # SentencePiece's words
+    assert "ParseFromArray" in broken["error"]
     assert broken["metrics"] == {}
     assert records[-1]["status"] == "ok"  # the point after it still ran
+
+
+def test_what_this_machine_lacks_stops_the_sweep_before_it_starts(experiment, tmp_path):
+    """A mesh larger than the devices, a task's data missing from data.data_dir, a vocabulary
+    path that is not a file: each passed the sweep's checks, then failed every point (the data
+    after its pre-training), the sweep ending with status 0."""
+    cases = (
+        (["mesh.shape=(16, 1)"], ConfigError, r"mesh.shape=\(16, 1\) needs 16 devices"),
+        ([f"data.data_dir={tmp_path / 'empty'}", "sweep.tasks=('glue_cola',)"],
+         FileNotFoundError, r"^sweep.tasks has 'glue_cola': split='train' of TFDS dataset "
+                            r"'glue/cola' is not in data_dir="),
+        (["data.vocab=/nonexistent/vocab.model"], ConfigError,
+         r"point 'denoising': data.vocab='/nonexistent/vocab.model' is not a file"),
+    )
+    for overrides, error, message in cases:
+        workdir = tmp_path / "sweep"
+        with pytest.raises(error, match=message):
+            sweep.run_sweep(experiment, "demo", str(workdir), overrides=overrides)
+        assert not workdir.exists(), overrides
 
 
 def test_rerun_skips_finished_points(experiment, uninterrupted):
