@@ -85,16 +85,20 @@ class _TaskData:
 SOURCE_FILE = "init_from.json"
 
 
-def _require_same_source(workdir: Path, source: Path, restart: bool) -> None:
-    """Refuse to resume a fine-tuning run whose pre-training source has changed since it
-    started, which would return the old run's scores as the new model's: its newest step is
-    another (the pre-training was continued), or the same step saved anew (the pre-training
-    was run again, e.g. with --restart). Else record the source. Its folder is recorded but
-    not compared: a sweep's workdir may be moved or copied whole, which keeps the saves'
-    times. Warn when the source stopped before its own `train.steps` (e.g. a preempted
-    pre-training)."""
+def _source_record(workdir: Path, source: Path, restart: bool) -> dict[str, Any] | None:
+    """Refuse a source with no saved step, and refuse to resume a fine-tuning run whose
+    pre-training source has changed since it started, which would return the old run's scores
+    as the new model's: its newest step is another (the pre-training was continued), or the
+    same step saved anew (the pre-training was run again, e.g. with --restart). Else the
+    record of the source to write once the run starts (`SOURCE_FILE`; None when resuming:
+    it is written). Its folder is recorded but not compared: a sweep's workdir may be moved or
+    copied whole, which keeps the saves' times. Warn when the source stopped before its own
+    `train.steps` (e.g. a preempted pre-training)."""
     step = checkpointing.newest_step(source)
-    began = None if step is None else checkpointing.save_began_ns(source, step)
+    if step is None:
+        raise ConfigError(f"--init_from {source} holds no saved step to fine-tune from (its "
+                          "run stopped before its first checkpoint)")
+    began = checkpointing.save_began_ns(source, step)
     current = {"path": str(source.resolve()), "step": step, "save_began_ns": began}
     saved_steps = (checkpointing.read_saved_config(source) or {}).get("train", {}).get("steps")
     if isinstance(saved_steps, int) and (current["step"] or 0) < saved_steps:
@@ -114,12 +118,11 @@ def _require_same_source(workdir: Path, source: Path, restart: bool) -> None:
                        f"now gives {current['path']} at that step saved anew at {_utc(began)} "
                        "(its pre-training ran again)")
         else:
-            return
+            return None
         raise ConfigError(
             f"{workdir} was fine-tuned from {before['path']} {changed}: pass --restart to "
             "fine-tune again from it, or use a new --workdir")
-    if not resuming:
-        write_json(record, current)
+    return None if resuming else current
 
 
 def _utc(nanoseconds: int) -> str:
@@ -148,7 +151,8 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
     started = time.perf_counter()
     workdir, ft = Path(workdir), config.finetune
     task_list = check_finetune_settings(config, ft.tasks)
-    attention.require_available(config.model.attention_impl)  # before init_from.json is written
+    attention.require_available(config.model.attention_impl)
+    source_record = None  # written once the run starts: a run refused before leaves nothing
     source = init_from if init_from is None or isinstance(init_from, nnx.State) else (
         checkpoint_dir(init_from))
     if isinstance(source, Path):
@@ -157,7 +161,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
             raise ConfigError(f"--init_from {init_from} is this run's own workdir {workdir}: "
                               "fine-tune into a workdir of its own")
         require_same(source, config, PARAMETER_FIELDS, "hold another model or vocabulary")
-        _require_same_source(workdir, source, restart)
+        source_record = _source_record(workdir, source, restart)
     ft_config = finetune_train_config(config)
 
     def fresh_state(point: ml_collections.ConfigDict, mesh: Mesh) -> train_state.TrainState:
@@ -178,6 +182,8 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
         batch_field="finetune.batch_size",
         resume_fields=checkpointing.RESUME_FIELDS + _FINETUNE_DATA_FIELDS)
     with set_up(plan, progress=progress, restart=restart) as run:
+        if source_record is not None:
+            write_json(workdir / SOURCE_FILE, source_record)
         evaluator = Evaluator(config, run.data.validation, run.data.vocab, run.mesh)
         log = EvalLog(workdir, run.start)
 

@@ -65,6 +65,22 @@ def examples_fingerprint(family: str, batches: Sequence[dict[str, np.ndarray]]) 
     return digest.hexdigest()[:12]
 
 
+def require_room(config: ml_collections.ConfigDict, layout: objectives.BatchLayout,
+                 data: PretrainData, steps: int) -> None:
+    """A one-line `ConfigError` unless a run of `config` training `steps` steps on `data` stays
+    short of its held-out chunks (naming train.steps, train.eval_batches and the corpus's
+    size). `train.train` asks before the run writes anything; `HeldOut` again."""
+    if steps > data.steps_before_held_out:
+        train = config.train
+        raise ConfigError(
+            f"train.steps={steps} x train.batch_size={train.batch_size} chunks and "
+            f"train.eval_batches={train.eval_batches} held-out batches need more than the "
+            f"corpus's {data.num_chunks} chunks of {layout.raw_length} tokens (the held-out "
+            f"text must be text the run never trains on): at most "
+            f"{data.steps_before_held_out} steps, fewer eval_batches, train.eval_every=0 "
+            "or a larger data.corpus")
+
+
 class HeldOut:
     """`held_out(params) -> {"loss", "token_accuracy"}` of one run on its held-out batches,
     whose `examples_fingerprint` is `examples`.
@@ -79,14 +95,7 @@ class HeldOut:
         from t5x_lite.data import pipeline
 
         train = config.train
-        if steps > data.steps_before_held_out:
-            raise ConfigError(
-                f"train.steps={steps} x train.batch_size={train.batch_size} chunks and "
-                f"train.eval_batches={train.eval_batches} held-out batches need more than the "
-                f"corpus's {data.num_chunks} chunks of {layout.raw_length} tokens (the held-out "
-                f"text must be text the run never trains on): at most "
-                f"{data.steps_before_held_out} steps, fewer eval_batches, train.eval_every=0 "
-                "or a larger data.corpus")
+        require_room(config, layout, data, steps)
         spec = objectives.spec_from_config(config.objective)
         # On the host's CPU, the same in every process; each then feeds its rows, as in training.
         with jax.default_device(jax.local_devices(backend="cpu")[0]):

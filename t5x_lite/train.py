@@ -67,10 +67,12 @@ def _pretrain_plan(configs: Sequence[ml_collections.ConfigDict],
         from t5x_lite.data.pipeline import describe_corpus, pretrain_data_from_config
 
         print(f"pre-training corpus: {describe_corpus(configs[0])}", file=sys.stderr, flush=True)
-        return _RawBatches([pretrain_data_from_config(config, layout.raw_length,
-                                                      jax.process_index(),
-                                                      jax.process_count())[1]
-                            for config in configs], vmapped)
+        sources = [pretrain_data_from_config(config, layout.raw_length, jax.process_index(),
+                                             jax.process_count())[1] for config in configs]
+        for config, source in zip(configs, sources):
+            if config.train.eval_every:  # before the run writes anything
+                held_out.require_room(config, layout, source, config.train.steps)
+        return _RawBatches(sources, vmapped)
 
     def make_step(mesh: jax.sharding.Mesh) -> TrainStep:
         if vmapped:

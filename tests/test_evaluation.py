@@ -212,7 +212,10 @@ def test_evaluate_scores_a_model_of_every_other_architecture_as_it_predicts(arch
     `decoding.decode` from input ids encoded and padded here, are the targets of one made-up
     task, which evaluate() must score exactly 100; a task with one of the 8 targets changed
     must score exactly 7/8 of that, so the score really compares predictions with targets."""
-    config = config_for(data, arch, eval_examples=8, decode={"max_length": 4})
+    if arch == "encoder_only":  # it predicts its finetune.targets_length slots, no other length
+        config = config_for(data, arch, eval_examples=8, targets_length=4)
+    else:
+        config = config_for(data, arch, eval_examples=8, decode={"max_length": 4})
     model = models.build_model(config.model, nnx.Rngs(0))
     # Large random weights: outputs that depend on the inputs. Seed 1: with seed 0, the
     # language model's attention saturates on a position every input shares, and it decodes
