@@ -413,13 +413,17 @@ def _print_report(workdir: str, out_dir: str | None, against: str | None = None)
 
 def _report(argv: list[str]) -> None:
     parser = _parser("report", None)
-    parser.add_argument("workdir", help=f"a sweep's workdir (holding {RESULTS_FILE})")
+    parser.add_argument("workdir", type=_folder,
+                        help=f"a sweep's workdir (holding {RESULTS_FILE})")
     parser.add_argument("--out", type=_folder,
                         help="where the tables and plots go (default: WORKDIR/report)")
-    parser.add_argument("--against", metavar="OTHER_WORKDIR",
+    parser.add_argument("--against", metavar="OTHER_WORKDIR", type=_folder,
                         help="also compare each row with the same row of the sweep in "
                              "OTHER_WORKDIR (e.g. before a change): comparison.md, .csv")
     args = parser.parse_args(argv)
+    if args.against is not None and not Path(args.against, RESULTS_FILE).is_file():
+        parser.error(f"argument --against: {args.against} holds no {RESULTS_FILE}; give the "
+                     "workdir of a finished sweep")
     try:
         _print_report(args.workdir, args.out, args.against)
     except (FileNotFoundError, ValueError) as error:

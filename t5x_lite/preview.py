@@ -67,7 +67,8 @@ def previewed_run(experiment: str | None, point: str | None, preset: str = "tiny
     """
     if experiment is None:
         if point is not None:
-            raise ConfigError(f"point={point!r} needs an experiment (e.g. table2) to be a point of")
+            raise ConfigError(f"point={point!r} needs the experiment it is a point of: "
+                              f"t5x-lite preview EXPERIMENT --point {point} (e.g. table6)")
         config = load_config_file(config_file) if config_file else presets.get_preset(preset)
         apply_overrides(config, parse_overrides(config, overrides))
         config.train.seed = seed
