@@ -385,7 +385,15 @@ def _sweep(argv: list[str]) -> None:
     from t5x_lite import launchers, sweep
     from t5x_lite.distributed import initialize_distributed
 
-    args, overrides = _parse(_sweep_parser(), argv)
+    parser = _sweep_parser()
+    args, overrides = _parse(parser, argv)
+    # A launcher's flags given to another launcher would be ignored without a word.
+    for flag, given, launcher in (("--workers", args.workers != 1, "parallel"),
+                                  ("--address", args.address is not None, "ray"),
+                                  ("--accelerator", args.accelerator != "cpu", "ray")):
+        if given and args.launcher != launcher:
+            parser.error(f"{flag} is for --launcher {launcher}; this sweep's launcher is "
+                         f"{args.launcher}")
     if args.dry_run:
         from t5x_lite import sweep_plan
 

@@ -139,7 +139,11 @@ def test_flags_that_cannot_work_are_refused_before_any_work(capsys):
             (["preview", "table6", "--point", "rate_50", "--seed", "-1"],
              "argument --seed: '-1' is not an integer in [0, 2147483647]"),
             (["bench", "--preset", "demo", "--decode", "--pipeline"],
-             "--decode times decoding alone")):
+             "--decode times decoding alone"),
+            (["sweep", "table2", "--workdir", "w", "--workers", "4"],
+             "--workers is for --launcher parallel; this sweep's launcher is local"),
+            (["sweep", "table2", "--workdir", "w", "--launcher", "parallel", "--address", "h:1"],
+             "--address is for --launcher ray; this sweep's launcher is parallel")):
         with pytest.raises(SystemExit):
             cli.main(["t5x-lite", *argv])
         assert message in capsys.readouterr().err, argv
