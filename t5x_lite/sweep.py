@@ -506,9 +506,9 @@ def _require_local_inputs(points: Sequence[GridPoint], mesh: bool) -> None:
 
     for attention_impl in {point.config.model.attention_impl for point in points}:
         attention.require_available(attention_impl)
-    for shape in {tuple(point.config.mesh.shape) for point in points} if mesh else ():
-        partitioning.make_mesh(next(p.config.mesh for p in points
-                                    if tuple(p.config.mesh.shape) == shape))
+    if mesh:
+        for config_mesh in {tuple(p.config.mesh.shape): p.config.mesh for p in points}.values():
+            partitioning.make_mesh(config_mesh)
     sources = {(point.config.data.data_dir or None, point.config.data.data_root or None,
                 tuple(point.config.sweep.tasks)) for point in points}
     for data_dir, data_root, task_names in sources:
