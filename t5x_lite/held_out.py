@@ -123,15 +123,18 @@ def validation(run: Run, configs: Sequence[ml_collections.ConfigDict],
     shown with the progress (`Progress.note`); None when `train.eval_every` is 0 (no
     evaluation) or the run has no step left. A run with no step left whose eval.jsonl lacks
     its last step's held-out loss (one that finished before the evaluation was switched on)
-    is evaluated here, once: its final model, as if it had been on."""
+    is evaluated here, once: its final model (at the step it holds), as if it had been on.
+    Either way each point's eval.jsonl is first cut back to the run's state (`EvalLog`), so a
+    restarted or resumed run never reports a held-out loss of a trajectory it replaced."""
+    logs = [EvalLog(point.workdir, run.start) for point in run.points]
     every = configs[0].train.eval_every
     if not every:
         return None
-    logs = [EvalLog(point.workdir, run.start) for point in run.points]
     finished = run.start >= run.total
+    last = run.start if finished else run.total  # a finished run's state is at its start
     points = [index for index, log in enumerate(logs) if not finished or not any(
-        record["task"] == HELD_OUT and record["step"] == run.total for record in log.records)]
-    evaluators = {index: HeldOut(configs[index], layout, sources[index], run.mesh, run.total)
+        record["task"] == HELD_OUT and record["step"] == last for record in log.records)]
+    evaluators = {index: HeldOut(configs[index], layout, sources[index], run.mesh, last)
                   for index in points}
 
     def evaluate(step: int) -> None:
@@ -146,7 +149,7 @@ def validation(run: Run, configs: Sequence[ml_collections.ConfigDict],
     if not finished:  # the hook reads each point's state from the run (`Run.point_state`)
         return Every(every, lambda step, state: evaluate(step))
     if points:
-        evaluate(run.total)
+        evaluate(last)
     return None
 
 

@@ -47,11 +47,13 @@ class _RawBatches:
 
 def _pretrain_plan(configs: Sequence[ml_collections.ConfigDict],
                    workdirs: Sequence[str | os.PathLike], layout: objectives.BatchLayout,
-                   vmapped: bool, init_params: nnx.State | None = None
-                   ) -> tuple[RunPlan, objectives.BatchLayout]:
+                   vmapped: bool, init_params: nnx.State | None = None,
+                   steps: int | None = None) -> tuple[RunPlan, objectives.BatchLayout]:
     """Pre-training `configs` (one, or K vmapped points) into `workdirs`, batches in `layout`,
-    from `init_params` (one point) or from each config's seed; and the layout bound to the
-    run's vocabulary if it reads sentences (else `layout`)."""
+    from `init_params` (one point) or from each config's seed, up to `steps` (None: each
+    config's train.steps; the held-out text's room is checked for it before anything is
+    written); and the layout bound to the run's vocabulary if it reads sentences (else
+    `layout`)."""
     configs = list(configs)
     for config in configs:
         layout.require_objective(config.objective.name)
@@ -70,8 +72,8 @@ def _pretrain_plan(configs: Sequence[ml_collections.ConfigDict],
         sources = [pretrain_data_from_config(config, layout.raw_length, jax.process_index(),
                                              jax.process_count())[1] for config in configs]
         for config, source in zip(configs, sources):
-            if config.train.eval_every:  # before the run writes anything
-                held_out.require_room(config, layout, source, config.train.steps)
+            if config.train.eval_every:  # before the run writes (or --restart deletes) anything
+                held_out.require_room(config, layout, source, steps or config.train.steps)
         return _RawBatches(sources, vmapped)
 
     def make_step(mesh: jax.sharding.Mesh) -> TrainStep:
@@ -128,7 +130,7 @@ def train(
     """
     layout = objectives.layout_from_config(config) if layout is None else layout
     plan, layout = _pretrain_plan([config], [workdir], layout, vmapped=False,
-                                  init_params=init_params)
+                                  init_params=init_params, steps=steps)
     return _run(plan, layout, steps=steps, progress=progress, restart=restart,
                 require_existing=resume)[0]
 

@@ -100,6 +100,27 @@ def test_a_run_that_would_train_on_its_held_out_text_is_refused_before_any_step(
     assert not (tmp_path / "run").exists()
 
 
+def test_a_run_reports_only_held_out_losses_of_its_own_trajectory(corpus, tmp_path):
+    """Found by a review: a run restarted (or resumed) with the evaluation off reported the
+    replaced run's held-out losses; a finished run resumed to fewer steps scored its last
+    state under the lower step number; a refused --steps past the held-out text deleted the
+    finished run first (--restart) since only train.steps was checked before the set-up."""
+    evaluated = _config(corpus, eval_every=3, eval_batches=2)
+    first = train.train(evaluated, tmp_path / "run", progress=False)
+    assert [step for step, _ in first["held_out_curve"]] == [3, 6]
+    # Resumed to fewer steps than it holds: nothing new (its step-6 score stands).
+    again = train.train(evaluated, tmp_path / "run", steps=5, progress=False)
+    assert again["held_out_curve"] == first["held_out_curve"] and again["step"] == 6
+    # Refused before --restart deletes anything.
+    with pytest.raises(ConfigError, match=r"^train.steps=100000 x train.batch_size"):
+        train.train(evaluated, tmp_path / "run", steps=100_000, restart=True, progress=False)
+    assert train.train(evaluated, tmp_path / "run", progress=False)["start_step"] == 6
+    # Restarted with the evaluation off: no held-out loss, none of the old run's.
+    restarted = train.train(_config(corpus), tmp_path / "run", restart=True, progress=False)
+    assert (restarted["held_out_loss"], restarted["held_out_curve"]) == (None, [])
+    assert not _records(tmp_path / "run" / "eval.jsonl")
+
+
 def test_switching_the_evaluation_on_keeps_a_sweep_point_s_identity(corpus):
     config = _config(corpus)
     observed = _config(corpus, eval_every=4, eval_batches=2)
