@@ -168,11 +168,12 @@ def _decoder_only_split(row: Row) -> tuple[Any, Any]:
 
 
 def _encoder_only_split(row: Row) -> tuple[Any, Any]:
-    # The inputs end at their EOS (the slots, or padding, follow it; objectives never make
-    # an EOS inside the inputs); the targets are the tokens at the positions to predict.
+    # The inputs end at their last EOS (mask slots or padding follow it; a pre-training chunk
+    # holds an EOS at every document end inside it too); the targets are the tokens at the
+    # positions to predict.
     tokens = row["encoder_input_tokens"]
     eos = np.flatnonzero(tokens == EOS_ID)
-    end = int(eos[0]) + 1 if eos.size else len(tokens)
+    end = int(eos[-1]) + 1 if eos.size else len(tokens)
     return tokens[:end], row["encoder_target_tokens"][row["encoder_loss_weights"] > 0]
 
 

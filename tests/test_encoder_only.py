@@ -101,6 +101,7 @@ def test_pretraining_puts_the_loss_on_exactly_the_noise_mask(name):
         rng = np.random.default_rng(seed)
         raw = rng.integers(3, VOCAB - SENTINELS, (8, layout.raw_length)).astype(np.int32)
         raw[0, 10:] = PAD_ID  # a short document
+        raw[1, 7] = EOS_ID  # a document end inside the chunk, as the pipeline puts them
         batch, details = jax.device_get(corrupt(raw, spec, jax.random.key(seed)))
         assert batch["encoder_input_tokens"].shape == (8, layout.inputs_length)
         noise = details["noise_mask"]
@@ -121,8 +122,11 @@ def test_pretraining_puts_the_loss_on_exactly_the_noise_mask(name):
             if name == "mass_style":
                 assert masked.all()
             random_replacements += int(np.sum(~masked))
-            assert batch_format.inputs_and_targets(FAMILY, {k: v[r] for k, v in batch.items()})[
-                1] == [int(t) for t in raw[r][:layout.raw_length][noise[r]]]
+            split = batch_format.inputs_and_targets(FAMILY, {k: v[r] for k, v in batch.items()})
+            assert split[1] == [int(t) for t in raw[r][:layout.raw_length][noise[r]]]
+            # The whole inputs, past a document's EOS inside them (preview and the held-out
+            # fingerprint read this split; it stopped at the first EOS).
+            assert split[0] == [int(t) for t in inputs[:n + 1]]
     if name == "bert_style":  # replaced by a random token, still in the loss
         assert random_replacements > 0
 
