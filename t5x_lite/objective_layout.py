@@ -279,7 +279,9 @@ def expected_loss_tokens(objective: str, inputs_length: int, noise_density: floa
 
 
 def span_corruption_loss_tokens(point: Mapping[str, Any], raw: int, targets: int) -> float:
-    """span_corruption: exactly noise + spans + 1 (its targets length: the spans never merge)."""
+    """span_corruption: noise + spans + 1, its targets length: exact while the clean tokens
+    can keep the spans apart (spans <= R - noise, as in every grid of the paper); past that
+    (e.g. density 0.8 with mean span 1) the mask merges spans and this is an upper bound."""
     return float(targets)
 
 

@@ -30,7 +30,8 @@ Objectives (Raffel et al. 2020, Tables 4 to 7), for raw tokens x_1..x_n:
   noise tokens in spans of the given mean length) become one unique sentinel each in the
   inputs; targets are the dropped spans, each led by its sentinel (T5's code, no final
   sentinel). Mean span length 1 is NOT the i.i.d. objective: it makes every noise token its
-  own span, never two adjacent.
+  own span, never two adjacent (while the clean tokens can keep them apart: more spans than
+  clean tokens, e.g. density 0.8, and the mask merges some, as T5's does).
 - drop_corrupted_tokens: i.i.d. noise as in iid_denoising; noise tokens are removed from the
   inputs; targets are the noise tokens in order.
 - bert_style: i.i.d. noise; each noise token becomes the mask token, or with
