@@ -381,19 +381,26 @@ def _sweep_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _misused_launcher_flag(args: argparse.Namespace) -> str | None:
+    """Why a sweep's launcher flags cannot work together (a launcher's flag given to another
+    launcher would be ignored without a word), or None."""
+    for flag, given, launcher in (("--workers", args.workers != 1, "parallel"),
+                                  ("--address", args.address is not None, "ray"),
+                                  ("--accelerator", args.accelerator != "cpu", "ray")):
+        if given and args.launcher != launcher:
+            return f"{flag} is for --launcher {launcher}; this sweep's launcher is {args.launcher}"
+    return None
+
+
 def _sweep(argv: list[str]) -> None:
     from t5x_lite import launchers, sweep
     from t5x_lite.distributed import initialize_distributed
 
     parser = _sweep_parser()
     args, overrides = _parse(parser, argv)
-    # A launcher's flags given to another launcher would be ignored without a word.
-    for flag, given, launcher in (("--workers", args.workers != 1, "parallel"),
-                                  ("--address", args.address is not None, "ray"),
-                                  ("--accelerator", args.accelerator != "cpu", "ray")):
-        if given and args.launcher != launcher:
-            parser.error(f"{flag} is for --launcher {launcher}; this sweep's launcher is "
-                         f"{args.launcher}")
+    misused = _misused_launcher_flag(args)
+    if misused:
+        parser.error(misused)
     if args.dry_run:
         from t5x_lite import sweep_plan
 
@@ -488,6 +495,9 @@ def _launched_sweep_points(sweep_args: list[str], target: str) -> int:
     from t5x_lite import grid, sweep
 
     args, overrides = _parse(_sweep_parser(), sweep_args)
+    misused = _misused_launcher_flag(args)
+    if misused:
+        raise ValueError(f"in SWEEP_ARGS: {misused}")
     if args.dry_run:
         raise ValueError("--dry_run in SWEEP_ARGS would only print a plan on every host; run "
                          "`t5x-lite sweep SWEEP_ARGS --dry_run` here instead")

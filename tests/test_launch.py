@@ -515,6 +515,11 @@ def test_launch_command_reports_bad_input_without_a_traceback(capsys):
         cli.main(["t5x-lite", "launch", "tpu", "--tpu", "t", "--zone", "z", "--repo", "r", "--",
                   "table2", "--workdir", "w", "--vmapp=2"])
     assert "t5x-lite sweep: error: unrecognised arguments: --vmapp=2" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # every job of the array would stop on it
+        cli.main(["t5x-lite", "launch", "slurm", "--partition", "gpu", "--", "table2",
+                  "--workdir", "w", "--workers", "4"])
+    assert ("in SWEEP_ARGS: --workers is for --launcher parallel; this sweep's launcher is "
+            "local") in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["t5x-lite", "launch", "slurm", "--partition", "gpu"])
     assert "give the sweep's arguments after '--'" in capsys.readouterr().err
