@@ -366,17 +366,22 @@ def run_user_file(path: str | os.PathLike, module_name: str, what: str) -> Modul
     return module
 
 
-def call_user_function(path: str | os.PathLike, function: Any, *args: Any,
-                       what: str) -> Any:
-    """`function(*args)`, a function of the researcher's file `path`; anything it raises is a
-    one-line `ConfigError` ("`what`: `user_code_error`"), but a `ConfigError` of the library's
-    (e.g. an unknown preset it passed on) keeps its own words."""
+def call_get_config(path: str | os.PathLike, get_config: Any, *args: Any,
+                    what: str) -> ml_collections.ConfigDict:
+    """`get_config(*args)`, the config function of the researcher's file `path` (a config or
+    an experiment file); anything it raises is a one-line `ConfigError` ("`what`:
+    `user_code_error`"; a `ConfigError` of the library's, e.g. an unknown preset it passed on,
+    keeps its own words), and so is a result that is not a ConfigDict."""
     try:
-        return function(*args)
+        config = get_config(*args)
     except ConfigError as error:
         raise ConfigError(f"{what}: {error}") from None
     except Exception as error:  # the file's own fault: its line, not a traceback
         raise ConfigError(f"{what}: {user_code_error(path, error)}") from None
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise ConfigError(f"{what} returned {type(config).__name__}, not an "
+                          "ml_collections.ConfigDict")
+    return config
 
 
 def load_config_file(spec: str) -> ml_collections.ConfigDict:
@@ -398,9 +403,5 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
         usage = ("takes no argument; drop ':ARG'" if arg else
                  f"needs an argument: --config={path}:ARG")
         raise ConfigError(f"--config={spec!r}: {path}'s get_config {usage}") from None
-    config = call_user_function(path, get_config, *([arg] if arg else []),
-                                what=f"--config={spec!r}")
-    if not isinstance(config, ml_collections.ConfigDict):
-        raise ConfigError(f"--config={spec!r}: {path}'s get_config returned "
-                          f"{type(config).__name__}, not an ml_collections.ConfigDict")
-    return config
+    return call_get_config(path, get_config, *([arg] if arg else []),
+                           what=f"--config={spec!r}: {path}'s get_config")

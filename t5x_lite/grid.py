@@ -49,7 +49,7 @@ import ml_collections
 from t5x_lite import (accounting, architectures, objective_registry, objectives, partitioning,
                       presets)
 from t5x_lite.checkpointing import ADDED_MODEL_FIELDS, config_as_json
-from t5x_lite.config import (BUDGETS, ConfigError, apply_overrides, call_user_function,
+from t5x_lite.config import (BUDGETS, ConfigError, apply_overrides, call_get_config,
                              drop_unread_objective_fields, parse_overrides, run_user_file)
 from t5x_lite.errors import require_choice
 from t5x_lite.settings import Settings, Sweep, Train
@@ -203,12 +203,8 @@ def experiment_config(experiment: str, preset: str) -> ml_collections.ConfigDict
     """A fresh copy of the config every row of `experiment` starts from: its file's
     `get_config(preset)`; anything that call gets wrong is a one-line `ConfigError`."""
     module = load_experiment(experiment)
-    what = f"experiment {experiment}'s get_config({preset!r})"
-    config = call_user_function(module.__file__, module.get_config, preset, what=what)
-    if not isinstance(config, ml_collections.ConfigDict):
-        raise ConfigError(f"{what} returned {type(config).__name__}, not an "
-                          "ml_collections.ConfigDict")
-    return config
+    return call_get_config(module.__file__, module.get_config, preset,
+                           what=f"experiment {experiment}'s get_config({preset!r})")
 
 
 def _check_rows(path: Path, grid: Sequence[Any]) -> None:
