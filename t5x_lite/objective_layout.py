@@ -132,10 +132,26 @@ def noise_counts(length: Any, noise_density: Any, mean_noise_span_length: Any,
     return num_noise, xp.maximum(num_spans.astype(xp.int32), 1)
 
 
-def _span_corruption_lengths(raw_length: int, noise_density: float, mean_span: float):
-    """(inputs, targets) incl. EOS: non-noise + spans + 1 and noise + spans + 1 (T5 counts one
-    sentinel per span and no final sentinel; when spans merge these are upper bounds)."""
-    num_noise, num_spans = (int(c) for c in noise_counts(raw_length, noise_density, mean_span, np))
+def span_counts(length: int, noise_density: float, mean_span: float) -> tuple[int, int]:
+    """(noise tokens, noise spans) that `random_spans_noise_mask` makes in `length` tokens:
+    `noise_counts`, with at most one span per clean token. Past that (e.g. density 0.8 with mean
+    span 1) the mask's clean segments run out: each clean token is a segment of its own and the
+    noise spans after the last one merge, leaving exactly length - noise spans."""
+    num_noise, num_spans = (int(c) for c in noise_counts(length, noise_density, mean_span, np))
+    return num_noise, min(num_spans, length - num_noise)
+
+
+def _span_corruption_lengths(raw_length: int, noise_density: float, mean_span: float,
+                             as_t5_helper: bool = False) -> tuple[int, int]:
+    """(inputs, targets) incl. EOS that span corruption makes of raw_length tokens: non-noise +
+    spans + 1 and noise + spans + 1 (one sentinel per span, no final sentinel; `span_counts`).
+    as_t5_helper: count the spans as T5's `random_spans_helper` does, one per drawn span whether
+    or not the mask merges it (`noise_counts`)."""
+    if as_t5_helper:
+        num_noise, num_spans = (int(c) for c in noise_counts(raw_length, noise_density,
+                                                             mean_span, np))
+    else:
+        num_noise, num_spans = span_counts(raw_length, noise_density, mean_span)
     return raw_length - num_noise + num_spans + 1, num_noise + num_spans + 1
 
 
@@ -157,20 +173,22 @@ def raw_length_for(inputs_length: int, noise_density: float,
     inputs (so that targets_length equals the round inputs_length).
     E.g. (512, 0.15, 3) -> (568, 114) and (128, 0.15, 3) -> (141, 29).
 
-    Three deliberate differences from T5's helper, all making the lengths equal what the mask
+    Four deliberate differences from T5's helper, all making the lengths equal what the mask
     really produces: counts are clamped as the mask clamps them (>= 1 noise token and span),
     products are rounded in float32 as the mask computes them (T5's helper uses float64 and
-    disagrees with its own mask at ties such as 95 * 0.3), and at density 0.5 the targets
-    length is recomputed for the shortened raw length instead of decremented.
+    disagrees with its own mask at ties such as 95 * 0.3), at density 0.5 the targets length is
+    recomputed for the shortened raw length instead of decremented, and the targets length
+    counts the spans the mask makes (`span_counts`: fewer where spans outnumber the clean
+    tokens and merge) while the raw length is chosen by T5's count of one sentinel per drawn
+    span, as T5 chooses it.
     """
-    lengths_of_raw = functools.partial(_span_corruption_lengths, noise_density=noise_density,
-                                       mean_span=mean_noise_span_length)
-    raw = _largest_raw_length(inputs_length, lengths_of_raw)
-    inputs, targets = lengths_of_raw(raw)
+    t5_lengths_of_raw = functools.partial(_span_corruption_lengths, noise_density=noise_density,
+                                          mean_span=mean_noise_span_length, as_t5_helper=True)
+    raw = _largest_raw_length(inputs_length, t5_lengths_of_raw)
+    inputs, targets = t5_lengths_of_raw(raw)
     if noise_density == 0.5 and targets > inputs:
         raw -= 1
-        targets = lengths_of_raw(raw)[1]
-    return raw, targets
+    return raw, _span_corruption_lengths(raw, noise_density, mean_noise_span_length)[1]
 
 
 def lengths_for(objective: str, inputs_length: int, noise_density: float,
@@ -203,13 +221,13 @@ def span_corruption_lengths(point: Mapping[str, Any]) -> tuple[int, int, int]:
 
 def span_corruption_effective_settings(point: Mapping[str, Any]) -> dict[str, int]:
     """span_corruption's rate and span length as its mask sees them: the whole numbers of noise
-    tokens and spans (`noise_counts`) in a chunk of its raw length. Every pre-training chunk is
+    tokens and spans (`span_counts`) in a chunk of its raw length. Every pre-training chunk is
     that long (`PretrainData` cuts an unpadded stream), so points with equal counts corrupt
     every chunk alike; at 32 inputs, spans 2 and 3 both make 5 noise tokens in 2 spans of a
     34-token chunk."""
     raw = span_corruption_lengths(point)[0]
-    noise, spans = noise_counts(raw, point["noise_density"], point["mean_noise_span_length"], np)
-    return {"raw_length": raw, "noise_tokens": int(noise), "noise_spans": int(spans)}
+    noise, spans = span_counts(raw, point["noise_density"], point["mean_noise_span_length"])
+    return {"raw_length": raw, "noise_tokens": noise, "noise_spans": spans}
 
 
 def iid_corruption_lengths(point: Mapping[str, Any]) -> tuple[int, int, int]:
@@ -279,9 +297,7 @@ def expected_loss_tokens(objective: str, inputs_length: int, noise_density: floa
 
 
 def span_corruption_loss_tokens(point: Mapping[str, Any], raw: int, targets: int) -> float:
-    """span_corruption: noise + spans + 1, its targets length: exact while the clean tokens
-    can keep the spans apart (spans <= R - noise, as in every grid of the paper); past that
-    (e.g. density 0.8 with mean span 1) the mask merges spans and this is an upper bound."""
+    """span_corruption: noise + spans + 1, its targets length (exact: `span_counts`)."""
     return float(targets)
 
 
@@ -356,8 +372,8 @@ def _denoisers_of(point: Mapping[str, Any]) -> tuple[ul2.Denoiser, ...]:
 
 def _ul2_sentinels(denoiser: ul2.Denoiser) -> int:
     """The sentinel ids a denoiser needs: its spans' (R, X), and the mode tokens after them."""
-    spans = 0 if denoiser.kind == "S" else int(noise_counts(
-        denoiser.raw_length, denoiser.noise_density, denoiser.mean_noise_span_length, np)[1])
+    spans = 0 if denoiser.kind == "S" else span_counts(
+        denoiser.raw_length, denoiser.noise_density, denoiser.mean_noise_span_length)[1]
     return spans + len(batch_format.MODE_TOKENS)
 
 
@@ -409,8 +425,8 @@ def _require_targets_length(point: Mapping[str, Any], lengths: tuple[int, int, i
 
 def span_corruption_sentinels(point: Mapping[str, Any], raw_length: int) -> tuple[int, str]:
     """span_corruption's sentinels (`Objective.sentinels_needed`): one per noise span."""
-    num_spans = int(noise_counts(raw_length, point["noise_density"],
-                                  point["mean_noise_span_length"], np)[1])
+    num_spans = span_counts(raw_length, point["noise_density"],
+                            point["mean_noise_span_length"])[1]
     return num_spans, f"it makes up to {num_spans} spans"
 
 

@@ -230,6 +230,28 @@ def test_raw_length_for_at_half_density_shortens_like_t5_with_exact_targets(inpu
     assert targets == num_noise + num_spans + 1 <= t5_targets
 
 
+@pytest.mark.parametrize("density, span", [(0.6, 1), (0.8, 1), (0.9, 1), (0.8, 2), (0.7, 1.5)])
+def test_span_corruption_lengths_count_the_spans_the_mask_merges(density, span):
+    # More spans than clean tokens: the mask merges spans, so the targets hold fewer sentinels
+    # than T5's helper counts. The raw length stays the helper's; the targets length, the
+    # sentinels and the effective settings are what the mask makes, for every example.
+    raw, inputs_bound, targets_bound = lengths_for("span_corruption", 32, density, span)
+    assert raw == t5_random_spans_helper(32, density, span)[0] <= RAW
+    num_noise, num_spans = expected_counts(raw, density, span)
+    assert num_spans < round(num_noise / span), "a case where spans merge"
+    assert (inputs_bound, targets_bound) == (raw - num_noise + num_spans + 1,
+                                             num_noise + num_spans + 1)
+    point = dict(name="span_corruption", inputs_length=32, noise_density=density,
+                 mean_noise_span_length=span)
+    assert objectives.get("span_corruption").sentinels_needed(point, raw)[0] == num_spans
+    assert objectives.get("span_corruption").effective_settings(point) == {
+        "raw_length": raw, "noise_tokens": num_noise, "noise_spans": num_spans}
+    batch = corrupt_jit(raw_tokens(0), make_spec("span_corruption", density, span, raw),
+                        jax.random.key(0), WIDE["encoder_decoder"])
+    assert (np.count_nonzero(batch["encoder_input_tokens"], axis=1) == inputs_bound).all()
+    assert (np.count_nonzero(batch["decoder_target_tokens"], axis=1) == targets_bound).all()
+
+
 def test_float32_rounding_ties_follow_the_device_mask_not_t5s_float64_helper():
     # 45 * 0.7 is 31.5 - 4e-15 in float64 (T5's helper: 31 noise) but 31.5 + 1e-6 in float32
     # (T5's mask: 32 noise). The length arithmetic must agree with the mask.
