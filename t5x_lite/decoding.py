@@ -45,6 +45,12 @@ from t5x_lite.models import make_masks
 METHODS = ("greedy", "sample", "beam")
 
 
+def methods_for(family: str) -> tuple[str, ...]:
+    """The methods a family decodes with: greedy only for one that fills its mask slots in one
+    forward pass (`batch_format.in_place`: encoder_only), any of METHODS otherwise."""
+    return ("greedy",) if batch_format.in_place(family) else METHODS
+
+
 @flax.struct.dataclass
 class DecodeResult:
     """What `decode` returns, one row per input row."""
@@ -179,7 +185,7 @@ def _check_settings(model: nnx.Module, arch: str | None, method: str, max_length
     if method not in METHODS:
         raise ValueError(f"method={method!r} is not allowed; choose one of "
                          f"{', '.join(map(repr, METHODS))}")
-    if method != "greedy" and batch_format.in_place(model.architecture.family):
+    if method not in methods_for(model.architecture.family):
         raise ValueError(f"method={method!r} is not allowed for arch={model.arch!r}: it fills "
                          "its mask slots in one forward pass; choose 'greedy'")
     require_int("max_length", max_length, 1)

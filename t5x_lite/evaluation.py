@@ -79,10 +79,11 @@ def require_slot_decoding(arch: str, finetune: Finetune) -> None:
     the `finetune.targets_length` mask slots after its inputs. Any other `finetune.decode`
     method or length is a one-line `ConfigError` before any work (it would stop the run at
     its first validation, or score slots it never trained on)."""
-    if not batch_format.in_place(architectures.get(arch).family):
+    family = architectures.get(arch).family
+    if not batch_format.in_place(family):
         return
     decode = finetune.decode
-    if decode.method != "greedy":
+    if decode.method not in decoding.methods_for(family):
         raise ConfigError(
             f"finetune.decode.method={decode.method!r} is not allowed for model.arch={arch!r}: "
             "it fills its mask slots in one forward pass; use 'greedy'")
