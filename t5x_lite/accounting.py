@@ -182,7 +182,7 @@ PEAKS = (
     _Peak(r"tpu v5p?", 459e12, 459e12),  # cloud.google.com/tpu/docs/v5p
     _Peak(r"tpu v6( lite|e)", 918e12, 918e12),  # cloud.google.com/tpu/docs/v6e (Trillium)
     _Peak(r"nvidia a100.*", 312e12, 156e12),  # NVIDIA A100 datasheet: BF16 312, TF32 156
-    _Peak(r"nvidia h100.*pcie.*", 756e12, 378e12),  # NVIDIA H100 datasheet, PCIe column
+    _Peak(r"nvidia h100.*pcie.*", 756.5e12, 378e12),  # NVIDIA H100 datasheet, PCIe column
     _Peak(r"nvidia h[12]00.*nvl.*", 835.5e12, 417.5e12),  # H100 / H200 datasheets, NVL column
     _Peak(r"nvidia g?h[12]00.*", 989.5e12, 494.5e12),  # H100 SXM, H200 SXM, GH200 datasheets
     _Peak(r"nvidia l4", 121e12, 60e12),  # NVIDIA L4 datasheet (242 / 120 with sparsity)

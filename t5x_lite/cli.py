@@ -384,11 +384,14 @@ def _sweep_parser() -> argparse.ArgumentParser:
 def _misused_launcher_flag(args: argparse.Namespace) -> str | None:
     """Why a sweep's launcher flags cannot work together (a launcher's flag given to another
     launcher would be ignored without a word), or None."""
-    for flag, given, launcher in (("--workers", args.workers != 1, "parallel"),
-                                  ("--address", args.address is not None, "ray"),
-                                  ("--accelerator", args.accelerator != "cpu", "ray")):
-        if given and args.launcher != launcher:
-            return f"{flag} is for --launcher {launcher}; this sweep's launcher is {args.launcher}"
+    for flag, given, allowed in (("--workers", args.workers != 1, ("parallel",)),
+                                 ("--address", args.address is not None, ("ray",)),
+                                 ("--accelerator", args.accelerator != "cpu", ("ray",)),
+                                 # Ray sizes its tasks per point (`sweep.require_vmap`).
+                                 ("--vmap", args.vmap != 1, ("local", "parallel"))):
+        if given and args.launcher not in allowed:
+            return (f"{flag} is for --launcher {' or '.join(allowed)}; this sweep's launcher "
+                    f"is {args.launcher}")
     return None
 
 

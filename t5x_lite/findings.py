@@ -383,9 +383,10 @@ def paper_scores(experiment: str,
 
 
 # ----------------------------------------------------------------------------- the findings
-# Transcribed from our reading of the paper (arXiv 1910.10683v3 / JMLR 2020): its text could not
-# be retrieved here, so the claims are paraphrased from memory of sections 3.2.4 and 3.3.1-3.3.4
-# and checked against the published numbers in paper_results (tests/test_findings.py).
+# Each claim paraphrases a sentence of the paper's results (arXiv 1910.10683v3, sections 3.2.4 and
+# 3.3.1-3.3.4), read again against its text on 2026-12-05 (e.g. 3.2.4: "using a denoising
+# objective always results in better downstream task performance compared to a language modeling
+# objective"); the published numbers in paper_results bear each one out (tests/test_findings.py).
 
 _ARCHITECTURES = ("Encoder-decoder", "Enc-dec, shared", "Enc-dec, 6 layers", "Language model",
                   "Prefix LM")

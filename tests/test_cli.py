@@ -143,7 +143,9 @@ def test_flags_that_cannot_work_are_refused_before_any_work(capsys):
             (["sweep", "table2", "--workdir", "w", "--workers", "4"],
              "--workers is for --launcher parallel; this sweep's launcher is local"),
             (["sweep", "table2", "--workdir", "w", "--launcher", "parallel", "--address", "h:1"],
-             "--address is for --launcher ray; this sweep's launcher is parallel")):
+             "--address is for --launcher ray; this sweep's launcher is parallel"),
+            (["sweep", "table2", "--workdir", "w", "--dry_run", "--launcher", "ray", "--vmap",
+              "2"], "--vmap is for --launcher local or parallel; this sweep's launcher is ray")):
         with pytest.raises(SystemExit):
             cli.main(["t5x-lite", *argv])
         assert message in capsys.readouterr().err, argv

@@ -520,6 +520,11 @@ def test_launch_command_reports_bad_input_without_a_traceback(capsys):
                   "--workdir", "w", "--workers", "4"])
     assert ("in SWEEP_ARGS: --workers is for --launcher parallel; this sweep's launcher is "
             "local") in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # Ray sizes its tasks per point: no vmapped chunks
+        cli.main(["t5x-lite", "launch", "slurm", "--partition", "gpu", "--", "table2",
+                  "--workdir", "w", "--launcher", "ray", "--vmap", "2"])
+    assert ("in SWEEP_ARGS: --vmap is for --launcher local or parallel; this sweep's launcher "
+            "is ray") in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["t5x-lite", "launch", "slurm", "--partition", "gpu"])
     assert "give the sweep's arguments after '--'" in capsys.readouterr().err
