@@ -87,9 +87,7 @@ class StepCost:
         return cls(
             flops=batch * accounting.train_flops_per_example(config.model, *lengths),
             tokens=batch * sum(lengths),
-            loss_tokens=batch * objectives.expected_loss_tokens(
-                objective.name, objective.inputs_length, objective.noise_density,
-                objective.mean_noise_span_length, objective.ul2_denoisers, layout.family))
+            loss_tokens=batch * objectives.objective_loss_tokens(objective, layout.family))
 
     def of_budget(self, kind: str) -> float:
         """The cost of one step in the unit of `sweep.budget=kind` ("tokens" or "flops")."""

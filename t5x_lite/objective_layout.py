@@ -20,7 +20,7 @@ import numpy as np
 
 from t5x_lite import (architectures, bart_noising, batch_format, glm, noise_lengths,
                       objective_registry, ul2)
-from t5x_lite.config import MIN_INPUTS_LENGTH, UL2_DENOISERS, ConfigError
+from t5x_lite.config import MIN_INPUTS_LENGTH, UL2_DENOISERS, ConfigError, default_config
 from t5x_lite.errors import require_choice
 from t5x_lite.settings import check_objective, require_number, require_vocab_room
 
@@ -194,21 +194,29 @@ def raw_length_for(inputs_length: int, noise_density: float,
 def lengths_for(objective: str, inputs_length: int, noise_density: float,
                 mean_noise_span_length: float,
                 denoisers: Iterable[Iterable[Any]] = UL2_DENOISERS) -> tuple[int, int, int]:
-    """(raw, inputs, targets): the raw tokens an objective consumes and the longest inputs and
-    targets (incl. EOS) it produces from them: its record's `lengths` (the functions below for
-    the built-in objectives; `objective_registry.whole_text_lengths` by default: bert_style,
-    mass_style, deshuffling, prefix_lm, token_masking, document_rotation, sentence_permutation,
-    blank_infilling, whose inputs and targets are each at most the raw tokens + EOS).
-    `denoisers`: the ul2 mixture, read by ul2 only."""
-    return objective_registry.get(objective).lengths(_point(
-        objective, inputs_length, noise_density, mean_noise_span_length, denoisers))
+    """`objective_lengths` of the objective config these settings make (with the other
+    fields' defaults). `denoisers`: the ul2 mixture, read by ul2 only."""
+    return objective_lengths(_point(objective, inputs_length, noise_density,
+                                    mean_noise_span_length, denoisers))
+
+
+def objective_lengths(point: Mapping[str, Any]) -> tuple[int, int, int]:
+    """(raw, inputs, targets): the raw tokens an objective config `point` (`config.objective`,
+    a grid point's objective) consumes and the longest inputs and targets (incl. EOS) it
+    produces from them: its record's `lengths` (the functions below for the built-in
+    objectives; `objective_registry.whole_text_lengths` by default: bert_style, mass_style,
+    deshuffling, prefix_lm, token_masking, document_rotation, sentence_permutation,
+    blank_infilling, whose inputs and targets are each at most the raw tokens + EOS)."""
+    return objective_registry.get(point["name"]).lengths(point)
 
 
 def _point(objective: str, inputs_length: int, noise_density: float,
            mean_noise_span_length: float, denoisers: Iterable[Iterable[Any]]) -> dict[str, Any]:
-    """The objective config (a grid point's objective dict) that these settings make."""
-    return dict(name=objective, inputs_length=inputs_length, noise_density=noise_density,
-                mean_noise_span_length=mean_noise_span_length, ul2_denoisers=denoisers)
+    """The objective config these settings make, its other fields at their defaults."""
+    defaults = default_config().objective.to_dict()
+    return dict(defaults, name=objective, inputs_length=inputs_length,
+                noise_density=noise_density, mean_noise_span_length=mean_noise_span_length,
+                ul2_denoisers=denoisers)
 
 
 def span_corruption_lengths(point: Mapping[str, Any]) -> tuple[int, int, int]:
@@ -275,8 +283,15 @@ def expected_loss_tokens(objective: str, inputs_length: int, noise_density: floa
                          mean_noise_span_length: float,
                          denoisers: Iterable[Iterable[Any]] = UL2_DENOISERS,
                          family: str = "encoder_decoder") -> float:
-    """The expected number of target tokens with a loss weight in one `family` example that
-    fills the objective's raw length R (`lengths_for`; a shorter document has fewer).
+    """`objective_loss_tokens` of the objective config these settings make (`lengths_for`)."""
+    return objective_loss_tokens(_point(objective, inputs_length, noise_density,
+                                        mean_noise_span_length, denoisers), family)
+
+
+def objective_loss_tokens(point: Mapping[str, Any], family: str = "encoder_decoder") -> float:
+    """The expected number of target tokens with a loss weight in one `family` example of the
+    objective config `point` that fills its raw length R (`objective_lengths`; a shorter
+    document has fewer).
 
     The encoder-decoder and decoder-only families weight the targets' non-padding positions
     (EOS and sentinels included, `batch_format`): the record's `expected_loss_tokens` (the
@@ -288,11 +303,10 @@ def expected_loss_tokens(objective: str, inputs_length: int, noise_density: floa
     The rare examples of the i.i.d. objectives and text infilling that overflow the layout
     (share <= `noise_lengths.OVERFLOW_PROBABILITY`) get no loss weights; that is left out.
     """
-    point = _point(objective, inputs_length, noise_density, mean_noise_span_length, denoisers)
-    record = objective_registry.get(objective)
+    record = objective_registry.get(point["name"])
     raw, _, targets = record.lengths(point)
     if batch_format.in_place(family):
-        return noise_density * raw
+        return point["noise_density"] * raw
     return record.expected_loss_tokens(point, raw, targets)
 
 

@@ -32,8 +32,9 @@ than the layout's inputs or targets is cut to them and left out of the loss. It 
 jitted train step, as one branch of a `lax.switch` over the grid's objectives.
 
 `lengths(point)` -> (raw, inputs, targets): the raw tokens it reads and the longest inputs and
-targets (EOS included) it makes from them, for an objective config `point` (a mapping with
-`name`, `inputs_length`, `noise_density`, `mean_noise_span_length`, ...); the default,
+targets (EOS included) it makes from them, for an objective config `point` (the run's
+`config.objective` or a grid point's, every field of it: `name`, `inputs_length`,
+`noise_density`, `mean_noise_span_length`, `random_token_fraction`, ...); the default,
 `whole_text_lengths`, reads inputs_length - 1 tokens and makes inputs and targets of at most
 all of them + EOS. `expected_loss_tokens(point, raw, targets)`: the expected target tokens with
 a loss weight in an example that fills `raw` (default every token + EOS). `sentinels_needed(

@@ -132,9 +132,9 @@ from t5x_lite.config import EOS_ID, NUM_RESERVED_IDS, PAD_ID, sentinel_id
 # The host side (`t5x_lite.objective_layout`), re-exported: callers build specs and layouts
 # through this module.
 from t5x_lite.objective_layout import (  # noqa: F401
-    BatchLayout, ObjectiveSpec, expected_loss_tokens, layout_for,
-    layout_from_config, lengths_for, noise_counts, raw_length_for, spec_from_config,
-    ul2_denoiser_lengths, validate_vocab)
+    BatchLayout, ObjectiveSpec, expected_loss_tokens, layout_for, layout_from_config,
+    lengths_for, noise_counts, objective_lengths, objective_loss_tokens, raw_length_for,
+    spec_from_config, ul2_denoiser_lengths, validate_vocab)
 # The registry of objectives (`t5x_lite.objective_registry`), filled below, re-exported: a
 # researcher registers an objective of their own as `objectives.register(objectives.Objective(
 # ...))`.

@@ -103,10 +103,8 @@ def _pretrain_history(metrics_path: Path, log_every: int) -> dict[str, Any]:
 
 def base_record(point: GridPoint) -> dict[str, Any]:
     """The fields every record of `point` shares, known before anything runs."""
-    config, objective = point.config, point.config.objective
-    raw, inputs, targets = objectives.lengths_for(
-        objective.name, objective.inputs_length, objective.noise_density,
-        objective.mean_noise_span_length, objective.ul2_denoisers)
+    config = point.config
+    raw, inputs, targets = objectives.objective_lengths(config.objective)
     # The lm objective has no inputs, but an encoder still reads one EOS (as `layout_for` pads).
     inputs = max(inputs, batch_format.min_inputs_length(point.layout.family))
     columns = accounting.table2_columns(config.model, inputs, targets)

@@ -143,6 +143,40 @@ def test_a_registered_objective_is_validated_laid_out_and_given_the_next_id(regi
         architectures.get("encoder_only").require_objective("reversal")
 
 
+def test_a_registered_objective_s_arithmetic_reads_every_field_of_its_config(own_registry,
+                                                                             tmp_path):
+    """Its `lengths` and `expected_loss_tokens` get the objective config itself wherever the
+    library asks (the layout, a sweep's records, the step cost), so one that reads
+    random_token_fraction (a field its record may read) works in a sweep as in training."""
+    from t5x_lite import grid, sweep
+
+    experiment = tmp_path / "share_experiment.py"
+    experiment.write_text(REVERSAL + '''
+from t5x_lite import objective_registry, presets
+
+
+def share_lengths(point):
+    """Reads one raw token fewer per tenth of random_token_fraction."""
+    raw = point["inputs_length"] - 1 - round(10 * point["random_token_fraction"])
+    return raw, raw + 1, raw + 1
+
+
+objectives.register(objectives.Objective("reversal_share", reversal, has_noise_mask=False,
+                                         reads=("random_token_fraction",),
+                                         lengths=share_lengths))
+GRID = ({"point": "share", "row": "Share", "overrides": {
+    "objective.name": "reversal_share", "objective.random_token_fraction": 0.2}},)
+get_config = presets.sweep_preset
+''')
+    point, = grid.expand(str(experiment), "demo", [])
+    raw = point.config.objective.inputs_length - 3
+    assert point.layout.raw_length == raw
+    train = point.config.train
+    assert sweep.base_record(point)["pretrain_tokens"] == train.steps * train.batch_size * raw
+    assert grid.StepCost.of(point.config, point.layout).loss_tokens == (
+        point.config.train.batch_size * (raw + 1))
+
+
 def test_a_registered_objective_corrupts_as_its_definition_says_in_a_mixed_program(registered):
     """One compiled program serves span corruption and the new objective, example by example
     (a [B] spec); each of its examples is the transcription of the definition, its lengths
