@@ -40,8 +40,8 @@ from etils import epath
 from orbax.checkpoint import checkpoint_managers as policies
 
 from t5x_lite.config import ConfigError, drop_unread_objective_fields, flat_fields
+from t5x_lite.errors import require_integer
 from t5x_lite.results import write_atomically
-from t5x_lite.settings import require_integer
 
 log = logging.getLogger(__name__)
 

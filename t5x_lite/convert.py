@@ -48,7 +48,7 @@ from t5x_lite.config import (DEFAULT_NUM_SENTINELS, MLP_KINDS, NUM_RESERVED_IDS,
 from t5x_lite.data.hf_tokenizer import SPIECE_FILE, TOKENIZER_CONFIG_FILE
 from t5x_lite.data.vocabulary import load_vocabulary
 from t5x_lite.models import build_model, scan_layers
-from t5x_lite.settings import Model
+from t5x_lite.settings import MODEL_FIELD_DEFAULTS, Model
 
 # (HF projection name, our projection name) per sub-block kind.
 _ATTENTION_PROJECTIONS = (("q", "query"), ("k", "key"), ("v", "value"), ("o", "out"))
@@ -410,14 +410,19 @@ def with_hf_t5(config: ml_collections.ConfigDict, path: str | FilePath,
              if f"model.{name}" not in _COMPUTE_FIELDS}
     if hf_config.data.vocab:
         taken["data.vocab"] = hf_config.data.vocab
+    def resolved(field: str, value: Any) -> Any:
+        """A model field's value, its None read as the value it stands for (the taken one)."""
+        standing_for = MODEL_FIELD_DEFAULTS.get(field.removeprefix("model."))
+        return taken[f"model.{standing_for}"] if value is None and standing_for else value
+
     for field, value in taken.items():
         section, name = field.split(".")
         if field in overrides and field in PARAMETER_NEUTRAL_FIELDS:
             continue  # dropout_rate: the others are compute fields, never taken
-        if field in overrides and overrides[field] != value:
+        if field in overrides and resolved(field, overrides[field]) != resolved(field, value):
             raise ConfigError(f"--config.{field}={overrides[field]!r} contradicts {path}'s "
-                              f"{field}={value!r}; --init_from_hf takes the model and "
-                              "vocabulary from the checkpoint, so drop the override")
+                              f"{field}={resolved(field, value)!r}; --init_from_hf takes the "
+                              "model and vocabulary from the checkpoint, so drop the override")
         derived[section][name] = value
     if derived.model.scan_layers:
         scan_layers(model)

@@ -39,6 +39,7 @@ from jax.experimental import multihost_utils
 
 from t5x_lite import architectures, attention, batch_format
 from t5x_lite.config import EOS_ID, PAD_ID
+from t5x_lite.errors import require_integer
 from t5x_lite.layers import Cache, cache_slots, select_cache_rows
 from t5x_lite.models import make_masks
 
@@ -178,19 +179,15 @@ def _check_settings(model: nnx.Module, arch: str | None, method: str, max_length
                     num_beams: int, alpha: float, temperature: float, top_k: int,
                     top_p: float) -> _Settings:
     """Validate `decode`'s arguments, each error naming the argument and what is allowed."""
-    def require_int(name: str, value: int, minimum: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
-
     if method not in METHODS:
         raise ValueError(f"method={method!r} is not allowed; choose one of "
                          f"{', '.join(map(repr, METHODS))}")
     if method not in methods_for(model.architecture.family):
         raise ValueError(f"method={method!r} is not allowed for arch={model.arch!r}: it fills "
                          "its mask slots in one forward pass; choose 'greedy'")
-    require_int("max_length", max_length, 1)
-    require_int("num_beams", num_beams, 1)
-    require_int("top_k", top_k, 0)
+    require_integer("max_length", max_length, 1)
+    require_integer("num_beams", num_beams, 1)
+    require_integer("top_k", top_k, 0)
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p={top_p!r} must be in (0, 1]")
     if not temperature >= 0.0:

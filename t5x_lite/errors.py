@@ -1,4 +1,4 @@
-"""The error of a configuration that cannot work, its one-line check of a choice, the
+"""The error of a configuration that cannot work, its one-line checks of one value, the
 errors that stop a sweep (work the machine stopped, a point another process is running), and
 the one-line form of t5x_lite's own warnings.
 
@@ -11,7 +11,7 @@ import errno
 import re
 import warnings
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 
 class ConfigError(ValueError):
@@ -54,6 +54,29 @@ def is_machine_fault(error: BaseException | None) -> bool:
 class PointBusy(RuntimeError):
     """Another process is running a sweep point this one was about to run
     (`sweep_workdir.point_lock`)."""
+
+
+# The checks of one value, shared by the config's sections (`t5x_lite.settings`) and by the
+# modules that check their own arguments (objectives, checkpointing, decoding, ul2).
+
+
+def require_positive(field: str, value: Any) -> None:
+    """Raise `ConfigError` unless `value` is a positive int or float (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ConfigError(f"{field}={value!r} must be a positive number")
+
+
+def require_integer(field: str, value: Any, minimum: int) -> None:
+    """Raise `ConfigError` unless `value` is an int (not a bool) of at least `minimum`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{field}={value!r} must be an integer >= {minimum}")
+
+
+def require_number(field: str, value: Any, ok: Callable[[Any], bool], allowed: str) -> None:
+    """Raise `ConfigError` unless `value` is an int or float (not a bool) that is `ok`;
+    `allowed` says in words what it must be."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+        raise ConfigError(f"{field}={value!r} is not allowed; it must be {allowed}")
 
 
 def require_choice(field: str, value: Any, allowed: Iterable[str]) -> None:

@@ -21,8 +21,8 @@ import numpy as np
 from t5x_lite import (architectures, bart_noising, batch_format, glm, noise_lengths,
                       objective_registry, ul2)
 from t5x_lite.config import MIN_INPUTS_LENGTH, UL2_DENOISERS, ConfigError, default_config
-from t5x_lite.errors import require_choice
-from t5x_lite.settings import check_objective, require_number, require_vocab_room
+from t5x_lite.errors import require_choice, require_number
+from t5x_lite.settings import check_objective, require_vocab_room
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import functools
 import math
 import types
 import typing
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping
 
 import ml_collections
 
@@ -31,27 +31,18 @@ from t5x_lite import architectures, objective_registry, partitioning, ul2
 from t5x_lite.config import (ATTENTION_IMPLS, BUDGETS, DECODE_METHODS, DTYPES, MIN_INPUTS_LENGTH,
                              MLP_KINDS, NUM_RESERVED_IDS, OPTIMIZERS, SCHEDULES,
                              UL2_DENOISERS, ConfigError)
-from t5x_lite.errors import require_choice
+from t5x_lite.errors import require_choice, require_integer, require_number, require_positive
 
 # ---------------------------------------------------------------------------------------------
-# The checks of one value, shared by the sections and by the modules that check their own
-# arguments (objectives, checkpointing).
-
-
-def require_positive(field: str, value: Any) -> None:
-    """Raise `ConfigError` unless `value` is a positive int or float (not a bool)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ConfigError(f"{field}={value!r} must be a positive number")
-
-
-def require_integer(field: str, value: Any, minimum: int) -> None:
-    """Raise `ConfigError` unless `value` is an int (not a bool) of at least `minimum`."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{field}={value!r} must be an integer >= {minimum}")
+# The checks of one value of the config's own (the generic ones are `t5x_lite.errors`'), shared
+# by the sections and by the modules that check their own arguments.
 
 
 # Seeds seed numpy's generators and JAX's keys; past 2^31 some of their conversions overflow.
 MAX_SEED = 2**31 - 1
+# Model fields whose None stands for another field's value: the decoder as deep as the encoder,
+# as many embedding rows as vocabulary ids.
+MODEL_FIELD_DEFAULTS = {"num_decoder_layers": "num_layers", "embedding_rows": "vocab_size"}
 
 
 def require_seed(field: str, value: Any) -> None:
@@ -90,13 +81,6 @@ def require_warmup(section: str, schedule: str, warmup_steps: int, steps: int) -
             f"{section}.schedule={schedule!r}; with fewer steps, set --config.{section}."
             "warmup_steps too"
         )
-
-
-def require_number(field: str, value: Any, ok: Callable[[Any], bool], allowed: str) -> None:
-    """Raise `ConfigError` unless `value` is an int or float (not a bool) that is `ok`;
-    `allowed` says in words what it must be."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
-        raise ConfigError(f"{field}={value!r} is not allowed; it must be {allowed}")
 
 
 def check_objective(point: Mapping[str, Any]) -> None:
@@ -206,7 +190,7 @@ class Model(_Section):
     num_heads: int
     d_kv: int
     num_layers: int
-    num_decoder_layers: int | None  # None: num_layers
+    num_decoder_layers: int | None  # None: num_layers (MODEL_FIELD_DEFAULTS)
     mlp: str
     tie_embeddings: bool
     relpos_buckets: int
@@ -217,7 +201,7 @@ class Model(_Section):
     attention_impl: str
     remat: bool
     scan_layers: bool
-    embedding_rows: int | None  # None: vocab_size
+    embedding_rows: int | None  # None: vocab_size (MODEL_FIELD_DEFAULTS)
 
     @property
     def num_embeddings(self) -> int:
@@ -246,17 +230,12 @@ class Model(_Section):
         if self.attention_impl == "cudnn":
             self._check_cudnn()
         for field in ("vocab_size", "d_model", "d_ff", "num_heads", "d_kv", "num_layers",
-                      "relpos_buckets", "relpos_max_distance", "layer_norm_epsilon"):
-            require_positive(f"model.{field}", getattr(self, field))
-        for field in ("vocab_size", "d_model", "d_ff", "num_heads", "d_kv", "num_layers",
-                      "relpos_buckets", "relpos_max_distance", "num_sentinels"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ConfigError(f"model.{field}={value!r} must be an integer")
+                      "relpos_buckets", "relpos_max_distance"):
+            require_integer(f"model.{field}", getattr(self, field), 1)
+        require_integer("model.num_sentinels", self.num_sentinels, 0)
+        require_positive("model.layer_norm_epsilon", self.layer_norm_epsilon)
         for field in ("tie_embeddings", "remat", "scan_layers"):
             require_bool(f"model.{field}", getattr(self, field))
-        if self.num_sentinels < 0:
-            raise ConfigError(f"model.num_sentinels={self.num_sentinels} must be >= 0")
         if not 0.0 <= self.dropout_rate < 1.0:
             raise ConfigError(f"model.dropout_rate={self.dropout_rate} must be in [0, 1)")
         require_vocab_room(self.vocab_size, self.num_sentinels)
@@ -321,12 +300,10 @@ class Train(_Section):
     def _check(self) -> None:
         require_choice("train.optimizer", self.optimizer, OPTIMIZERS)
         require_choice("train.schedule", self.schedule, SCHEDULES)
-        for field in ("learning_rate", "batch_size", "steps", "microbatches", "log_every"):
-            require_positive(f"train.{field}", getattr(self, field))
-        for field in ("batch_size", "steps", "microbatches", "log_every", "warmup_steps"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ConfigError(f"train.{field}={value!r} must be an integer")
+        require_positive("train.learning_rate", self.learning_rate)
+        for field in ("batch_size", "steps", "microbatches", "log_every"):
+            require_integer(f"train.{field}", getattr(self, field), 1)
+        require_integer("train.warmup_steps", self.warmup_steps, 0)
         require_integer("train.eval_every", self.eval_every, 0)  # 0: no held-out evaluation
         require_integer("train.eval_batches", self.eval_batches, 1)
         require_seed("train.seed", self.seed)

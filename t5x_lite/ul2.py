@@ -50,7 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5x_lite import batch_format
-from t5x_lite.errors import ConfigError, require_choice
+from t5x_lite.errors import ConfigError, require_choice, require_number
 
 KINDS = ("R", "S", "X")
 # Section 3.2's paradigm tokens, per kind of denoiser.
@@ -88,8 +88,7 @@ def check_denoisers(denoisers: Any) -> None:
                 ("noise_density", density, lambda v: 0 < v < 1, "a number in (0, 1)"),
                 ("mean_noise_span_length", span, lambda v: v >= 1, "a number >= 1"),
                 ("share", share, lambda v: v > 0, "a number > 0")):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
-                raise ConfigError(f"{field} {name}={value!r} is not allowed; it must be {allowed}")
+            require_number(f"{field} {name}", value, ok, allowed)
     total = math.fsum(entry[3] for entry in denoisers)
     if abs(total - 1.0) > 1e-6:
         raise ConfigError(f"{FIELD} shares sum to {total:g}; they must sum to 1")

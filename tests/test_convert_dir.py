@@ -181,3 +181,10 @@ def test_init_from_hf_gives_the_run_its_model_and_parameters_in_the_run_layout(v
     np.testing.assert_array_equal(
         np.asarray(state.params["token_embedder"]["embedding"][...]),
         np.asarray(params["token_embedder"]["embedding"][...]))
+    # An override restating what a None stands for in the directory's config (the decoder as
+    # deep as the encoder) agrees with it; one that differs is named with the depth it has.
+    config.model.num_decoder_layers = 2
+    convert.with_hf_t5(config, directory, {"model.num_decoder_layers": 2})
+    with pytest.raises(ConfigError, match=r"^--config.model.num_decoder_layers=3 contradicts "
+                       r".*'s model.num_decoder_layers=2; "):
+        convert.with_hf_t5(config, directory, {"model.num_decoder_layers": 3})

@@ -63,8 +63,8 @@ def test_every_field_is_annotated_with_a_type_the_checks_know():
 
 @pytest.mark.parametrize("path, value, message", [
     ("model.arch", "rnn", "model.arch='rnn' is not allowed; choose one of encoder_decoder"),
-    ("model.d_model", 0, "model.d_model=0 must be a positive number"),
-    ("model.num_sentinels", -1, "model.num_sentinels=-1 must be >= 0"),
+    ("model.d_model", 0, "model.d_model=0 must be an integer >= 1"),
+    ("model.num_sentinels", -1, "model.num_sentinels=-1 must be an integer >= 0"),
     ("model.dropout_rate", 1.0, r"model.dropout_rate=1.0 must be in \[0, 1\)"),
     ("model.scan_layers", None, "model.scan_layers=None must be True or False"),
     ("model.attention_impl", "cudnn", r"model.attention_impl='cudnn' needs model.dtype="

@@ -182,7 +182,7 @@ def test_warmup_as_long_as_the_run_warms_up_and_never_decays(kind):
         ("warmup_steps", 0, "train.warmup_steps=0 must be >= 1 for train.schedule='rsqrt'"),
         ("label_smoothing", 1.0, r"train.label_smoothing=1.0 must be in \[0, 1\)"),
         ("loss_normalizing_factor", -2.0, "train.loss_normalizing_factor=-2.0 must be None"),
-        ("microbatches", 0, "train.microbatches=0 must be a positive number"),
+        ("microbatches", 0, "train.microbatches=0 must be an integer >= 1"),
     ],
 )
 def test_bad_train_config_is_rejected_naming_the_field(field, value, message):
