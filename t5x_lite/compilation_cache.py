@@ -11,7 +11,8 @@ Where and how (`use_default`, called once by `cli.main` before anything compiles
 - `$JAX_COMPILATION_CACHE_DIR` when set: JAX's own variable, and then every other setting is
   JAX's (e.g. `JAX_COMPILATION_CACHE_MAX_SIZE`); the test suite points it at a session folder;
 - otherwise `DEFAULT_DIR` under `$XDG_CACHE_HOME` (default `~/.cache`), kept under
-  `DEFAULT_MAX_BYTES` by JAX, least recently used entries deleted first;
+  `DEFAULT_MAX_BYTES` (or `$JAX_COMPILATION_CACHE_MAX_SIZE` when set) by JAX, least recently
+  used entries deleted first;
 - `JAX_ENABLE_COMPILATION_CACHE=false` turns it off; `t5x-lite bench` always does
   (`turn_off`): the compile time it reports is a measurement.
 JAX stores a program only if compiling it took at least a second (its default,
@@ -74,13 +75,16 @@ def use_default() -> Path | None:
         return None
     # In the environment: for JAX when this process imports it, and for the Python processes a
     # command starts (a parallel sweep's workers), which share the cache.
+    # A size the user chose (JAX_COMPILATION_CACHE_MAX_SIZE alone) stays theirs.
+    chosen_size = "JAX_COMPILATION_CACHE_MAX_SIZE" in os.environ
     os.environ["JAX_COMPILATION_CACHE_DIR"] = str(folder)
-    os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(DEFAULT_MAX_BYTES)
+    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(DEFAULT_MAX_BYTES))
     if "jax" in sys.modules:  # it read its variables already (here above, or before)
         import jax
 
         jax.config.update("jax_compilation_cache_dir", str(folder))
-        jax.config.update("jax_compilation_cache_max_size", DEFAULT_MAX_BYTES)
+        if not chosen_size:
+            jax.config.update("jax_compilation_cache_max_size", DEFAULT_MAX_BYTES)
     return folder
 
 

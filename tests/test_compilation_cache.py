@@ -68,6 +68,12 @@ def test_jax_variables_choose_the_folder_or_turn_the_cache_off(tmp_path):
     assert mine["folder"] == str(chosen) and mine["max_size"] == -1  # JAX's settings, not ours
     assert any(chosen.iterdir()) and not (tmp_path / compilation_cache.DEFAULT_DIR).exists()
 
+    # A size alone: the default folder, at the user's size.
+    home = tmp_path / "sized"
+    sized = _child(user_env(1, str(home), JAX_COMPILATION_CACHE_MAX_SIZE="104857600"))
+    assert sized["folder"] == str(home / compilation_cache.DEFAULT_DIR)
+    assert sized["max_size"] == 104857600
+
     off = _child(user_env(1, str(tmp_path), JAX_ENABLE_COMPILATION_CACHE="false"))
     assert off["folder"] is None and not (tmp_path / "t5x_lite").exists()
 
