@@ -94,11 +94,23 @@ def config_differences(
         return under and key not in PARAMETER_NEUTRAL_FIELDS
 
     keys = sorted(key for key in saved.keys() | current.keys() if relevant(key))
-    return [
+    differences = [
         f"{key}: saved {saved.get(key, _ABSENT)!r} != now {current.get(key, _ABSENT)!r}"
         for key in keys
         if saved.get(key, _ABSENT) != current.get(key, _ABSENT)
     ]
+    if relevant("train.optimizer") and _decay_stage(saved) != _decay_stage(current):
+        differences.append(
+            f"train.weight_decay: saved {saved.get('train.weight_decay')!r} != now "
+            f"{current.get('train.weight_decay')!r} (Adafactor's state holds a weight-decay "
+            "stage only when it is non-zero: a resume may change it, not switch it on or off)")
+    return differences
+
+
+def _decay_stage(flat: dict[str, Any]) -> bool:
+    """Whether a config (flat fields) has Adafactor's weight-decay stage in its optimizer state
+    (`optim.make_optimizer` adds it for a non-zero `train.weight_decay` only)."""
+    return flat.get("train.optimizer") == "adafactor" and bool(flat.get("train.weight_decay"))
 
 
 def read_saved_config(directory: str | os.PathLike) -> dict[str, Any] | None:

@@ -273,6 +273,35 @@ def test_a_saved_config_without_the_later_model_fields_reads_as_their_none():
         "model.num_decoder_layers: saved None != now 4"]
 
 
+def test_switching_adafactor_s_weight_decay_on_or_off_is_refused_as_the_state_differs():
+    """Adafactor's state holds a weight-decay stage only for a non-zero rate (optax's
+    `weight_decay_rate=None`), so its checkpoints restore under another non-zero rate but not
+    with it switched on or off: that is named before the restore, not after every saved step
+    has failed to read."""
+    from t5x_lite import optim
+    from t5x_lite.checkpointing import config_differences
+    from t5x_lite.settings import Train
+
+    def state_structure(weight_decay):
+        config = default_config()
+        config.train.update(optimizer="adafactor", weight_decay=weight_decay)
+        params = {"kernel": jnp.zeros((4, 4))}
+        tx = optim.make_optimizer(Train.from_config(config.train))
+        return config.to_dict(), jax.tree.structure(tx.init(params))
+
+    (off, off_tree), (on, on_tree), (other, other_tree) = map(state_structure, (0.0, 0.01, 0.02))
+    assert off_tree != on_tree and on_tree == other_tree
+    assert config_differences(on, other, ("train.optimizer",)) == []
+    for saved, now in ((off, on), (on, off)):
+        assert config_differences(saved, now, RESUME_FIELDS) == [
+            f"train.weight_decay: saved {saved['train']['weight_decay']!r} != now "
+            f"{now['train']['weight_decay']!r} (Adafactor's state holds a weight-decay stage "
+            "only when it is non-zero: a resume may change it, not switch it on or off)"]
+    adamw = {**on, "train": {**on["train"], "optimizer": "adamw"}}
+    assert config_differences(adamw, {**off, "train": {**off["train"], "optimizer": "adamw"}},
+                              RESUME_FIELDS) == []
+
+
 def test_a_saved_config_without_the_ul2_mixture_resumes_unless_the_run_is_ul2():
     """Checkpoints written before objective.ul2_denoisers existed resume under any objective
     that does not read it; a ul2 run compares its mixture."""
