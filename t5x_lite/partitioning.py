@@ -99,10 +99,19 @@ def make_mesh(
 ) -> Mesh:
     """Build the mesh of `config.mesh` over `devices` (default: all devices of all processes):
     over the first `prod(mesh.shape)` of them, so a shape without -1 may use fewer than all
-    (tests put (1, 1) meshes on 8 simulated devices); -1 in one axis uses every device."""
-    devices = list(jax.devices() if devices is None else devices)
-    shape = resolve_mesh_shape(mesh_cfg, len(devices))
-    devices = devices[: math.prod(shape)]
+    (tests put (1, 1) meshes on 8 simulated devices); -1 in one axis uses every device. A mesh
+    that leaves out every device of a process is a `ConfigError`: each process feeds its share
+    of the batch to its own devices."""
+    pool = list(jax.devices() if devices is None else devices)
+    shape = resolve_mesh_shape(mesh_cfg, len(pool))
+    devices = pool[: math.prod(shape)]
+    left_out = sorted({d.process_index for d in pool} - {d.process_index for d in devices})
+    if left_out:
+        raise ConfigError(
+            f"mesh.shape={tuple(mesh_cfg.shape)!r} uses {len(devices)} of the {len(pool)} "
+            f"devices, none of process {', '.join(map(str, left_out))}: every process feeds "
+            "its share of the batch to its own devices; use -1 in one axis"
+        )
     # create_device_mesh orders devices by physical topology on TPU/GPU; a plain reshape on CPU.
     return Mesh(mesh_utils.create_device_mesh(shape, devices), tuple(mesh_cfg.axis_names))
 

@@ -26,6 +26,19 @@ def test_mesh_fills_the_one_minus_one_from_the_device_count():
     assert partitioning.make_mesh(mesh_cfg((-1, 1)), jax.devices()[:1]).devices.size == 1
 
 
+def test_a_mesh_that_leaves_out_a_process_s_devices_is_refused():
+    """Two processes of two devices each (device objects as multi-process JAX lists them): a
+    (2, 1) mesh would hold process 0's devices only, and process 1 could feed its share of the
+    batch nowhere."""
+    import types
+
+    devices = [types.SimpleNamespace(id=i, process_index=i // 2) for i in range(4)]
+    with pytest.raises(ConfigError, match=r"^mesh.shape=\(2, 1\) uses 2 of the 4 devices, "
+                       r"none of process 1: every process feeds its share of the batch to its "
+                       r"own devices; use -1 in one axis$"):
+        partitioning.make_mesh(mesh_cfg((2, 1)), devices)
+
+
 @pytest.mark.parametrize(
     "shape, names, message",
     [
