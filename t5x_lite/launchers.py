@@ -410,7 +410,9 @@ def slurm_script(
         *setup,
         f"# A preempted grid point saves its checkpoints and exits {PREEMPTED_EXIT_STATUS}: back in "
         "the queue,",
-        "# the array task resumes it.",
+        "# the array task resumes it. SLURM signals this shell too (at the time limit, on",
+        "# preemption): it waits for srun instead of dying before the requeue.",
+        "trap : TERM",
         "status=0",
         f'srun {command} {POINT_INDEX_FLAG}="$SLURM_ARRAY_TASK_ID" || status=$?',
         f'if [ "$status" -eq {PREEMPTED_EXIT_STATUS} ]; then',

@@ -470,6 +470,34 @@ def test_slurm_script_for_a_two_point_sweep():
     assert script == (DATA / "launch_slurm.txt").read_text()
 
 
+def test_slurm_script_requeues_a_task_when_slurm_signals_the_whole_job(tmp_path):
+    """At the time limit or on preemption SLURM sends SIGTERM to the batch shell as well as to
+    srun's processes. The sweep saves and exits 75; the script must outlive the signal to
+    requeue the array task. Run with stand-ins for srun (a sweep that saves on SIGTERM) and
+    scontrol (which logs its arguments)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "log"
+    for name, body in (
+            ("srun", f'trap \'sleep 0.3; echo saved >> {log}; exit 75\' TERM\n'
+                     f'echo started >> {log}\nwhile true; do sleep 0.05; done'),
+            ("scontrol", f'echo "scontrol $*" >> {log}')):
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    script = tmp_path / "job.sbatch"
+    script.write_text(launchers.slurm_script(["table2"], num_points=2, partition="gpu"))
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
+           "SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "1"}
+    job = subprocess.Popen(["bash", str(script)], env=env, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not (log.exists() and "started" in log.read_text()):
+        assert time.monotonic() < deadline and job.poll() is None, "srun never started"
+        time.sleep(0.05)
+    os.killpg(job.pid, signal.SIGTERM)  # as SLURM signals the job: every process of it
+    assert job.wait(timeout=30) == PREEMPTED_EXIT_STATUS
+    assert log.read_text().splitlines() == ["started", "saved", "scontrol requeue 7_1"]
+
+
 def test_slurm_without_a_partition_fails_before_writing_anything(tmp_path, capsys):
     with pytest.raises(ValueError, match=r"partition is required for a SLURM launch"):
         launchers.slurm_script(["table2"], num_points=2, partition=None)
