@@ -4,6 +4,8 @@ the TPU and SLURM generators print what a person would type; bad input fails bef
 import dataclasses
 import json
 import os
+import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -468,6 +470,17 @@ def test_slurm_script_for_a_two_point_sweep():
         setup=["source ~/t5x_lite/.venv/bin/activate"],
     )
     assert script == (DATA / "launch_slurm.txt").read_text()
+
+
+def test_launch_readme_shows_the_script_its_slurm_command_prints(capsys):
+    """launch/README.md's `t5x-lite launch slurm ...` example and the script it says that
+    command prints, read from the README and compared with what the command prints."""
+    readme = (Path(__file__).resolve().parents[1] / "launch" / "README.md").read_text()
+    command, script = re.search(r"```bash\n(t5x-lite launch slurm .*?)```\nprints the script "
+                                r"\(for a grid of 10 runs\):\n```bash\n(.*?)```", readme,
+                                re.S).groups()
+    cli.main(["t5x-lite", *shlex.split(command.replace("\\\n", " "))[1:]])
+    assert capsys.readouterr().out == script
 
 
 def test_slurm_script_requeues_a_task_when_slurm_signals_the_whole_job(tmp_path):
