@@ -141,7 +141,9 @@ def _claim_environment(slots: Any, environments: list[dict[str, str]], log_verbo
 class LocalParallelLauncher:
     """`workers` processes on this machine, each with its own devices (see
     `worker_environments`). Points go to whichever worker is free; the records come back to the
-    calling (sweep) process. An exception in `fn`, or a worker that dies, is raised here.
+    calling (sweep) process. An exception in `fn`, or a worker that dies, is raised here once the
+    points already running have finished and their records have come back; no point starts
+    after it.
 
     gpus: the GPU ids to share out (default `visible_gpus()`); an empty list means CPU workers.
     """
@@ -175,6 +177,7 @@ class LocalParallelLauncher:
             if point is not _NO_POINT and not stop.is_set():
                 running.add(pool.submit(fn, point, workdir))
 
+        failure: BaseException | None = None
         try:
             with _sigterm_passed_to_workers(stop):
                 for _ in self.environments:
@@ -184,10 +187,18 @@ class LocalParallelLauncher:
                         running, return_when=concurrent.futures.FIRST_COMPLETED)
                     for future in done:
                         running.remove(future)
+                        if future.exception() is not None:
+                            # Start no more; the points in flight finish and their records
+                            # still come back before the first error is raised.
+                            failure = failure or future.exception()
+                            stop.set()
+                            continue
                         start_next()
                         yield future.result()
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+        if failure is not None:
+            raise failure
 
 
 _NO_POINT = object()  # `LocalParallelLauncher.map`'s end of the points

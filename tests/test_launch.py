@@ -95,10 +95,25 @@ def test_parallel_launcher_returns_every_point_once_with_the_workers_own_devices
     assert len({record["pid"] for record in records}) <= 2
 
 
-def test_parallel_launcher_raises_a_points_error():
+def fail_on_b_while_a_runs(point: FakePoint, workdir: str) -> list[dict]:
+    if point.point == "a":  # still running when b fails
+        while not Path(workdir, "b_failed").exists():
+            time.sleep(0.05)
+    if point.point == "b":
+        Path(workdir, "b_failed").touch()
+    return fail_on_b(point, workdir)
+
+
+def test_parallel_launcher_raises_a_points_error_after_the_running_points_records(tmp_path):
+    """A point's error stops the sweep; the points running beside it finish, and their records
+    reach the sweep (results.jsonl) before the error, instead of being dropped. None starts
+    after it."""
     launcher = launchers.LocalParallelLauncher(2, gpus=[])
+    received = []
     with pytest.raises(RuntimeError, match="point b broke"):
-        list(launcher.map(fail_on_b, POINTS, "wd"))
+        for records in launcher.map(fail_on_b_while_a_runs, POINTS, str(tmp_path)):
+            received.append(records)
+    assert received == [[{"point": "a"}]]
 
 
 def test_parallel_launcher_brings_a_preempted_point_back_as_preempted():
