@@ -27,7 +27,7 @@ import os
 import uuid
 import warnings
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 RESULTS_FILE = "results.jsonl"
 
@@ -171,6 +171,16 @@ class ResultsFile:
             sync_folder(self.path.parent)
 
 
+def run_key(record: Mapping[str, Any]) -> tuple[str, int]:
+    """(point, seed): the run (one pre-training) a record comes from."""
+    return record["point"], record["seed"]
+
+
+def record_key(record: Mapping[str, Any]) -> tuple[str, int, str]:
+    """(point, seed, task): what a record is of; results.jsonl's last record of a key counts."""
+    return (*run_key(record), record["task"])
+
+
 def latest_records(records: Sequence[dict]) -> list[dict]:
-    """The last record of each (point, seed, task), in the order each key first appears."""
-    return list({(r["point"], r["seed"], r["task"]): r for r in records}.values())
+    """The last record of each `record_key`, in the order each key first appears."""
+    return list({record_key(r): r for r in records}.values())

@@ -63,7 +63,7 @@ from t5x_lite.grid import (SWEEP_SPLITS, GridPoint, StepCost, config_hash, expan
                            load_experiment)
 from t5x_lite.loop import METRICS_FILE, PreemptionWatch
 from t5x_lite.preemption import Preempted
-from t5x_lite.results import ResultsFile, latest_records, write_json
+from t5x_lite.results import ResultsFile, latest_records, record_key, run_key, write_json
 from t5x_lite.sweep_workdir import (claim_workdir, point_lock, require_current,
                                     require_current_folders, require_one_view_of_the_workdir,
                                     save_failures_as_recorded, sweep_identity)
@@ -566,14 +566,14 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
     results.finish_last_line()
     finished_records = results.records()
     require_current(finished_records, points, results.path)
-    done = {(r["point"], r["seed"], r["task"]) for r in finished_records}
+    done = {record_key(r) for r in finished_records}
     todo = [p for p in points if unrecorded_tasks(p, done)]
     require_current_folders(todo, workdir_path)
     require_one_view_of_the_workdir(todo, workdir_path)
     for point in todo:  # what its records hold before anything runs: a fault in that
         base_record(point)  # arithmetic stops the sweep here, not after hours of finished runs
     # Every process's view of the records (process 0 may not have appended the last ones yet).
-    latest = {(r["point"], r["seed"], r["task"]): r for r in finished_records}
+    latest = {record_key(r): r for r in finished_records}
     save_failures_as_recorded(todo, latest, workdir_path)
     _log(f"sweep {points[0].experiment} --preset {preset}: {len(points)} runs x "
          f"{len(points[0].config.sweep.tasks)} tasks; {len(points) - len(todo)} done, "
@@ -592,10 +592,10 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
         for records in work:
             runs: dict[tuple, list[str]] = {}
             for record in records:
-                if (record["point"], record["seed"], record["task"]) not in done:
+                if record_key(record) not in done:
                     results.append(record)
-                    latest[record["point"], record["seed"], record["task"]] = record
-                runs.setdefault((record["point"], record["seed"]), []).append(
+                    latest[record_key(record)] = record
+                runs.setdefault(run_key(record), []).append(
                     f"{record['task']} {record['status']}")
             for (point, seed), statuses in runs.items():
                 finished.add((point, seed))
@@ -612,7 +612,7 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
         if stage.on(points[0].config):
             _add_to_finished(points, latest, workdir_path, results, stage)
     wanted = {(p.point, p.seed) for p in points}
-    return [r for r in latest_records(results.records()) if (r["point"], r["seed"]) in wanted]
+    return [r for r in latest_records(results.records()) if run_key(r) in wanted]
 
 
 def run_demo(workdir: str, overrides: Sequence[str] = ()) -> str:

@@ -21,7 +21,7 @@ from typing import Sequence
 from t5x_lite import accounting
 from t5x_lite.checkpointing import CHECKPOINTS_DIR, newest_step
 from t5x_lite.grid import StepCost, expand
-from t5x_lite.results import ResultsFile, latest_records, results_path
+from t5x_lite.results import ResultsFile, latest_records, record_key, results_path, run_key
 from t5x_lite.step_settings import step_settings
 from t5x_lite.sweep import (LATER_STAGES, base_record, budget_line, require_vmap, select_point,
                             unrecorded_tasks, vmap_chunks)
@@ -99,10 +99,10 @@ def plan_sweep(experiment: str, preset: str, workdir: str, overrides: Sequence[s
     state = check_workdir(workdir_path, sweep_identity(experiment, points, overrides))
     records = ResultsFile(workdir_path).records() if state != "new" else []
     require_current(records, points, results_path(workdir_path))
-    done = {(r["point"], r["seed"], r["task"]) for r in records}
+    done = {record_key(r) for r in records}
     latest_of_run: dict[tuple[str, int], list[dict]] = {}
     for record in latest_records(records):
-        latest_of_run.setdefault((record["point"], record["seed"]), []).append(record)
+        latest_of_run.setdefault(run_key(record), []).append(record)
     programs: dict = {}
     runs = []
     for point in points:

@@ -24,7 +24,7 @@ from t5x_lite.checkpointing import (CHECKPOINTS_DIR, RESUME_FIELDS, config_as_js
 from t5x_lite.config import ConfigError
 from t5x_lite.errors import PointBusy
 from t5x_lite.grid import OBSERVING_FIELDS, GridPoint, config_hash, user_overrides
-from t5x_lite.results import is_writer, write_json
+from t5x_lite.results import is_writer, run_key, write_json
 
 SWEEP_FILE = "sweep.json"
 
@@ -103,14 +103,13 @@ def require_current(records: Sequence[dict], points: Sequence[GridPoint], path: 
     by_key = {(p.point, p.seed): p for p in points}
     hashes = {key: config_hash(point.config) for key, point in by_key.items()}
     for record in records:
-        key = (record["point"], record["seed"])
-        expected = hashes.get(key)
+        expected = hashes.get(run_key(record))
         if expected is not None and record.get("config_hash", expected) != expected:
             raise ConfigError(
                 f"{path} holds a record of point {record['point']!r} (seed {record['seed']}) made "
                 f"with another config (config_hash {record['config_hash']}, now {expected}): the "
                 "grid or its defaults changed since; use a new --workdir, or delete that "
-                f"point's lines and its folder {by_key[key].directory(path.parent)} to run it again")
+                f"point's lines and its folder {by_key[run_key(record)].directory(path.parent)} to run it again")
 
 
 # In a point's folder: the file its running process holds a lock on.
