@@ -35,26 +35,28 @@ allows only bert_style and mass_style).
 
     t5x-lite sweep families --preset demo --workdir runs/families
 """
-from t5x_lite import presets
+from t5x_lite import architectures, presets
 
 SPAN_CORRUPTION = {"objective.name": "span_corruption", "objective.noise_density": 0.15,
                    "objective.mean_noise_span_length": 3.0}
-# (model.arch, row label, its natural objective, whether it accepts span corruption)
+# (model.arch, row label, its natural objective)
 ARCHITECTURES = (
-    ("encoder_decoder", "Encoder-decoder", "prefix_lm", True),
-    ("language_model", "Causal decoder", "lm", True),
-    ("prefix_lm", "Non-causal decoder", "prefix_lm", True),
-    ("encoder_only", "Encoder-only", "bert_style", False),
+    ("encoder_decoder", "Encoder-decoder", "prefix_lm"),
+    ("language_model", "Causal decoder", "lm"),
+    ("prefix_lm", "Non-causal decoder", "prefix_lm"),
+    ("encoder_only", "Encoder-only", "bert_style"),
 )
-# Each architecture's points, its natural objective first.
+# Each architecture's points, its natural objective first, then span corruption where the
+# architecture trains on it (not encoder_only, which predicts in place).
 GRID = tuple(
     point
-    for arch, row, natural, takes_spans in ARCHITECTURES
+    for arch, row, natural in ARCHITECTURES
     for point in (
         dict(point=f"{arch}/natural", row=row, objective=f"Natural ({natural})",
              overrides={"model.arch": arch, "objective.name": natural}),
         *([dict(point=f"{arch}/span_corruption", row=row, objective="Span corruption",
-                overrides={"model.arch": arch, **SPAN_CORRUPTION})] if takes_spans else []),
+                overrides={"model.arch": arch, **SPAN_CORRUPTION})]
+          if "span_corruption" in architectures.get(arch).objectives else []),
     )
 )
 # The budget every point spends: T5's encoder-decoder with span corruption in train.steps.

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 
-from t5x_lite import batch_format, objectives, presets
+from t5x_lite import objectives, presets
 from t5x_lite.config import UL2_DENOISERS
 
 
@@ -73,16 +73,11 @@ GRID = tuple(
 
 def sentinels_needed(inputs_length: int) -> int:
     """The sentinel ids the mixture needs at `inputs_length`: the most spans one of its R- or
-    X-denoisers makes, plus the mode tokens (the vocabulary's last sentinels). A denoiser is
-    span corruption at inputs_length - 1 (`objectives.ul2_denoiser_lengths`), whose inputs
-    and targets hold its raw tokens, one sentinel per span in each, and one EOS each."""
-    spans = 0
-    for kind, rate, span, _ in UL2_DENOISERS:
-        if kind != "S":
-            raw, inputs, targets = objectives.lengths_for("span_corruption", inputs_length - 1,
-                                                          rate, span)
-            spans = max(spans, (inputs + targets - 2 - raw) // 2)
-    return spans + len(batch_format.MODE_TOKENS)
+    X-denoisers makes, plus the mode tokens (the vocabulary's last sentinels), as ul2's record
+    counts them (`objective_layout.ul2_sentinels`)."""
+    point, record = dict(name="ul2", inputs_length=inputs_length,
+                         ul2_denoisers=UL2_DENOISERS), objectives.get("ul2")
+    return record.sentinels_needed(point, record.lengths(point)[0])[0]
 
 
 def get_config(preset: str = "tiny"):
