@@ -145,6 +145,10 @@ class GridPoint:
         """The run's pre-training workdir (`train.train`'s: checkpoints, metrics)."""
         return self.directory(workdir) / "pretrain"
 
+    def finetune_directory(self, workdir: str | os.PathLike, task: str) -> Path:
+        """The run's fine-tuning workdir for `task` (`finetune.finetune`'s)."""
+        return self.directory(workdir) / "finetune" / task
+
     def record_path(self, workdir: str | os.PathLike, task: str) -> Path:
         """Where the run's finished record of `task` is saved, to be reused on resume."""
         return self.directory(workdir) / "records" / f"{task}.json"

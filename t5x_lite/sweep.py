@@ -319,7 +319,7 @@ def _finetune_tasks(point: GridPoint, workdir: str, started: float,
         task_config.finetune.tasks = (task,)
         try:
             result = finetune.finetune(task_config,
-                                       str(point.directory(workdir) / "finetune" / task),
+                                       str(point.finetune_directory(workdir, task)),
                                        init_from=str(pretrain),
                                        progress=config.sweep.progress)
         except Exception as error:  # recorded as failed; the other tasks still run
