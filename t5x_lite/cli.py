@@ -504,6 +504,10 @@ def _launched_sweep_points(sweep_args: list[str], target: str) -> int:
     if args.dry_run:
         raise ValueError("--dry_run in SWEEP_ARGS would only print a plan on every host; run "
                          "`t5x-lite sweep SWEEP_ARGS --dry_run` here instead")
+    if args.launcher != "local":
+        raise ValueError(f"--launcher {args.launcher} in SWEEP_ARGS: launch starts the sweep's "
+                         "processes itself (one jax.distributed run on the pod's hosts or in "
+                         "each array task); leave --launcher out")
     if args.point_index is not None and target == "slurm":
         raise ValueError("--point_index in SWEEP_ARGS: the job array sets it, one task per "
                          "grid point; leave it out")

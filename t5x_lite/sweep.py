@@ -495,6 +495,18 @@ def require_vmap(vmap: int, launcher: launchers.Launcher | None = None) -> None:
                           "launcher sizes its tasks per point")
 
 
+def require_launcher_for_processes(launcher: launchers.Launcher | None) -> None:
+    """Refuse a launcher of its own processes in a sweep of several processes (a TPU pod's
+    hosts, a SLURM task's srun processes: one jax.distributed run, each point in all of them),
+    whose workers would each run the points alone and write the same workdir."""
+    if jax.process_count() > 1 and not isinstance(launcher, (launchers.LocalLauncher,
+                                                             type(None))):
+        raise ConfigError(f"this sweep runs in {jax.process_count()} processes (one "
+                          "jax.distributed run, each point in all of them); the "
+                          f"{type(launcher).__name__} would start processes of its own: use "
+                          "--launcher local")
+
+
 def _require_local_inputs(points: Sequence[GridPoint], mesh: bool) -> None:
     """What the points need of this machine: their attention kernel, the data of every task
     split the sweep reads (loaded once here, as fine-tuning would load it; a TFDS dataset not
@@ -548,6 +560,7 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
     tasks per point, so vmap needs the local or parallel launcher.
     """
     require_vmap(vmap, launcher)
+    require_launcher_for_processes(launcher)
     points = expand(experiment, preset, overrides)
     budget = budget_line(points)
     if budget:

@@ -116,6 +116,24 @@ def test_parallel_launcher_raises_a_points_error_after_the_running_points_record
     assert received == [[{"point": "a"}]]
 
 
+def test_a_sweep_of_several_processes_runs_its_points_with_the_local_launcher(monkeypatch,
+                                                                              tmp_path):
+    """Each process of a multi-process sweep (a pod's hosts, a SLURM task's srun processes) runs
+    every point; a launcher of worker processes would have each run the points alone."""
+    import jax
+
+    from t5x_lite import sweep
+    from t5x_lite.config import ConfigError
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with pytest.raises(ConfigError, match=r"^this sweep runs in 2 processes \(one jax.distributed "
+                       r"run, each point in all of them\); the LocalParallelLauncher would start "
+                       r"processes of its own: use --launcher local$"):
+        sweep.run_sweep("table2", "demo", str(tmp_path / "w"),
+                        launcher=launchers.LocalParallelLauncher(2, gpus=[]))
+    assert not (tmp_path / "w").exists()
+
+
 def test_parallel_launcher_brings_a_preempted_point_back_as_preempted():
     """Not a failure, not a dead worker: the sweep sees the preemption (and its exit status)."""
     launcher = launchers.LocalParallelLauncher(1, gpus=[])
@@ -593,6 +611,10 @@ def test_launch_command_reports_bad_input_without_a_traceback(capsys):
     ("tpu", ["--point_index", "99"], "point_index=99 must be in [0, 10)"),
     ("slurm", ["--launcher", "parallel", "--workers", "0"],
      "argument --workers: '0' is not an integer >= 1"),
+    ("tpu", ["--launcher", "parallel", "--workers", "2"],
+     "--launcher parallel in SWEEP_ARGS: launch starts the sweep's processes itself"),
+    ("slurm", ["--launcher", "ray"], "--launcher ray in SWEEP_ARGS: launch starts the sweep's "
+     "processes itself"),
 ])
 def test_a_launched_sweep_that_cannot_work_is_refused_here_not_on_the_cluster(
         target, sweep_flags, message, capsys):
