@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from xla_env import user_env
 
@@ -30,6 +31,7 @@ jax.monitoring.register_event_listener(
 jax.jit(lambda x: x * 2.0 + 1.0)(jax.numpy.arange(3.0)).block_until_ready()
 print(json.dumps({"folder": folder and str(folder), "hits": len(hits),
                   "max_size": jax.config.jax_compilation_cache_max_size,
+                  "min_compile_s": jax.config.jax_persistent_cache_min_compile_time_secs,
                   "warnings": [str(w.message) for w in caught]}))
 """
 
@@ -42,14 +44,25 @@ def _child(env: dict[str, str]) -> dict:
 
 
 def test_a_second_process_loads_what_the_first_compiled_from_the_users_cache_folder(tmp_path):
-    env = user_env(1, str(tmp_path))
-    folder = tmp_path / compilation_cache.DEFAULT_DIR
+    env = user_env(1, str(tmp_path))  # the user's cache folder ($XDG_CACHE_HOME)
+    folder = tmp_path / "t5x_lite" / "jax_compilation_cache"  # as the README says
     first = _child(env)
-    assert first == {"folder": str(folder), "hits": 0,
-                     "max_size": compilation_cache.DEFAULT_MAX_BYTES, "warnings": []}
+    assert first == {"folder": str(folder), "hits": 0, "max_size": 4 * 2**30,
+                     "min_compile_s": 0.0, "warnings": []}  # user_env stores every program
     assert any(folder.iterdir()) and folder.stat().st_mode & 0o777 == 0o700
     second = _child(env)
     assert second["hits"] > 0 and second["folder"] == str(folder)
+
+
+def test_only_programs_that_took_a_second_or_more_to_compile_are_stored(tmp_path):
+    """JAX's default threshold, which the commands keep: this child's tiny program compiles
+    faster and is not stored."""
+    env = user_env(1, str(tmp_path))
+    del env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]
+    result = _child(env)
+    assert result["min_compile_s"] == 1.0
+    stored = [p.name for p in Path(result["folder"]).iterdir() if p.name != ".lockfile"]
+    assert stored == []  # (JAX's lock file for its size limit aside)
 
 
 def test_before_jax_is_imported_the_default_costs_no_import_of_it(tmp_path):

@@ -72,7 +72,8 @@ def teacher_forced(arch, targets, inputs=INPUTS, **settings):
         ends = np.flatnonzero(y == EOS_ID)
         pairs.append((x[:prompt_length(x)], y[:ends[0] + 1 if ends.size else len(y)]))
     [batch] = pad_examples(pairs, len(pairs), INPUTS.shape[1], MAX_LENGTH,
-                           family=architectures.get(arch).family)
+                           family=architectures.get(arch).family,
+                           mask_token=batch_format.mask_token(VOCAB))
     return batch, forward(arch, batch, **settings)
 
 
@@ -252,11 +253,16 @@ def test_sampling_is_reproducible_per_key_and_stays_in_the_top_k_and_the_nucleus
 # --------------------------------------------------------------------------------- scoring
 
 
-@pytest.mark.parametrize("arch", ["encoder_decoder", "prefix_lm"])
+@pytest.mark.parametrize("arch", ["encoder_decoder", "prefix_lm", "language_model",
+                                  "encoder_only"])
 def test_score_is_the_target_log_likelihood(arch):
+    """Summed over the target tokens (EOS included), not divided by their number, for every
+    family: encoder_only's targets sit in its mask slots (`encoder_*` keys)."""
     batch, logits = teacher_forced(arch, np.array([[5, 9, 1], [11, 1, 0], [6, 6, 1], [1, 0, 0]]))
-    expected = [sum(jax.nn.log_softmax(logits[i, pos])[batch["decoder_target_tokens"][i, pos]]
-                    for pos in np.flatnonzero(batch["decoder_loss_weights"][i]))
+    targets_key, weights_key = batch_format.loss_keys(architectures.get(arch).family)
+    assert batch[weights_key].sum(-1).tolist() == [3, 2, 3, 1]
+    expected = [sum(jax.nn.log_softmax(logits[i, pos])[batch[targets_key][i, pos]]
+                    for pos in np.flatnonzero(batch[weights_key][i]))
                 for i in range(len(INPUTS))]
     np.testing.assert_allclose(score(tiny_model(arch), batch), expected, rtol=1e-5)
 

@@ -499,7 +499,10 @@ def test_iid_denoising_without_noise_keeps_the_text_and_targets_the_final_sentin
         assert unpad(batch["decoder_target_tokens"][i]) == [VOCAB - 1, EOS]
 
 
-@given(name=st.sampled_from(OBJECTIVES), density=densities, span=span_lengths,
+# Every objective, each with its own draws: sampled from all of them, hypothesis left some out.
+@pytest.mark.parametrize("name", OBJECTIVES)
+@settings(max_examples=4)
+@given(density=densities, span=span_lengths,
        fraction=st.floats(0.0, 1.0), lengths=st.lists(st.integers(2, RAW), min_size=BATCH,
                                                       max_size=BATCH), seed=seeds)
 def test_outputs_use_only_real_tokens_eos_and_their_own_special_ids(name, density, span, fraction,
@@ -590,7 +593,7 @@ def test_deshuffling_inputs_are_a_real_permutation_and_targets_the_original():
         # A uniform shuffle keeps about 1 token in n in place, not most of them.
         assert fixed / long_positions < 0.2, (seed, fixed, long_positions)
         orders.append(perms)
-    assert orders[0][0] != orders[1][0] != orders[2][0]  # another rng, another order
+    assert len({tuple(order[0]) for order in orders}) == 3  # another rng, another order
 
 
 def test_bert_style_random_token_share_and_mass_style_masks_only():
@@ -613,9 +616,10 @@ def test_bert_style_random_token_share_and_mass_style_masks_only():
 # ------------------------------------------------------------------------------------------
 
 
-@settings(max_examples=25)
-@given(name=st.sampled_from(OBJECTIVES), inputs_length=st.integers(3, 24),
-       density=st.floats(0.05, 0.6), span=span_lengths, seed=seeds)
+@pytest.mark.parametrize("name", OBJECTIVES)
+@settings(max_examples=3)
+@given(inputs_length=st.integers(3, 24), density=st.floats(0.05, 0.6), span=span_lengths,
+       seed=seeds)
 def test_outputs_fit_the_lengths_the_arithmetic_promises(name, inputs_length, density, span, seed):
     if name == "ul2":  # its lengths are its mixture's, which WIDE holds at inputs_length 24
         inputs_length = 24
@@ -626,7 +630,7 @@ def test_outputs_fit_the_lengths_the_arithmetic_promises(name, inputs_length, de
     input_lengths = np.count_nonzero(batch["encoder_input_tokens"], axis=1)
     target_lengths = np.count_nonzero(batch["decoder_target_tokens"], axis=1)
     # The i.i.d. objectives' bounds hold but for a share <= 1e-6 of examples: with hypothesis
-    # derandomized, these 25 x 8 examples are within them.
+    # derandomized, these 3 x 8 examples of each are within them.
     assert input_lengths.max() <= max(inputs_bound, 1) <= inputs_length
     assert target_lengths.max() <= targets_bound
     if name in ("lm", "token_masking", "token_deletion", "document_rotation",
@@ -637,8 +641,9 @@ def test_outputs_fit_the_lengths_the_arithmetic_promises(name, inputs_length, de
         assert (target_lengths == num_noise + num_spans + 1).all()
 
 
-@given(name=st.sampled_from(OBJECTIVES), density=densities, span=span_lengths,
-       raw_length=st.integers(2, RAW), seed=seeds)
+@pytest.mark.parametrize("name", OBJECTIVES)
+@settings(max_examples=3)
+@given(density=densities, span=span_lengths, raw_length=st.integers(2, RAW), seed=seeds)
 def test_decoder_only_row_is_inputs_then_targets(name, density, span, raw_length, seed):
     tokens, rng = raw_tokens(seed), jax.random.key(seed)
     spec = make_spec(name, density, span, raw_length)

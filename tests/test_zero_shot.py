@@ -55,11 +55,14 @@ def random_model(config):
 
 
 def option_by_option(config, model):
-    """float `[examples, options]`: each (example, option) row scored alone by
-    `decoding.score`, the direct transcription of 'every option's summed log-likelihood'."""
+    """float `[examples, options]`: each (example, option) row scored alone, the direct
+    transcription of 'every option's summed log-likelihood': the model's forward pass under
+    the architecture's masks, log-softmax, summed over the option's tokens (EOS included), not
+    divided by their number."""
     vocab = pipeline.vocabulary_from_config(config)
-    ft = config.finetune
-    family = architectures.get(config.model.arch).family
+    ft, arch = config.finetune, config.model.arch
+    family = architectures.get(arch).family
+    targets_key, weights_key = batch_format.loss_keys(family)
     mask_token = batch_format.mask_token(config.model.vocab_size)
     table = np.zeros((len(INPUTS), len(OPTIONS)))
     for i, text in enumerate(INPUTS):
@@ -67,7 +70,11 @@ def option_by_option(config, model):
             pair = (vocab.encode(text) + [EOS_ID], vocab.encode(option) + [EOS_ID])
             batch, = pipeline.pad_examples([pair], 1, ft.inputs_length, ft.targets_length,
                                            family=family, mask_token=mask_token)
-            table[i, k] = decoding.score(model, batch)[0]
+            log_probs = np.asarray(jax.nn.log_softmax(model(batch, models.make_masks(batch, arch))))
+            at_targets = np.take_along_axis(log_probs[0], batch[targets_key][0][:, None], -1)
+            weights = batch[weights_key][0]
+            assert weights.sum() == len(vocab.encode(option)) + 1  # the option and its EOS
+            table[i, k] = float((at_targets[:, 0] * weights).sum())
     return table
 
 
