@@ -43,7 +43,10 @@ def fold_rng(rng: jax.Array | None, site: int) -> jax.Array | None:
 
 
 def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
-    """Inverted dropout: zero each element with probability `rate`, scale the rest up.
+    """Inverted dropout as T5 applies it to `x [..., length, features]`: each feature of an
+    example is zeroed with probability `rate` at every position or at none (one mask per
+    example and feature, shared along the sequence axis -2: Mesh TensorFlow's noise shape
+    without the length dimension, T5X's `broadcast_dims=(-2,)`), the rest scaled up.
 
     Identity when `rng` is None (evaluation) or `rate` is 0. The mask is a pure function of
     `rng` and `x.shape` (`random_bits`), so it does not depend on the sharding.
@@ -52,7 +55,8 @@ def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
         return x
     # Dropped iff bits < threshold: probability threshold / 2^32, `rate` to within 2^-32.
     threshold = jnp.uint32(min(round(rate * 2.0**32), 2**32 - 1))
-    return keep_and_scale(x, random_bits(rng, x.shape) >= threshold, rate)
+    mask_shape = (*x.shape[:-2], 1, x.shape[-1])
+    return keep_and_scale(x, random_bits(rng, mask_shape) >= threshold, rate)
 
 
 def keep_and_scale(x: jax.Array, keep: jax.Array, rate: float) -> jax.Array:
