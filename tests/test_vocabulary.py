@@ -72,6 +72,16 @@ def test_pickle_rebuilds_the_same_vocabulary(vocab):
     assert clone.encode(CORPUS[3]) == vocab.encode(CORPUS[3])
 
 
+def test_the_same_text_makes_the_same_vocabulary_on_machines_of_any_core_count(monkeypatch):
+    """SentencePiece's trainer gives another model for another thread count: the vocabulary
+    (and every token id a run trains on) must not depend on the machine's cores."""
+    models = set()
+    for cores in (1, 2, 4):
+        monkeypatch.setattr(os, "cpu_count", lambda cores=cores: cores)
+        models.add(train_vocabulary(CORPUS, VOCAB_SIZE, EXTRA).model_proto)
+    assert len(models) == 1
+
+
 def test_cache_is_reused_and_keyed_by_text(vocab, vocab_dir):
     models = sorted(os.listdir(vocab_dir))
     again = train_vocabulary(CORPUS, VOCAB_SIZE, EXTRA, cache_dir=vocab_dir)
@@ -83,7 +93,9 @@ def test_cache_is_reused_and_keyed_by_text(vocab, vocab_dir):
 
 
 def test_load_vocabulary_reads_a_model_file(vocab, vocab_dir):
-    path = os.path.join(vocab_dir, sorted(os.listdir(vocab_dir))[0])
+    # The cached file of `vocab` (other tests cache other vocabularies in the same folder).
+    path = next(path for path in (os.path.join(vocab_dir, name) for name in os.listdir(vocab_dir))
+                if open(path, "rb").read() == vocab.model_proto)
     loaded = load_vocabulary(path, num_extra_ids=EXTRA)
     assert loaded.encode(CORPUS[1]) == vocab.encode(CORPUS[1])
     with pytest.raises(FileNotFoundError, match="vocabulary path 'nope.model' is not a file"):

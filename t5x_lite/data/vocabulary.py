@@ -23,6 +23,11 @@ from t5x_lite.config import (DEFAULT_NUM_SENTINELS, EOS_ID, NUM_RESERVED_IDS, PA
 _MIN_PIECES_FOR_BYTE_FALLBACK = 1024
 # SentencePiece trains on at most this many sentences (a random sample of longer corpora).
 _MAX_TRAINING_SENTENCES = 2_000_000
+# SentencePiece's unigram trainer gives another model for another thread count, so the count is
+# fixed, not the machine's cores: the same text makes the same vocabulary on every machine (2,
+# the development machine's cores, which trained every vocabulary behind this repository's
+# measured numbers). Part of the options, so of a cached model's name.
+TRAINING_THREADS = 2
 
 
 def sentinel_text(i: int) -> str:
@@ -141,6 +146,7 @@ def train_vocabulary(
         model_type="unigram", vocab_size=num_pieces, pad_id=PAD_ID, eos_id=EOS_ID,
         unk_id=UNK_ID, bos_id=-1, byte_fallback=num_pieces >= _MIN_PIECES_FOR_BYTE_FALLBACK,
         input_sentence_size=_MAX_TRAINING_SENTENCES, shuffle_input_sentence=True,
+        num_threads=TRAINING_THREADS,
     )
     digest = hashlib.sha256(json.dumps(options, sort_keys=True).encode())
     lines = []
@@ -157,7 +163,6 @@ def train_vocabulary(
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model,
-                                       num_threads=os.cpu_count() or 1,
                                        minloglevel=2,  # only SentencePiece's errors
                                        **options)
     except RuntimeError as e:  # e.g. "Vocabulary size too high": name our field
