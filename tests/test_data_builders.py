@@ -55,9 +55,14 @@ def test_gathering_counts_skipped_modules():
     ("line", ["Title one", "line a", "Title two", "line b", "third"]),
     ("file", ["Title one\nline a\n\nTitle two\nline b\n\nthird\n"]),
 ])
-def test_text_files_units(tmp_path, unit, expected):
-    write(tmp_path / "a.txt", "Title one\nline a\n\nTitle two\nline b\n\nthird\n")
+@pytest.mark.parametrize("line_end, blank", [("\n", ""), ("\r\n", ""), ("\n", " \t")])
+def test_text_files_units(tmp_path, unit, expected, line_end, blank):
+    """Alike with Windows line ends, and with blank lines that hold spaces."""
+    text = f"Title one\nline a\n{blank}\nTitle two\nline b\n\nthird\n"
+    write(tmp_path / "a.txt", text.replace("\n", line_end))
     source = TextFiles(files={"train": str(tmp_path / "*.txt")}, unit=unit)
+    if unit == "file":
+        expected = [text]
     assert [r["text"] for r in load_split(source, "train", str(tmp_path / "dd"))] == expected
 
 

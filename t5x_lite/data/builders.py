@@ -44,6 +44,7 @@ import io
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -127,8 +128,9 @@ class TextFiles(_LocalSource):
     """Plain-text or JSON-lines corpora: `files` maps split -> glob of `.txt` / `.jsonl` files.
 
     `unit` says what one document is: a whole file, one line, or one blank-line separated
-    block (the format of shared/data/pretrain). For `.jsonl`, every line is a JSON object whose
-    `jsonl_field` is the document (`unit` is then ignored).
+    block (the format of shared/data/pretrain; a blank line may hold spaces or tabs). Line ends
+    are read as "\n" whatever the file's (Windows' "\r\n", old Macs' "\r"). For `.jsonl`,
+    every line is a JSON object whose `jsonl_field` is the document (`unit` is then ignored).
     """
 
     files: Mapping[str, str]
@@ -163,11 +165,14 @@ class TextFiles(_LocalSource):
             if text is None:
                 yield f"{file_index}", "undecodable bytes"
                 continue
+            text = text.replace("\r\n", "\n").replace("\r", "\n")  # Windows / old Mac ends
             if self.unit == "file":
                 yield f"{file_index}", _text_record(text)
                 continue
-            # Blank lines / extra newlines separate documents; they are not bad records.
-            docs = text.split("\n" if self.unit == "line" else "\n\n")
+            # Blank lines (spaces allowed) / extra newlines separate documents; they are not
+            # bad records.
+            docs = (text.split("\n") if self.unit == "line"
+                    else re.split(r"\n[ \t]*\n", text))
             for doc_index, doc in enumerate(docs):
                 if doc.strip():
                     yield f"{file_index}:{doc_index}", {"text": doc.strip("\n")}
@@ -530,7 +535,9 @@ def _gather_in_child() -> tuple[list[str], dict[str, int]]:
 
 # ----------------------------------------------------------------------------- the TFDS builder
 
-_BUILD_FORMAT = "1.0.0"  # bump when parsing changes, so every old build is rebuilt
+# Bump when parsing changes, so every old build is rebuilt (1.1.0: text files' line ends and
+# blank lines holding spaces).
+_BUILD_FORMAT = "1.1.0"
 
 
 @dataclasses.dataclass(eq=False)
