@@ -48,7 +48,8 @@ def make_optimizer(
     stacked parameter is then optimised on its own (see `_per_layer`), exactly as unscanned.
 
     adafactor: T5 / T5X's settings (which are optax's defaults, spelled out here): factored
-    second moments for matrices whose two largest dims are >= 128, decay rate 0.8
+    second moments for matrices whose two largest dims are >= 128 (an attention kernel seen
+    as the matrix T5 stores it: `_attention_kernels_as_matrices`), decay rate 0.8
     (beta2_t = 1 - t^-0.8), no momentum, update clipping at RMS 1.0, updates scaled by the
     parameter's RMS (floor 1e-3), epsilon 1e-30.
     adamw: b1 0.9, b2 0.999, eps 1e-8 (PyTorch's defaults, so the tiny preset compares like
@@ -57,17 +58,59 @@ def make_optimizer(
     """
     schedule = learning_rate_schedule(train)
     if train.optimizer == "adafactor":
-        tx = optax.adafactor(
+        tx = _attention_kernels_as_matrices(optax.adafactor(
             learning_rate=schedule, min_dim_size_to_factor=128, decay_rate=0.8,
             multiply_by_parameter_scale=True, clipping_threshold=1.0, momentum=None, eps=1e-30,
             factored=True, weight_decay_rate=train.weight_decay or None,
-        )
+        ))
     else:
         matrices = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
         tx = optax.adamw(
             schedule, b1=0.9, b2=0.999, eps=1e-8, weight_decay=train.weight_decay, mask=matrices
         )
     return _per_layer(tx) if scanned_layers else tx
+
+
+# The attention kernels' logical axes (`layers.Attention`): query, key and value, then out.
+_HEADS_OUT_OF_EMBED, _HEADS_INTO_EMBED = ("embed", "heads", "kv"), ("heads", "kv", "embed")
+
+
+def _is_variable(x: Any) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+def _as_matrix(param: Any) -> Any:
+    """An attention kernel as the matrix T5 stores it (Mesh TensorFlow combines heads and d_kv
+    into one dimension): query/key/value [..., d_model, heads * d_kv], out [..., heads * d_kv,
+    d_model]; any other parameter as it is."""
+    if not _is_variable(param):
+        return param
+    axes, value = tuple(param.get_metadata().get("logical_axes", ()))[-3:], param[...]
+    if axes == _HEADS_OUT_OF_EMBED:
+        return param.replace(value.reshape(*value.shape[:-2], -1))
+    if axes == _HEADS_INTO_EMBED:
+        return param.replace(value.reshape(*value.shape[:-3], -1, value.shape[-1]))
+    return param
+
+
+def _attention_kernels_as_matrices(
+        tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    """`tx` seeing each attention kernel as the matrix T5 stores it (`_as_matrix`), the updates
+    shaped back. Adafactor factors a parameter's second moments over its two largest dimensions
+    when both are >= 128: as T5's matrices, over d_model and heads x d_kv, as T5 and T5X
+    (whose factor rules read the same rows and columns) do; as [d_model, heads, d_kv], over
+    d_model and d_kv, which at d_kv 64 (T5-small, T5-base) leaves them unfactored."""
+    def matrices(tree: Any) -> Any:
+        return jax.tree.map(_as_matrix, tree, is_leaf=_is_variable)
+
+    def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+        shaped, state = tx.update(matrices(updates), state,
+                                  None if params is None else matrices(params))
+        return jax.tree.map(
+            lambda new, old: new.replace(new[...].reshape(old[...].shape))
+            if _is_variable(new) else new, shaped, updates, is_leaf=_is_variable), state
+
+    return optax.GradientTransformation(lambda params: tx.init(matrices(params)), update)
 
 
 def _per_layer(tx: optax.GradientTransformation) -> optax.GradientTransformation:

@@ -151,6 +151,47 @@ def test_rsqrt_schedule_is_t5s_inverse_square_root_with_constant_warmup():
     assert lr(10_000) == pytest.approx(0.01) and lr(40_000) == pytest.approx(0.005)
 
 
+def test_adafactor_factors_an_attention_kernel_as_the_matrix_t5_stores():
+    """T5 (Mesh TensorFlow) stores query/key/value as [d_model, heads * d_kv] and out as
+    [heads * d_kv, d_model]; Adafactor factors their second moments over those rows and
+    columns. Ours are [d_model, heads, d_kv] / [heads, d_kv, d_model], which optax would factor
+    over d_model and d_kv (64 < 128 at T5-small: not at all). Two steps of ours on T5-small's
+    shapes equal two steps of optax's Adafactor, T5's settings, on the matrices."""
+    from flax import nnx
+    import optax
+
+    d_model, heads, d_kv = 512, 8, 64
+    cfg = tiny_config()
+    cfg.train.update(optimizer="adafactor", schedule="constant", learning_rate=0.01)
+    tx = optim.make_optimizer(step_settings(cfg).train)
+    reference = optax.adafactor(learning_rate=0.01, min_dim_size_to_factor=128, decay_rate=0.8,
+                                multiply_by_parameter_scale=True, clipping_threshold=1.0,
+                                momentum=None, eps=1e-30, factored=True)
+    draw = lambda seed, shape: jax.random.normal(jax.random.key(seed), shape)  # noqa: E731
+    shapes = {"query": ((d_model, heads, d_kv), ("embed", "heads", "kv"), (d_model, -1)),
+              "out": ((heads, d_kv, d_model), ("heads", "kv", "embed"), (-1, d_model))}
+    params = nnx.State({name: nnx.Param(draw(i, shape), logical_axes=axes)
+                        for i, (name, (shape, axes, _)) in enumerate(shapes.items())})
+    as_matrices = {name: params[name][...].reshape(matrix)
+                   for name, (_, _, matrix) in shapes.items()}
+    state, ref_state = tx.init(params), reference.init(as_matrices)
+    # Factored: a row and a column moment, d_model and heads * d_kv long.
+    factored = [leaf.shape for leaf in jax.tree.leaves(state) if getattr(leaf, "ndim", 0) == 1
+                and leaf.shape[0] == d_model]
+    assert len(factored) == 4  # v_row and v_col of each kernel
+    for step in range(2):
+        grads = jax.tree.map(lambda p, step=step: p.replace(draw(10 + step, p[...].shape)),
+                             params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+        updates, state = tx.update(grads, state, params)
+        ref_updates, ref_state = reference.update(
+            {name: grads[name][...].reshape(as_matrices[name].shape) for name in shapes},
+            ref_state, as_matrices)
+        for name in shapes:
+            assert updates[name][...].shape == params[name][...].shape
+            np.testing.assert_allclose(np.asarray(updates[name][...]).reshape(
+                as_matrices[name].shape), np.asarray(ref_updates[name]), rtol=1e-5, atol=1e-9)
+
+
 def test_linear_cosine_and_constant_schedules():
     linear, cosine, constant = schedule("linear"), schedule("cosine"), schedule("constant", lr=3e-4)
     assert [linear(s) for s in (0, 5, 10, 60, 110)] == pytest.approx([0.0, 0.5, 1.0, 0.5, 0.0])
