@@ -50,6 +50,20 @@ def test_gathering_counts_skipped_modules():
     assert counts["modules"] > 300 and len(docs) > counts["modules"] / 2
 
 
+def test_the_python_docs_corpus_does_not_depend_on_the_working_folder(tmp_path, monkeypatch):
+    """A command run in a folder holding a file named as a standard-library module gathers the
+    same corpus: the module's own docstring, not the file's."""
+    (tmp_path / "colorsys.py").write_text('"""SHADOWED colorsys."""\n')
+    monkeypatch.chdir(tmp_path)
+    builders._gather_in_child.cache_clear()
+    try:
+        docs, counts = builders._gather_in_child()
+    finally:
+        builders._gather_in_child.cache_clear()
+    assert not any("SHADOWED" in doc for doc in docs)
+    assert any("RGB" in doc and "YIQ" in doc for doc in docs)  # colorsys's own docstring
+
+
 @pytest.mark.parametrize("unit, expected", [
     ("block", ["Title one\nline a", "Title two\nline b", "third"]),
     ("line", ["Title one", "line a", "Title two", "line b", "third"]),

@@ -517,12 +517,18 @@ class PythonDocs(_LocalSource):
 
 @functools.lru_cache(maxsize=1)  # both splits of one build come from one gathering
 def _gather_in_child() -> tuple[list[str], dict[str, int]]:
-    """Runs `gather_python_docs` in a fresh interpreter (stdin closed, output to a file)."""
+    """Runs `gather_python_docs` in a fresh interpreter (stdin closed, output to a file), in
+    an empty folder: `python -c` puts its working folder first on the module path, where a
+    file such as `colorsys.py` would stand in for the standard library's module and change
+    the corpus."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "docs.json")
-        code = ("import json, sys; from t5x_lite.data.builders import gather_python_docs; "
+        # Last on the path, after the standard library: where this process found t5x_lite.
+        package_parent = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+        code = (f"import sys; sys.path.append({package_parent!r}); import json; "
+                "from t5x_lite.data.builders import gather_python_docs; "
                 "json.dump(gather_python_docs(), open(sys.argv[1], 'w'))")
-        child = subprocess.run([sys.executable, "-c", code, out], timeout=600,
+        child = subprocess.run([sys.executable, "-c", code, out], timeout=600, cwd=tmp,
                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True)
         if child.returncode != 0:
