@@ -45,9 +45,12 @@ class Stack:
     """One stack of transformer layers (`models.TransformerStack`)."""
 
     role: str  # one of ROLES
-    # Relative-position buckets that tell earlier from later keys; what a position may see is
-    # the mask's business, not this.
-    bidirectional: bool
+    # Relative-position buckets that tell earlier from later keys (True), or keys after the
+    # query all in one (False); None: as the architecture's prefix attention (Mesh
+    # TensorFlow's rule, bidirectional = not fully autoregressive: a prefix LM's decoder reads
+    # both directions, a language model's only the past; `Architecture.bidirectional_positions`).
+    # What a position may see is the mask's business, not this.
+    bidirectional: bool | None
     # The stack has depth // depth_divisor layers, depth being model.num_layers, or for the
     # decoder of a model with both stacks model.num_decoder_layers when that is set.
     depth_divisor: int = 1
@@ -78,6 +81,12 @@ class Architecture:
     cost_label: str  # Table 2's Cost: "M" or "M/2"
     prefix_attention: bool = False
     shares_program_of: str | None = None  # None: its own
+
+    def bidirectional_positions(self, stack: Stack) -> bool:
+        """Whether `stack` of this architecture reads relative positions with bidirectional
+        buckets: its own rule, or where it has none (None), the architecture's prefix
+        attention."""
+        return self.prefix_attention if stack.bidirectional is None else stack.bidirectional
 
     @property
     def objectives(self) -> tuple[str, ...]:
@@ -205,9 +214,10 @@ def names(*, family: str | None = None, program: str | None = None,
 
 _ENCODER = Stack("encoder", bidirectional=True)
 _DECODER = Stack("decoder", bidirectional=False, cross_attention=True)
-# Bidirectional buckets for a decoder-only stack, so that its parameters mean the same thing
-# under the causal and the prefix mask (language_model and prefix_lm share them).
-_DECODER_ONLY = (Stack("decoder", bidirectional=True),)
+# A decoder-only stack's buckets follow prefix attention, as in Mesh TensorFlow: causal for
+# language_model, bidirectional for prefix_lm (which share parameters and program: the step's
+# traced prefix flag switches both the mask and the bucket rule, `models.make_masks`).
+_DECODER_ONLY = (Stack("decoder", bidirectional=None),)
 
 register(Architecture("encoder_decoder", "encoder_decoder", (_ENCODER, _DECODER), "2P", "M"))
 register(Architecture(

@@ -258,16 +258,17 @@ def _prefill(model: nnx.Module, inputs: jax.Array, settings: _Settings) -> _Prom
     # Slots past a row's prompt get padding's keys here; each is overwritten by the step that
     # first makes it visible. The first step recomputes slot `end` (the same keys / values:
     # that position sees the same slots either way) and gives the first target's logits.
-    _, cache = model.extend(tokens, positions, mask, cache)
+    _, cache = model.extend(tokens, positions, mask, cache, arch=settings.arch)
     return _Prompt(cache, tokens[jnp.arange(batch_size), end], end, None)
 
 
 def _step(model: nnx.Module, prompt: _Prompt, cache: Cache, tokens: jax.Array,
-          positions: jax.Array) -> tuple[jax.Array, Cache]:
-    """Feed `tokens [N]` at `positions [N]`: logits `[N, vocab]` for the next ones, new cache."""
+          positions: jax.Array, arch: str) -> tuple[jax.Array, Cache]:
+    """Feed `tokens [N]` at `positions [N]`: logits `[N, vocab]` for the next ones, new cache
+    (positions read as `arch` reads them)."""
     mask = attention.cache_mask(positions[:, None], cache_slots(cache))
     logits, cache = model.extend(tokens[:, None], positions[:, None], mask, cache,
-                                 prompt.cross_mask)
+                                 prompt.cross_mask, arch=arch)
     return logits[:, 0], cache
 
 
@@ -282,7 +283,7 @@ def _sample(model: nnx.Module, prompt: _Prompt, settings: _Settings,
 
     def step(carry):
         t, tokens, last, cache, done, scores = carry
-        logits, cache = _step(model, prompt, cache, last, prompt.end + t)
+        logits, cache = _step(model, prompt, cache, last, prompt.end + t, settings.arch)
         log_probs = _log_probs(logits, model.vocab_size)
         token = jnp.where(done, PAD_ID, _choose(log_probs, settings, jax.random.fold_in(rng, t)))
         token_log_prob = jnp.take_along_axis(log_probs, token[:, None], axis=1)[:, 0]
@@ -352,7 +353,7 @@ def _beam_search(model: nnx.Module, prompt: _Prompt, settings: _Settings) -> Dec
 
     def step(carry):
         t, live_tokens, live_log_probs, finished_tokens, finished_scores, last, cache = carry
-        logits, cache = _step(model, beams, cache, last, beams.end + t)
+        logits, cache = _step(model, beams, cache, last, beams.end + t, settings.arch)
         vocab = logits.shape[-1]
         log_probs = live_log_probs[..., None] + _log_probs(logits, model.vocab_size).reshape(
             batch_size, k, vocab)

@@ -375,20 +375,26 @@ class RelativePositionBias(nnx.Module):
         self.dtype = dtype
 
     def __call__(
-        self, query_positions: jax.Array, key_positions: jax.Array, bidirectional: bool
+        self, query_positions: jax.Array, key_positions: jax.Array,
+        bidirectional: bool | jax.Array,
     ) -> jax.Array:
         """Bias `[B or 1, H, Lq, Lk]` from int positions `[B, L]` or `[L]`.
 
-        `bidirectional` picks T5's bucket rule: True for encoders and decoder-only stacks,
-        False (keys after the query share one bucket) for the encoder-decoder's decoder.
+        `bidirectional` picks T5's bucket rule: True for encoders and prefix LMs, False (keys
+        after the query share one bucket) for the encoder-decoder's decoder and language
+        models; a traced bool scalar (a program two architectures share) picks per call.
         """
         query_positions = jnp.atleast_2d(query_positions)
         key_positions = jnp.atleast_2d(key_positions)
         relative = key_positions[:, None, :] - query_positions[:, :, None]  # [B, Lq, Lk]
-        buckets = relative_position_bucket(
-            relative, bidirectional=bidirectional, num_buckets=self.num_buckets,
-            max_distance=self.max_distance,
-        )
+
+        def buckets_of(rule: bool) -> jax.Array:
+            return relative_position_bucket(relative, bidirectional=rule,
+                                            num_buckets=self.num_buckets,
+                                            max_distance=self.max_distance)
+
+        buckets = (buckets_of(bidirectional) if isinstance(bidirectional, bool)
+                   else jnp.where(bidirectional, buckets_of(True), buckets_of(False)))
         bias = jnp.take(self.embedding[...], buckets, axis=0)  # [B, Lq, Lk, H]
         return bias.transpose(0, 3, 1, 2).astype(self.dtype)
 

@@ -45,7 +45,8 @@ from t5x_lite.settings import Model, model_settings
 Batch = dict[str, jax.Array]
 
 
-def make_masks(batch: Batch, arch: str) -> dict[str, jax.Array]:
+def make_masks(batch: Batch, arch: str,
+               prefix_attention: jax.Array | None = None) -> dict[str, jax.Array]:
     """The attention masks (bool `[B, 1, Lq, Lk]`) the architecture `arch` uses on `batch`.
 
     One `{role}_mask` per stack of the record: an encoder's is bidirectional (padding,
@@ -56,8 +57,17 @@ def make_masks(batch: Batch, arch: str) -> dict[str, jax.Array]:
     decoder position is padding iff `decoder_target_tokens` is present and 0 there (Hugging
     Face T5 has no decoder padding mask, so without targets every decoder position is valid);
     an encoder position iff its input token is 0.
+
+    A stack whose relative-position buckets follow prefix attention (`Stack.bidirectional`
+    None: the decoder-only models) also gets `{role}_bidirectional_positions`, its bucket rule.
+    `prefix_attention`: a traced bool scalar for an architecture with prefix attention whose
+    program another runs without it (language_model runs prefix_lm's): False switches off
+    both the prefix mask (the causal mask remains) and the bidirectional buckets.
     """
     architecture = architectures.get(arch)
+    prefix = architecture.prefix_attention
+    if prefix and prefix_attention is not None:
+        prefix = prefix_attention
     valid, segments, masks = {}, {}, {}
     for stack in architecture.stacks:
         role = stack.role
@@ -68,9 +78,11 @@ def make_masks(batch: Batch, arch: str) -> dict[str, jax.Array]:
         else:
             targets = batch.get("decoder_target_tokens")
             valid[role] = jnp.ones(tokens.shape, bool) if targets is None else targets > 0
-            visibility = (attention.prefix_lm_mask(batch["inputs_mask"])
+            visibility = (attention.prefix_lm_mask(batch["inputs_mask"] & prefix)
                           if architecture.prefix_attention
                           else attention.causal_mask(tokens.shape[1]))
+        if stack.bidirectional is None:
+            masks[f"{role}_bidirectional_positions"] = prefix
         segments[role] = batch.get(f"{role}_segment_ids")
         masks[f"{role}_mask"] = attention.combine_masks(
             visibility, _padding_and_segments(valid[role], segments[role]))
@@ -256,18 +268,22 @@ class TransformerStack(nnx.Module):
         cross_mask: jax.Array | None = None,
         dropout_rng: jax.Array | None = None,
         cache: Cache | None = None,
+        bidirectional: bool | jax.Array | None = None,
     ) -> tuple[jax.Array, Cache | None]:
         """`x [B, L, D]` embedded tokens, `positions [B, L]` or `[L]` -> (`[B, L, D]`, cache).
 
         With `cache` (from `init_cache`), `positions [B, L]` are also the cache slots the
         tokens' keys / values go to, keys sit at positions `arange(Lc)`, and `mask` is
-        `[B, 1, L, Lc]`; the updated cache is returned (None without one).
+        `[B, 1, L, Lc]`; the updated cache is returned (None without one). `bidirectional`:
+        the bucket rule of this call (`make_masks`' `{role}_bidirectional_positions`), else
+        the one the stack was built with.
         """
+        rule = self.bidirectional if bidirectional is None else bidirectional
         if cache is None:
-            bias = self.relpos(positions, positions, self.bidirectional)
+            bias = self.relpos(positions, positions, rule)
             cache_start = None
         else:
-            bias = self.relpos(positions, jnp.arange(cache_slots(cache)), self.bidirectional)
+            bias = self.relpos(positions, jnp.arange(cache_slots(cache)), rule)
             cache_start = positions[:, 0]
         # Dropout sites: 0 the embedded input, 1 the final norm's output, 2 + i layer i.
         x = dropout(x, self.dropout_rate, fold_rng(dropout_rng, 0))
@@ -326,7 +342,8 @@ class _T5Model(nnx.Module):
         # In the record's order, which is the order their parameters are drawn in.
         for stack in self.architecture.stacks:
             setattr(self, stack.role, TransformerStack(
-                cfg, stack.num_layers(cfg), bidirectional=stack.bidirectional,
+                cfg, stack.num_layers(cfg),
+                bidirectional=self.architecture.bidirectional_positions(stack),
                 cross_attention=stack.cross_attention,
                 share_with=_shared_stack(self, stack), rngs=rngs))
 
@@ -352,7 +369,8 @@ class _T5Model(nnx.Module):
         site = architectures.ROLES.index(role)
         x, _ = getattr(self, role)(
             self.token_embedder(batch[tokens_key]), _positions(batch, role, tokens_key),
-            masks[f"{role}_mask"], dropout_rng=fold_rng(dropout_rng, site), **context)
+            masks[f"{role}_mask"], dropout_rng=fold_rng(dropout_rng, site),
+            bidirectional=masks.get(f"{role}_bidirectional_positions"), **context)
         return x
 
     def init_cache(self, batch_size: int, length: int,
@@ -368,13 +386,17 @@ class _T5Model(nnx.Module):
         mask: jax.Array,
         cache: Cache,
         cross_mask: jax.Array | None = None,
+        arch: str | None = None,
     ) -> tuple[jax.Array, Cache]:
         """Run the decoder on the next `tokens [B, L]` at `positions [B, L]` (also their cache
         slots), attending over the cache with `mask [B, 1, L, Lc]` (and over the cached encoder
-        output with `cross_mask [B, 1, L, Le]`). Returns float32 logits `[B, L, vocab]` and
-        the updated cache."""
-        x, cache = self.decoder(self.token_embedder(tokens), positions, mask,
-                                cross_mask=cross_mask, cache=cache)
+        output with `cross_mask [B, 1, L, Le]`), reading positions as `arch` (default the
+        model's own: language_model runs prefix_lm's network) does. Returns float32 logits
+        `[B, L, vocab]` and the updated cache."""
+        architecture = self.architecture if arch is None else architectures.get(arch)
+        x, cache = self.decoder(
+            self.token_embedder(tokens), positions, mask, cross_mask=cross_mask, cache=cache,
+            bidirectional=architecture.bidirectional_positions(architecture.stacks[-1]))
         return self.logits(x), cache
 
 

@@ -105,16 +105,9 @@ def _split_microbatches(
 
 
 def _prefix_attention(config: ml_collections.ConfigDict) -> bool:
-    """The value of the program's prefix flag for `config` (see `_with_prefix_flag`)."""
+    """The value of the program's prefix flag for `config` (`models.make_masks`'
+    `prefix_attention`: it switches prefix attention and the decoder-only bucket rule)."""
     return architectures.get(config.model.arch).prefix_attention
-
-
-def _with_prefix_flag(batch: dict[str, jax.Array], prefix_flag: jax.Array) -> dict:
-    """Switch prefix attention off (language_model) or on (prefix_lm) in the shared program;
-    with the flag off, `make_masks`' prefix mask is the causal mask."""
-    if "inputs_mask" not in batch:
-        return batch
-    return {**batch, "inputs_mask": batch["inputs_mask"] & prefix_flag}
 
 
 def _loss_sums_fn(settings: StepSettings) -> Callable:
@@ -123,9 +116,10 @@ def _loss_sums_fn(settings: StepSettings) -> Callable:
     # The targets and weights of the stack the logits come from (the batch format's).
     targets, weights = batch_format.loss_keys(architectures.get(arch).family)
 
-    def loss_sums(params: nnx.State, batch: dict, rng: jax.Array | None) -> dict[str, jax.Array]:
+    def loss_sums(params: nnx.State, batch: dict, rng: jax.Array | None,
+                  prefix_flag: jax.Array | None = None) -> dict[str, jax.Array]:
         model = nnx.merge(graphdef, params)
-        logits = model(batch, make_masks(batch, arch), dropout_rng=rng)
+        logits = model(batch, make_masks(batch, arch, prefix_flag), dropout_rng=rng)
         return cross_entropy_sums(
             logits, batch[targets], batch[weights],
             z_loss=train.z_loss, label_smoothing=train.label_smoothing,
@@ -135,8 +129,9 @@ def _loss_sums_fn(settings: StepSettings) -> Callable:
 
 
 def loss_sums_fn(config: ml_collections.ConfigDict) -> Callable:
-    """(params, batch, dropout_rng | None) -> T5X's loss sums (`cross_entropy_sums`) of the
-    program's model on `batch`; no dropout when the rng is None."""
+    """(params, batch, dropout_rng | None[, prefix_flag]) -> T5X's loss sums
+    (`cross_entropy_sums`) of the program's model on `batch`; no dropout when the rng is
+    None; the program architecture's own prefix attention without a flag."""
     return _loss_sums_fn(step_settings(config))
 
 
@@ -156,15 +151,15 @@ def _step_fn(
     rows = _rows_sharding(settings, mesh)
     weights_key = batch_format.loss_keys(architectures.get(settings.model.arch).family)[1]
 
-    def loss_fn(params: nnx.State, batch: dict, rng: jax.Array, normalizer: jax.Array):
-        sums = loss_sums(params, batch, rng if dropout else None)
+    def loss_fn(params: nnx.State, batch: dict, rng: jax.Array, normalizer: jax.Array,
+                prefix_flag: jax.Array):
+        sums = loss_sums(params, batch, rng if dropout else None, prefix_flag)
         return (sums["cross_entropy"] + sums["z_loss"]) / normalizer, sums
 
     def step(state: TrainState, data: Any, key_data: jax.Array, prefix_flag: jax.Array):
         batch_rng, dropout_rng = batch_and_dropout_keys(jax.random.wrap_key_data(key_data),
                                                         state.step)
         batch, data_metrics = make_batch(data, batch_rng)
-        batch = _with_prefix_flag(batch, prefix_flag)
         batch = jax.lax.with_sharding_constraint(batch, rows)
         # One normaliser for the whole batch, so summed micro-batch gradients equal the full one.
         weight_sum = jnp.sum(batch[weights_key].astype(jnp.float32))
@@ -179,7 +174,7 @@ def _step_fn(
         grad_fn = jax.grad(loss_fn, has_aux=True)
 
         def accumulate(carry, xs):
-            grads, sums = grad_fn(state.params, xs[0], xs[1], normalizer)
+            grads, sums = grad_fn(state.params, xs[0], xs[1], normalizer, prefix_flag)
             return jax.tree.map(jnp.add, carry, (grads, sums)), None
 
         zeros = jax.tree.map(jnp.zeros_like, state.params)
@@ -453,7 +448,7 @@ def make_eval_step(
     if key not in _PROGRAMS:
         loss_sums = _loss_sums_fn(settings)
         _PROGRAMS[key] = Program(jax.jit(
-            lambda params, batch, flag: loss_sums(params, _with_prefix_flag(batch, flag), None),
+            lambda params, batch, flag: loss_sums(params, batch, None, flag),
             out_shardings=NamedSharding(mesh, PartitionSpec())))
     program, rows = _PROGRAMS[key], _rows_sharding(settings, mesh)
     flag = replicated_array(np.bool_(_prefix_attention(config)), mesh)

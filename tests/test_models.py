@@ -171,7 +171,11 @@ def test_packed_examples_equal_separate_examples(arch):
     np.testing.assert_allclose(forward(model, packed), separate, atol=1e-5)
 
 
-def test_language_model_and_prefix_lm_differ_only_in_the_mask():
+def test_language_model_and_prefix_lm_differ_only_in_the_mask_and_the_bucket_rule():
+    """One network, as Mesh TensorFlow's Unitransformer: a prefix LM (input_full_attention)
+    attends its prefix bidirectionally and reads relative positions with bidirectional
+    buckets; a language model (fully autoregressive) causally, with causal buckets
+    (`bidirectional = not fully_autoregressive`). The shared program's flag switches both."""
     lm, prefix = tiny_model("language_model"), tiny_model("prefix_lm")
     assert type(lm) is type(prefix)
     lm_params = nnx.to_pure_dict(nnx.state(lm, nnx.Param))
@@ -180,12 +184,46 @@ def test_language_model_and_prefix_lm_differ_only_in_the_mask():
     jax.tree.map(np.testing.assert_array_equal, lm_params, prefix_params)
 
     batch = {"decoder_input_tokens": tokens(14, (2, LENGTH)),
-             "inputs_mask": jnp.zeros((2, LENGTH), bool)}
-    np.testing.assert_allclose(forward(prefix, batch), forward(lm, batch), atol=1e-6)
-    batch["inputs_mask"] = jnp.arange(LENGTH)[None].repeat(2, 0) < PREFIX
+             "inputs_mask": jnp.arange(LENGTH)[None].repeat(2, 0) < PREFIX}
+    assert make_masks(batch, "language_model")["decoder_bidirectional_positions"] is False
+    assert make_masks(batch, "prefix_lm")["decoder_bidirectional_positions"] is True
+    # The prefix LM's network with the flag off is the language model, and either network
+    # under the other's masks is the other.
+    flag_off = make_masks(batch, "prefix_lm", jnp.bool_(False))
+    np.testing.assert_allclose(forward(prefix, batch, flag_off), forward(lm, batch), atol=1e-6)
     with_prefix_masks = forward(lm, batch, make_masks(batch, "prefix_lm"))
     np.testing.assert_allclose(with_prefix_masks, forward(prefix, batch), atol=1e-6)
     assert np.abs(np.asarray(with_prefix_masks - forward(lm, batch))).max() > 1e-4
+    # Without a prefix the masks are equal; the bucket rule alone still changes the outputs.
+    batch["inputs_mask"] = jnp.zeros((2, LENGTH), bool)
+    assert np.abs(np.asarray(forward(prefix, batch) - forward(lm, batch))).max() > 1e-4
+
+
+def test_a_language_model_reads_positions_with_t5_s_causal_buckets():
+    """The bias of its stack is the causal rule's (keys after the query share bucket 0; all
+    buckets for the past), transcribed here: exact distances below num_buckets / 2, then
+    log-spaced to max_distance."""
+    import math
+
+    lm = tiny_model("language_model")
+    relpos = lm.decoder.relpos
+    n, max_distance = relpos.num_buckets, relpos.max_distance
+    positions = jnp.arange(40)
+
+    def causal_bucket(relative):  # key - query
+        distance = max(-relative, 0)
+        if distance < n // 2:
+            return distance
+        log_bucket = n // 2 + int(math.log(distance / (n // 2)) / math.log(max_distance / (n // 2))
+                                 * (n - n // 2))
+        return min(log_bucket, n - 1)
+
+    expected = np.array([[causal_bucket(k - q) for k in range(40)] for q in range(40)])
+    table = np.asarray(relpos.embedding[...])
+    bias = np.asarray(relpos(positions, positions, False))[0]  # [H, Lq, Lk]
+    np.testing.assert_allclose(bias, table[expected].transpose(2, 0, 1), rtol=1e-6)
+    masks = make_masks({"decoder_input_tokens": tokens(3, (1, 40))}, "language_model")
+    assert masks["decoder_bidirectional_positions"] is False
 
 
 def test_cross_attention_layers_need_encoder_keys_and_others_refuse_them():

@@ -364,6 +364,31 @@ def test_language_model_and_prefix_lm_share_one_compilation_but_not_their_masks(
     assert lm_metrics["loss"][0] != prefix_metrics["loss"][0]
 
 
+def test_the_shared_program_runs_a_language_model_as_the_language_model_runs():
+    """Through prefix_lm's program (its flag off), a language model's loss is its own
+    network's under its own masks and causal position buckets (`make_masks(batch,
+    'language_model')`), not the prefix LM's with the prefix switched off."""
+    from flax import nnx
+
+    from t5x_lite.data import pipeline
+    from t5x_lite.models import build_model, make_masks
+
+    lm, mesh = tiny_config("language_model"), one_device()
+    params = train_state.init_state(lm, mesh).params
+    pairs = [([5, 9, 12, 1], [7, 8, 1]), ([6, 1], [4, 4, 4, 1])]
+    batch, = pipeline.pad_examples(pairs, 2, 8, 8, family="decoder_only")
+    sums = train_step.make_eval_step(lm, mesh)(params, batch)
+    model = build_model(lm.model, nnx.Rngs(0))
+    nnx.update(model, jax.device_get(params))
+    logits = model(batch, make_masks(batch, "language_model"))
+    direct = train_step.cross_entropy_sums(logits, batch["decoder_target_tokens"],
+                                           batch["decoder_loss_weights"],
+                                           z_loss=lm.train.z_loss, label_smoothing=0.0)
+    assert sums["cross_entropy"] == pytest.approx(float(direct["cross_entropy"]), rel=1e-5)
+    as_prefix_lm = model(batch, make_masks(batch, "prefix_lm", jnp.bool_(False)))
+    assert np.allclose(as_prefix_lm, logits, atol=1e-5)  # the flag switches the buckets too
+
+
 def test_two_microbatches_equal_one(baseline):
     initial, metrics, final = baseline
     mesh = one_device()
