@@ -185,16 +185,17 @@ class LocalParallelLauncher:
                 while running:
                     done, _ = concurrent.futures.wait(
                         running, return_when=concurrent.futures.FIRST_COMPLETED)
+                    running -= done
+                    errors = [f.exception() for f in done if f.exception() is not None]
+                    if errors:
+                        # Start no more; the points in flight finish and their records
+                        # still come back before the first error is raised.
+                        failure = failure or errors[0]
+                        stop.set()
                     for future in done:
-                        running.remove(future)
-                        if future.exception() is not None:
-                            # Start no more; the points in flight finish and their records
-                            # still come back before the first error is raised.
-                            failure = failure or future.exception()
-                            stop.set()
-                            continue
-                        start_next()
-                        yield future.result()
+                        if future.exception() is None:
+                            start_next()
+                            yield future.result()
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
         if failure is not None:

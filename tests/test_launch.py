@@ -96,9 +96,10 @@ def test_parallel_launcher_returns_every_point_once_with_the_workers_own_devices
 
 
 def fail_on_b_while_a_runs(point: FakePoint, workdir: str) -> list[dict]:
-    if point.point == "a":  # still running when b fails
+    if point.point == "a":  # still running when b's error reaches the sweep
         while not Path(workdir, "b_failed").exists():
             time.sleep(0.05)
+        time.sleep(1.0)
     if point.point == "b":
         Path(workdir, "b_failed").touch()
     return fail_on_b(point, workdir)
