@@ -13,7 +13,9 @@ so that each is written once, here:
   bidirectionally, rather than causally like the targets;
 - `program`: the architecture whose network and compiled train step it runs. An architecture
   with the same parameters as another, differing only in prefix attention, runs the other's
-  program, the step switching prefix attention off with a traced flag (`t5x_lite.train_step`);
+  program, the step switching prefix attention off with a traced flag (`t5x_lite.train_step`;
+  with it the relative-position buckets of a stack whose rule follows prefix attention,
+  `models.make_masks`);
 - `params_label`, `cost_label`: the paper's Params and Cost columns of Table 2 (P: the
   parameters of one L-layer stack; M: what the L + L encoder-decoder costs on an input-target
   pair; `t5x_lite.accounting` measures the ratios behind them);
