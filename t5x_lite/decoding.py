@@ -178,7 +178,10 @@ def _check_arch(model: nnx.Module, arch: str | None) -> str:
 def _check_settings(model: nnx.Module, arch: str | None, method: str, max_length: int,
                     num_beams: int, alpha: float, temperature: float, top_k: int,
                     top_p: float) -> _Settings:
-    """Validate `decode`'s arguments, each error naming the argument and what is allowed."""
+    """Validate `decode`'s arguments, each error naming the argument and what is allowed.
+    NumPy integers (a length read off an array) count as the integers they hold."""
+    max_length, num_beams, top_k = (int(v) if isinstance(v, np.integer) else v
+                                    for v in (max_length, num_beams, top_k))
     if method not in METHODS:
         raise ValueError(f"method={method!r} is not allowed; choose one of "
                          f"{', '.join(map(repr, METHODS))}")

@@ -285,6 +285,15 @@ def test_ranking_label_words_by_score_picks_the_most_likely_label():
 # ------------------------------------------------------------------------------ bad input
 
 
+def test_numpy_integers_are_integers():
+    """A length read off an array (np.int64) decodes as the int it holds, not as bad input."""
+    model = tiny_model("encoder_decoder")
+    as_numpy = decode(model, INPUTS, max_length=np.int64(MAX_LENGTH), method="beam",
+                      num_beams=np.int32(2))
+    as_int = decode(model, INPUTS, max_length=MAX_LENGTH, method="beam", num_beams=2)
+    np.testing.assert_array_equal(as_numpy.tokens, as_int.tokens)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(max_length=0), "max_length=0 must be an integer >= 1"),
     (dict(max_length=-3), "max_length=-3 must be an integer >= 1"),
