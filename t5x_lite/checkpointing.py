@@ -41,6 +41,7 @@ from orbax.checkpoint import checkpoint_managers as policies
 
 from t5x_lite.config import ConfigError, drop_unread_objective_fields, flat_fields
 from t5x_lite.errors import require_integer
+from t5x_lite.optim import has_decay_stage
 from t5x_lite.results import write_atomically
 
 log = logging.getLogger(__name__)
@@ -108,9 +109,8 @@ def config_differences(
 
 
 def _decay_stage(flat: dict[str, Any]) -> bool:
-    """Whether a config (flat fields) has Adafactor's weight-decay stage in its optimizer state
-    (`optim.make_optimizer` adds it for a non-zero `train.weight_decay` only)."""
-    return flat.get("train.optimizer") == "adafactor" and bool(flat.get("train.weight_decay"))
+    """Whether a config (flat fields) has a weight-decay stage in its optimizer state."""
+    return has_decay_stage(flat.get("train.optimizer"), flat.get("train.weight_decay"))
 
 
 def read_saved_config(directory: str | os.PathLike) -> dict[str, Any] | None:

@@ -61,7 +61,8 @@ def make_optimizer(
         tx = _attention_kernels_as_matrices(optax.adafactor(
             learning_rate=schedule, min_dim_size_to_factor=128, decay_rate=0.8,
             multiply_by_parameter_scale=True, clipping_threshold=1.0, momentum=None, eps=1e-30,
-            factored=True, weight_decay_rate=train.weight_decay or None,
+            factored=True, weight_decay_rate=(
+                train.weight_decay if has_decay_stage("adafactor", train.weight_decay) else None),
         ))
     else:
         matrices = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
@@ -69,6 +70,13 @@ def make_optimizer(
             schedule, b1=0.9, b2=0.999, eps=1e-8, weight_decay=train.weight_decay, mask=matrices
         )
     return _per_layer(tx) if scanned_layers else tx
+
+
+def has_decay_stage(optimizer: str, weight_decay: float) -> bool:
+    """Whether `make_optimizer`'s state holds a weight-decay stage of its own: Adafactor's,
+    added for a non-zero `train.weight_decay` only (optax's `weight_decay_rate=None` adds
+    none), so a checkpoint restores only under a config that agrees (`checkpointing`)."""
+    return optimizer == "adafactor" and bool(weight_decay)
 
 
 # The attention kernels' logical axes (`layers.Attention`): query, key and value, then out.

@@ -103,13 +103,14 @@ def require_current(records: Sequence[dict], points: Sequence[GridPoint], path: 
     by_key = {(p.point, p.seed): p for p in points}
     hashes = {key: config_hash(point.config) for key, point in by_key.items()}
     for record in records:
-        expected = hashes.get(run_key(record))
+        key = run_key(record)
+        expected = hashes.get(key)
         if expected is not None and record.get("config_hash", expected) != expected:
             raise ConfigError(
                 f"{path} holds a record of point {record['point']!r} (seed {record['seed']}) made "
                 f"with another config (config_hash {record['config_hash']}, now {expected}): the "
                 "grid or its defaults changed since; use a new --workdir, or delete that "
-                f"point's lines and its folder {by_key[run_key(record)].directory(path.parent)} to run it again")
+                f"point's lines and its folder {by_key[key].directory(path.parent)} to run it again")
 
 
 # In a point's folder: the file its running process holds a lock on.
