@@ -84,11 +84,13 @@ class Architecture:
     prefix_attention: bool = False
     shares_program_of: str | None = None  # None: its own
 
-    def bidirectional_positions(self, stack: Stack) -> bool:
+    def bidirectional_positions(self, stack: Stack, prefix_attention: Any = None) -> Any:
         """Whether `stack` of this architecture reads relative positions with bidirectional
-        buckets: its own rule, or where it has none (None), the architecture's prefix
-        attention."""
-        return self.prefix_attention if stack.bidirectional is None else stack.bidirectional
+        buckets: its own rule, or where it has none (None), prefix attention: the
+        architecture's, or `prefix_attention` when given (a traced flag, `models.make_masks`)."""
+        if stack.bidirectional is not None:
+            return stack.bidirectional
+        return self.prefix_attention if prefix_attention is None else prefix_attention
 
     @property
     def objectives(self) -> tuple[str, ...]:

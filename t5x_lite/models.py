@@ -81,8 +81,9 @@ def make_masks(batch: Batch, arch: str,
             visibility = (attention.prefix_lm_mask(batch["inputs_mask"] & prefix)
                           if architecture.prefix_attention
                           else attention.causal_mask(tokens.shape[1]))
-        if stack.bidirectional is None:
-            masks[f"{role}_bidirectional_positions"] = prefix
+        if stack.bidirectional is None:  # its bucket rule follows this call's prefix flag
+            masks[f"{role}_bidirectional_positions"] = architecture.bidirectional_positions(
+                stack, prefix)
         segments[role] = batch.get(f"{role}_segment_ids")
         masks[f"{role}_mask"] = attention.combine_masks(
             visibility, _padding_and_segments(valid[role], segments[role]))
