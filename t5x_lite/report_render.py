@@ -15,7 +15,7 @@ import re
 from typing import Callable, Sequence
 
 from t5x_lite import findings, paper_results
-from t5x_lite.data.tasks import GLUE_AVERAGE_GROUPS
+from t5x_lite.data.tasks import missing_glue_parts
 from t5x_lite.report_table import (Cell, Table, ZeroShotRow, findings_of, pooled_std,
                                    row_name)
 
@@ -287,8 +287,7 @@ def _notes(table: Table, bold_name: str = "Bold") -> list[str]:
               for group in table.identical_pretraining]
     for column, tasks in table.columns.items():
         if column == "GLUE":
-            missing = sorted(set(GLUE_AVERAGE_GROUPS.values())
-                             - {GLUE_AVERAGE_GROUPS[t.removeprefix("local_")] for t in tasks})
+            missing = missing_glue_parts(tasks)
             notes.append(f"GLUE from {', '.join(tasks)}" + (
                 f"; without {', '.join(missing)}, so not the paper's GLUE average." if missing
                 else "."))

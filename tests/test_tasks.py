@@ -3,6 +3,7 @@ import collections
 import json
 import os
 
+import numpy as np
 import pytest
 
 from conftest import require_shared_data
@@ -164,7 +165,12 @@ def test_stsb_matches_t5():
     "score, text",
     # x5 then round: 3.25 -> 16.25 -> 16; 2.59 -> 12.95 -> 13; 3.9 -> 19.5 -> 20 (half to even);
     # 3.7 -> 18.5 -> 18 (half to even, as tf.round); the ends stay at 0 and 5.
-    [(3.25, "3.2"), (2.59, "2.6"), (3.9, "4.0"), (3.7, "3.6"), (0.0, "0.0"), (5.0, "5.0")],
+    # TFDS's labels are float32, and T5 rounds them in float32: float32 3.7 x 5 is 18.5 there
+    # (18.5000002 in float64, which would round up to "3.8"), float32 0.1 x 5 is 0.5 (-> 0),
+    # float32 3.1 x 5 is 15.5 (-> 16).
+    [(3.25, "3.2"), (2.59, "2.6"), (3.9, "4.0"), (3.7, "3.6"), (0.0, "0.0"), (5.0, "5.0"),
+     (np.float32(3.7), "3.6"), (np.float32(0.1), "0.0"), (np.float32(3.1), "3.2"),
+     (np.float32(4.9), "4.8")],
 )
 def test_stsb_rounds_to_the_nearest_fifth(score, text):
     record = {"sentence1": "a", "sentence2": "b", "label": score}
@@ -279,10 +285,28 @@ def test_glue_average_as_the_paper():
 def test_glue_average_missing_tasks():
     partial = {"local_glue_cola": {"matthews_corrcoef": 40.0},
                "glue_mrpc": {"f1": 90.0, "accuracy": 80.0}}
-    with pytest.raises(ValueError, match="no scores for mnli, qnli, qqp, rte, sst2, stsb"):
+    with pytest.raises(ValueError, match="no scores for mnli matched, mnli mismatched, qnli, "
+                                         "qqp, rte, sst2, stsb"):
         tasks.glue_average(partial)
     # local_glue_cola counts as CoLA: (40 + 85) / 2.
     assert tasks.glue_average(partial, allow_missing=True) == pytest.approx(62.5)
+
+
+def test_glue_average_counts_mnli_matched_once_and_needs_both_halves():
+    complete = {f"glue_{name}": {"accuracy": 80.0}
+                for name in ("cola", "sst2", "mrpc", "stsb", "qqp", "qnli", "rte")}
+    # A sweep's glue_mnli is validated on validation_matched: MNLI's matched half alone.
+    with pytest.raises(ValueError, match="no scores for mnli mismatched;"):
+        tasks.glue_average({**complete, "glue_mnli": {"accuracy": 60.0}})
+    both = {**complete, "glue_mnli": {"accuracy": 60.0},
+            "glue_mnli_mismatched": {"accuracy": 70.0}}
+    assert tasks.glue_average(both) == pytest.approx((7 * 80 + 65) / 8)
+    # glue_mnli_matched is the same split as glue_mnli's validation: refused, not averaged in.
+    with pytest.raises(ValueError, match="'glue_mnli' and 'glue_mnli_matched' are the same part "
+                                         r"of GLUE \(mnli matched\)"):
+        tasks.glue_average({**both, "glue_mnli_matched": {"accuracy": 90.0}})
+    assert tasks.missing_glue_parts(["glue_mnli", "local_glue_rte"]) == [
+        "cola", "mnli mismatched", "mrpc", "qnli", "qqp", "sst2", "stsb"]
 
 
 def test_local_squad_is_split_by_article(tmp_path):

@@ -33,7 +33,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
 
 from t5x_lite import metrics
 from t5x_lite.data import builders, builtin
@@ -87,10 +89,12 @@ def format_glue(
 
 def format_stsb(record: Record) -> Example:
     """STS-B: the 0-5 similarity score rounded to the nearest 0.2 and written with one decimal
-    ("3.8"), turning regression into 26-way generation (T5's `stsb`). Ties round half to even,
-    as `tf.round` does. A negative score marks an unlabeled test record."""
-    score = float(record["label"])
-    target = None if score < 0 else f"{round(score * 5) / 5:.1f}"
+    ("3.8"), turning regression into 26-way generation (T5's `stsb`). As T5 computes it on
+    TFDS's float32 label: x5, rounded half to even (`tf.round`) and /5, all in float32. (In
+    float64, a float32 label's error decides the ties: float32 3.7 -> 18.5000002 -> "3.8",
+    where T5 writes "3.6".) A negative score marks an unlabeled test record."""
+    score = np.float32(record["label"])
+    target = None if score < 0 else f"{np.round(score * np.float32(5)) / np.float32(5):.1f}"
     return _labeled(_join_fields("stsb", record, ("sentence1", "sentence2")), target)
 
 
@@ -392,44 +396,60 @@ def get_task(name: str, field: str | None = None) -> Task:
 # ---------------------------------------------------------------------------------------------
 # The GLUE average as the paper reports it.
 
-# Task -> the group it is averaged in first. As in T5's `eval_utils.compute_avg_glue`: tasks with
-# two metrics (MRPC, STS-B, QQP) average them first and MNLI averages matched and mismatched.
-# A sweep fine-tunes and validates `glue_mnli`, whose validation split is validation_matched:
-# it counts in the MNLI group as the matched score it is.
+# Task -> (group, part): the part of the paper's GLUE average its score is. As in T5's
+# `eval_utils.compute_avg_glue`: tasks with two metrics (MRPC, STS-B, QQP) average them first,
+# and MNLI averages its matched and mismatched validation accuracies. A sweep fine-tunes and
+# validates `glue_mnli`, whose validation split is validation_matched: it is the matched part,
+# as `glue_mnli_matched` is (the same split), so the two never count twice.
 # WNLI is left out, as in T5 (its `glue_utils` trains on WSC/DPR instead of WNLI).
-GLUE_AVERAGE_GROUPS = {
-    "glue_cola": "cola",
-    "glue_sst2": "sst2",
-    "glue_mrpc": "mrpc",
-    "glue_stsb": "stsb",
-    "glue_qqp": "qqp",
-    "glue_mnli": "mnli",
-    "glue_mnli_matched": "mnli",
-    "glue_mnli_mismatched": "mnli",
-    "glue_qnli": "qnli",
-    "glue_rte": "rte",
+GLUE_AVERAGE_GROUPS: dict[str, tuple[str, str]] = {
+    **{f"glue_{name}": (name, name)
+       for name in ("cola", "sst2", "mrpc", "stsb", "qqp", "qnli", "rte")},
+    "glue_mnli": ("mnli", "matched"),
+    "glue_mnli_matched": ("mnli", "matched"),
+    "glue_mnli_mismatched": ("mnli", "mismatched"),
 }
+
+
+def _glue_part(task: str) -> tuple[str, str] | None:
+    """`task`'s (group, part) of the GLUE average (`local_glue_*` as its namesake), or None."""
+    return GLUE_AVERAGE_GROUPS.get(task.removeprefix("local_"))
+
+
+def missing_glue_parts(task_names: Iterable[str]) -> list[str]:
+    """The parts of the paper's GLUE average that `task_names` lack, sorted: a group's name
+    ('qqp'), or 'mnli matched' / 'mnli mismatched' for MNLI's halves."""
+    present = {_glue_part(task) for task in task_names}
+    return sorted(group if group == part else f"{group} {part}"
+                  for group, part in set(GLUE_AVERAGE_GROUPS.values()) - present)
 
 
 def glue_average(scores: Mapping[str, Mapping[str, float]], allow_missing: bool = False) -> float:
     """The average GLUE score from `{task name: {metric: score}}` (0-100 scale).
 
-    Each task's metrics are averaged, then the tasks of a group (MNLI matched and mismatched),
+    Each task's metrics are averaged, then the parts of a group (MNLI matched and mismatched),
     then the groups. `local_glue_*` tasks stand in for their `glue_*` namesakes; tasks outside
-    `GLUE_AVERAGE_GROUPS` (WNLI, non-GLUE tasks) are ignored. Every group must be present unless
-    `allow_missing` (the local data lacks MNLI and QQP), and then the result is not the paper's
-    number.
+    `GLUE_AVERAGE_GROUPS` (WNLI, non-GLUE tasks) are ignored; two tasks that are one part
+    (`glue_mnli` and `glue_mnli_matched`) are refused. Every part must be present unless
+    `allow_missing` (the local data lacks MNLI and QQP; a sweep of `glue_mnli` has MNLI's
+    matched half only), and then the result is not the paper's number.
     """
-    groups: dict[str, list[float]] = {}
+    parts: dict[tuple[str, str], tuple[str, float]] = {}
     for task, task_scores in scores.items():
-        group = GLUE_AVERAGE_GROUPS.get(task.removeprefix("local_"))
-        if group is None:
+        part = _glue_part(task)
+        if part is None:
             continue
         if not task_scores:
             raise ValueError(f"glue_average: task {task!r} has no scores")
-        groups.setdefault(group, []).append(sum(task_scores.values()) / len(task_scores))
-    missing = sorted(set(GLUE_AVERAGE_GROUPS.values()) - set(groups))
-    if (missing and not allow_missing) or not groups:
+        if part in parts:
+            raise ValueError(f"glue_average: {parts[part][0]!r} and {task!r} are the same part "
+                             f"of GLUE ({' '.join(dict.fromkeys(part))}); give one of them")
+        parts[part] = task, sum(task_scores.values()) / len(task_scores)
+    missing = missing_glue_parts(scores)
+    if (missing and not allow_missing) or not parts:
         raise ValueError(f"glue_average: no scores for {', '.join(missing)}; "
-                         "pass allow_missing=True to average the groups present")
+                         "pass allow_missing=True to average the parts present")
+    groups: dict[str, list[float]] = {}
+    for (group, _), (_, mean) in parts.items():
+        groups.setdefault(group, []).append(mean)
     return sum(sum(means) / len(means) for means in groups.values()) / len(groups)
