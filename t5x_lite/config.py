@@ -214,7 +214,10 @@ def finetune_config() -> ml_collections.ConfigDict:
             ),
         )
     )
-    config.eval_examples = ml_collections.config_dict.placeholder(int)  # None: all of them
+    # The first N examples of each task's validation split, in the split's own order (None: all
+    # of them). A split sorted by source is then not a sample of it: STS-B's first 500 dev pairs
+    # are image captions only (MSRvid and images, two of its six sources; no news or forums).
+    config.eval_examples = ml_collections.config_dict.placeholder(int)
     config.decode.max_length = ml_collections.config_dict.placeholder(int)  # None: targets_length
     return config
 

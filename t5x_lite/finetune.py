@@ -9,7 +9,8 @@
 
 A fine-tuning run is a run of the one set-up (`run_setup.set_up`, `loop.run_loop`) like
 pre-training; what it brings is its data, its step on ready batches, and its start from the
-checkpoint's parameters only, with a fresh optimiser state, as the paper does. Its own
+checkpoint's parameters only, with a fresh optimiser state (a choice: T5's code continues the
+pre-training's; README, "Where the model and its training differ"). Its own
 checkpoints under `workdir/checkpoints` make it resumable, and `eval.jsonl` keeps the
 validation history that the best scores are taken from, so they survive a resume.
 """
