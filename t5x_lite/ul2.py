@@ -73,7 +73,10 @@ class Denoiser(NamedTuple):
 def check_denoisers(denoisers: Any) -> None:
     """Raise a one-line `ConfigError` naming `objective.ul2_denoisers` unless `denoisers` is a
     non-empty sequence of (kind in KINDS, noise_density in (0, 1), mean_noise_span_length >= 1,
-    share > 0) whose shares sum to 1."""
+    share > 0) whose shares sum to 1. An S-denoiser's noise_density is at most 0.5: its split
+    is drawn from the last 2 r n tokens (`s_split`), which above 0.5 would reach past the
+    start, so every r > 0.5 would act as 0.5 (T5's `random_prefix_noise_mask` refuses it
+    too)."""
     if isinstance(denoisers, str) or not isinstance(denoisers, Sequence) or not denoisers:
         raise ConfigError(f"{FIELD}={denoisers!r} must be a non-empty tuple of (kind, "
                           "noise_density, mean_noise_span_length, share) tuples")
@@ -89,6 +92,10 @@ def check_denoisers(denoisers: Any) -> None:
                 ("mean_noise_span_length", span, lambda v: v >= 1, "a number >= 1"),
                 ("share", share, lambda v: v > 0, "a number > 0")):
             require_number(f"{field} {name}", value, ok, allowed)
+        if kind == "S" and density > 0.5:
+            raise ConfigError(f"{field} noise_density={density!r} must be a number in (0, 0.5] "
+                              "for the S-denoiser (its target is a suffix of at most 2 r n "
+                              "tokens; above 0.5 it would be 0.5's)")
     total = math.fsum(entry[3] for entry in denoisers)
     if abs(total - 1.0) > 1e-6:
         raise ConfigError(f"{FIELD} shares sum to {total:g}; they must sum to 1")

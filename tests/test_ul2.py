@@ -195,6 +195,9 @@ def test_the_layout_holds_every_denoiser_and_the_mode_tokens():
     ((("Q", 0.15, 3.0, 1.0),), r"ul2_denoisers\[0\] kind='Q'"),
     ((("R", 1.0, 3.0, 1.0),), r"ul2_denoisers\[0\] noise_density=1.0"),
     ((("R", 0.15, 0.5, 1.0),), "mean_noise_span_length=0.5"),
+    # Above 0.5 the S-denoiser's split range would be clipped at the start: 0.75 acts as 0.5.
+    ((("R", 0.15, 3.0, 0.5), ("S", 0.75, 1.0, 0.5)),
+     r"ul2_denoisers\[1\] noise_density=0.75 must be a number in \(0, 0.5\]"),
     ((("R", 0.15, 3.0, 0.0), ("S", 0.25, 1.0, 1.0)), r"ul2_denoisers\[0\] share=0.0"),
     ((("R", 0.15, 3.0),), r"ul2_denoisers\[0\]=\('R', 0.15, 3.0\) must be"),
     ((), "must be a non-empty tuple"),
