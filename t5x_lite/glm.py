@@ -40,11 +40,15 @@ mean_noise_span_length lambda (the paper's 3; `objective.mean_noise_span_length`
   out as above (`plan`);
 - Part A, the inputs: x with each span replaced by one [MASK] = `<extra_id_0>` (the mask token
   of every objective, `batch_format.mask_token`), then EOS;
-- Part B, the targets: the spans in a uniformly random order, each followed by [END] = EOS.
-  The decoder-only row feeds each position the previous token (`batch_format`): a span's first
-  position is fed the EOS before it (Part A's last token, or the previous span's [END]), so
-  [START] is EOS too. The two roles never meet (GLM only feeds [START] and only predicts
-  [END]), so one id for both loses nothing; Part A's EOS is the first span's [START];
+- Part B, the targets: the spans in a uniformly random order, each followed by [END] =
+  `<extra_id_1>` (`end_token`), an id no text holds. The decoder-only row feeds each position
+  the previous token (`batch_format`): a span's first position is fed the token before it, so
+  [START] is Part A's closing EOS for the first span and the previous span's [END] for the
+  others (GLM only feeds [START] and only predicts [END], so one id may play both). [END] is
+  not EOS because a span may cover a document's closing EOS: a pre-training chunk packs
+  documents, each ended by EOS, and the spans are laid out over the whole chunk (GLM samples
+  them within a document), so an EOS inside a span is a text token to predict, which an EOS
+  [END] would make indistinguishable from the span's end;
 - the mask: a prefix LM's (`architectures` prefix_lm): Part A bidirectional, Part B causal
   over A and itself; the loss on Part B's tokens only (the targets). As for every decoder-only
   row (seqio's convention) the prefix also covers the position fed Part A's EOS, the first
@@ -53,11 +57,11 @@ mean_noise_span_length lambda (the paper's 3; `objective.mean_noise_span_length`
 - positions: the model has one T5 relative position bias per stack, read off one position per
   token (`models._positions`, `decoder_positions`), so the 2D position (p, j), p the span's
   [MASK] position in Part A, j = 1..l + 1 its intra-span position, is mapped to p + j - 1:
-  [START] sits at its [MASK]'s position and token j of the span j positions after it, which is
-  exactly where it stood in the text relative to the clean tokens before the span; the clean
-  tokens after it are (l - 1) positions nearer than in the text (as in x_corrupt, so the
-  positions do not reveal a span's length, which GLM's first position id hides too). Part A's
-  tokens have their row positions (x_corrupt's, GLM's first id with the second 0).
+  [START] sits at its [MASK]'s position and the span's i-th token (i = 1..l) at p + i, one
+  position after where it stood in the text (the [MASK] held the first one's place); the clean
+  tokens after the span sit at x_corrupt's positions, so the positions do not reveal a span's
+  length, which GLM's first position id hides too. Part A's tokens have their row positions
+  (x_corrupt's, GLM's first id with the second 0).
 Positions count the row's: position q is fed the sequence's token q - 1 (position 0 the start
 token), so span k's [MASK], input number a_k, sits at a_k + 1, and so does its [START].
 Lengths: A has n - S + K + 1 <= n + 1 tokens and B has S + K <= n + 1 (the spans fit), so the
@@ -73,7 +77,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5x_lite.bart_noising import num_to_mask, poisson_lengths
-from t5x_lite.config import EOS_ID
+from t5x_lite.config import sentinel_id
 
 NAME = "blank_infilling"
 # Rows of R uniform draws an example needs: span lengths, their order in the text, their
@@ -94,7 +98,7 @@ class BlankPlan(NamedTuple):
     noise: jax.Array  # bool[R]: the raw tokens inside spans
     part_a: jax.Array  # int32[R]: the tokens, each span's first one its [MASK]
     keep: jax.Array  # bool[R]: the tokens of Part A (`objectives` packs them, EOS after)
-    targets: jax.Array  # int32[W]: Part B, each span followed by EOS, then 0
+    targets: jax.Array  # int32[W]: Part B, each span followed by [END], then 0
     target_positions: jax.Array  # int32[W]: the position fed at each target slot, or -1
 
 
@@ -128,11 +132,17 @@ def span_lengths(uniform: jax.Array, noise_density: Any, poisson_lambda: Any,
     return jnp.where(kept, drawn, 0), jnp.sum(kept).astype(jnp.int32)
 
 
+def end_token(vocab_size: int) -> int:
+    """GLM's [END] (and so the [START] of every span but the first): `<extra_id_1>`, the
+    sentinel after the [MASK] (`batch_format.mask_token`, `<extra_id_0>`)."""
+    return sentinel_id(vocab_size, 1)
+
+
 def plan(tokens: jax.Array, valid_length: Any, noise_density: Any, poisson_lambda: Any,
-         uniform: jax.Array, mask_token: Any, width: int) -> BlankPlan:
+         uniform: jax.Array, mask_token: Any, end: Any, width: int) -> BlankPlan:
     """Blank infilling of one example (see the module docstring): tokens int32[R] of which the
-    first valid_length are the text, uniform draws float32[UNIFORM_ROWS, R], targets packed to
-    `width` (> R + 1)."""
+    first valid_length are the text, uniform draws float32[UNIFORM_ROWS, R], the [MASK] and
+    [END] ids, targets packed to `width` (> R + 1)."""
     raw_length = tokens.shape[0]
     index = jnp.arange(raw_length)
     n = jnp.asarray(valid_length, jnp.int32)
@@ -157,18 +167,18 @@ def plan(tokens: jax.Array, valid_length: Any, noise_density: Any, poisson_lambd
     part_a = jnp.where(is_first, mask_token, tokens)
     # Span k's [MASK] is input number start - (tokens of earlier spans) + k, at that + 1.
     mask_position = start - (jnp.cumsum(length) - length) + index + 1
-    # Part B: span k at slot b_start[k], its tokens, then EOS.
+    # Part B: span k at slot b_start[k], its tokens, then [END].
     part_b_rank = _ranks(uniform[3], num_spans)
     slot_length = jnp.zeros_like(index).at[part_b_rank].set(length + 1) * (index < num_spans)
     b_start = (jnp.cumsum(slot_length) - slot_length)[part_b_rank]
     slot = jnp.where(noise, b_start[span_of] + offset, width)  # dropped: not a span's token
-    end = jnp.where(is_span, b_start + length, width)  # span k's EOS
+    end_slot = jnp.where(is_span, b_start + length, width)  # span k's [END]
     targets = (jnp.zeros(width, jnp.int32).at[slot].set(tokens, mode="drop")
-               .at[end].set(EOS_ID, mode="drop"))
-    # The slot predicting token j + 1 (or EOS) of span k is fed token j: position p_k + j.
+               .at[end_slot].set(end, mode="drop"))
+    # The slot predicting token j + 1 (or [END]) of span k is fed token j: position p_k + j.
     target_positions = (jnp.full(width, NO_POSITION, jnp.int32)
                         .at[slot].set(mask_position[span_of] + offset, mode="drop")
-                        .at[end].set(mask_position + length, mode="drop"))
+                        .at[end_slot].set(mask_position + length, mode="drop"))
     return BlankPlan(num_spans, jnp.where(is_span, start, 0), length,
                      jnp.where(is_span, part_b_rank, 0), noise, part_a, keep, targets,
                      target_positions)
@@ -187,7 +197,7 @@ def no_positions(width: int) -> jax.Array:
 
 @functools.lru_cache(maxsize=None)
 def expected_targets(raw_length: int, noise_density: float, poisson_lambda: float) -> float:
-    """E[S + K], the targets (span tokens and one EOS each) of an n = raw_length token text, by
+    """E[S + K], the targets (span tokens and one [END] each) of an n = raw_length token text, by
     dynamic programming over (running sum, count) of the span draws of `span_lengths` (in
     float64; the device draws in float32)."""
     n = int(raw_length)

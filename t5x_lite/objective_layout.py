@@ -333,7 +333,7 @@ def prefix_lm_loss_tokens(point: Mapping[str, Any], raw: int, targets: int) -> f
 
 
 def blank_infilling_loss_tokens(point: Mapping[str, Any], raw: int, targets: int) -> float:
-    """blank_infilling: its spans' tokens and one EOS each, `glm.expected_targets`."""
+    """blank_infilling: its spans' tokens and one [END] each, `glm.expected_targets`."""
     return glm.expected_targets(raw, point["noise_density"], point["mean_noise_span_length"])
 
 
@@ -459,6 +459,11 @@ def ul2_sentinels(point: Mapping[str, Any], raw_length: int) -> tuple[int, str]:
     return needed, (f"its denoisers make up to {needed - len(batch_format.MODE_TOKENS)} "
                     f"spans and its {len(batch_format.MODE_TOKENS)} mode tokens are the "
                     "last sentinels")
+
+
+def blank_infilling_sentinels(point: Mapping[str, Any], raw_length: int) -> tuple[int, str]:
+    """blank_infilling's sentinels: its [MASK] and its [END] (`glm.end_token`)."""
+    return 2, "its [MASK] is <extra_id_0> and its [END] <extra_id_1>"
 
 
 def validate_vocab(vocab_size: int, num_sentinels: int) -> None:

@@ -88,7 +88,8 @@ GLM's autoregressive blank infilling (Du et al. 2021, arXiv 2103.10360, sections
 draws spans of Poisson(lambda = mean_noise_span_length) lengths (>= 1) until at least
 ceil(n * noise_density) tokens are masked; the inputs (Part A) are the text with each span
 replaced by one mask token, the targets (Part B) the spans in a random order, each followed by
-EOS (GLM's [END]; its [START] is the EOS each span's first position is fed). Its rows carry
+GLM's [END], `<extra_id_1>` (not EOS: a span may cover a document's closing EOS; its [START] is
+the token a span's first position is fed, Part A's EOS or the previous [END]). Its rows carry
 explicit positions, `decoder_positions` (Part B's tokens at their span's mask position plus
 their offset in it: `batch_format.POSITIONS_KEY`), in every example of a decoder-only layout that runs
 it; the loss is on Part B only.
@@ -493,9 +494,11 @@ def _ul2(tokens, n, spec, uniform, layout):
 def _blank_infilling(tokens, n, spec, uniform, layout):
     width = packed_width(layout)
     plan = glm.plan(tokens, n, spec.noise_density, spec.mean_noise_span_length, uniform,
-                    batch_format.mask_token(layout.vocab_size), width)
+                    batch_format.mask_token(layout.vocab_size), glm.end_token(layout.vocab_size),
+                    width)
+    # Two sentinels: <extra_id_0> the [MASK], <extra_id_1> the [END].
     return (pack_with_eos(plan.part_a, plan.keep, width), plan.targets, plan.noise,
-            jnp.int32(1), plan.target_positions)
+            jnp.int32(2), plan.target_positions)
 
 
 # The built-in objectives' records, in the order of their ids: an objective's id is its position
@@ -543,7 +546,8 @@ register(Objective("ul2", _ul2, has_noise_mask=True, lengths=host.ul2_lengths,
 register(Objective(glm.NAME, _blank_infilling, has_noise_mask=True, reads=_SPANS,
                    poisson_spans=True, needs_prefix_attention=True, explicit_positions=True,
                    uniform_rows=lambda layout: glm.UNIFORM_ROWS,
-                   expected_loss_tokens=host.blank_infilling_loss_tokens))
+                   expected_loss_tokens=host.blank_infilling_loss_tokens,
+                   sentinels_needed=host.blank_infilling_sentinels))
 
 
 # ---------------------------------------------------------------------------------------------

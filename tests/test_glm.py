@@ -23,7 +23,9 @@ from tiny_configs import tiny_train_config
 
 VOCAB, SENTINELS, INPUTS, BATCH = 128, 8, 24, 8
 REAL_LOW, REAL_HIGH = 3, VOCAB - SENTINELS
-EOS, MASK = 1, VOCAB - 1  # [END] (and [START]: see t5x_lite.glm) and [MASK] = <extra_id_0>
+# EOS (a document's end, and Part A's, which the first span's [START] is fed), [MASK] =
+# <extra_id_0>, [END] = <extra_id_1> (and the [START] of every later span: see t5x_lite.glm).
+EOS, MASK, END = 1, VOCAB - 1, VOCAB - 2
 LAYOUT = objectives.layout_for(
     [dict(name="blank_infilling", noise_density=0.15, mean_noise_span_length=3.0,
           inputs_length=INPUTS)], "decoder_only", VOCAB, SENTINELS)
@@ -34,7 +36,7 @@ corrupt_jit = jax.jit(objectives.corrupt_with_details, static_argnums=3)
 @jax.jit
 def plans(tokens, n, density, lam, draws):
     """The spans `corrupt` draws for LAYOUT's examples, from their uniform draws."""
-    return jax.vmap(lambda t, m, p, mu, u: glm.plan(t, m, p, mu, u, MASK,
+    return jax.vmap(lambda t, m, p, mu, u: glm.plan(t, m, p, mu, u, MASK, END,
                                                     objectives.packed_width(LAYOUT)),
                     in_axes=(0, 0, None, 0, 0))(tokens, n, density, lam, draws)
 
@@ -86,11 +88,14 @@ def paper_span_lengths(uniform, n, density, lam):
 
 def glm_row(part_a, b_in, b_out, positions):
     """The row `t5x_lite.glm` says GLM's example becomes: tokens as ids ([MASK] the mask token,
-    [START] and [END] EOS), Part A + EOS, then Part B's outputs; positions row-shifted by the
-    start token: 1 + position 1 + (position 2 - 1 in Part B)."""
-    ids = {"[MASK]": MASK, "[START]": EOS, "[END]": EOS}
+    [END] <extra_id_1>, the first [START] Part A's closing EOS and the others [END]), Part A +
+    EOS, then Part B's outputs; positions row-shifted by the start token: 1 + position 1 +
+    (position 2 - 1 in Part B)."""
+    ids = {"[MASK]": MASK, "[END]": END}
     sequence = [ids.get(t, t) for t in part_a + [EOS] + b_out]
-    fed = [0] + [ids.get(t, t) for t in part_a + b_in]
+    starts = iter([EOS] + [END] * len(b_in))
+    fed = [0] + [ids.get(t, t) for t in part_a] + [
+        next(starts) if t == "[START]" else t for t in b_in]
     # The start token at 0, Part A at 1.., Part B's first [START] (fed Part A's EOS) on.
     row_positions = [0] + [1 + p1 + max(p2 - 1, 0) for p1, p2 in positions]
     return sequence, fed, row_positions, len(part_a) + 1
@@ -104,6 +109,9 @@ def test_blank_infilling_is_the_papers_parts_a_and_b_on_its_own_spans(density, l
                                                                       seed):
     rng = np.random.default_rng(seed)
     tokens = rng.integers(REAL_LOW, REAL_HIGH, (BATCH, RAW)).astype(np.int32)
+    # A chunk packs documents, each ended by EOS, and spans may cover one: it is a span token
+    # like any other, which the [END] (not EOS) keeps apart from the span's end.
+    tokens[rng.random((BATCH, RAW)) < 0.15] = EOS
     tokens[np.arange(RAW)[None] >= np.asarray(lengths)[:, None]] = 0
     key = jax.random.key(seed)
     batch, details = jax.device_get(corrupt_jit(tokens, make_spec(density, lam), key, LAYOUT))
@@ -201,6 +209,15 @@ def test_archs_without_a_bidirectional_prefix_refuse_it_before_any_work(arch, tm
     assert not (tmp_path / "run").exists()
 
 
+def test_a_vocabulary_without_a_sentinel_for_its_end_is_refused_by_name():
+    config = tiny_train_config("prefix_lm")
+    config.objective.name = "blank_infilling"
+    config.model.num_sentinels = 1  # <extra_id_0> only: the [MASK], no [END]
+    with pytest.raises(ConfigError, match="model.num_sentinels=1 is too small for .*its "
+                                          r"\[END\] <extra_id_1>, so it needs at least 2"):
+        objectives.layout_from_config(config)
+
+
 def test_a_prefix_lm_trains_on_it_and_its_model_reads_the_positions():
     config = tiny_train_config("prefix_lm")
     config.objective.name = "blank_infilling"
@@ -230,8 +247,10 @@ def test_preview_shows_it_and_names_it_in_json():
         assert example["objective"] == "blank_infilling" and not example["overflow"]
         spans = example["inputs"].count(mask)
         assert spans >= 1 and example["inputs_text"].count("<extra_id_0>") == spans
-        # Part B: each span's tokens then EOS ([END]); the inputs (Part A) end with EOS.
-        assert example["targets"].count(EOS) == spans == example["targets_text"].count("</s>")
+        # Part B: each span's tokens then [END] (<extra_id_1>); the inputs (Part A) end with EOS.
+        end = glm.end_token(run.layout.vocab_size)
+        assert example["targets"].count(end) == spans == example["targets_text"].count(
+            "<extra_id_1>")
         assert sum(example["noise_mask"]) == len(example["targets"]) - spans
     text = preview.format_text(run, examples)
     assert ("objective blank_infilling: noise_density 0.15, mean_noise_span_length 3.0 (the "

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings, assume, strategies as st
 from scipy.special import gammaln
 
-from t5x_lite import noise_lengths, objectives
+from t5x_lite import glm, noise_lengths, objectives
 from t5x_lite.config import UL2_DENOISERS, ConfigError, default_config
 from t5x_lite.objectives import (
     BatchLayout, ObjectiveSpec, corrupt, iid_noise_mask, layout_for, lengths_for,
@@ -519,9 +519,10 @@ def test_outputs_use_only_real_tokens_eos_and_their_own_special_ids(name, densit
         original = tokens[i, :n].tolist()
         inputs = unpad(batch["encoder_input_tokens"][i])
         targets = unpad(batch["decoder_target_tokens"][i])
-        assert inputs[-1] == targets[-1] == 1 and 1 not in inputs[:-1]
-        # blank_infilling's targets end each span with EOS (GLM's [END], t5x_lite.glm).
-        assert name == "blank_infilling" or 1 not in targets[:-1]
+        # blank_infilling's targets end each span with GLM's [END], <extra_id_1> (t5x_lite.glm).
+        last = VOCAB - 2 if name == "blank_infilling" else 1
+        assert inputs[-1] == 1 and targets[-1] == last
+        assert 1 not in inputs[:-1] and 1 not in targets[:-1]
         inputs, targets = inputs[:-1], targets[:-1]
         np.testing.assert_array_equal(batch["decoder_loss_weights"][i],
                                       np.asarray(batch["decoder_target_tokens"][i]) != 0)
@@ -558,9 +559,8 @@ def test_outputs_use_only_real_tokens_eos_and_their_own_special_ids(name, densit
         elif name == "sentence_permutation":
             assert targets == original and sorted(inputs) == sorted(original)
         elif name == "blank_infilling":  # a mask per span in Part A, the spans in Part B
-            assert inputs.count(VOCAB - 1) == targets.count(EOS) + 1
-            assert sorted(t for t in inputs + targets if t not in (EOS, VOCAB - 1)) == sorted(
-                original)
+            assert inputs.count(VOCAB - 1) == targets.count(VOCAB - 2) + 1
+            assert sorted(t for t in inputs + targets if t < REAL_HIGH) == sorted(original)
         else:  # lm: the encoder gets a lone EOS
             assert inputs == [] and targets == original
 
@@ -690,8 +690,12 @@ def test_a_grid_shares_one_layout_and_one_compilation(family):
                     else {"decoder_target_tokens": layout.inputs_length + layout.targets_length})
         for key, length in expected.items():
             assert batch[key].shape == (2, length)
+            # Every row ends with EOS, but a decoder-only blank_infilling row with Part B's
+            # last [END] (t5x_lite.glm).
+            last = (glm.end_token(layout.vocab_size)
+                    if point["name"] == glm.NAME and key == "decoder_target_tokens" else 1)
             for row in np.asarray(batch[key]):
-                assert unpad(row)[-1] == 1, f"{point}: EOS cut off {key}"
+                assert unpad(row)[-1] == last, f"{point}: its last token cut off {key}"
 
 
 def test_a_layout_compiles_only_its_grids_objectives_and_corrupts_as_the_full_one():
