@@ -27,10 +27,13 @@ about 1e-30: not here); lengths are drawn while their sum is below the threshold
 one is not cut (so the count is "at least" the threshold); the spans are laid out in the text
 in a random order of their lengths, separated by at least one clean token: with S = their
 total, K their count, K places are drawn uniformly from [0, n - S - K + 1] and sorted, span k
-starting at place_k + sum over earlier spans of (length + 1) (`sample_spans`); a span that
-would not fit so (S + K - 1 > n) is dropped, with the ones after it (it shuffles the lengths
-before that check, here they are checked in drawing order: the two differ only for a text too
-short for its spans); one [MASK] id for every span; Part B's [START] tokens sit at their [MASK]'s position.
+starting at place_k + sum over earlier spans of (length + 1) (`sample_spans`), within one
+document (`sample_span_in_document`); when the spans do not all fit (S + K - 1 > n), GLM drops
+the example from its batch (`generate_blank_data` returns None). Here a batch row is never
+dropped: the spans that fit, in drawing order, are kept, so a text too short for its spans
+masks fewer than the threshold's tokens (only short texts: at n = 6 and r = 0.6, about a third
+of them); one [MASK] id for every span; Part B's [START] tokens sit at their [MASK]'s
+position. GLM never masks its leading [CLS] or a sample's last token; here any token may be.
 
 What runs here, for an n-token example, at noise_density r (the paper's 15%) and
 mean_noise_span_length lambda (the paper's 3; `objective.mean_noise_span_length`):

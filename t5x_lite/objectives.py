@@ -61,8 +61,10 @@ original x_1..x_n + EOS. m = ceil(n * noise_density) tokens are corrupted, count
   noise (fairseq draws distinct span starts and lets spans that overlap merge and spans that
   reach the document's end stop there, so it can mask fewer).
 - document_rotation: "a token is chosen uniformly at random, and the document is rotated so
-  that it begins with that token" (any of the n, the first included, as fairseq's
-  `add_rolling_noise`); no noise mask, noise_density is ignored.
+  that it begins with that token" (any of the n with probability 1/n, the first included: the
+  paper's words; fairseq's `add_rolling_noise` draws its offset from n + 1 values of which two
+  leave the document as it is, so it stays unrotated with probability 2/(n + 1)); no noise
+  mask, noise_density is ignored.
 - sentence_permutation: "a document is divided into sentences based on full stops, and these
   sentences are shuffled in a random order": the chunk's sentences (read off the vocabulary's
   pieces, `bart_noising.sentence_ends`; the layout carries them: `BatchLayout.with_sentences`)
