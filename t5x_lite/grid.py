@@ -10,7 +10,8 @@ A point's config is: get_config(preset), then the user's overrides, then the row
 (so the grid stays the grid), then `train.seed` = the seed. An override of a field that every
 row sets would change no point, so it is refused (`ConfigError`); one of a field that some
 rows set reaches only the others, and a warning names the rows that keep their own. Each row runs once per seed in
-`sweep.seeds` and is fine-tuned on each task of `sweep.tasks` separately. Rows that would
+`sweep.seeds` and is fine-tuned on the tasks of `sweep.tasks` (`finetune_runs`: each task
+alone, but GLUE's as one task under `sweep.glue_as_one_task`, as the paper does). Rows that would
 compute the same runs (their configs differ only in objective settings their objective does
 not read or sees as the same numbers, `identical_rows`) are warned of at expansion.
 
@@ -145,9 +146,11 @@ class GridPoint:
         """The run's pre-training workdir (`train.train`'s: checkpoints, metrics)."""
         return self.directory(workdir) / "pretrain"
 
-    def finetune_directory(self, workdir: str | os.PathLike, task: str) -> Path:
-        """The run's fine-tuning workdir for `task` (`finetune.finetune`'s)."""
-        return self.directory(workdir) / "finetune" / task
+    def finetune_directory(self, workdir: str | os.PathLike, run_tasks: Sequence[str]) -> Path:
+        """The run's fine-tuning workdir for the fine-tuning run of `run_tasks` (one of
+        `finetune_runs`; `finetune.finetune`'s): named by the task, or by the tasks joined with
+        '+' for GLUE as one task."""
+        return self.directory(workdir) / "finetune" / "+".join(run_tasks)
 
     def record_path(self, workdir: str | os.PathLike, task: str) -> Path:
         """Where the run's finished record of `task` is saved, to be reused on resume."""
@@ -268,6 +271,28 @@ def config_hash(config: ml_collections.ConfigDict) -> str:
 # The splits a sweep reads of each task: fine-tuning trains on "train" and scores "validation"
 # (`finetune.finetune`).
 SWEEP_SPLITS = ("train", "validation")
+
+
+def finetune_runs(task_names: Sequence[str], glue_as_one_task: bool
+                  ) -> tuple[tuple[str, ...], ...]:
+    """The fine-tuning runs a sweep point makes of `task_names` (`sweep.tasks`), in their
+    order: each task alone, except that with `glue_as_one_task` the GLUE tasks
+    (`tasks.is_glue`) are one run, at the place of the first. That is the paper's protocol
+    (section 2.3): "For simplicity, when fine-tuning we treat all of the tasks in the GLUE
+    benchmark [...] as a single task by concatenating all of the constituent data sets": one
+    run on their mixture (`finetune.mixing_limit`, 2^19 by default, caps no GLUE task, so the
+    mixture is examples-proportional, a concatenation), validated on each task, each task's
+    best validation score reported."""
+    from t5x_lite.data import tasks
+
+    glue = tuple(name for name in task_names if glue_as_one_task and tasks.is_glue(name))
+    runs: list[tuple[str, ...]] = []
+    for name in task_names:
+        if name not in glue:
+            runs.append((name,))
+        elif name == glue[0]:
+            runs.append(glue)
+    return tuple(runs)
 
 
 def require_sweep_splits(task_names: Sequence[str]) -> None:

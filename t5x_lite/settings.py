@@ -438,8 +438,8 @@ class Finetune(_Section):
 @dataclasses.dataclass(frozen=True)
 class Sweep(_Section):
     """`config.sweep`, which only sweep presets have (`presets.sweep_preset`): the tasks each
-    grid point is fine-tuned on, its seeds, progress display, compute budget and whether the
-    pre-trained model is scored zero-shot before fine-tuning (`t5x_lite.sweep`; `t5x_lite.grid` checks the
+    grid point is fine-tuned on (and whether GLUE's are one task), its seeds, progress display,
+    compute budget and whether the pre-trained model is scored zero-shot before fine-tuning (`t5x_lite.sweep`; `t5x_lite.grid` checks the
     tasks' splits, budget_reference and label options against the grid)."""
 
     NAME: ClassVar[str] = "sweep"
@@ -450,10 +450,12 @@ class Sweep(_Section):
     budget: str
     budget_reference: str | None  # None: the grid's first point
     zero_shot: bool  # rank label options with the pre-trained model (`t5x_lite.zero_shot`)
+    glue_as_one_task: bool  # fine-tune GLUE's tasks as one run (`grid.finetune_runs`)
 
     def _check(self) -> None:
         require_choice("sweep.budget", self.budget, BUDGETS)
         require_bool("sweep.zero_shot", self.zero_shot)
+        require_bool("sweep.glue_as_one_task", self.glue_as_one_task)
         if isinstance(self.tasks, str) or not self.tasks:
             raise ConfigError(f"sweep.tasks={self.tasks!r} must be a non-empty list of task "
                               "names")

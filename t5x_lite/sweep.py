@@ -60,7 +60,7 @@ from t5x_lite.checkpointing import CHECKPOINTS_DIR, newest_step
 from t5x_lite.config import ConfigError, apply_overrides, parse_overrides
 from t5x_lite.errors import MachineFault, is_machine_fault
 from t5x_lite.grid import (SWEEP_SPLITS, GridPoint, StepCost, config_hash, expand,
-                           load_experiment)
+                           finetune_runs, load_experiment)
 from t5x_lite.loop import METRICS_FILE, PreemptionWatch
 from t5x_lite.preemption import Preempted
 from t5x_lite.results import ResultsFile, latest_records, record_key, run_key, write_json
@@ -270,9 +270,10 @@ def _stop_if_signalled(watch: PreemptionWatch, point: GridPoint, workdir: str) -
 def _finetune_tasks(point: GridPoint, workdir: str, started: float,
                     train_step_compiles: int, watch: PreemptionWatch) -> list[dict]:
     """After the point's pre-training: the zero-shot stage (`sweep.zero_shot`) on the tasks
-    not recorded yet, then fine-tune and evaluate on each task, one record per task (a task's
-    saved record is reused; a failing task is recorded as failed). A signal `watch` received
-    stops it (`Preempted`) before each stage.
+    not recorded yet, then fine-tune and evaluate in each of `grid.finetune_runs` (each task
+    alone, or GLUE's as one task), one record per task, naming its run's tasks
+    (`finetune_tasks`); a task's saved record is reused, the tasks of a failing run are
+    recorded as failed. A signal `watch` received stops it (`Preempted`) before each stage.
 
     train_step_compiles: the pre-training step's XLA compilations in this process, as JAX's
     compile events count them (`train.train`'s `step_compiles`), recorded as such: 1 for a
@@ -297,43 +298,52 @@ def _finetune_tasks(point: GridPoint, workdir: str, started: float,
     _stop_if_signalled(watch, point, workdir)
     zero_shot = (_zero_shot_stage(point, workdir, pending)  # {task: entry}
                  if config.sweep.zero_shot else {})
-    records = []
-    for task in config.sweep.tasks:
-        saved = point.record_path(workdir, task)
-        if task not in pending:
-            records.append(json.loads(saved.read_text()))
+    records: dict[str, dict] = {}
+    for run_tasks in finetune_runs(config.sweep.tasks, config.sweep.glue_as_one_task):
+        stages = {}
+        for task in run_tasks:
+            if task not in pending:
+                records[task] = json.loads(point.record_path(workdir, task).read_text())
+                continue
+            stages[task] = {**base, **history, "train_step_compiles": train_step_compiles,
+                            **({"zero_shot": zero_shot[task]} if zero_shot else {})}
+            reason = evaluation.not_applicable(config.model.arch, tasks.TASKS[task])
+            if reason:  # e.g. a generation task for encoder_only: recorded, not run, not failed
+                records[task] = {"wall_s": None, "compile_s": None, "compiles": None,
+                                 **stages.pop(task), "task": task, "metrics": {},
+                                 "status": "not_applicable", "error": reason}
+                write_json(point.record_path(workdir, task), records[task])
+        if not stages:  # every task of the run recorded
             continue
-        stages = {**base, **history, "train_step_compiles": train_step_compiles,
-                  **({"zero_shot": zero_shot[task]} if zero_shot else {})}
-        reason = evaluation.not_applicable(config.model.arch, tasks.TASKS[task])
-        if reason:  # e.g. a generation task for encoder_only: recorded, not run, not failed
-            record = {"wall_s": None, "compile_s": None, "compiles": None, **stages,
-                      "task": task, "metrics": {}, "status": "not_applicable", "error": reason}
-            write_json(saved, record)
-            records.append(record)
-            continue
+        # The run trains on all its applicable tasks, recorded ones too, so that a resumed
+        # run's mixture is the one it began with.
+        run_tasks = tuple(task for task in run_tasks
+                          if not evaluation.not_applicable(config.model.arch, tasks.TASKS[task]))
         _stop_if_signalled(watch, point, workdir)
-        _log(f"{point.experiment} {point.run_name}: fine-tuning on {task} "
-             f"({config.finetune.steps} steps; {time.perf_counter() - started:.0f} s so far)")
-        task_config = copy.deepcopy(config)
-        task_config.finetune.tasks = (task,)
+        _log(f"{point.experiment} {point.run_name}: fine-tuning on {' + '.join(run_tasks)}"
+             + (" as one task (the paper's GLUE)" if len(run_tasks) > 1 else "")
+             + f" ({config.finetune.steps} steps; {time.perf_counter() - started:.0f} s so far)")
+        run_config = copy.deepcopy(config)
+        run_config.finetune.tasks = run_tasks
         try:
-            result = finetune.finetune(task_config,
-                                       str(point.finetune_directory(workdir, task)),
+            result = finetune.finetune(run_config,
+                                       str(point.finetune_directory(workdir, run_tasks)),
                                        init_from=str(pretrain),
                                        progress=config.sweep.progress)
-        except Exception as error:  # recorded as failed; the other tasks still run
-            records.append(_failed(stages, task, error))
+        except Exception as error:  # recorded as failed; the other runs still run
+            records.update({task: _failed(task_stages, task, error)
+                            for task, task_stages in stages.items()})
             continue
-        record = {
-            **stages, "task": task,
-            "wall_s": pretrain_wall_s + result["wall_s"],
-            "finetune_compile_s": result["compile_s"], "finetune_compiles": result["compiles"],
-            "metrics": result["scores"][task], "status": "ok", "error": None,
-        }
-        write_json(saved, record)
-        records.append(record)
-    return records
+        for task, task_stages in stages.items():
+            records[task] = {
+                **task_stages, "task": task, "finetune_tasks": list(run_tasks),
+                "wall_s": pretrain_wall_s + result["wall_s"],
+                "finetune_compile_s": result["compile_s"],
+                "finetune_compiles": result["compiles"],
+                "metrics": result["scores"][task], "status": "ok", "error": None,
+            }
+            write_json(point.record_path(workdir, task), records[task])
+    return [records[task] for task in config.sweep.tasks]
 
 
 def _lacks_zero_shot(record: dict) -> bool:

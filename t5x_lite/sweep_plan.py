@@ -20,7 +20,7 @@ from typing import Sequence
 
 from t5x_lite import accounting
 from t5x_lite.checkpointing import CHECKPOINTS_DIR, newest_step
-from t5x_lite.grid import StepCost, expand
+from t5x_lite.grid import StepCost, expand, finetune_runs
 from t5x_lite.results import ResultsFile, latest_records, record_key, results_path, run_key
 from t5x_lite.step_settings import step_settings
 from t5x_lite.sweep import (LATER_STAGES, base_record, budget_line, require_vmap, select_point,
@@ -45,10 +45,11 @@ class PlannedRun:
     params: int
     flops_per_step: float
     corpus_tokens: int  # raw corpus tokens read, as the paper counts them
-    finetune_flops: float  # one task's fine-tuning, at the fine-tuning lengths
+    finetune_flops: float  # one fine-tuning run's, at the fine-tuning lengths
     program: int
     checkpoint_step: int | None
     tasks_left: int
+    finetunes_left: int  # fine-tuning runs (`grid.finetune_runs`) with a task left
     stages_left: tuple[str, ...]  # what `sweep.LATER_STAGES` would add to its records
 
     @property
@@ -75,6 +76,7 @@ class SweepPlan:
     workdir_state: str
     budget: str | None  # `sweep.budget_line`: a compute-matched sweep's derived steps
     tasks: tuple[str, ...]
+    finetune_runs: tuple[tuple[str, ...], ...]  # `grid.finetune_runs` of the tasks
     finetune_steps: int
     runs: tuple[PlannedRun, ...]
     vmap: int
@@ -103,6 +105,8 @@ def plan_sweep(experiment: str, preset: str, workdir: str, overrides: Sequence[s
     latest_of_run: dict[tuple[str, int], list[dict]] = {}
     for record in latest_records(records):
         latest_of_run.setdefault(run_key(record), []).append(record)
+    sweep = points[0].config.sweep
+    finetunes = finetune_runs(sweep.tasks, sweep.glue_as_one_task)
     programs: dict = {}
     runs = []
     for point in points:
@@ -120,6 +124,7 @@ def plan_sweep(experiment: str, preset: str, workdir: str, overrides: Sequence[s
             newest_step(point.pretrain_directory(workdir_path) / CHECKPOINTS_DIR)
             if state != "new" else None,
             len(unrecorded_tasks(point, done)),
+            sum(not set(run).isdisjoint(unrecorded_tasks(point, done)) for run in finetunes),
             tuple(stage.what for stage in LATER_STAGES
                   if stage.on(point.config) and any(map(stage.lacks, latest)))))
     todo = [point for point, run in zip(points, runs) if run.tasks_left]
@@ -127,7 +132,7 @@ def plan_sweep(experiment: str, preset: str, workdir: str, overrides: Sequence[s
         require_current_folders(todo, workdir_path)
     return SweepPlan(
         points[0].experiment, preset, workdir, state, budget,
-        tuple(points[0].config.sweep.tasks), points[0].config.finetune.steps, tuple(runs), vmap,
+        tuple(sweep.tasks), finetunes, points[0].config.finetune.steps, tuple(runs), vmap,
         tuple(tuple(point.index for point in chunk)
               for chunk in vmap_chunks(todo, vmap, workdir))
         if vmap > 1 else (), point_index)
@@ -164,7 +169,8 @@ def render(plan: SweepPlan) -> str:
     # (run, its pre-training steps left) for each run whose pre-training is not finished.
     pretrain_left = [(run, run.steps - (run.checkpoint_step or 0)) for run in left
                      if (run.checkpoint_step or 0) < run.steps]
-    finetunes_left = sum(run.tasks_left for run in left)
+    finetunes_left = sum(run.finetunes_left for run in left)
+    together = [run for run in plan.finetune_runs if len(run) > 1]
     where = {"new": "a new workdir", "same": "resumed",
              "adds zero-shot": "resumed, adding the zero-shot stage"}[plan.workdir_state]
     lines = [
@@ -172,20 +178,24 @@ def render(plan: SweepPlan) -> str:
         + ("" if plan.point_index is None else f" --point_index {plan.point_index}")
         + f" ({where}): nothing is trained, compiled or written.",
         f"{_plural(len(runs), 'run')} (grid points x seeds), each pre-trained, then fine-tuned "
-        f"on {_plural(len(tasks), 'task')} ({', '.join(tasks)}) for {plan.finetune_steps:,} "
-        f"steps; {_plural(plan.programs, 'compiled pre-training program')} (runs with the "
+        f"on {_plural(len(tasks), 'task')} ({', '.join(tasks)}) in "
+        f"{_plural(len(plan.finetune_runs), 'fine-tuning run')} of {plan.finetune_steps:,} "
+        "steps" + "".join(f" ({' + '.join(run)} as one task, as the paper fine-tunes GLUE)"
+                          for run in together)
+        + f"; {_plural(plan.programs, 'compiled pre-training program')} (runs with the "
         "same program number share one).",
         *([plan.budget] if plan.budget else []), "", *aligned(grid), "",
         f"In all: {_count(sum(r.steps * r.flops_per_step for r in runs))} pre-training FLOPs "
         "(3 x forward matmuls, attention and logits included), "
         f"{_count(sum(r.corpus_tokens for r in runs))} corpus tokens read, "
-        f"{_count(sum(len(tasks) * r.finetune_flops for r in runs))} fine-tuning FLOPs.",
+        f"{_count(sum(len(plan.finetune_runs) * r.finetune_flops for r in runs))} fine-tuning "
+        "FLOPs.",
         f"Left to run: {_plural(len(pretrain_left), 'pre-training')} "
         f"({sum(steps for _, steps in pretrain_left):,} steps, "
         f"{_count(sum(run.flops_per_step * steps for run, steps in pretrain_left))} "
         f"FLOPs) and {_plural(finetunes_left, 'fine-tuning')} "
         f"({finetunes_left * plan.finetune_steps:,} steps, "
-        f"{_count(sum(r.tasks_left * r.finetune_flops for r in left))} FLOPs); "
+        f"{_count(sum(r.finetunes_left * r.finetune_flops for r in left))} FLOPs); "
         f"{len(runs) - len(left)} of {len(runs)} runs done."]
     for stage in LATER_STAGES:
         amended = sum(stage.what in run.stages_left for run in runs)

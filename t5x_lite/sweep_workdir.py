@@ -33,7 +33,8 @@ def without_sweep_settings(identity: dict[str, Any]) -> dict[str, Any]:
     """`identity` less its `sweep.*` overrides (seeds, tasks, progress): a sweep extended by
     seeds or tasks is the same sweep, whose finished records resume (each record is keyed by
     point, seed and task and checked by its config hash, which leaves out the sweep section).
-    `sweep.budget` and `sweep.budget_reference` stay: they change what the points compute;
+    `sweep.budget`, `sweep.budget_reference` and `sweep.glue_as_one_task` stay: they change
+    what the points compute;
     so does `sweep.zero_shot=True` (what the records hold; False is the default, the same
     sweep as none). The held-out evaluation's fields (`grid.OBSERVING_FIELDS`) go too: they
     change what a point measures, not what it computes."""
@@ -42,7 +43,8 @@ def without_sweep_settings(identity: dict[str, Any]) -> dict[str, Any]:
             return value is not False
         if field in OBSERVING_FIELDS:
             return False
-        return not field.startswith("sweep.") or field.startswith("sweep.budget")
+        return (not field.startswith("sweep.") or field.startswith("sweep.budget")
+                or field == "sweep.glue_as_one_task")
 
     return {**identity, "overrides": [item for item in identity["overrides"] if kept(*item)]}
 

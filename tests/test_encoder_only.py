@@ -324,7 +324,8 @@ def test_a_generation_task_is_refused_for_a_run_and_na_in_a_sweep(pretrained, tm
 
     # A sweep point fine-tuned on it records "not applicable" (not "failed") without running.
     generation.sweep = ml_collections.ConfigDict(dict(tasks=("wmt_ende",), seeds=(0,),
-                                                      progress=False, zero_shot=False))
+                                                      progress=False, zero_shot=False,
+                                                      glue_as_one_task=True))
     point = grid.GridPoint(experiment="x", source="x.py", preset="tiny",
                            point="encoder_only/bert", row="EO", objective="BERT-style",
                            config=generation, seed=0, index=0, num_points=1,

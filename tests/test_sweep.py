@@ -240,6 +240,71 @@ def test_a_ul2_run_whose_batches_mix_denoisers_records_one_train_step_compile(tm
     assert record["train_step_compiles"] == 1
 
 
+GLUE_EXPERIMENT = '''
+from tiny_configs import tiny_sweep_config
+
+GRID = (dict(point="denoising", row="Encoder-decoder", objective="Denoising",
+             overrides={"objective.name": "span_corruption"}),)
+
+
+def get_config(preset):
+    config = tiny_sweep_config(preset)
+    config.sweep.tasks = ("glue_test_reverse", "builtin_module", "glue_test_module")
+    return config
+'''
+
+
+def test_finetune_runs_put_glue_s_tasks_in_one_run_at_the_first_s_place():
+    names = ("squad", "glue_cola", "wmt_ende", "local_glue_rte", "glue_mnli")
+    assert grid.finetune_runs(names, True) == (
+        ("squad",), ("glue_cola", "local_glue_rte", "glue_mnli"), ("wmt_ende",))
+    assert grid.finetune_runs(names, False) == tuple((name,) for name in names)
+
+
+def test_glue_s_tasks_fine_tune_as_one_task_and_each_gets_its_own_record(tmp_path):
+    """The paper's GLUE protocol (`sweep.glue_as_one_task`): one fine-tuning run on the mixture
+    of the GLUE tasks, validated on each, each task's record from its own best validation; any
+    other task is fine-tuned alone."""
+    import dataclasses
+
+    path = tmp_path / "glue_grid.py"
+    path.write_text(GLUE_EXPERIMENT)
+    for name in ("reverse", "module"):  # built-in tasks under GLUE names
+        tasks.TASKS[f"glue_test_{name}"] = dataclasses.replace(
+            tasks.TASKS[f"builtin_{name}"], name=f"glue_test_{name}")
+    try:
+        plan = sweep_plan.render(sweep_plan.plan_sweep(str(path), "demo", str(tmp_path / "w")))
+        records = sweep.run_sweep(str(path), "demo", str(tmp_path / "w"))
+        apart = sweep_plan.plan_sweep(str(path), "demo", str(tmp_path / "apart"),
+                                      ["sweep.glue_as_one_task=False"])
+        # It changes what the points compute: not the same sweep as the finished one.
+        with pytest.raises(ConfigError, match="holds a different sweep"):
+            sweep_plan.plan_sweep(str(path), "demo", str(tmp_path / "w"),
+                                  ["sweep.glue_as_one_task=False"])
+    finally:
+        del tasks.TASKS["glue_test_reverse"], tasks.TASKS["glue_test_module"]
+    assert ("fine-tuned on 3 tasks (glue_test_reverse, builtin_module, glue_test_module) in 2 "
+            "fine-tuning runs of 4 steps (glue_test_reverse + glue_test_module as one task, as "
+            "the paper fine-tunes GLUE)") in plan
+    assert apart.finetune_runs == (("glue_test_reverse",), ("builtin_module",),
+                                   ("glue_test_module",))
+    assert [(r["task"], r["status"], r["finetune_tasks"]) for r in records] == [
+        ("glue_test_reverse", "ok", ["glue_test_reverse", "glue_test_module"]),
+        ("builtin_module", "ok", ["builtin_module"]),
+        ("glue_test_module", "ok", ["glue_test_reverse", "glue_test_module"])]
+    point = tmp_path / "w" / "points" / "denoising" / "seed0"
+    assert sorted(p.name for p in (point / "finetune").iterdir()) == [
+        "builtin_module", "glue_test_reverse+glue_test_module"]
+    # One run validated both GLUE tasks; each record holds its task's best validation.
+    validations = [json.loads(line) for line in
+                   (point / "finetune" / "glue_test_reverse+glue_test_module" /
+                    "eval.jsonl").read_text().splitlines()]
+    for record in records[::2]:
+        own = [v for v in validations if v["task"] == record["task"]]
+        assert own and record["metrics"] in [v["metrics"] for v in own]
+    assert records[0]["wall_s"] == records[2]["wall_s"] != records[1]["wall_s"]
+
+
 def test_a_failing_point_is_recorded_and_the_sweep_goes_on(uninterrupted):
     _, records = uninterrupted
     broken = next(r for r in records if r["point"] == "broken")
@@ -969,6 +1034,13 @@ def test_table2_s_dry_run_counts_the_four_programs_its_sweep_compiles():
     plan = sweep_plan.plan_sweep("table2", "paper", "/nonexistent/t5x_lite_plan")
     assert {(run.steps, run.corpus_tokens) for run in plan.runs} == {(2**19, 2**19 * 128 * 511)}
     assert plan.programs == 4
+    # The paper fine-tunes GLUE's tasks as one task: six fine-tuning runs a point, not 13.
+    glue = ("glue_cola", "glue_sst2", "glue_mrpc", "glue_stsb", "glue_qqp", "glue_mnli",
+            "glue_qnli", "glue_rte")
+    assert plan.finetune_runs == (glue, ("cnn_dailymail",), ("squad",), ("wmt_ende",),
+                                  ("wmt_enfr",), ("wmt_enro",))
+    assert f"in 6 fine-tuning runs of 262,144 steps ({' + '.join(glue)} as one task" in (
+        sweep_plan.render(plan))
     # The total from the hand FLOP count (4.76e20 in the README), the tokens as above.
     flops = sum(point.config.train.steps * _hand_cost(point, "flops")
                 for point in grid.expand("table2", "paper"))

@@ -125,7 +125,7 @@ def test_bad_input_is_one_line_naming_the_field(data):
     finally:
         del tasks.TASKS["test_letters"]
     section = dict(tasks=("builtin_module",), seeds=(0,), progress=False, budget="steps",
-                   budget_reference=None, zero_shot="yes")
+                   budget_reference=None, zero_shot="yes", glue_as_one_task=True)
     with pytest.raises(ConfigError, match=r"^sweep.zero_shot='yes' must be True or False$"):
         Sweep.from_config(section)
 

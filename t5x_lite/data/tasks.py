@@ -411,6 +411,11 @@ GLUE_AVERAGE_GROUPS: dict[str, tuple[str, str]] = {
 }
 
 
+def is_glue(task: str) -> bool:
+    """Whether `task` is one of GLUE's (`glue_*`, or its `local_glue_*` stand-in)."""
+    return task.removeprefix("local_").startswith("glue_")
+
+
 def _glue_part(task: str) -> tuple[str, str] | None:
     """`task`'s (group, part) of the GLUE average (`local_glue_*` as its namesake), or None."""
     return GLUE_AVERAGE_GROUPS.get(task.removeprefix("local_"))
