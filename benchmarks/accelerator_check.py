@@ -106,7 +106,7 @@ def child_bench(preset: str, overrides: list[str], steps: int) -> dict[str, Any]
     config = preset_config(preset, overrides)
     result = bench.run_benchmarks(config, steps=steps, warmup=2)
     kept = ("step_ms", "tokens_per_second", "tflops_per_second", "peak_tflops_per_second",
-            "mfu", "peak_source", "init_s", "init_compile_s", "compile_s", "first_call_s",
+            "mfu", "pipelined_step_ms", "pipelined_mfu", "peak_source", "init_s", "init_compile_s", "compile_s", "first_call_s",
             "devices", "layout", "corruption_ms", "corruption_share_of_step", "peak_memory_gib",
             "program_memory_gib")
     return {"preset": preset, "overrides": overrides, "batch_size": config.train.batch_size,
@@ -578,17 +578,24 @@ PRIORITY = (
 
 
 def targets(parts: dict[str, Any]) -> dict[str, Any]:
-    """The issue's targets against what was measured (None where the part has no result)."""
+    """The issue's targets against what was measured (None where the part has no result).
+    The MFU target is judged on the steps timed back to back (`pipelined_mfu`, as training runs
+    them) where a part has them, else on the steps waited on one by one (`mfu`); both are
+    listed."""
     def result(name: str) -> dict[str, Any] | None:
         entry = parts.get(name, {})
         return entry.get("result") if entry.get("status") == "ok" else None
 
-    mfus = {name: result(name)["mfu"] for name in parts
-            if name.startswith("paper/") and result(name) and result(name)["mfu"] is not None}
-    best_mfu = max(mfus.values(), default=None)
+    def mfus(key: str) -> dict[str, float]:
+        return {name: result(name)[key] for name in parts if name.startswith("paper/")
+                and result(name) and result(name).get(key) is not None}
+
+    waited, pipelined = mfus("mfu"), mfus("pipelined_mfu")
+    best_mfu = max({**waited, **pipelined}.values(), default=None)
     speedup = (result("vmap/small/4") or {}).get("speedup")
     return {
-        "paper_bf16_mfu": {"target": TARGET_MFU, "best": best_mfu, "by_variant": mfus,
+        "paper_bf16_mfu": {"target": TARGET_MFU, "best": best_mfu, "by_variant": waited,
+                           "pipelined_by_variant": pipelined,
                            "met": None if best_mfu is None else best_mfu >= TARGET_MFU},
         "vmap_small_K4_speedup": {"target": TARGET_VMAP_SPEEDUP, "measured": speedup,
                                   "met": (None if speedup is None

@@ -47,6 +47,8 @@ def test_bench_command_prints_one_consistent_json_object(tmp_path):
     assert result["mfu"] == pytest.approx(
         result["tflops_per_second"] / result["peak_tflops_per_second"])
     assert 0 < result["mfu"] < 1
+    # Steps queued back to back are timed on an accelerator only: a CPU is its own host.
+    assert result["pipelined_step_ms"] is None and result["pipelined_mfu"] is None
     assert result["compile_s"] > 0 and result["corruption_ms"] > 0
     assert 0 < result["init_compile_s"] < result["init_s"]
     assert result["devices"] == "1 x cpu"
@@ -60,6 +62,20 @@ def test_bench_command_prints_one_consistent_json_object(tmp_path):
     assert 12 * params / 2**30 < result["program_memory_gib"] < 1
     assert "torch" not in result
     assert not (tmp_path / compilation_cache.DEFAULT_DIR).exists()
+
+
+def test_pipelined_timing_queues_every_call_and_waits_once_at_the_end(monkeypatch):
+    """`bench.pipelined_seconds`: the warm-up call is waited on alone, then `steps` calls go
+    out without a wait between them, and the last result is waited on; the time is per call."""
+    events = []
+    monkeypatch.setattr(bench.jax, "block_until_ready",
+                        lambda value: events.append(("wait", value)) or value)
+    clock = iter([10.0, 13.0])
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: next(clock))
+    calls = iter(range(4))
+    seconds = bench.pipelined_seconds(lambda: events.append(("call",)) or next(calls), steps=3)
+    assert events == [("call",), ("wait", 0), ("call",), ("call",), ("call",), ("wait", 3)]
+    assert seconds == pytest.approx(1.0)
 
 
 def test_torch_comparison_needs_the_like_for_like_model():
