@@ -146,10 +146,25 @@ class GridPoint:
         """The run's pre-training workdir (`train.train`'s: checkpoints, metrics)."""
         return self.directory(workdir) / "pretrain"
 
-    def finetune_directory(self, workdir: str | os.PathLike, run_tasks: Sequence[str]) -> Path:
-        """The run's fine-tuning workdir for the fine-tuning run of `run_tasks` (one of
+    def finetune_runs(self) -> tuple[tuple[str, ...], ...]:
+        """The fine-tuning runs the point makes (`finetune_runs` of its `sweep.tasks`), each
+        without the tasks its architecture cannot fine-tune (`evaluation.not_applicable`: they
+        are recorded as such, not run); a run left with none goes."""
+        from t5x_lite import evaluation
+        from t5x_lite.data import tasks
+
+        sweep, arch = self.config.sweep, self.config.model.arch
+        runs = (tuple(name for name in run
+                      if not evaluation.not_applicable(arch, tasks.TASKS[name]))
+                for run in finetune_runs(sweep.tasks, sweep.glue_as_one_task))
+        return tuple(run for run in runs if run)
+
+    def finetune_directory(self, workdir: str | os.PathLike, run_tasks: tuple[str, ...]) -> Path:
+        """The run's fine-tuning workdir for its fine-tuning run of `run_tasks` (one of
         `finetune_runs`; `finetune.finetune`'s): named by the task, or by the tasks joined with
         '+' for GLUE as one task."""
+        if not isinstance(run_tasks, tuple):  # a task name would be joined letter by letter
+            raise TypeError(f"finetune_directory takes a tuple of task names, got {run_tasks!r}")
         return self.directory(workdir) / "finetune" / "+".join(run_tasks)
 
     def record_path(self, workdir: str | os.PathLike, task: str) -> Path:

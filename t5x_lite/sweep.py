@@ -1,6 +1,6 @@
 """Sweeps: run every grid point of an experiment (its grid: `t5x_lite.grid`): pre-train ->
-[zero-shot] -> fine-tune on each task -> evaluate, and append one record per (grid point,
-seed, task) to `workdir/results.jsonl`.
+[zero-shot] -> fine-tune (each task alone, or GLUE's as one: `grid.finetune_runs`) ->
+evaluate, and append one record per (grid point, seed, task) to `workdir/results.jsonl`.
 
     records = run_sweep("table2", "tiny", "runs/table2", overrides=["train.steps=100"])
 
@@ -32,7 +32,8 @@ The workdir:
   points/<point>/seed<k>/pretrain/            train.train's workdir (checkpoints, metrics.jsonl)
   points/<point>/seed<k>/zero_shot.json       the zero-shot stage's {task: entry}, reused on
                                               resume (only missing tasks are scored)
-  points/<point>/seed<k>/finetune/<task>/     finetune.finetune's workdir
+  points/<point>/seed<k>/finetune/<task>/     finetune.finetune's workdir (`<task1>+<task2>...`
+                                              for GLUE's tasks fine-tuned as one)
   points/<point>/seed<k>/records/<task>.json  a finished task's record, reused on resume
 Re-running skips points whose records are all in results.jsonl (failed ones included: delete
 their lines to retry them) and resumes the others from their checkpoints. A point preempted
@@ -60,7 +61,7 @@ from t5x_lite.checkpointing import CHECKPOINTS_DIR, newest_step
 from t5x_lite.config import ConfigError, apply_overrides, parse_overrides
 from t5x_lite.errors import MachineFault, is_machine_fault
 from t5x_lite.grid import (SWEEP_SPLITS, GridPoint, StepCost, config_hash, expand,
-                           finetune_runs, load_experiment)
+                           load_experiment)
 from t5x_lite.loop import METRICS_FILE, PreemptionWatch
 from t5x_lite.preemption import Preempted
 from t5x_lite.results import ResultsFile, latest_records, record_key, run_key, write_json
@@ -154,14 +155,16 @@ def _failure(stage: str, error: Exception) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def _failed(base: dict[str, Any], task: str, error: Exception) -> dict[str, Any]:
-    error_text = _failure(f"{base['point']} (seed {base['seed']}) {task}", error)
+def _failed_record(base: dict[str, Any], task: str, error_text: str) -> dict[str, Any]:
+    """`task`'s record of a point whose stage failed with `error_text` (`_failure`'s)."""
     return {"wall_s": None, "compile_s": None, "compiles": None, **base, "task": task,
             "metrics": {}, "status": "failed", "error": error_text}
 
 
 def _pretraining_failed(point: GridPoint, error: Exception) -> list[dict]:
-    return [_failed(base_record(point), task, error) for task in point.config.sweep.tasks]
+    error_text = _failure(f"{point.point} (seed {point.seed})", error)
+    return [_failed_record(base_record(point), task, error_text)
+            for task in point.config.sweep.tasks]
 
 
 def run_point(point: GridPoint, workdir: str) -> list[dict]:
@@ -298,27 +301,24 @@ def _finetune_tasks(point: GridPoint, workdir: str, started: float,
     _stop_if_signalled(watch, point, workdir)
     zero_shot = (_zero_shot_stage(point, workdir, pending)  # {task: entry}
                  if config.sweep.zero_shot else {})
-    records: dict[str, dict] = {}
-    for run_tasks in finetune_runs(config.sweep.tasks, config.sweep.glue_as_one_task):
-        stages = {}
-        for task in run_tasks:
-            if task not in pending:
-                records[task] = json.loads(point.record_path(workdir, task).read_text())
-                continue
-            stages[task] = {**base, **history, "train_step_compiles": train_step_compiles,
-                            **({"zero_shot": zero_shot[task]} if zero_shot else {})}
-            reason = evaluation.not_applicable(config.model.arch, tasks.TASKS[task])
-            if reason:  # e.g. a generation task for encoder_only: recorded, not run, not failed
-                records[task] = {"wall_s": None, "compile_s": None, "compiles": None,
-                                 **stages.pop(task), "task": task, "metrics": {},
-                                 "status": "not_applicable", "error": reason}
-                write_json(point.record_path(workdir, task), records[task])
-        if not stages:  # every task of the run recorded
+    records = {task: json.loads(point.record_path(workdir, task).read_text())
+               for task in config.sweep.tasks if task not in pending}
+    stages = {task: {**base, **history, "train_step_compiles": train_step_compiles,
+                     **({"zero_shot": zero_shot[task]} if zero_shot else {})}
+              for task in pending}
+    for task in pending:
+        reason = evaluation.not_applicable(config.model.arch, tasks.TASKS[task])
+        if reason:  # e.g. a generation task for encoder_only: recorded, not run, not failed
+            records[task] = {"wall_s": None, "compile_s": None, "compiles": None,
+                             **stages.pop(task), "task": task, "metrics": {},
+                             "status": "not_applicable", "error": reason}
+            write_json(point.record_path(workdir, task), records[task])
+    # A run trains on all its tasks, recorded ones too, so that a resumed run's mixture is the
+    # one it began with (`sweep_workdir.require_current` refuses records of another mixture).
+    for run_tasks in point.finetune_runs():
+        run_stages = {task: stages[task] for task in run_tasks if task in stages}
+        if not run_stages:  # every task of the run recorded
             continue
-        # The run trains on all its applicable tasks, recorded ones too, so that a resumed
-        # run's mixture is the one it began with.
-        run_tasks = tuple(task for task in run_tasks
-                          if not evaluation.not_applicable(config.model.arch, tasks.TASKS[task]))
         _stop_if_signalled(watch, point, workdir)
         _log(f"{point.experiment} {point.run_name}: fine-tuning on {' + '.join(run_tasks)}"
              + (" as one task (the paper's GLUE)" if len(run_tasks) > 1 else "")
@@ -331,10 +331,12 @@ def _finetune_tasks(point: GridPoint, workdir: str, started: float,
                                        init_from=str(pretrain),
                                        progress=config.sweep.progress)
         except Exception as error:  # recorded as failed; the other runs still run
-            records.update({task: _failed(task_stages, task, error)
-                            for task, task_stages in stages.items()})
+            error_text = _failure(f"{point.point} (seed {point.seed}) {' + '.join(run_tasks)}",
+                                  error)
+            records.update({task: _failed_record(task_stages, task, error_text)
+                            for task, task_stages in run_stages.items()})
             continue
-        for task, task_stages in stages.items():
+        for task, task_stages in run_stages.items():
             records[task] = {
                 **task_stages, "task": task, "finetune_tasks": list(run_tasks),
                 "wall_s": pretrain_wall_s + result["wall_s"],
@@ -463,8 +465,8 @@ def vmap_chunks(points: Sequence[GridPoint], size: int,
 
 
 def _steps_of(point: GridPoint) -> int:
-    """The optimiser steps a run takes: its pre-training and each task's fine-tuning."""
-    return point.config.train.steps + point.config.finetune.steps * len(point.config.sweep.tasks)
+    """The optimiser steps a run takes: its pre-training and each of its fine-tuning runs."""
+    return point.config.train.steps + point.config.finetune.steps * len(point.finetune_runs())
 
 
 def _clock(seconds: float) -> str:

@@ -49,7 +49,8 @@ class PlannedRun:
     program: int
     checkpoint_step: int | None
     tasks_left: int
-    finetunes_left: int  # fine-tuning runs (`grid.finetune_runs`) with a task left
+    finetunes: int  # its fine-tuning runs (`GridPoint.finetune_runs`)
+    finetunes_left: int  # of which with a task left
     stages_left: tuple[str, ...]  # what `sweep.LATER_STAGES` would add to its records
 
     @property
@@ -114,6 +115,7 @@ def plan_sweep(experiment: str, preset: str, workdir: str, overrides: Sequence[s
         program = programs.setdefault(step_settings(point.config, point.layout),
                                       len(programs) + 1)
         latest = latest_of_run.get((point.point, point.seed), [])
+        left = set(unrecorded_tasks(point, done))
         runs.append(PlannedRun(
             point.index, point.point, point.row, point.objective, point.seed,
             point.config.train.steps, record["params"],
@@ -123,8 +125,8 @@ def plan_sweep(experiment: str, preset: str, workdir: str, overrides: Sequence[s
             program,
             newest_step(point.pretrain_directory(workdir_path) / CHECKPOINTS_DIR)
             if state != "new" else None,
-            len(unrecorded_tasks(point, done)),
-            sum(not set(run).isdisjoint(unrecorded_tasks(point, done)) for run in finetunes),
+            len(left), len(point.finetune_runs()),
+            sum(not left.isdisjoint(run) for run in point.finetune_runs()),
             tuple(stage.what for stage in LATER_STAGES
                   if stage.on(point.config) and any(map(stage.lacks, latest)))))
     todo = [point for point, run in zip(points, runs) if run.tasks_left]
@@ -188,8 +190,7 @@ def render(plan: SweepPlan) -> str:
         f"In all: {_count(sum(r.steps * r.flops_per_step for r in runs))} pre-training FLOPs "
         "(3 x forward matmuls, attention and logits included), "
         f"{_count(sum(r.corpus_tokens for r in runs))} corpus tokens read, "
-        f"{_count(sum(len(plan.finetune_runs) * r.finetune_flops for r in runs))} fine-tuning "
-        "FLOPs.",
+        f"{_count(sum(r.finetunes * r.finetune_flops for r in runs))} fine-tuning FLOPs.",
         f"Left to run: {_plural(len(pretrain_left), 'pre-training')} "
         f"({sum(steps for _, steps in pretrain_left):,} steps, "
         f"{_count(sum(run.flops_per_step * steps for run, steps in pretrain_left))} "

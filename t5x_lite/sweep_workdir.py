@@ -33,8 +33,8 @@ def without_sweep_settings(identity: dict[str, Any]) -> dict[str, Any]:
     """`identity` less its `sweep.*` overrides (seeds, tasks, progress): a sweep extended by
     seeds or tasks is the same sweep, whose finished records resume (each record is keyed by
     point, seed and task and checked by its config hash, which leaves out the sweep section).
-    `sweep.budget`, `sweep.budget_reference` and `sweep.glue_as_one_task` stay: they change
-    what the points compute;
+    `sweep.budget` and `sweep.budget_reference` stay: they change what the points compute
+    (`sweep.glue_as_one_task` does too: the identity holds its value, `sweep_identity`);
     so does `sweep.zero_shot=True` (what the records hold; False is the default, the same
     sweep as none). The held-out evaluation's fields (`grid.OBSERVING_FIELDS`) go too: they
     change what a point measures, not what it computes."""
@@ -43,24 +43,30 @@ def without_sweep_settings(identity: dict[str, Any]) -> dict[str, Any]:
             return value is not False
         if field in OBSERVING_FIELDS:
             return False
-        return (not field.startswith("sweep.") or field.startswith("sweep.budget")
-                or field == "sweep.glue_as_one_task")
+        return not field.startswith("sweep.") or field.startswith("sweep.budget")
 
     return {**identity, "overrides": [item for item in identity["overrides"] if kept(*item)]}
 
 
 ZERO_SHOT_ON = ["sweep.zero_shot", True]  # the override, as a workdir's identity holds it
+# The identity's key for `sweep.glue_as_one_task`; a sweep.json written before it existed
+# fine-tuned every task alone (False).
+GLUE_AS_ONE_TASK = "glue_as_one_task"
 
 
 def sweep_identity(experiment: str, points: Sequence[GridPoint],
                    overrides: Sequence[str]) -> dict[str, Any]:
     """What `sweep.json` holds for `expand(experiment, preset, overrides)`'s `points`: the
-    experiment's name, the preset and the user's overrides that reach the points
-    (`grid.user_overrides`), as JSON reads them back, so it compares equal to the saved copy."""
+    experiment's name, the preset, the user's overrides that reach the points
+    (`grid.user_overrides`) and whether GLUE's tasks are fine-tuned as one
+    (`sweep.glue_as_one_task`, the value, however it was set: it changes what the points
+    compute, which their config hash leaves out with the sweep section), as JSON reads them
+    back, so it compares equal to the saved copy."""
     preset = points[0].preset
     return json.loads(json.dumps({
         "experiment": points[0].experiment, "preset": preset,
-        "overrides": [list(item) for item in user_overrides(experiment, preset, overrides)]}))
+        "overrides": [list(item) for item in user_overrides(experiment, preset, overrides)],
+        GLUE_AS_ONE_TASK: points[0].config.sweep.glue_as_one_task}))
 
 
 def check_workdir(workdir: Path, identity: dict[str, Any]) -> str:
@@ -72,7 +78,7 @@ def check_workdir(workdir: Path, identity: dict[str, Any]) -> str:
     if not path.exists():
         return "new"
     identity = without_sweep_settings(identity)
-    saved = without_sweep_settings(json.loads(path.read_text()))
+    saved = {GLUE_AS_ONE_TASK: False, **without_sweep_settings(json.loads(path.read_text()))}
     without_stage = {**identity, "overrides": [
         item for item in identity["overrides"] if item != ZERO_SHOT_ON]}
     if without_stage != identity and saved == without_stage:
@@ -80,9 +86,12 @@ def check_workdir(workdir: Path, identity: dict[str, Any]) -> str:
     if saved != identity:
         differences = ", ".join(f"{key}: {saved.get(key)!r} there, {identity[key]!r} now"
                                 for key in identity if saved.get(key) != identity[key])
+        how = ("; pass --config.sweep.glue_as_one_task="
+               f"{saved[GLUE_AS_ONE_TASK]} to resume it as it began"
+               if saved[GLUE_AS_ONE_TASK] != identity[GLUE_AS_ONE_TASK] else "")
         raise ConfigError(
             f"workdir {workdir} holds a different sweep ({differences}); use another "
-            "--workdir, or the same experiment, preset and overrides to resume it")
+            f"--workdir, or the same experiment, preset and overrides to resume it{how}")
     return "same"
 
 
@@ -100,10 +109,14 @@ def claim_workdir(workdir: Path, identity: dict[str, Any]) -> None:
 
 def require_current(records: Sequence[dict], points: Sequence[GridPoint], path: Path) -> None:
     """Refuse records of a point whose config has changed since they were written (e.g. a grid
-    row moved to another objective): skipping that point as finished would mix two experiments
+    row moved to another objective), and fine-tuned records whose fine-tuning run had other
+    tasks than the point's run of that task now (a GLUE task added to `sweep.tasks` of a sweep
+    that fine-tunes GLUE's tasks as one): skipping them as finished would mix two experiments
     in one table."""
     by_key = {(p.point, p.seed): p for p in points}
     hashes = {key: config_hash(point.config) for key, point in by_key.items()}
+    run_of = {key: {task: run for run in point.finetune_runs() for task in run}
+              for key, point in by_key.items()}
     for record in records:
         key = run_key(record)
         expected = hashes.get(key)
@@ -113,6 +126,15 @@ def require_current(records: Sequence[dict], points: Sequence[GridPoint], path: 
                 f"with another config (config_hash {record['config_hash']}, now {expected}): the "
                 "grid or its defaults changed since; use a new --workdir, or delete that "
                 f"point's lines and its folder {by_key[key].directory(path.parent)} to run it again")
+        run = run_of.get(key, {}).get(record["task"])
+        made = tuple(record.get("finetune_tasks", (record["task"],)))
+        if record["status"] == "ok" and run is not None and made != run:
+            raise ConfigError(
+                f"{path} holds a record of {record['task']} for point {record['point']!r} "
+                f"(seed {record['seed']}) fine-tuned with {' + '.join(made)}; sweep.tasks now "
+                f"fine-tunes it with {' + '.join(run)} (sweep.glue_as_one_task): use a new "
+                "--workdir, or delete that point's lines and records of "
+                f"{', '.join(run)} to fine-tune them again")
 
 
 # In a point's folder: the file its running process holds a lock on.

@@ -121,6 +121,14 @@ TABLE2_HASHES = {
 }
 
 
+def test_glue_s_tasks_fine_tune_as_one_task_in_the_presets_that_follow_the_paper():
+    """The hashes below leave the sweep section out, so this pins it: `small` and `paper` as the
+    paper does; `cpu` each task alone, as its measured tables were made."""
+    assert {name: presets.sweep_preset(name).sweep.glue_as_one_task
+            for name in presets.PRESETS} == {
+        "tiny": False, "small": True, "paper": True, "demo": False, "cpu": False}
+
+
 @pytest.mark.parametrize("name", presets.PRESETS)
 def test_the_sweep_config_hashes_are_unchanged(name, monkeypatch, shared_data):
     if name in DATA_ROOT_PRESETS:

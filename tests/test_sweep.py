@@ -250,6 +250,7 @@ GRID = (dict(point="denoising", row="Encoder-decoder", objective="Denoising",
 def get_config(preset):
     config = tiny_sweep_config(preset)
     config.sweep.tasks = ("glue_test_reverse", "builtin_module", "glue_test_module")
+    config.sweep.glue_as_one_task = True  # as the small and paper presets have it
     return config
 '''
 
@@ -269,7 +270,8 @@ def test_glue_s_tasks_fine_tune_as_one_task_and_each_gets_its_own_record(tmp_pat
 
     path = tmp_path / "glue_grid.py"
     path.write_text(GLUE_EXPERIMENT)
-    for name in ("reverse", "module"):  # built-in tasks under GLUE names
+    names = ("reverse", "module", "sort")
+    for name in names:  # built-in tasks under GLUE names
         tasks.TASKS[f"glue_test_{name}"] = dataclasses.replace(
             tasks.TASKS[f"builtin_{name}"], name=f"glue_test_{name}")
     try:
@@ -277,12 +279,26 @@ def test_glue_s_tasks_fine_tune_as_one_task_and_each_gets_its_own_record(tmp_pat
         records = sweep.run_sweep(str(path), "demo", str(tmp_path / "w"))
         apart = sweep_plan.plan_sweep(str(path), "demo", str(tmp_path / "apart"),
                                       ["sweep.glue_as_one_task=False"])
-        # It changes what the points compute: not the same sweep as the finished one.
-        with pytest.raises(ConfigError, match="holds a different sweep"):
+        # It changes what the points compute: not the same sweep as the finished one, whose
+        # value (set by its experiment here) resumes it, given or not.
+        with pytest.raises(ConfigError, match="holds a different sweep .*glue_as_one_task: True "
+                                              "there, False now.*glue_as_one_task=True to resume"):
             sweep_plan.plan_sweep(str(path), "demo", str(tmp_path / "w"),
                                   ["sweep.glue_as_one_task=False"])
+        assert sweep_plan.plan_sweep(str(path), "demo", str(tmp_path / "w"),
+                                     ["sweep.glue_as_one_task=True"]).workdir_state == "same"
+        # A GLUE task added later would join the run its recorded GLUE tasks were made without.
+        with pytest.raises(ConfigError, match="holds a record of glue_test_reverse for point "
+                                              "'denoising' .* fine-tuned with glue_test_reverse "
+                                              r"\+ glue_test_module; sweep.tasks now fine-tunes "
+                                              r"it with glue_test_reverse \+ glue_test_module "
+                                              r"\+ glue_test_sort"):
+            sweep_plan.plan_sweep(str(path), "demo", str(tmp_path / "w"), [
+                "sweep.tasks=('glue_test_reverse', 'builtin_module', 'glue_test_module', "
+                "'glue_test_sort')"])
     finally:
-        del tasks.TASKS["glue_test_reverse"], tasks.TASKS["glue_test_module"]
+        for name in names:
+            del tasks.TASKS[f"glue_test_{name}"]
     assert ("fine-tuned on 3 tasks (glue_test_reverse, builtin_module, glue_test_module) in 2 "
             "fine-tuning runs of 4 steps (glue_test_reverse + glue_test_module as one task, as "
             "the paper fine-tunes GLUE)") in plan
@@ -303,6 +319,23 @@ def test_glue_s_tasks_fine_tune_as_one_task_and_each_gets_its_own_record(tmp_pat
         own = [v for v in validations if v["task"] == record["task"]]
         assert own and record["metrics"] in [v["metrics"] for v in own]
     assert records[0]["wall_s"] == records[2]["wall_s"] != records[1]["wall_s"]
+
+
+def test_a_workdir_swept_before_glue_as_one_task_existed_resumes_only_as_it_ran(tmp_path,
+                                                                                 experiment):
+    """A sweep.json without the field was written by a sweep that fine-tuned every task
+    alone: a preset that now fine-tunes GLUE's tasks as one does not resume it unless told."""
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    (workdir / sweep_workdir.SWEEP_FILE).write_text(json.dumps(
+        {"experiment": "tiny_grid", "preset": "demo", "overrides": []}))
+    assert sweep_plan.plan_sweep(experiment, "demo", str(workdir)).workdir_state == "same"
+    with pytest.raises(TypeError, match="a tuple of task names"):  # not joined letter by letter
+        grid.expand(experiment, "demo")[0].finetune_directory(workdir, "builtin_reverse")
+    with pytest.raises(ConfigError, match="glue_as_one_task: False there, True now.*pass "
+                                          "--config.sweep.glue_as_one_task=False to resume"):
+        sweep_plan.plan_sweep(experiment, "demo", str(workdir),
+                              ["sweep.glue_as_one_task=True"])
 
 
 def test_a_failing_point_is_recorded_and_the_sweep_goes_on(uninterrupted):
