@@ -31,6 +31,7 @@ first, then each item once, then the other variants, the demo last):
                    seeds) at the `small` and `tiny` presets: K = 1, 2, 4, 8 points in one
                    vmapped step against the same K stepped one by one (item 4), layers
                    scanned, the small preset's with remat (to fit K = 4 on the device);
+                   `vmap/demo/2+cudnn` the same at `demo` with cuDNN's attention under vmap;
   tests            tests/test_objectives.py and tests/test_decoding.py on the accelerator
                    (`T5X_LITE_TEST_ON_ACCELERATOR=1`: float32 noise counts there; item 5),
                    and the train step's memory check's tests;

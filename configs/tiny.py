@@ -1,5 +1,6 @@
 """The `tiny` preset as an ml_collections config file, for `--config=configs/tiny.py`:
-every command runs with it as with `--preset tiny` (fine-tuning and scoring included).
+every command that takes `--config` runs with it as with `--preset tiny` (fine-tuning and
+scoring included).
 
 Override any field on the command line, e.g. `--config.train.steps=100`.
 """

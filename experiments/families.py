@@ -15,8 +15,9 @@ autoregressive language modeling objective show the strongest zero-shot generali
 purely unsupervised pre-training, while models with non-causal visibility on their input
 trained with a masked language modeling objective followed by multitask fine-tuning perform
 best. Their fine-tuning is multitask prompted fine-tuning and their models have 5B parameters
-trained on 170B tokens; here each task is fine-tuned alone at the preset's size, so the grid
-asks the same question on a much smaller scale.
+trained on 170B tokens; here each task is fine-tuned on its own (GLUE's as one task at the
+`small` and `paper` presets), at the preset's size, so the grid asks the same question on a
+much smaller scale.
 
 The natural objective of each architecture is Wang et al.'s autoregressive objective in the
 form the architecture takes (their CD:FLM, ND:PLM, ED:PLM):
@@ -30,8 +31,8 @@ form the architecture takes (their CD:FLM, ND:PLM, ED:PLM):
 Span corruption is their masked language modelling, T5's: 15% of the tokens in spans of mean
 length 3, each span replaced by a sentinel (`span_corruption`). `encoder_only` has no span
 corruption point: it predicts the corrupted tokens in place, and span corruption's targets
-(the spans led by their sentinels) are a sequence of their own (`architectures.encoder_only`
-allows only bert_style and mass_style).
+(the spans led by their sentinels) are a sequence of their own
+(`architectures.get("encoder_only").objectives` allows only bert_style and mass_style).
 
     t5x-lite sweep families --preset demo --workdir runs/families
 """

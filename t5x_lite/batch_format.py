@@ -7,8 +7,8 @@ preview of corrupted examples. The row builders take the array namespace `xp` (n
 jax.numpy) and use only operations both have, over the last axis of arrays of any number of
 examples, so host and device rows are the same function of the example.
 
-Inputs and targets are token ids that end in EOS, packed at the front of their arrays and
-padded with 0 after. The families (`Architecture.family`):
+Inputs and targets are token ids that end in EOS (blank_infilling's targets in GLM's [END]),
+packed at the front of their arrays and padded with 0 after. The families (`Architecture.family`):
 - `encoder_decoder`: `encoder_input_tokens [Li]` are the inputs (never empty: an encoder
   must see a token, `min_inputs_length`); `decoder_target_tokens [Lt]` are the targets,
   `decoder_input_tokens` the targets shifted right (0 first), `decoder_loss_weights` 1 on

@@ -112,7 +112,8 @@ mask) positions, including those replaced by a random token, not at the tokens l
 the encoder-decoder and decoder-only families keep T5's targets. `encoder_only` can train on
 these two objectives only (`Architecture.objectives`): the others' targets are not the
 inputs' own tokens.
-Inputs and targets always end with EOS. The mask token is `<extra_id_0>` = vocab_size - 1,
+Inputs and targets end with EOS (blank_infilling's targets with GLM's [END], `glm.end_token`).
+The mask token is `<extra_id_0>` = vocab_size - 1,
 sentinel i is vocab_size - 1 - i (`config.sentinel_id`), real tokens lie in [3, the lowest
 sentinel).
 The i.i.d. objectives' lengths are random: `t5x_lite.noise_lengths` bounds them; text

@@ -114,7 +114,8 @@ def corrupted_examples(run: PreviewedRun, count: int = 3) -> list[dict[str, Any]
     Each is a dict: `raw` (the chunk's tokens the objective reads, ids), `noise_mask` (0/1 per
     raw token, the ones it corrupted; None for an objective without a noise mask, see
     `Objective.has_noise_mask`), `inputs` and `targets` (ids as the model gets them, without
-    padding, ending in EOS unless cut by an overflow; a decoder-only row split where its
+    padding, ending in EOS, or blank_infilling's targets in its [END], unless cut by an
+    overflow; a decoder-only row split where its
     targets start), their texts `raw_text`, `inputs_text`, `targets_text` (`token_text`),
     `overflow` (did not fit the layout: cut to it and left out of the loss), and where it
     comes from: `experiment`, `point`, `preset`, `config_file`, `objective`, `seed`, `step`,
