@@ -193,15 +193,21 @@ def group_columns(task_names: Iterable[str]) -> dict[str, tuple[str, ...]]:
     """Report column -> its tasks: the paper's columns in its order, then one per other task.
 
     Every GLUE task present goes into GLUE; any other paper column holds exactly one task, and
-    two tasks standing in for one column (e.g. `wmt_ende` and `local_multi30k_ende`) are an
+    two tasks standing in for one column (e.g. `wmt_ende` and `local_multi30k_ende`), or for
+    one part of GLUE's average (`glue_rte` and `local_glue_rte`; `tasks.glue_part`), are an
     error, since their scores are not comparable.
     """
     groups: dict[str, list[str]] = {}
     for task in dict.fromkeys(task_names):
         column = column_of(task)
-        if column != "GLUE" and column in groups:
-            raise ValueError(f"tasks {groups[column][0]!r} and {task!r} both stand in for the "
-                             f"paper column {column!r}; keep one of them")
+        part = tasks.glue_part(task)
+        same = [other for other in groups.get(column, [])
+                if column != "GLUE" or (part is not None and tasks.glue_part(other) == part)]
+        if same:
+            where = (f"the paper column {column!r}" if column != "GLUE"
+                     else f"the GLUE part {' '.join(dict.fromkeys(part))!r}")
+            raise ValueError(f"tasks {same[0]!r} and {task!r} both stand in for {where}; keep "
+                             "one of them")
         groups.setdefault(column, []).append(task)
     order = [c for c in COLUMNS if c in groups] + [c for c in groups if c not in COLUMNS]
     return {column: tuple(sorted(groups[column])) for column in order}

@@ -89,6 +89,15 @@ def test_group_columns_and_column_score():
     with pytest.raises(ValueError, match="'wmt_ende' and 'local_multi30k_ende' both stand in "
                                          "for the paper column 'EnDe'"):
         paper_results.group_columns(["wmt_ende", "local_multi30k_ende"])
+    # In GLUE: one task per part of its average (glue_mnli's validation is MNLI matched).
+    with pytest.raises(ValueError, match="'glue_rte' and 'local_glue_rte' both stand in for the "
+                                         "GLUE part 'rte'"):
+        paper_results.group_columns(["glue_rte", "glue_cola", "local_glue_rte"])
+    with pytest.raises(ValueError, match="'glue_mnli' and 'glue_mnli_matched' both stand in for "
+                                         "the GLUE part 'mnli matched'"):
+        paper_results.group_columns(["glue_mnli", "glue_mnli_matched"])
+    assert paper_results.group_columns(["glue_mnli", "glue_mnli_mismatched", "glue_wnli"]) == {
+        "GLUE": ("glue_mnli", "glue_mnli_mismatched"), "glue_wnli": ("glue_wnli",)}
 
 
 _EXPERIMENT = """

@@ -416,7 +416,7 @@ def is_glue(task: str) -> bool:
     return task.removeprefix("local_").startswith("glue_")
 
 
-def _glue_part(task: str) -> tuple[str, str] | None:
+def glue_part(task: str) -> tuple[str, str] | None:
     """`task`'s (group, part) of the GLUE average (`local_glue_*` as its namesake), or None."""
     return GLUE_AVERAGE_GROUPS.get(task.removeprefix("local_"))
 
@@ -424,7 +424,7 @@ def _glue_part(task: str) -> tuple[str, str] | None:
 def missing_glue_parts(task_names: Iterable[str]) -> list[str]:
     """The parts of the paper's GLUE average that `task_names` lack, sorted: a group's name
     ('qqp'), or 'mnli matched' / 'mnli mismatched' for MNLI's halves."""
-    present = {_glue_part(task) for task in task_names}
+    present = {glue_part(task) for task in task_names}
     return sorted(group if group == part else f"{group} {part}"
                   for group, part in set(GLUE_AVERAGE_GROUPS.values()) - present)
 
@@ -441,7 +441,7 @@ def glue_average(scores: Mapping[str, Mapping[str, float]], allow_missing: bool 
     """
     parts: dict[tuple[str, str], tuple[str, float]] = {}
     for task, task_scores in scores.items():
-        part = _glue_part(task)
+        part = glue_part(task)
         if part is None:
             continue
         if not task_scores:
