@@ -107,9 +107,9 @@ def child_bench(preset: str, overrides: list[str], steps: int) -> dict[str, Any]
     config = preset_config(preset, overrides)
     result = bench.run_benchmarks(config, steps=steps, warmup=2)
     kept = ("step_ms", "tokens_per_second", "tflops_per_second", "peak_tflops_per_second",
-            "mfu", "pipelined_step_ms", "pipelined_mfu", "peak_source", "init_s", "init_compile_s", "compile_s", "first_call_s",
-            "devices", "layout", "corruption_ms", "corruption_share_of_step", "peak_memory_gib",
-            "program_memory_gib")
+            "mfu", "pipelined_step_ms", "pipelined_mfu", "peak_source", "init_s",
+            "init_compile_s", "compile_s", "first_call_s", "devices", "layout", "corruption_ms",
+            "corruption_share_of_step", "peak_memory_gib", "program_memory_gib")
     return {"preset": preset, "overrides": overrides, "batch_size": config.train.batch_size,
             **{key: result[key] for key in kept}}
 

@@ -9,11 +9,12 @@ reconstructs the document". The mask token is `<extra_id_0>`, as for bert_style.
 The number of corrupted tokens of an n-token document is fairseq's (`DenoisingDataset.
 add_whole_word_mask`, subword units): `num_to_mask = ceil(n * noise_density)`, computed in
 float32 as fairseq's torch code does (`num_to_mask`). Units are tokens here for every
-noising. (fairseq's denoising task masks whole words whenever `mask_length` is not "subword",
-so BART's own text infilling, `span-poisson`, counted its budget and spans in words; fairseq
-offers no subword span-poisson. Here a span may start or end inside a word.) Token masking and token deletion
-corrupt exactly that many tokens, chosen uniformly without replacement (`exact_count_mask`),
-like fairseq (and BERT, which also masks a fixed share), unlike T5's i.i.d. `mass_style`.
+noising. (fairseq's denoising task masks whole words whenever `mask_length` is not
+"subword", so BART's own text infilling, `span-poisson`, counted its budget and spans in
+words; fairseq offers no subword span-poisson. Here a span may start or end inside a word.)
+Token masking and token deletion corrupt exactly that many tokens, chosen uniformly without
+replacement (`exact_count_mask`), like fairseq (and BERT, which also masks a fixed share),
+unlike T5's i.i.d. `mass_style`.
 
 Text infilling (`infilling_plan`): span lengths are drawn i.i.d. from Poisson(lambda) until
 their sum covers num_to_mask, the last one cut so that the sum is exactly num_to_mask; the

@@ -439,8 +439,9 @@ class Finetune(_Section):
 class Sweep(_Section):
     """`config.sweep`, which only sweep presets have (`presets.sweep_preset`): the tasks each
     grid point is fine-tuned on (and whether GLUE's are one task), its seeds, progress display,
-    compute budget and whether the pre-trained model is scored zero-shot before fine-tuning (`t5x_lite.sweep`; `t5x_lite.grid` checks the
-    tasks' splits, budget_reference and label options against the grid)."""
+    compute budget and whether the pre-trained model is scored zero-shot before fine-tuning
+    (`t5x_lite.sweep`; `t5x_lite.grid` checks the tasks' splits, budget_reference and label
+    options against the grid)."""
 
     NAME: ClassVar[str] = "sweep"
 
