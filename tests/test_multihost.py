@@ -62,17 +62,6 @@ def worker(port: int, process_id: int, out: str) -> None:
     zero_shot_scores(out, str(Path(out, "model")), str(process_id))
 
 
-def reference(out: str) -> None:
-    """The losses of one process on one device fed the whole batch, which every worker's must
-    equal: out/losses_reference.json."""
-    import jax
-
-    from t5x_lite import partitioning
-
-    mesh = partitioning.make_mesh(tiny_config().mesh, jax.devices()[:1])
-    Path(out, "losses_reference.json").write_text(json.dumps(losses(mesh, slice(None))))
-
-
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("localhost", 0))
@@ -118,17 +107,18 @@ def test_two_processes_match_a_single_process_run(tmp_path):
     losses. Zero-shot scoring of one checkpoint: each process feeds its rows of every batch of
     (example, option) rows; every process gets every option's log-likelihood, and the scores
     of this one process (8 devices)."""
+    import jax
+
+    from t5x_lite import partitioning
+
     scores = zero_shot_scores(str(tmp_path), str(tmp_path / "model"), "one")  # saves the model
     port = _free_port()
     _run_all([[sys.executable, __file__, str(port), str(i), str(tmp_path)]
               for i in range(PROCESSES)],
              [_environment(DEVICES_PER_PROCESS)] * PROCESSES)
 
-    # The reference in a process of its own too: compiled inside pytest's long-lived worker
-    # after hundreds of tests, XLA:CPU's compiler crashed that worker (a segmentation fault in
-    # backend_compile) in two of four suite runs on 2026-12-05's machine, and never alone.
-    _run_all([[sys.executable, __file__, "reference", str(tmp_path)]], [_environment(1)])
-    reference = json.loads((tmp_path / "losses_reference.json").read_text())
+    mesh = partitioning.make_mesh(tiny_config().mesh, jax.devices()[:1])
+    reference = losses(mesh, slice(None))
     per_process = [
         json.loads((tmp_path / f"losses_{i}.json").read_text()) for i in range(PROCESSES)
     ]
@@ -334,7 +324,4 @@ def zero_shot_scores(out: str, checkpoint: str, name: str) -> dict:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "reference":
-        reference(sys.argv[2])
-    else:
-        worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+    worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
