@@ -249,8 +249,9 @@ def run_benchmarks(config: ml_collections.ConfigDict, *, steps: int = 10, warmup
         require_torch_comparable(config)
     jax_run, info = jax_train_step(config)
     mesh = info["mesh"]
+    on_cpu = mesh.devices.flat[0].platform == "cpu"
     runs = {"step": jax_run, "corruption": corruption_only(config)}
-    if mesh.devices.flat[0].platform == "cpu":
+    if on_cpu:
         runs["peak_matmul"] = _PeakMatmul(jnp.dtype(config.model.dtype))  # no vendor table
     if compare_torch:
         runs["torch"] = torch_t5_train_step(config)
@@ -258,7 +259,6 @@ def run_benchmarks(config: ml_collections.ConfigDict, *, steps: int = 10, warmup
     step_s, corrupt_s = seconds["step"], seconds["corruption"]
     # Back to back only on an accelerator: on a CPU the host is the device (XLA:CPU also runs
     # slower with steps queued), so there is nothing to overlap.
-    on_cpu = mesh.devices.flat[0].platform == "cpu"
     pipelined_s = None if on_cpu else pipelined_seconds(jax_run, steps)
     peak = runs["peak_matmul"].peak if "peak_matmul" in runs else None
     layout = objectives.layout_from_config(config)

@@ -161,7 +161,7 @@ HEADLINE_METRICS = {
 def is_glue_task(task: str) -> bool:
     """Whether `task` counts towards the GLUE average (WNLI does not; `glue_mnli`, validated on
     validation_matched, counts as MNLI's matched score)."""
-    return task.removeprefix("local_") in tasks.GLUE_AVERAGE_GROUPS
+    return tasks.glue_part(task) is not None
 
 
 def paper_column(task: str) -> str | None:
@@ -205,7 +205,7 @@ def group_columns(task_names: Iterable[str]) -> dict[str, tuple[str, ...]]:
                 if column != "GLUE" or (part is not None and tasks.glue_part(other) == part)]
         if same:
             where = (f"the paper column {column!r}" if column != "GLUE"
-                     else f"the GLUE part {' '.join(dict.fromkeys(part))!r}")
+                     else f"the GLUE part {tasks.glue_part_name(part)!r}")
             raise ValueError(f"tasks {same[0]!r} and {task!r} both stand in for {where}; keep "
                              "one of them")
         groups.setdefault(column, []).append(task)

@@ -115,7 +115,7 @@ def plan_sweep(experiment: str, preset: str, workdir: str, overrides: Sequence[s
         program = programs.setdefault(step_settings(point.config, point.layout),
                                       len(programs) + 1)
         latest = latest_of_run.get((point.point, point.seed), [])
-        left = set(unrecorded_tasks(point, done))
+        left, point_finetunes = set(unrecorded_tasks(point, done)), point.finetune_runs()
         runs.append(PlannedRun(
             point.index, point.point, point.row, point.objective, point.seed,
             point.config.train.steps, record["params"],
@@ -125,8 +125,8 @@ def plan_sweep(experiment: str, preset: str, workdir: str, overrides: Sequence[s
             program,
             newest_step(point.pretrain_directory(workdir_path) / CHECKPOINTS_DIR)
             if state != "new" else None,
-            len(left), len(point.finetune_runs()),
-            sum(not left.isdisjoint(run) for run in point.finetune_runs()),
+            len(left), len(point_finetunes),
+            sum(not left.isdisjoint(run) for run in point_finetunes),
             tuple(stage.what for stage in LATER_STAGES
                   if stage.on(point.config) and any(map(stage.lacks, latest)))))
     todo = [point for point, run in zip(points, runs) if run.tasks_left]

@@ -421,12 +421,18 @@ def glue_part(task: str) -> tuple[str, str] | None:
     return GLUE_AVERAGE_GROUPS.get(task.removeprefix("local_"))
 
 
-def missing_glue_parts(task_names: Iterable[str]) -> list[str]:
-    """The parts of the paper's GLUE average that `task_names` lack, sorted: a group's name
+def glue_part_name(part: tuple[str, str]) -> str:
+    """A (group, part) of `GLUE_AVERAGE_GROUPS` as messages name it: the group's name
     ('qqp'), or 'mnli matched' / 'mnli mismatched' for MNLI's halves."""
+    group, half = part
+    return group if group == half else f"{group} {half}"
+
+
+def missing_glue_parts(task_names: Iterable[str]) -> list[str]:
+    """The parts of the paper's GLUE average that `task_names` lack, sorted, by
+    `glue_part_name`."""
     present = {glue_part(task) for task in task_names}
-    return sorted(group if group == part else f"{group} {part}"
-                  for group, part in set(GLUE_AVERAGE_GROUPS.values()) - present)
+    return sorted(map(glue_part_name, set(GLUE_AVERAGE_GROUPS.values()) - present))
 
 
 def glue_average(scores: Mapping[str, Mapping[str, float]], allow_missing: bool = False) -> float:
@@ -448,7 +454,7 @@ def glue_average(scores: Mapping[str, Mapping[str, float]], allow_missing: bool 
             raise ValueError(f"glue_average: task {task!r} has no scores")
         if part in parts:
             raise ValueError(f"glue_average: {parts[part][0]!r} and {task!r} are the same part "
-                             f"of GLUE ({' '.join(dict.fromkeys(part))}); give one of them")
+                             f"of GLUE ({glue_part_name(part)}); give one of them")
         parts[part] = task, sum(task_scores.values()) / len(task_scores)
     missing = missing_glue_parts(scores)
     if (missing and not allow_missing) or not parts:
