@@ -1,7 +1,8 @@
 """Compiled programs and the arrays fed to them: a jitted function compiled ahead of time once
 per argument shape (its compile count and seconds kept for the run's metrics), refused in one line
-when the compiled program cannot fit a device's memory, and host values placed on the mesh as
-global arrays, each process passing its own rows of the batch.
+when the compiled program cannot fit a device's memory, the memory maps the compiled programs
+hold, and host values placed on the mesh as global arrays, each process passing its own rows of
+the batch.
 
 `t5x_lite.train_step` builds its train, fine-tuning and eval steps on these.
 """
@@ -85,6 +86,24 @@ def require_fits_on_devices(executable: Any) -> None:
             f"the train step needs {needed / 2**30:.1f} GiB on each device and a device holds "
             f"{limit / 2**30:.1f} GiB: set model.remat=True, lower train.batch_size, or "
             f"pre-train fewer grid points in one step (--vmap){share}")
+
+
+def memory_maps() -> tuple[int, int] | None:
+    """(the memory maps this process holds, the most the kernel allows one process), or None
+    where the system does not say (not Linux).
+
+    Why it matters: every program XLA:CPU compiles keeps its kernels' code in memory maps of
+    its own (~800 for a tiny train step, ~7,900 for one `demo` Table 2 sweep in one process,
+    measured), and a process that reaches Linux's limit (vm.max_map_count, 65,530 by default)
+    dies of a segmentation fault inside the compiler: a notebook kernel after about eight
+    sweeps of the demo. `train_step.release_programs_near_map_limit` reads this."""
+    try:
+        with open("/proc/self/maps", "rb") as maps:
+            held = sum(1 for _ in maps)
+        with open("/proc/sys/vm/max_map_count") as limit:
+            return held, int(limit.read())
+    except FileNotFoundError:  # no /proc: not Linux, where no such limit was seen
+        return None
 
 
 def replicated_array(x: Any, mesh: Mesh) -> jax.Array:

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Sequence
 import ml_collections
 from jax.sharding import Mesh
 
-from t5x_lite import attention, partitioning
+from t5x_lite import attention, partitioning, train_step
 from t5x_lite.checkpointing import CHECKPOINTS_DIR, RESUME_FIELDS, Checkpointer
 from t5x_lite.config import ConfigError
 from t5x_lite.loop import MetricsWriter, Point, PreemptionWatch, Progress, Run, Throughput
@@ -125,6 +125,7 @@ def set_up(plan: RunPlan, *, steps: int | None = None, progress: bool = True,
     # Every point's config, typed and validated before JAX does anything (a bad value is
     # reported first); the ConfigDicts still flow on to the components below.
     settings = [Settings.from_config(point) for point in plan.configs]
+    train_step.release_programs_near_map_limit()  # before this run compiles its own
     mesh = partitioning.make_mesh(config.mesh)
     attention.require_available(settings[0].model.attention_impl)
     train = settings[0].train  # the points share one step (`RunPlan` checks it)

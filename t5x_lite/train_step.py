@@ -23,8 +23,10 @@ placing its arguments on the mesh, `t5x_lite.programs`'.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import math
+import sys
 from typing import Any, Callable, Sequence
 
 import jax
@@ -39,13 +41,39 @@ from t5x_lite import architectures, batch_format, objectives, partitioning, trai
 from t5x_lite.config import ConfigError, flat_fields
 from t5x_lite.models import make_masks
 from t5x_lite.optim import learning_rate_schedule
-from t5x_lite.programs import Program, global_rows, replicated_array
+from t5x_lite.programs import Program, global_rows, memory_maps, replicated_array
 from t5x_lite.step_settings import StepSettings, step_settings
 from t5x_lite.train_state import TrainState, batch_and_dropout_keys, stacked_sharding
 
 # (settings, mesh, the step's kind) -> the shared train, fine-tuning or eval step: equal keys
-# share one executable.
+# share one executable. Kept for the process's life, but for `release_compiled_programs`.
 _PROGRAMS: dict[Any, Program] = {}
+
+
+def release_compiled_programs() -> None:
+    """Let go of every compiled program the process keeps: the train, fine-tuning and eval
+    steps, the state initialisers (`train_state._INITS`) and JAX's own caches (decoding's,
+    among others). A run holding a step keeps it; the next run compiles its own, or loads it
+    from the persistent compilation cache (`t5x_lite.compilation_cache`) where one is set."""
+    _PROGRAMS.clear()
+    train_state._INITS.clear()
+    jax.clear_caches()
+    gc.collect()
+
+
+def release_programs_near_map_limit(share: float = 0.5) -> bool:
+    """`release_compiled_programs` when the process holds more than `share` of the memory maps
+    the kernel allows it (`programs.memory_maps`: kept programs would otherwise crash a
+    long-lived process, a notebook kernel, after a few sweeps), saying so in one line; True
+    if released. Every run calls it as it starts (`run_setup.set_up`), between steps."""
+    maps = memory_maps()
+    if maps is None or maps[0] <= share * maps[1]:
+        return False
+    release_compiled_programs()
+    print(f"t5x_lite: released the compiled programs this process kept ({maps[0]:,} of the "
+          f"{maps[1]:,} memory maps Linux allows a process were in use); the next runs load "
+          "or compile theirs again", file=sys.stderr, flush=True)
+    return True
 
 
 # ---------------------------------------------------------------------------------------------

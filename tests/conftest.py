@@ -113,9 +113,9 @@ def benchmark_script():
 
 @pytest.fixture(autouse=True, scope="module")
 def release_compiled_programs():
-    """Let go of the programs a test module compiled once it ends: the train and eval steps
-    (`train_step`'s process-wide program cache, `_PROGRAMS`), the state initialisers
-    (`train_state._INITS`) and JAX's own caches. Each XLA:CPU program keeps its kernels' code in
+    """Let go of the programs a test module compiled once it ends
+    (`train_step.release_compiled_programs`: the steps, the state initialisers and JAX's own
+    caches). Each XLA:CPU program keeps its kernels' code in
     memory maps of its own, ~800 for a tiny train step, and the caches keep every program a
     process compiled: an xdist worker that ran half the suite held ~39,000 maps, and one that
     reached the kernel's default limit (vm.max_map_count, 65,530) died of a segmentation fault
@@ -123,13 +123,6 @@ def release_compiled_programs():
     most one module's programs; later modules load theirs from the session's compilation
     cache."""
     yield
-    import gc
+    from t5x_lite import train_step
 
-    import jax
-
-    from t5x_lite import train_state, train_step
-
-    train_step._PROGRAMS.clear()
-    train_state._INITS.clear()
-    jax.clear_caches()
-    gc.collect()
+    train_step.release_compiled_programs()

@@ -7,6 +7,7 @@ import threading
 
 import pytest
 import tensorflow_datasets as tfds
+from absl import logging as absl_logging
 
 from t5x_lite.data import builders
 from t5x_lite.data.builders import (GlueTsv, ParallelText, SquadJson,
@@ -93,6 +94,19 @@ def test_text_files_jsonl_and_bad_records_are_counted(tmp_path, caplog):
     for part in ("skipped 4 bad records", "empty text: 1", "invalid json: 1",
                  "missing field 'text': 1", "undecodable bytes: 1"):
         assert part in warnings[0]
+
+
+def test_tfds_custom_config_notice_is_dropped_and_absl_s_other_warnings_kept(tmp_path, caplog):
+    """A source's build and read draw no "Using custom data configuration" lines (TFDS's, at
+    every builder made for a per-source config); absl's other warnings still show."""
+    source = TextFiles(files={"train": write(tmp_path / "a.txt", "one doc\n")}, unit="file")
+    with caplog.at_level(logging.WARNING):
+        load_split(source, "train", str(tmp_path / "dd"))
+        load_split(source, "train", str(tmp_path / "dd"))
+        absl_logging.warning("another warning")
+    absl_messages = [r.getMessage() for r in caplog.records if r.name == "absl"]
+    assert "another warning" in absl_messages
+    assert not [m for m in absl_messages if m.startswith("Using custom data configuration")]
 
 
 def test_edited_input_gets_a_new_build(tmp_path):

@@ -6,10 +6,12 @@ corruption and the prefix LM) serve every test but the every-objective one, whic
 every objective's branch, so the 1-device program compiles once for the others.
 """
 
+import contextlib
 import dataclasses
 import itertools
 import json
 import math
+import mmap
 
 import jax
 import jax.numpy as jnp
@@ -285,6 +287,21 @@ def test_on_a_gpu_the_refusal_also_names_jax_s_share_of_the_device(monkeypatch):
         programs.require_fits_on_devices(product)
 
 
+def test_memory_maps_counts_each_new_map_of_the_process(tmp_path):
+    before = programs.memory_maps()
+    if before is None:
+        pytest.skip("no /proc/self/maps: the limit on memory maps is Linux's")
+    files = [tmp_path / f"{index}.bin" for index in range(10)]
+    for path in files:
+        path.write_bytes(b"x" * mmap.PAGESIZE)
+    with contextlib.ExitStack() as stack:
+        for path in files:  # a file's map is one of its own (anonymous ones may merge)
+            handle = stack.enter_context(path.open("rb"))
+            stack.enter_context(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ))
+        held, limit = programs.memory_maps()
+    assert held >= before[0] + 10 and limit == before[1] > held
+
+
 def test_a_program_s_memory_counts_its_buffers_once():
     x = jnp.ones((256, 256), jnp.float32)  # 256 KiB
     product = jax.jit(lambda x: x @ x).lower(x).compile()
@@ -442,7 +459,7 @@ RECORD_FIELDS = {
 }
 
 
-def test_train_writes_metrics_checkpoints_and_resumes(tmp_path, capsys):
+def test_train_writes_metrics_checkpoints_and_resumes(tmp_path, capsys, monkeypatch):
     rng = np.random.default_rng(0)
     letters = list("abcdefghijklmnopqrstuvwxyz")
     words = ["".join(rng.choice(letters, rng.integers(2, 8))) for _ in range(800)]
@@ -496,6 +513,15 @@ def test_train_writes_metrics_checkpoints_and_resumes(tmp_path, capsys):
                                                       records[-1]["accuracy"])
         assert again["step_s"] is None
         assert len((workdir / "metrics.jsonl").read_text().splitlines()) == 6
+
+        # A run that starts with the process near the kernel's limit on memory maps lets go of
+        # the kept programs (`train_step.release_programs_near_map_limit`), says so, and makes
+        # its step again instead of reusing the kept one (compiles 0 above).
+        monkeypatch.setattr(train_step, "memory_maps", lambda: (40_000, 65_530))
+        summary = train.train(config, workdir, steps=8, progress=False)
+        assert ("released the compiled programs this process kept (40,000 of the 65,530 "
+                "memory maps") in capsys.readouterr().err
+        assert summary["step"] == 8 and summary["compiles"] == 1
 
     other = tiny_config()
     other.update_from_flattened_dict({"model.vocab_size": 320, "data.corpus": config.data.corpus})

@@ -551,6 +551,16 @@ class _LocalConfig(tfds.core.BuilderConfig):
     source: _LocalSource | None = None
 
 
+def _not_tfds_custom_config_notice(record: logging.LogRecord) -> bool:
+    """False for TFDS's "Using custom data configuration" warning (absl's logger), which a
+    config made per source (`_LocalConfig`) draws at every build and read: four lines of a
+    run's output in a notebook (the CLI sets absl's verbosity to errors)."""
+    return not str(record.msg).startswith("Using custom data configuration")
+
+
+logging.getLogger("absl").addFilter(_not_tfds_custom_config_notice)
+
+
 class LocalFiles(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     """One ArrayRecord TFDS dataset per local source (`config.source`), in generation order."""
 
