@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import ctypes
 import importlib.util
 import math
 import multiprocessing
@@ -36,6 +37,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import warnings
 from typing import Any, Callable, Iterator, Protocol, Sequence
@@ -45,7 +47,7 @@ from absl import logging as absl_logging
 
 from t5x_lite import host_memory
 from t5x_lite.errors import CommandFailed, OneLineWarnings
-from t5x_lite.preemption import PREEMPTED_EXIT_STATUS
+from t5x_lite.preemption import PREEMPTED_EXIT_STATUS, Preempted
 
 
 class Point(Protocol):
@@ -122,12 +124,30 @@ def worker_environments(
     return [{"XLA_FLAGS": flags} for _ in range(workers)]
 
 
+def _die_with(parent: int) -> None:
+    """Have the kernel kill this process when its parent, the sweep (pid `parent`), dies
+    (Linux's PR_SET_PDEATHSIG; elsewhere nothing): a sweep killed with SIGKILL left its
+    workers training on in the workdir, refusing the sweep run again ("being run by another
+    process"), then idle for good. Killed, a worker's point resumes from its checkpoint."""
+    if not os.path.exists("/proc/self"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:  # it died before the call above
+        os._exit(1)
+
+
+_PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
+
+
 def _claim_environment(slots: Any, environments: list[dict[str, str]], log_verbosity: int,
-                       warning_format: OneLineWarnings | None) -> None:
-    """Worker initializer: take a free slot's environment before anything starts JAX's backend
-    (JAX reads these variables when it first creates its devices, not at import), the
-    sweep's absl log level (the CLI's keeps TFDS's and orbax's routine lines out) and its
-    one-line warnings, if the CLI set them."""
+                       warning_format: OneLineWarnings | None, parent: int) -> None:
+    """Worker initializer: die with the sweep (`_die_with`), take a free slot's environment
+    before anything starts JAX's backend (JAX reads these variables when it first creates its
+    devices, not at import), the sweep's absl log level (the CLI's keeps TFDS's and orbax's
+    routine lines out) and its one-line warnings, if the CLI set them."""
+    _die_with(parent)
     os.environ.update(environments[slots.get()])
     absl_logging.set_verbosity(log_verbosity)
     if warning_format is not None:
@@ -166,20 +186,22 @@ class LocalParallelLauncher:
             len(self.environments), mp_context=context, initializer=_claim_environment,
             initargs=(slots, self.environments, absl_logging.get_verbosity(),
                       warnings.formatwarning if isinstance(warnings.formatwarning,
-                                                           OneLineWarnings) else None),
+                                                           OneLineWarnings) else None,
+                      os.getpid()),
         )
         # One point per worker in flight: a point handed to the pool cannot be taken back (its
         # call queue holds one more than it has workers), and after a SIGTERM none may start.
         stop, left, running = threading.Event(), iter(points), set()
+        signals: list[str] = []  # the signal that set `stop`, if one did
 
         def start_next() -> None:
-            point = next(left, _NO_POINT)
-            if point is not _NO_POINT and not stop.is_set():
+            point = _NO_POINT if stop.is_set() else next(left, _NO_POINT)
+            if point is not _NO_POINT:
                 running.add(pool.submit(fn, point, workdir))
 
         failure: BaseException | None = None
         try:
-            with _sigterm_passed_to_workers(stop):
+            with _sigterm_passed_to_workers(stop, signals):
                 for _ in self.environments:
                     start_next()
                 while running:
@@ -200,15 +222,22 @@ class LocalParallelLauncher:
             pool.shutdown(wait=True, cancel_futures=True)
         if failure is not None:
             raise failure
+        # A signal that came before a worker's point could take it (ignored there) let every
+        # running point finish: the points never started still make the sweep preempted, not
+        # finished (it exited 0 with 8 of 10 points unrun, which no scheduler requeues).
+        if signals and next(left, _NO_POINT) is not _NO_POINT:
+            stop = Preempted(None, [workdir], signals[0])
+            print(stop, file=sys.stderr, flush=True)
+            raise stop
 
 
 _NO_POINT = object()  # `LocalParallelLauncher.map`'s end of the points
 
 
 @contextlib.contextmanager
-def _sigterm_passed_to_workers(stop: threading.Event) -> Iterator[None]:
-    """While it lasts, a SIGTERM to this process goes to its worker processes instead, and
-    sets `stop` (no further point starts): a worker in a point saves it and stops
+def _sigterm_passed_to_workers(stop: threading.Event, signals: list[str]) -> Iterator[None]:
+    """While it lasts, a SIGTERM to this process goes to its worker processes instead, is
+    added to `signals` by name and sets `stop` (no further point starts): a worker in a point saves it and stops
     (`preemption.Preempted`, which comes back here as the point's result and stops the sweep
     with its exit status); one between points ignores it (`_claim_environment`). Otherwise the
     sweep died at once and its workers, orphaned, went on writing the workdir. (SIGINT from a
@@ -218,6 +247,7 @@ def _sigterm_passed_to_workers(stop: threading.Event) -> Iterator[None]:
         return
 
     def forward(signum: int, frame: Any) -> None:
+        signals.append(signal.Signals(signum).name)
         stop.set()
         for child in multiprocessing.active_children():
             os.kill(child.pid, signum)

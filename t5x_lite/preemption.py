@@ -20,9 +20,10 @@ PREEMPTED_EXIT_STATUS = 75
 
 class Preempted(SystemExit):
     """A run stopped at `step` by `cause` ("SIGTERM", "SIGINT" or "a preemption notice"),
-    its checkpoints in `workdirs` saved; exits with `PREEMPTED_EXIT_STATUS`."""
+    its checkpoints in `workdirs` saved; exits with `PREEMPTED_EXIT_STATUS`. step None: a
+    sweep in `workdirs` stopped between runs, before it started the next."""
 
-    def __init__(self, step: int, workdirs: Sequence[str], cause: str):
+    def __init__(self, step: int | None, workdirs: Sequence[str], cause: str):
         super().__init__(PREEMPTED_EXIT_STATUS)
         self.step, self.workdirs, self.cause = step, [str(w) for w in workdirs], cause
 
@@ -32,6 +33,10 @@ class Preempted(SystemExit):
         return type(self), (self.step, self.workdirs, self.cause)
 
     def __str__(self) -> str:
+        if self.step is None:
+            return (f"{self.cause}: stopping with exit status {PREEMPTED_EXIT_STATUS} before "
+                    f"the next run of {', '.join(self.workdirs)}, the finished ones recorded; "
+                    "run the same command again to resume")
         return (f"{self.cause} at step {self.step}: stopping with exit status "
                 f"{PREEMPTED_EXIT_STATUS} once the checkpoints of {', '.join(self.workdirs)} "
                 "are saved; run the same command again to resume")

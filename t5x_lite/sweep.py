@@ -630,9 +630,11 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
                 _log(progress_line(steps[True], steps[False], time.perf_counter() - started))
             if local and between_points.signal is not None and len(finished) < len(todo):
                 last = [p for p in todo if (p.point, p.seed) in runs]
-                raise Preempted(last[-1].config.train.steps,
-                                [str(p.directory(workdir_path)) for p in last],
-                                between_points.cause)
+                stop = Preempted(last[-1].config.train.steps,
+                                 [str(p.directory(workdir_path)) for p in last],
+                                 between_points.cause)
+                _log(str(stop))
+                raise stop
     for stage in LATER_STAGES:
         if stage.on(points[0].config):
             _add_to_finished(points, latest, workdir_path, results, stage)

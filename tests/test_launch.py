@@ -196,6 +196,77 @@ def test_a_sigterm_to_a_parallel_sweep_stops_its_workers_as_preempted(tmp_path):
             os.kill(int((tmp_path / point).read_text()), 0)
 
 
+UNWATCHED_SWEEP = """
+import os, sys, time
+from pathlib import Path
+from t5x_lite import launchers
+
+
+def unwatched(point, workdir):  # as a point before its run's watch is set, which ignores SIGTERM
+    Path(workdir, point).write_text(str(os.getpid()))
+    time.sleep(float(sys.argv[2]))
+    Path(workdir, point + ".done").write_text("")
+    return [{"point": point}]
+
+
+if __name__ == "__main__":
+    launcher = launchers.LocalParallelLauncher(1, gpus=[])
+    list(launcher.map(unwatched, ["a", "b", "c"], sys.argv[1]))
+"""
+
+
+def start_unwatched_sweep(tmp_path, seconds):
+    """UNWATCHED_SWEEP in a process of its own, once its worker has started point a."""
+    script = tmp_path / "sweep.py"
+    script.write_text(UNWATCHED_SWEEP)
+    sweep = subprocess.Popen([sys.executable, str(script), str(tmp_path), str(seconds)],
+                             cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                             stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300  # a hang guard only
+    while not (tmp_path / "a").exists():
+        assert sweep.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    return sweep
+
+
+def test_a_sigterm_no_running_point_takes_still_stops_a_parallel_sweep_as_preempted(tmp_path):
+    """A SIGTERM that came before a worker's point could take it let the running point finish
+    and start no other, and the sweep then exited 0 with points unrun (no scheduler requeues
+    that). Now it exits 75 and says why."""
+    sweep = start_unwatched_sweep(tmp_path, seconds=2)
+    try:
+        sweep.send_signal(signal.SIGTERM)
+        assert sweep.wait(timeout=300) == PREEMPTED_EXIT_STATUS
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    assert (tmp_path / "a.done").exists() and not (tmp_path / "b").exists()
+    assert (f"SIGTERM: stopping with exit status 75 before the next run of {tmp_path}"
+            in sweep.stderr.read())
+
+
+def test_a_parallel_sweep_s_workers_die_with_it(tmp_path):
+    """A sweep killed with SIGKILL left its workers training on in the workdir (the sweep run
+    again was refused as "being run by another process"), then idle for good."""
+    sweep = start_unwatched_sweep(tmp_path, seconds=600)
+    worker = int((tmp_path / "a").read_text())
+    sweep.kill()
+    sweep.wait(timeout=60)
+    deadline = time.monotonic() + 60
+    while running(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running(worker), "the worker outlived its sweep"
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (killed, not yet reaped)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:  # gone
+        return False
+    return state != "Z"
+
+
 def test_worker_environments_share_out_gpus_and_set_cpu_device_counts():
     envs = launchers.worker_environments(2, ["0", "1", "2", "3", "4"])
     assert [env["CUDA_VISIBLE_DEVICES"] for env in envs] == ["0,1", "2,3,4"]
