@@ -329,8 +329,8 @@ def require_sweep_splits(task_names: Sequence[str]) -> None:
 def _validate(config: ml_collections.ConfigDict, where: str) -> None:
     """Every check that can run before training, with `where` (the grid point) in the message:
     the typed settings (`Settings.from_config`: every section, the sweep's included), the
-    batch split over processes, the objective against the architecture, each task's splits,
-    that a zero-shot sweep has a task to score zero-shot, that the architecture can decode as
+    batch split over processes, the objective against the architecture, each task's splits
+    and, for a local task, its data.data_root, that a zero-shot sweep has a task to score zero-shot, that the architecture can decode as
     `finetune.decode` says and that the pre-training corpus exists."""
     from t5x_lite import evaluation, zero_shot
     from t5x_lite.data import pipeline, tasks
@@ -342,6 +342,7 @@ def _validate(config: ml_collections.ConfigDict, where: str) -> None:
                                             "finetune.batch_size")
         architectures.get(settings.model.arch).require_objective(settings.objective.name)
         require_sweep_splits(settings.sweep.tasks)
+        tasks.require_data_root(settings.sweep.tasks, settings.data.data_root, "sweep.tasks")
         if settings.sweep.zero_shot and all(zero_shot.not_applicable(tasks.TASKS[name])
                                             for name in settings.sweep.tasks):
             raise ConfigError(

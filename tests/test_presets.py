@@ -209,6 +209,18 @@ def test_a_sweep_task_without_a_train_or_validation_split_is_refused_at_expansio
     assert not (tmp_path / "w").exists()
 
 
+def test_a_local_sweep_task_without_a_data_root_is_refused_at_expansion():
+    """It failed each point with a traceback after the sweep started (and passed the dry
+    run)."""
+    with pytest.raises(ConfigError) as error:
+        grid.expand("table4", "demo", ["sweep.tasks=builtin_reverse,local_glue_sst2"])
+    assert str(error.value) == (
+        "table4 point 'prefix_lm': sweep.tasks has 'local_glue_sst2': local_* tasks read their "
+        "files under data.data_root, which is not set: --config.data.data_root=DIR (e.g. "
+        "../shared/data)")
+    grid.expand("table4", "demo", ["sweep.tasks=local_glue_sst2", "data.data_root=/anywhere"])
+
+
 @pytest.mark.parametrize("name", DATA_ROOT_PRESETS)
 def test_a_sweep_without_its_pretraining_corpus_stops_at_expansion(name, tmp_path,
                                                                    monkeypatch):

@@ -9,6 +9,7 @@ import pytest
 from conftest import require_shared_data
 from t5x_lite import presets
 from t5x_lite.data import builtin, tasks
+from t5x_lite.errors import ConfigError
 
 # (task, TFDS-style record, processed input, processed target), each from the paper's appendix D
 # ("Original input" fields with "Original target" as the class index, then "Processed input" and
@@ -260,7 +261,9 @@ def test_bad_split_and_missing_data_root_are_explained():
     with pytest.raises(ValueError,
                        match="'glue_mnli_matched' has no split 'train'; its splits: validation"):
         tasks.get_task("glue_mnli_matched").examples("train")
-    with pytest.raises(ValueError, match="pass data_root"):
+    with pytest.raises(ConfigError, match=r"^local_\* tasks read their files under "
+                                          r"data.data_root, which is not set: "
+                                          r"--config.data.data_root=DIR"):
         tasks.get_task("local_glue_rte").examples("validation")
 
 

@@ -286,16 +286,29 @@ def _paper_tasks() -> list[Task]:
     ]
 
 
+# The tasks whose loader is `_local`'s: they read files under data.data_root.
+LOCAL_TASK_PREFIX = "local_"
+_NO_DATA_ROOT = (f"{LOCAL_TASK_PREFIX}* tasks read their files under data.data_root, which is "
+                 "not set: --config.data.data_root=DIR (e.g. ../shared/data)")
+
+
 def _local(make_source: Callable[[str], Any]) -> Loader:
     """Reads the `builders` source spec `make_source(data_root)`, built under data_dir."""
 
     def load(split: str, data_dir: str | None, data_root: str | None) -> Sequence[Record]:
-        if data_root is None:
-            raise ValueError("local tasks read their files under data_root; pass data_root "
-                             "(e.g. ../shared/data)")
+        if not data_root:
+            raise ConfigError(_NO_DATA_ROOT)
         return builders.load_split(make_source(data_root), split, data_dir)
 
     return load
+
+
+def require_data_root(names: Sequence[str], data_root: str | None, field: str) -> None:
+    """A one-line `ConfigError` naming `field` when a local task among `names` has no
+    data.data_root to read its files from (checked before a sweep starts, or a dry run)."""
+    local = [name for name in names if name.startswith(LOCAL_TASK_PREFIX)]
+    if local and not data_root:
+        raise ConfigError(f"{field} has {local[0]!r}: {_NO_DATA_ROOT}")
 
 
 # Local GLUE directories; the local data has no MNLI or QQP, and QNLI has no train split.
