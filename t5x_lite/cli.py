@@ -25,7 +25,9 @@ import argparse
 import contextlib
 import importlib.util
 import json
+import os
 import sys
+import tempfile
 import textwrap
 import warnings
 from pathlib import Path
@@ -108,7 +110,7 @@ def _config_parser(command: str, preset_help: str = "") -> argparse.ArgumentPars
 def _add_run_flags(parser: argparse.ArgumentParser, writes: str) -> None:
     """--workdir and --restart, which train and finetune share: the run's folder (`writes`:
     what goes there), resumed from its checkpoints unless --restart."""
-    parser.add_argument("--workdir", required=True, type=_folder,
+    parser.add_argument("--workdir", required=True, type=_output_folder,
                         help=f"where {writes} go; re-running "
                         "resumes from its checkpoints")
     parser.add_argument("--restart", action="store_true",
@@ -143,12 +145,30 @@ def _comma_list(text: str) -> list[str]:
 
 
 def _folder(text: str) -> str:
-    """An output folder flag's value: made if missing; '' (the current folder, by accident)
-    or an existing file is argparse's one-line error before any work."""
+    """A folder flag's value: '' (the current folder, by accident) or an existing file is
+    argparse's one-line error before any work."""
     if not text:
         raise argparse.ArgumentTypeError("'' is no folder name")
     if Path(text).exists() and not Path(text).is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} is a file, not a folder")
+    return text
+
+
+def _output_folder(text: str) -> str:
+    """An output folder flag's value (`_folder`'s checks), made later if missing: a folder
+    that could not be made or written in (under a file, on a read-only or forbidden file
+    system) is argparse's one-line error before any work, not a traceback once the run
+    starts writing. Nothing is left behind by the check."""
+    text = _folder(text)
+    path = Path(text).absolute()
+    existing = next(folder for folder in (path, *path.parents) if folder.exists())
+    if not existing.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} would be under {str(existing)!r}, a file")
+    try:  # the one sure test of writing there is to write there
+        os.rmdir(tempfile.mkdtemp(prefix=".t5x_lite_write_check_", dir=existing))
+    except OSError as error:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: cannot make a folder in {str(existing)!r} ({error.strerror})") from None
     return text
 
 
@@ -328,7 +348,7 @@ def _export(argv: list[str]) -> None:
     parser.add_argument("--checkpoint", required=True,
                         help="a train or finetune workdir (or its checkpoints/); its newest "
                         "checkpoint, model and vocabulary are exported")
-    parser.add_argument("--out", required=True, type=_folder,
+    parser.add_argument("--out", required=True, type=_output_folder,
                         help="the Hugging Face directory to write "
                         "(must not exist, or be empty)")
     parser.add_argument("--config", metavar="FILE.py[:ARG]",
@@ -360,7 +380,7 @@ def _sweep_parser() -> argparse.ArgumentParser:
                         "or a path to an experiment file")
     parser.add_argument("--preset", default="tiny",
                         help=f"{', '.join(presets.PRESETS)} (default: tiny)")
-    parser.add_argument("--workdir", required=True, type=_folder,
+    parser.add_argument("--workdir", required=True, type=_output_folder,
                         help=f"where {RESULTS_FILE} and the runs "
                         "go; re-running resumes the sweep")
     parser.add_argument("--launcher", default="local", choices=launchers.LAUNCHERS,
@@ -433,7 +453,7 @@ def _report(argv: list[str]) -> None:
     parser = _parser("report", None)
     parser.add_argument("workdir", type=_folder,
                         help=f"a sweep's workdir (holding {RESULTS_FILE})")
-    parser.add_argument("--out", type=_folder,
+    parser.add_argument("--out", type=_output_folder,
                         help="where the tables and plots go (default: WORKDIR/report)")
     parser.add_argument("--against", metavar="OTHER_WORKDIR", type=_folder,
                         help="also compare each row with the same row of the sweep in "
@@ -452,7 +472,7 @@ def _demo(argv: list[str]) -> None:
     from t5x_lite import sweep
 
     parser = _parser("demo", presets.sweep_preset("demo"))
-    parser.add_argument("--workdir", default="t5x_lite_demo", type=_folder,
+    parser.add_argument("--workdir", default="t5x_lite_demo", type=_output_folder,
                         help="where the sweep goes (default: t5x_lite_demo); re-running resumes")
     args, overrides = _parse(parser, argv)
     print(sweep.run_demo(args.workdir, overrides=overrides))
@@ -685,6 +705,10 @@ def main(argv: list[str] | None = None) -> None:
     except ResultsError as error:  # a damaged results.jsonl: the message names the line
         raise SystemExit(f"t5x-lite {command}: {error}") from None
     except FileNotFoundError as error:  # missing input: the messages name the path and the fix
+        raise SystemExit(f"t5x-lite {command}: {error}") from None
+    except (PermissionError, NotADirectoryError, IsADirectoryError) as error:
+        # A path of a config field (data.data_dir, a vocabulary) the machine refuses: the
+        # message names it.
         raise SystemExit(f"t5x-lite {command}: {error}") from None
     except FloatingPointError as error:  # a diverged run: the step, and the checkpoint kept
         raise SystemExit(f"t5x-lite {command}: {error}") from None

@@ -195,6 +195,10 @@ def test_an_unknown_command_is_one_line_naming_the_commands_and_no_command_the_u
     (["sweep", "table2", "--preset=demo", "--workdir={file}", "--dry_run"],
      "argument --workdir: '{file}' is a file, not a folder"),
     (["report", "{tmp}", "--out={file}"], "argument --out: '{file}' is a file, not a folder"),
+    (["train", "--preset=demo", "--workdir={file}/run"],
+     "argument --workdir: '{file}/run' would be under '{file}', a file"),
+    (["export", "--checkpoint={tmp}", "--out={file}/hf"],
+     "argument --out: '{file}/hf' would be under '{file}', a file"),
     (["finetune", "--preset=demo", "--workdir={tmp}/ft", "--tasks="],
      "argument --tasks: '' names nothing"),
     (["sweep", "table2", "--preset=demo", "--workdir={tmp}/s", "--launcher=parallel",
@@ -211,6 +215,31 @@ def test_a_bad_folder_task_list_or_worker_count_is_a_usage_error_before_any_work
     assert exit_info.value.code == 2
     assert message.format(tmp=tmp_path, file=file) in capsys.readouterr().err
     assert sorted(path.name for path in tmp_path.iterdir()) == ["a_file"]  # nothing written
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, where no "
+                    "one may make a folder")
+@pytest.mark.parametrize("command", [["train", "--preset=demo", "--workdir"],
+                                     ["sweep", "table2", "--preset=demo", "--workdir"],
+                                     ["demo", "--workdir"], ["report", "{tmp}", "--out"]])
+def test_an_output_folder_that_cannot_be_made_is_a_usage_error_before_any_work(
+        command, tmp_path, capsys):
+    """A workdir or --out that could not be made was a traceback once the run started
+    writing (export's after restoring its model)."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["t5x-lite", *(arg.format(tmp=tmp_path) for arg in command), "/proc/t5x_run"])
+    assert exit_info.value.code == 2
+    assert "'/proc/t5x_run': cannot make a folder in '/proc' (" in capsys.readouterr().err
+
+
+def test_a_config_path_the_machine_refuses_is_one_line(tmp_path, capsys):
+    """data.data_dir under a file was a NotADirectoryError traceback."""
+    (tmp_path / "a_file").write_text("not a folder")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["t5x-lite", "train", "--preset=tiny", f"--workdir={tmp_path}/run",
+                  f"--config.data.data_dir={tmp_path}/a_file/data"])
+    assert exit_info.value.code == (
+        f"t5x-lite train: [Errno 20] Not a directory: '{tmp_path}/a_file/data'")
 
 
 def test_help_lists_every_command_in_one_line_each(capsys):
