@@ -53,7 +53,7 @@ from t5x_lite.checkpointing import ADDED_MODEL_FIELDS, config_as_json
 from t5x_lite.config import (BUDGETS, ConfigError, apply_overrides, call_get_config,
                              drop_unread_objective_fields, parse_overrides, run_user_file)
 from t5x_lite.errors import require_choice
-from t5x_lite.settings import Settings, Sweep, Train
+from t5x_lite.settings import SCHEDULES_ENDING_AT_STEPS, Settings, Sweep, Train
 
 
 def _experiments_dir() -> Path:
@@ -406,7 +406,7 @@ def _match_steps(train: ml_collections.ConfigDict, steps: int) -> None:
     warmup = round(train.warmup_steps * steps / train.steps)
     if train.warmup_steps > 0:
         warmup = max(warmup, 1)
-    if train.schedule in ("linear", "cosine"):
+    if train.schedule in SCHEDULES_ENDING_AT_STEPS:
         warmup = min(warmup, steps)
     train.update(steps=steps, warmup_steps=warmup)
 

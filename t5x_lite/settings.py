@@ -75,12 +75,31 @@ def require_warmup(section: str, schedule: str, warmup_steps: int, steps: int) -
             f"{section}.warmup_steps={warmup_steps} must be >= 1 for {section}.schedule='rsqrt' "
             "(it divides by sqrt(max(step, warmup_steps))) and >= 0 otherwise"
         )
-    if schedule in ("linear", "cosine") and warmup_steps > steps:
+    if schedule in SCHEDULES_ENDING_AT_STEPS and warmup_steps > steps:
         raise ConfigError(
             f"{section}.warmup_steps={warmup_steps} must be <= {section}.steps={steps} for "
             f"{section}.schedule={schedule!r}; with fewer steps, set --config.{section}."
             "warmup_steps too"
         )
+
+
+# The schedules that decay to 0 at train.steps, the only ones that read it
+# (`optim.learning_rate_schedule`).
+SCHEDULES_ENDING_AT_STEPS = ("linear", "cosine")
+
+
+def require_run_steps(steps: int, schedule: str, train_steps: int) -> None:
+    """Raise `ConfigError` unless a run may train up to `steps` (`train.train`'s `steps`, the
+    CLI's --steps): an integer >= 1, and within train.steps on a schedule that decays to 0
+    there (past it, steps would train at learning rate 0, silently)."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ConfigError(f"steps={steps!r} must be an integer >= 1 (the step to train up to)")
+    if schedule in SCHEDULES_ENDING_AT_STEPS and steps > train_steps:
+        raise ConfigError(
+            f"steps={steps} is past train.steps={train_steps}, where train.schedule="
+            f"{schedule!r} has brought the learning rate to 0; to train longer, raise "
+            f"train.steps (--config.train.steps={steps}; a checkpoint resumes under the "
+            "longer schedule)")
 
 
 def check_objective(point: Mapping[str, Any]) -> None:

@@ -24,9 +24,6 @@ import ml_collections
 
 from t5x_lite import architectures, partitioning, settings
 
-# The schedules that end at train.steps (see `optim.learning_rate_schedule`); the others leave
-# it out of the settings, so runs of any length share a program.
-_ENDS_AT_STEPS = ("linear", "cosine")
 
 STEP_SECTIONS = ("model", "train", "mesh")
 # The leaves of STEP_SECTIONS that no compiled step reads, and why.
@@ -96,7 +93,9 @@ def step_settings(config: ml_collections.ConfigDict, data_kind: Hashable = None)
     model = dataclasses.replace(typed.model, arch=architectures.get(typed.model.arch).program)
     train = TrainSettings(**{field.name: getattr(typed.train, field.name)
                              for field in dataclasses.fields(TrainSettings)})
-    if train.schedule not in _ENDS_AT_STEPS:
+    # Only the schedules that end at train.steps read it: the others leave it out of the
+    # settings, so runs of any length share a program.
+    if train.schedule not in settings.SCHEDULES_ENDING_AT_STEPS:
         train = dataclasses.replace(train, steps=None)
     return StepSettings(model=model, train=train, mesh_rules=typed.mesh.rules,
                         data_kind=data_kind)

@@ -26,6 +26,7 @@ from flax import nnx
 from t5x_lite import held_out, objectives
 from t5x_lite.loop import run_loop, summaries
 from t5x_lite.run_setup import RunPlan, set_up
+from t5x_lite.settings import require_run_steps
 from t5x_lite.train_state import init_state, state_from_params, step_key
 from t5x_lite.train_step import (TrainStep, make_train_step, make_vmapped_train_step,
                                  stack_specs)
@@ -57,6 +58,8 @@ def _pretrain_plan(configs: Sequence[ml_collections.ConfigDict],
     configs = list(configs)
     for config in configs:
         layout.require_objective(config.objective.name)
+        if steps is not None:
+            require_run_steps(steps, config.train.schedule, config.train.steps)
     if layout.reads_sentences:  # the points of a vmapped group share their data (`vmap_group_key`)
         from t5x_lite.data.pipeline import layout_with_vocabulary
 

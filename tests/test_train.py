@@ -529,6 +529,24 @@ def test_train_writes_metrics_checkpoints_and_resumes(tmp_path, capsys, monkeypa
         train.train(other, workdir, steps=8)
 
 
+@pytest.mark.parametrize("schedule, steps, refusal", [
+    ("cosine", 101, r"^steps=101 is past train.steps=100, where train.schedule='cosine' has "
+                    r"brought the learning rate to 0; to train longer, raise train.steps "
+                    r"\(--config.train.steps=101; "),
+    ("linear", 0, r"^steps=0 must be an integer >= 1"),
+    ("rsqrt", -4, r"^steps=-4 must be an integer >= 1"),
+])
+def test_steps_a_run_cannot_train_are_refused_before_anything_is_written(
+        schedule, steps, refusal, tmp_path):
+    """Past train.steps a decaying schedule trained at learning rate 0 without a word; 0 or
+    fewer steps wrote a step-0 checkpoint and returned."""
+    config = tiny_config()
+    config.train.schedule = schedule
+    with pytest.raises(ConfigError, match=refusal):
+        train.train(config, tmp_path / "run", steps=steps)
+    assert not (tmp_path / "run").exists()
+
+
 def test_bfloat16_compute_keeps_float32_parameters_and_tracks_the_float32_loss(baseline):
     initial, metrics, _ = baseline
     config = tiny_config()
