@@ -543,6 +543,31 @@ def _require_local_inputs(points: Sequence[GridPoint], mesh: bool) -> None:
                     raise FileNotFoundError(f"sweep.tasks has {name!r}: {error}") from None
 
 
+def _require_held_out_room(points: Sequence[GridPoint]) -> None:
+    """Each point's pre-training stays short of its held-out text (`held_out.require_room`),
+    measured on this machine's corpus before the sweep claims the workdir: a point with more
+    steps than the corpus holds apart from that text (a compute-matched point given more
+    steps, a small corpus) failed as it started, after the points before it had run, and its
+    failed record kept the point from ever running again. The corpus's tokens are cached on
+    disk; the first point reads them anyway."""
+    from t5x_lite.data.pipeline import pretrain_data_from_config
+
+    sources: dict[str, Any] = {}
+    for point in points:
+        config = point.config
+        if not config.train.eval_every:
+            continue
+        key = json.dumps([config.data.to_dict(), config.model.vocab_size,
+                          config.model.num_sentinels, point.layout.raw_length,
+                          config.train.batch_size, config.train.eval_batches], sort_keys=True)
+        if key not in sources:
+            sources[key] = pretrain_data_from_config(config, point.layout.raw_length)[1]
+        try:
+            held_out.require_room(config, point.layout, sources[key], config.train.steps)
+        except ConfigError as error:
+            raise ConfigError(f"{point.experiment} point {point.point!r}: {error}") from None
+
+
 def select_point(points: Sequence[GridPoint], point_index: int | None) -> list[GridPoint]:
     """`points`, or with `point_index` (one job of a job array) only that one of them."""
     if point_index is None:
@@ -584,6 +609,7 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
         # workdir, not each point with a failed record after its pre-training. (Ray's workers
         # may have what the driver lacks.)
         _require_local_inputs(points, mesh=isinstance(launcher, launchers.LocalLauncher))
+        _require_held_out_room(points)
     workdir_path = Path(workdir)
     workdir_path.mkdir(parents=True, exist_ok=True)
     claim_workdir(workdir_path, sweep_identity(experiment, points, overrides))

@@ -349,8 +349,9 @@ def test_a_failing_point_is_recorded_and_the_sweep_goes_on(uninterrupted):
 
 def test_what_this_machine_lacks_stops_the_sweep_before_it_starts(experiment, tmp_path):
     """A mesh larger than the devices, a task's data missing from data.data_dir, a vocabulary
-    path that is not a file: each passed the sweep's checks, then failed every point (the data
-    after its pre-training), the sweep ending with status 0."""
+    path that is not a file, a corpus too small for the steps: each passed the sweep's checks,
+    then failed every point (the data after its pre-training), the sweep ending with status
+    0."""
     cases = (
         (["mesh.shape=(16, 1)"], ConfigError, r"mesh.shape=\(16, 1\) needs 16 devices"),
         ([f"data.data_dir={tmp_path / 'empty'}", "sweep.tasks=('glue_cola',)"],
@@ -358,6 +359,11 @@ def test_what_this_machine_lacks_stops_the_sweep_before_it_starts(experiment, tm
                             r"'glue/cola' is not in data_dir="),
         (["data.vocab=/nonexistent/vocab.model"], ConfigError,
          r"point 'denoising': data.vocab='/nonexistent/vocab.model' is not a file"),
+        # More steps than the corpus holds apart from the held-out text: this one failed as
+        # it started, and its failed record kept it from running again.
+        (["train.steps=100000", "train.eval_every=3"], ConfigError,
+         r"point 'denoising': train.steps=100000 x train.batch_size=4 chunks and "
+         r"train.eval_batches=\d+ held-out batches need more than the corpus's"),
     )
     for overrides, error, message in cases:
         workdir = tmp_path / "sweep"
