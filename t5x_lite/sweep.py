@@ -543,27 +543,28 @@ def _require_local_inputs(points: Sequence[GridPoint], mesh: bool) -> None:
                     raise FileNotFoundError(f"sweep.tasks has {name!r}: {error}") from None
 
 
-def _require_held_out_room(points: Sequence[GridPoint]) -> None:
-    """Each point's pre-training stays short of its held-out text (`held_out.require_room`),
-    measured on this machine's corpus before the sweep claims the workdir: a point with more
-    steps than the corpus holds apart from that text (a compute-matched point given more
-    steps, a small corpus) failed as it started, after the points before it had run, and its
-    failed record kept the point from ever running again. The corpus's tokens are cached on
-    disk; the first point reads them anyway."""
+def _require_pretraining_data(points: Sequence[GridPoint]) -> None:
+    """Each point's corpus and vocabulary load on this machine, and its pre-training stays
+    short of its held-out text (`held_out.require_room`), checked before the sweep claims the
+    workdir: a corpus without text, a vocabulary file SentencePiece cannot read, or more
+    steps than the corpus holds apart from the held-out text (a compute-matched point given
+    more steps) failed each point as it started, after the points before it had run, and the
+    failed records kept those points from ever running again. The corpus's vocabulary and
+    tokens are cached on disk; the first point reads them anyway."""
     from t5x_lite.data.pipeline import pretrain_data_from_config
 
     sources: dict[str, Any] = {}
     for point in points:
         config = point.config
-        if not config.train.eval_every:
-            continue
         key = json.dumps([config.data.to_dict(), config.model.vocab_size,
                           config.model.num_sentinels, point.layout.raw_length,
-                          config.train.batch_size, config.train.eval_batches], sort_keys=True)
-        if key not in sources:
-            sources[key] = pretrain_data_from_config(config, point.layout.raw_length)[1]
+                          config.train.batch_size, config.train.eval_batches,
+                          config.train.eval_every > 0], sort_keys=True)
         try:
-            held_out.require_room(config, point.layout, sources[key], config.train.steps)
+            if key not in sources:
+                sources[key] = pretrain_data_from_config(config, point.layout.raw_length)[1]
+            if config.train.eval_every:
+                held_out.require_room(config, point.layout, sources[key], config.train.steps)
         except ConfigError as error:
             raise ConfigError(f"{point.experiment} point {point.point!r}: {error}") from None
 
@@ -609,7 +610,7 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
         # workdir, not each point with a failed record after its pre-training. (Ray's workers
         # may have what the driver lacks.)
         _require_local_inputs(points, mesh=isinstance(launcher, launchers.LocalLauncher))
-        _require_held_out_room(points)
+        _require_pretraining_data(points)
     workdir_path = Path(workdir)
     workdir_path.mkdir(parents=True, exist_ok=True)
     claim_workdir(workdir_path, sweep_identity(experiment, points, overrides))

@@ -10,6 +10,7 @@ import tensorflow_datasets as tfds
 from absl import logging as absl_logging
 
 from t5x_lite.data import builders
+from t5x_lite.errors import ConfigError
 from t5x_lite.data.builders import (GlueTsv, ParallelText, SquadJson,
                                     SummarizationJsonl, TextFiles, load_split)
 
@@ -94,6 +95,14 @@ def test_text_files_jsonl_and_bad_records_are_counted(tmp_path, caplog):
     for part in ("skipped 4 bad records", "empty text: 1", "invalid json: 1",
                  "missing field 'text': 1", "undecodable bytes: 1"):
         assert part in warnings[0]
+
+
+def test_a_source_without_a_good_record_is_one_line_naming_its_files(tmp_path):
+    write(tmp_path / "a.jsonl", '{"other": 1}\n')
+    source = TextFiles(files={"train": str(tmp_path / "a.jsonl")}, unit="file")
+    with pytest.raises(ConfigError, match=r"^the train split of .*/a\.jsonl holds no records "
+                                          r"\(skipped 1 bad ones: missing field 'text': 1\)$"):
+        load_split(source, "train", str(tmp_path / "dd"))
 
 
 def test_tfds_custom_config_notice_is_dropped_and_absl_s_other_warnings_kept(tmp_path, caplog):

@@ -195,6 +195,30 @@ def test_a_mistyped_corpus_is_a_config_error_naming_the_field(tmp_path):
         pretrain_data_from_config(config, raw_length=32)
 
 
+@pytest.mark.parametrize("content, refusal", [
+    ("", r"^the train split of .*/corpus\.txt holds no records \(its files are empty\)$"),
+    ("three short words\n", r"^model\.vocab_size=300 on data\.corpus='.*/corpus\.txt': cannot "
+                            r"train a vocabulary with vocab_size=300 .*Please set it to a value"),
+])
+def test_a_corpus_that_cannot_train_the_vocabulary_is_a_config_error(content, refusal, tmp_path):
+    """Tracebacks before: TFDS's AssertionError ("No examples were yielded"), our ValueError."""
+    (tmp_path / "corpus.txt").write_text(content)
+    config = default_config()
+    config.model.update(vocab_size=300, num_sentinels=20)
+    config.data.update(corpus=str(tmp_path / "corpus.txt"), data_dir=str(tmp_path / "dd"))
+    with pytest.raises(ConfigError, match=refusal):
+        pretrain_data_from_config(config, raw_length=32)
+
+
+def test_a_vocabulary_file_sentencepiece_cannot_read_is_a_config_error(tmp_path):
+    (tmp_path / "vocab.model").write_text("not a model")
+    config = default_config()
+    config.data.update(vocab=str(tmp_path / "vocab.model"), data_dir=str(tmp_path / "dd"))
+    with pytest.raises(ConfigError, match=r"^data\.vocab='.*/vocab\.model' is not a "
+                                          r"SentencePiece model file"):
+        pipeline.vocabulary_from_config(config)
+
+
 # ----------------------------------------------------------------------------- downstream
 
 def numbered_examples(lengths):

@@ -349,7 +349,7 @@ def test_a_failing_point_is_recorded_and_the_sweep_goes_on(uninterrupted):
 
 def test_what_this_machine_lacks_stops_the_sweep_before_it_starts(experiment, tmp_path):
     """A mesh larger than the devices, a task's data missing from data.data_dir, a vocabulary
-    path that is not a file, a corpus too small for the steps: each passed the sweep's checks,
+    path that is not a file, an empty corpus, a corpus too small for the steps: each passed the sweep's checks,
     then failed every point (the data after its pre-training), the sweep ending with status
     0."""
     cases = (
@@ -359,12 +359,15 @@ def test_what_this_machine_lacks_stops_the_sweep_before_it_starts(experiment, tm
                             r"'glue/cola' is not in data_dir="),
         (["data.vocab=/nonexistent/vocab.model"], ConfigError,
          r"point 'denoising': data.vocab='/nonexistent/vocab.model' is not a file"),
-        # More steps than the corpus holds apart from the held-out text: this one failed as
-        # it started, and its failed record kept it from running again.
+        # A corpus without text; more steps than the corpus holds apart from the held-out
+        # text: these failed each point as it started, its failed record kept for good.
+        ([f"data.corpus={tmp_path / 'empty.txt'}"], ConfigError,
+         r"point 'denoising': the train split of .*empty\.txt holds no records"),
         (["train.steps=100000", "train.eval_every=3"], ConfigError,
          r"point 'denoising': train.steps=100000 x train.batch_size=4 chunks and "
          r"train.eval_batches=\d+ held-out batches need more than the corpus's"),
     )
+    (tmp_path / "empty.txt").write_text("")
     for overrides, error, message in cases:
         workdir = tmp_path / "sweep"
         with pytest.raises(error, match=message):

@@ -54,6 +54,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from t5x_lite import compilation_cache
+from t5x_lite.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -588,15 +589,23 @@ class LocalFiles(tfds.core.GeneratorBasedBuilder, skip_registration=True):
                 for split, paths in self.source.split_files().items()}
 
     def _generate_examples(self, split: str, paths: list[str]) -> Iterator[tuple[str, dict]]:
-        bad = collections.Counter()
+        bad, good = collections.Counter(), 0
         for key, record in self.source.parse(split, paths):
             if isinstance(record, str):
                 bad[record] += 1
             else:
+                good += 1
                 yield key, record
+        skipped = ", ".join(f"{k}: {v}" for k, v in bad.items())
+        if not good:  # else TFDS's AssertionError, "No examples were yielded", as a traceback
+            shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3
+                                            else "")
+            raise ConfigError(f"the {split} split of {shown} holds no records ("
+                              + (f"skipped {sum(bad.values())} bad ones: {skipped})" if bad
+                                 else "its files are empty)"))
         if bad:
             log.warning("%s split %r: skipped %d bad records (%s)", self.builder_config.name,
-                        split, sum(bad.values()), ", ".join(f"{k}: {v}" for k, v in bad.items()))
+                        split, sum(bad.values()), skipped)
 
 
 # ----------------------------------------------------------------------------- reading

@@ -225,12 +225,21 @@ def vocabulary_from_config(config: ml_collections.ConfigDict) -> Vocabulary:
     """
     data_dir = config.data.data_dir or default_data_dir()
     if config.data.vocab:
-        vocab = load_vocabulary(config.data.vocab, config.model.num_sentinels)
+        try:
+            vocab = load_vocabulary(config.data.vocab, config.model.num_sentinels)
+        except RuntimeError:  # SentencePiece's, from C++: "[model_proto->ParseFromArray(...)]"
+            raise ConfigError(f"data.vocab={config.data.vocab!r} is not a SentencePiece model "
+                              "file: give a .model path, or '' to train one on data.corpus"
+                              ) from None
     else:
         records = load_split(_corpus_source(config), "train", data_dir)
         texts = _texts(vocabulary_sample(records))
-        vocab = train_vocabulary(texts, config.model.vocab_size, config.model.num_sentinels,
-                                 cache_dir=os.path.join(data_dir, "vocab"))
+        try:
+            vocab = train_vocabulary(texts, config.model.vocab_size, config.model.num_sentinels,
+                                     cache_dir=os.path.join(data_dir, "vocab"))
+        except ValueError as error:  # e.g. more ids than the corpus has pieces for
+            raise ConfigError(f"model.vocab_size={config.model.vocab_size} on data.corpus="
+                              f"{config.data.corpus!r}: {error}") from None
     if vocab.vocab_size != config.model.vocab_size:
         raise ConfigError(f"model.vocab_size={config.model.vocab_size} but the vocabulary "
                           f"data.vocab={config.data.vocab!r} has {vocab.vocab_size} ids")
