@@ -42,7 +42,6 @@ their lines to retry them) and resumes the others from their checkpoints. A poin
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import json
@@ -406,17 +405,23 @@ LATER_STAGES = (
 
 
 def _add_to_finished(points: Sequence[GridPoint], latest: dict[tuple, dict], workdir: Path,
-                     results: ResultsFile, stage: LaterStage) -> None:
+                     results: ResultsFile, stage: LaterStage, watch: PreemptionWatch) -> None:
     """Give the points whose records were made without `stage.what` (a workdir swept without
     it, or a point's tasks recorded before it was switched on) its fields, from the pre-trained
     checkpoint. Each amended record is appended to results.jsonl (the last record of a key
     counts), rewrites the point's saved record and replaces its entry in `latest`, so that a
-    stage after this one amends it and keeps these fields; nothing is trained or fine-tuned."""
+    stage after this one amends it and keeps these fields; nothing is trained or fine-tuned.
+    A signal `watch` received stops it (`Preempted`) before the next point: it went on to the
+    last point and exited 0 (the held-out loss) or died with 143 (zero-shot scores)."""
     for point in points:
         keys = [key for key, record in latest.items()
                 if key[:2] == (point.point, point.seed) and stage.lacks(record)]
         if not keys:
             continue
+        if watch.signal is not None:
+            stop = Preempted(None, [str(workdir)], watch.cause)
+            _log(str(stop))
+            raise stop
         fields = stage.fields_of(point, str(workdir), [latest[key] for key in keys])
         for key in keys:
             record = latest[key] = {**latest[key], **fields[key[2]]}
@@ -638,9 +643,10 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
     # takes a signal that comes between them (as a point's records are appended), so that it
     # stops the sweep before the next point as preempted (exit status 75, which the SLURM
     # script requeues) instead of killing it with 143. (A parallel launcher's map forwards
-    # signals to its workers itself.)
+    # signals to its workers itself, its handler in place of this one's while it runs.) The
+    # later stages run here whatever the launcher: the watch stops them between points too.
     local = isinstance(launcher, launchers.LocalLauncher)
-    with PreemptionWatch() if local else contextlib.nullcontext() as between_points:
+    with PreemptionWatch() as between_points:
         for records in work:
             runs: dict[tuple, list[str]] = {}
             for record in records:
@@ -662,9 +668,9 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
                                  between_points.cause)
                 _log(str(stop))
                 raise stop
-    for stage in LATER_STAGES:
-        if stage.on(points[0].config):
-            _add_to_finished(points, latest, workdir_path, results, stage)
+        for stage in LATER_STAGES:
+            if stage.on(points[0].config):
+                _add_to_finished(points, latest, workdir_path, results, stage, between_points)
     wanted = {(p.point, p.seed) for p in points}
     return [r for r in latest_records(results.records()) if run_key(r) in wanted]
 
