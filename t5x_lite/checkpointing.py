@@ -40,7 +40,7 @@ from etils import epath
 from orbax.checkpoint import checkpoint_managers as policies
 
 from t5x_lite.config import ConfigError, drop_unread_objective_fields, flat_fields
-from t5x_lite.errors import require_integer
+from t5x_lite.errors import CheckpointsUnreadable, require_integer
 from t5x_lite.optim import has_decay_stage
 from t5x_lite.results import write_atomically
 
@@ -160,8 +160,8 @@ def _restore_newest(
     A truncated or damaged step (a crash while the disk filled up, a bad copy) raises from deep
     inside orbax / tensorstore with unrelated exception types (ValueError, JSONDecodeError, bare
     Exception), so any failure counts as "unreadable": it is reported with a warning naming the
-    step and the next older step is tried. If none reads back, a RuntimeError chained to the
-    newest step's error is raised.
+    step and the next older step is tried. If none reads back, `CheckpointsUnreadable` chained
+    to the newest step's error is raised.
     """
     steps = sorted(manager.all_steps(), reverse=True)
     if not steps:
@@ -181,9 +181,10 @@ def _restore_newest(
             continue
         log.info("restored the checkpoint at step %d from %s", step, manager.directory)
         return restored, [bad for bad, _ in unreadable]
-    raise RuntimeError(
-        f"none of the checkpoints in {manager.directory} (steps {steps}) could be restored; "
-        "see the warnings above for each step's error"
+    raise CheckpointsUnreadable(
+        f"none of the checkpoints in {manager.directory} (steps {steps}) could be restored "
+        "(the warnings above give each step's error); a run resuming from them starts over "
+        "with --restart, which deletes them"
     ) from unreadable[0][1]
 
 

@@ -39,7 +39,8 @@ from absl import logging
 from t5x_lite import compilation_cache, host_memory, presets
 from t5x_lite.config import (OVERRIDES_HELP, ConfigError, apply_overrides, load_config_file,
                              parse_overrides, split_overrides)
-from t5x_lite.errors import CommandFailed, MachineFault, OneLineWarnings, PointBusy
+from t5x_lite.errors import (CheckpointsUnreadable, CommandFailed, MachineFault,
+                             OneLineWarnings, PointBusy)
 from t5x_lite.preemption import PREEMPTED_EXIT_STATUS
 from t5x_lite.results import RESULTS_FILE, ResultsError, is_writer
 
@@ -711,6 +712,8 @@ def main(argv: list[str] | None = None) -> None:
         # message names it.
         raise SystemExit(f"t5x-lite {command}: {error}") from None
     except FloatingPointError as error:  # a diverged run: the step, and the checkpoint kept
+        raise SystemExit(f"t5x-lite {command}: {error}") from None
+    except CheckpointsUnreadable as error:  # each step's error warned above; the way on
         raise SystemExit(f"t5x-lite {command}: {error}") from None
     except (MachineFault, PointBusy) as error:  # a sweep stopped: what stopped, what to do
         raise SystemExit(f"t5x-lite {command}: {error}") from None

@@ -51,6 +51,11 @@ def is_machine_fault(error: BaseException | None) -> bool:
     return False
 
 
+class CheckpointsUnreadable(RuntimeError):
+    """No checkpoint of a run reads back (`checkpointing.Checkpointer.restore`, which warned
+    each step's error); the message names the folder and the way on."""
+
+
 class PointBusy(RuntimeError):
     """Another process is running a sweep point this one was about to run
     (`sweep_workdir.point_lock`)."""

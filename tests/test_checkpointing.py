@@ -17,6 +17,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from t5x_lite.checkpointing import (RESUME_FIELDS, STEP_METADATA_FILE, Checkpointer,
                                     restore_params_only, save_began_ns)
 from t5x_lite.config import ConfigError, default_config
+from t5x_lite.errors import CheckpointsUnreadable
 
 # A failed tensorstore read (the damaged-checkpoint tests) can leave a callback for orbax's
 # already closed event loop, reported whenever it is garbage-collected: noise, not ours.
@@ -160,7 +161,8 @@ def test_no_readable_checkpoint_raises(tmp_path, config):
     delete_manifest(tmp_path / "2")
     with Checkpointer(tmp_path, every=2, keep=5, config=config) as ckpt:
         with pytest.warns(UserWarning, match="step 2"):
-            with pytest.raises(RuntimeError, match="none of the checkpoints .* could be restored"):
+            with pytest.raises(CheckpointsUnreadable, match="none of the checkpoints .* could "
+                               "be restored .* starts over with --restart"):
                 ckpt.restore(abstract(state))
 
 

@@ -10,7 +10,7 @@ import sys
 import jax
 import pytest
 
-from t5x_lite import cli, compilation_cache, presets
+from t5x_lite import cli, compilation_cache, errors, presets
 from t5x_lite.data import tasks
 from t5x_lite.config import ConfigError, apply_overrides, load_config_file, parse_overrides
 from t5x_lite.preemption import PREEMPTED_EXIT_STATUS
@@ -240,6 +240,20 @@ def test_a_config_path_the_machine_refuses_is_one_line(tmp_path, capsys):
                   f"--config.data.data_dir={tmp_path}/a_file/data"])
     assert exit_info.value.code == (
         f"t5x-lite train: [Errno 20] Not a directory: '{tmp_path}/a_file/data'")
+
+
+@pytest.mark.parametrize("error", [
+    errors.CheckpointsUnreadable("none of the checkpoints in /w could be restored"),
+    errors.MachineFault("no space left on /w"), errors.PointBusy("point p is being run"),
+    PermissionError(13, "Permission denied", "/w"), NotADirectoryError(20, "Not a directory")])
+def test_errors_that_say_what_to_do_end_a_command_in_one_line(error, monkeypatch):
+    def fails(argv):
+        raise error
+
+    monkeypatch.setitem(cli.COMMANDS, "report", cli.COMMANDS["report"]._replace(run=fails))
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["t5x-lite", "report", "/w"])
+    assert exit_info.value.code == f"t5x-lite report: {error}"
 
 
 def test_help_lists_every_command_in_one_line_each(capsys):
