@@ -308,6 +308,14 @@ def _literal(value: str) -> Any:
         return value
 
 
+def require_override_list(texts: Sequence[str]) -> None:
+    """A one-line `ConfigError` unless `texts` is a sequence of strings (one string would be
+    read as its characters)."""
+    if isinstance(texts, str) or not all(isinstance(text, str) for text in texts):
+        raise ConfigError(f"overrides={texts!r} must be a list of 'field=value' strings, e.g. "
+                          "['train.steps=100']")
+
+
 def parse_overrides(config: ml_collections.ConfigDict, texts: Sequence[str]) -> dict[str, Any]:
     """'--config.FIELD=VALUE' (or 'FIELD=VALUE') strings -> {dotted field: value}, each value
     read as the type of that field of `config` (see OVERRIDES_HELP); later ones win.
@@ -315,6 +323,7 @@ def parse_overrides(config: ml_collections.ConfigDict, texts: Sequence[str]) -> 
     Raises `ConfigError` (one line, naming the field) for a missing '=', an unknown field, a
     config section instead of a field, or a value that is not of the field's type.
     """
+    require_override_list(texts)
     parsed = {}
     for text in texts:
         field, sep, value = text.removeprefix(OVERRIDE_PREFIX).partition("=")

@@ -51,7 +51,8 @@ from t5x_lite import (accounting, architectures, objective_registry, objectives,
                       presets)
 from t5x_lite.checkpointing import ADDED_MODEL_FIELDS, config_as_json
 from t5x_lite.config import (BUDGETS, ConfigError, apply_overrides, call_get_config,
-                             drop_unread_objective_fields, parse_overrides, run_user_file)
+                             drop_unread_objective_fields, parse_overrides, require_override_list,
+                             run_user_file)
 from t5x_lite.errors import require_choice
 from t5x_lite.settings import SCHEDULES_ENDING_AT_STEPS, Settings, Sweep, Train
 
@@ -393,6 +394,11 @@ def _budget_settings(config: ml_collections.ConfigDict,
     kind, reference = sweep_section.budget, sweep_section.budget_reference
     if reference is not None:
         require_choice("sweep.budget_reference", reference, [row["point"] for row in grid])
+        if kind == "steps":  # it would be ignored without a word
+            raise ConfigError(
+                f"sweep.budget_reference={reference!r} is read only by a matched budget: set "
+                "sweep.budget to 'tokens' or 'flops' (with 'steps' every point keeps its own "
+                "train.steps)")
     return kind, reference
 
 
@@ -453,6 +459,7 @@ def user_overrides(experiment: str, preset: str,
     given, each value read as the type of its field in the experiment's config
     (`config.parse_overrides`, as every command reads them)."""
     base = experiment_config(experiment, preset)
+    require_override_list(overrides)
     return [item for text in overrides for item in parse_overrides(base, [text]).items()]
 
 

@@ -578,8 +578,9 @@ def select_point(points: Sequence[GridPoint], point_index: int | None) -> list[G
     """`points`, or with `point_index` (one job of a job array) only that one of them."""
     if point_index is None:
         return list(points)
-    if not 0 <= point_index < len(points):
-        raise ConfigError(f"point_index={point_index} must be in [0, {len(points)})")
+    if isinstance(point_index, bool) or not isinstance(point_index, int) or not (
+            0 <= point_index < len(points)):
+        raise ConfigError(f"point_index={point_index!r} must be in [0, {len(points)})")
     return [points[point_index]]
 
 

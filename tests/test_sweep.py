@@ -839,6 +839,12 @@ def test_bad_inputs(tmp_path, experiment):
         sweep.run_sweep("table4", "demo", str(tmp_path / "a"), vmap=2, launcher=ray)
     with pytest.raises(ConfigError, match=r"point_index=3 must be in \[0, 3\)"):
         sweep.run_sweep("table4", "demo", str(tmp_path / "a"), point_index=3)
+    # From Python: a point index as a string, overrides as one string (TypeErrors before).
+    with pytest.raises(ConfigError, match=r"point_index='0' must be in \[0, 3\)"):
+        sweep.run_sweep("table4", "demo", str(tmp_path / "a"), point_index="0")
+    with pytest.raises(ConfigError, match=r"overrides='--config.train.steps=2' must be a list "
+                                          r"of 'field=value' strings"):
+        sweep.run_sweep("table4", "demo", str(tmp_path / "a"), overrides="--config.train.steps=2")
     # A workdir of another sweep is refused before anything runs.
     other = tmp_path / "other"
     other.mkdir()
@@ -977,6 +983,11 @@ def test_bad_budgets_fail_at_expansion_before_any_other_check(tmp_path):
         message = str(error.value)
         assert "\n" not in message
         assert message.startswith(f"{field} is not allowed; choose one of {allowed}")
+    # A reference without a matched budget was ignored without a word.
+    with pytest.raises(ConfigError, match=r"^sweep.budget_reference='prefix_lm/lm' is read only "
+                                          r"by a matched budget: set sweep.budget to 'tokens' "
+                                          r"or 'flops'"):
+        grid.expand("table2", "demo", ["sweep.budget=steps", "sweep.budget_reference=prefix_lm/lm"])
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["t5x-lite", "sweep", "table2", "--preset=demo", f"--workdir={tmp_path}",
                   "--config.sweep.budget=joules"])
