@@ -397,8 +397,8 @@ def _budget_settings(config: ml_collections.ConfigDict,
         if kind == "steps":  # it would be ignored without a word
             raise ConfigError(
                 f"sweep.budget_reference={reference!r} is read only by a matched budget: set "
-                "sweep.budget to 'tokens' or 'flops' (with 'steps' every point keeps its own "
-                "train.steps)")
+                "sweep.budget to 'tokens' or 'flops', or unset it "
+                "(--config.sweep.budget_reference=None: each point keeps its train.steps)")
     return kind, reference
 
 
