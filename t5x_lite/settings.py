@@ -444,9 +444,11 @@ class Finetune(_Section):
         require_choice("finetune.optimizer", self.optimizer, OPTIMIZERS)
         require_choice("finetune.schedule", self.schedule, SCHEDULES)
         require_positive("finetune.learning_rate", self.learning_rate)
-        for field in ("steps", "batch_size", "inputs_length", "targets_length", "eval_every",
-                      "mixing_limit"):
+        for field in ("steps", "batch_size", "eval_every", "mixing_limit"):
             require_integer(f"finetune.{field}", getattr(self, field), 1)
+        for field in ("inputs_length", "targets_length"):  # a token and EOS at least: at 1,
+            # every example is cut to its EOS alone
+            require_integer(f"finetune.{field}", getattr(self, field), 2)
         require_integer("finetune.warmup_steps", self.warmup_steps, 0)
         if self.eval_examples is not None:
             require_integer("finetune.eval_examples", self.eval_examples, 1)

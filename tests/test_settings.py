@@ -100,6 +100,9 @@ def test_every_field_is_annotated_with_a_type_the_checks_know():
     ("checkpoint.every", 0, "checkpoint.every=0 must be an integer >= 1"),
     ("checkpoint.keep", 1.5, r"checkpoint.keep=1.5 must be an integer >= 1"),
     ("finetune.steps", 0, "finetune.steps=0 must be an integer >= 1"),
+    # At 1, every example was cut to its EOS alone, with a warning only.
+    ("finetune.inputs_length", 1, "finetune.inputs_length=1 must be an integer >= 2"),
+    ("finetune.targets_length", 1, "finetune.targets_length=1 must be an integer >= 2"),
     ("finetune.schedule", "rsqrt", "finetune.warmup_steps=0 must be >= 1 for "
                                    "finetune.schedule='rsqrt'"),
     ("finetune.eval_examples", 0, "finetune.eval_examples=0 must be an integer >= 1"),
