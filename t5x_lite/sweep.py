@@ -178,8 +178,10 @@ def run_point(point: GridPoint, workdir: str) -> list[dict]:
     from t5x_lite import train
 
     config, started = point.config, time.perf_counter()
+    saved = newest_step(point.pretrain_directory(workdir) / CHECKPOINTS_DIR)
     _log(f"{point.experiment} {point.run_name}: pre-training {config.train.steps} steps "
-         f"({config.model.arch}, {config.objective.name}) on {config.data.corpus}")
+         f"({config.model.arch}, {config.objective.name}) on {config.data.corpus}"
+         + ("" if saved is None else f", resuming at step {saved}"))
     # One process at a point; a signal between its runs stops it at the next stage.
     with point_lock([point], workdir), PreemptionWatch() as watch:
         try:

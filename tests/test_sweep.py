@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from t5x_lite import cli, grid, launchers, noise_lengths, results, sweep, sweep_plan, sweep_workdir
+from t5x_lite.checkpointing import CHECKPOINTS_DIR, newest_step
 from t5x_lite.config import ConfigError
 from t5x_lite.data import tasks
 from t5x_lite.preemption import Preempted
@@ -725,7 +726,8 @@ def test_a_failed_task_stands_when_its_point_runs_again_until_its_line_is_delete
         ("builtin_module", "ok"), ("builtin_reverse", "ok")]
 
 
-def test_killed_sweep_resumes_to_the_same_records(experiment, uninterrupted, tmp_path):
+def test_killed_sweep_resumes_to_the_same_records(experiment, uninterrupted, tmp_path,
+                                                  capsys):
     """SIGKILL the sweep in the middle of its first point's pre-training, re-run it: the
     records equal an uninterrupted sweep's (timing aside), none duplicated or lost."""
     script = (f"from t5x_lite import sweep; "
@@ -748,8 +750,15 @@ def test_killed_sweep_resumes_to_the_same_records(experiment, uninterrupted, tmp
     results_path = tmp_path / results.RESULTS_FILE
     # Killed before the end.
     assert not results_path.exists() or results_path.read_text().count("\n") < 3
+    saved = newest_step(metrics.parent / CHECKPOINTS_DIR)
+    capsys.readouterr()
     records = sweep.run_sweep(experiment, "demo", str(tmp_path))
     assert _without_timing(records) == _without_timing(uninterrupted[1])
+    # The log says where the point resumed (without a progress bar, nothing else did).
+    first = next(line for line in capsys.readouterr().err.splitlines()
+                 if "denoising (seed 0): pre-training" in line)
+    assert first.endswith("" if saved is None else f", resuming at step {saved}")
+    assert ("resuming" in first) == (saved is not None)
     assert len(results_path.read_text().splitlines()) == len(records) == 3
 
 
