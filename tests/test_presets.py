@@ -218,7 +218,9 @@ def test_a_local_sweep_task_without_a_data_root_is_refused_at_expansion():
         "table4 point 'prefix_lm': sweep.tasks has 'local_glue_sst2': local_* tasks read their "
         "files under data.data_root, which is not set: --config.data.data_root=DIR (e.g. "
         "../shared/data)")
-    grid.expand("table4", "demo", ["sweep.tasks=local_glue_sst2", "data.data_root=/anywhere"])
+    points = grid.expand("table4", "demo", ["sweep.tasks=local_glue_sst2",
+                                            "data.data_root=/anywhere"])
+    assert {point.config.data.data_root for point in points} == {"/anywhere"}
 
 
 @pytest.mark.parametrize("name", DATA_ROOT_PRESETS)
