@@ -109,10 +109,15 @@ def test_tfds_custom_config_notice_is_dropped_and_absl_s_other_warnings_kept(tmp
     """A source's build and read draw no "Using custom data configuration" lines (TFDS's, at
     every builder made for a per-source config); absl's other warnings still show."""
     source = TextFiles(files={"train": write(tmp_path / "a.txt", "one doc\n")}, unit="file")
-    with caplog.at_level(logging.WARNING):
-        load_split(source, "train", str(tmp_path / "dd"))
-        load_split(source, "train", str(tmp_path / "dd"))
-        absl_logging.warning("another warning")
+    verbosity = absl_logging.get_verbosity()  # the CLI, run by an earlier test, lowers it
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    try:
+        with caplog.at_level(logging.WARNING):
+            load_split(source, "train", str(tmp_path / "dd"))
+            load_split(source, "train", str(tmp_path / "dd"))
+            absl_logging.warning("another warning")
+    finally:
+        absl_logging.set_verbosity(verbosity)
     absl_messages = [r.getMessage() for r in caplog.records if r.name == "absl"]
     assert "another warning" in absl_messages
     assert not [m for m in absl_messages if m.startswith("Using custom data configuration")]
