@@ -283,6 +283,14 @@ def test_glue_average_as_the_paper():
     }
     # (40 + 90 + 85 + 87 + 80 + 83 + 91 + 70) / 8 = 626 / 8
     assert tasks.glue_average(scores) == pytest.approx(626 / 8)
+    # A value that is not one of the task's metrics is left out (it was averaged in: a loss
+    # of 500 made the average 97.93), and a metric the task lacks is an error naming it.
+    assert tasks.glue_average({**scores, "glue_cola": {"matthews_corrcoef": 40.0,
+                                                       "eval_loss": 500.0}}) == pytest.approx(
+        626 / 8)
+    with pytest.raises(ValueError, match=r"task 'glue_stsb' has no spearman_corrcoef score "
+                                         r"\(its metrics: pearson_corrcoef, spearman_corrcoef\)"):
+        tasks.glue_average({**scores, "glue_stsb": {"pearson_corrcoef": 88.0}})
 
 
 def test_glue_average_missing_tasks():
@@ -296,7 +304,7 @@ def test_glue_average_missing_tasks():
 
 
 def test_glue_average_counts_mnli_matched_once_and_needs_both_halves():
-    complete = {f"glue_{name}": {"accuracy": 80.0}
+    complete = {f"glue_{name}": dict.fromkeys(tasks.get_task(f"glue_{name}").metric_names, 80.0)
                 for name in ("cola", "sst2", "mrpc", "stsb", "qqp", "qnli", "rte")}
     # A sweep's glue_mnli is validated on validation_matched: MNLI's matched half alone.
     with pytest.raises(ValueError, match="no scores for mnli mismatched;"):

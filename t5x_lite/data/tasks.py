@@ -451,8 +451,8 @@ def missing_glue_parts(task_names: Iterable[str]) -> list[str]:
 def glue_average(scores: Mapping[str, Mapping[str, float]], allow_missing: bool = False) -> float:
     """The average GLUE score from `{task name: {metric: score}}` (0-100 scale).
 
-    Each task's metrics are averaged, then the parts of a group (MNLI matched and mismatched),
-    then the groups. `local_glue_*` tasks stand in for their `glue_*` namesakes; tasks outside
+    Each task's metrics (`Task.metric_names`; other values are left out) are averaged, then
+    the parts of a group (MNLI matched and mismatched), then the groups. `local_glue_*` tasks stand in for their `glue_*` namesakes; tasks outside
     `GLUE_AVERAGE_GROUPS` (WNLI, non-GLUE tasks) are ignored; two tasks that are one part
     (`glue_mnli` and `glue_mnli_matched`) are refused. Every part must be present unless
     `allow_missing` (the local data lacks MNLI and QQP; a sweep of `glue_mnli` has MNLI's
@@ -463,12 +463,17 @@ def glue_average(scores: Mapping[str, Mapping[str, float]], allow_missing: bool 
         part = glue_part(task)
         if part is None:
             continue
-        if not task_scores:
-            raise ValueError(f"glue_average: task {task!r} has no scores")
+        # The task's own metrics only, as T5's `compute_avg_glue` reads them by name: any
+        # other value a record holds (a loss) would be averaged in.
+        names = TASKS[task].metric_names
+        lacking = [name for name in names if name not in task_scores]
+        if lacking:
+            raise ValueError(f"glue_average: task {task!r} has no {', '.join(lacking)} score "
+                             f"(its metrics: {', '.join(names)})")
         if part in parts:
             raise ValueError(f"glue_average: {parts[part][0]!r} and {task!r} are the same part "
                              f"of GLUE ({glue_part_name(part)}); give one of them")
-        parts[part] = task, sum(task_scores.values()) / len(task_scores)
+        parts[part] = task, sum(task_scores[name] for name in names) / len(names)
     missing = missing_glue_parts(scores)
     if (missing and not allow_missing) or not parts:
         raise ValueError(f"glue_average: no scores for {', '.join(missing)}; "
