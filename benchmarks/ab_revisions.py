@@ -1,7 +1,7 @@
 """One `t5x-lite` command run from two git revisions of this repository in turns: is a change
 faster, and by how much?
 
-    python benchmarks/ab_revisions.py BASE [NEW] [--rounds 3] -- train --preset demo --steps 300
+    python benchmarks/ab_revisions.py BASE [NEW] -- train --preset demo --config.train.steps=300
 
 Each revision is checked out into its own temporary worktree (`git worktree add --detach`;
 NEW defaults to the working tree as it is, uncommitted changes included) and imported from

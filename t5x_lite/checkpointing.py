@@ -153,7 +153,7 @@ def _short(error: Exception) -> str:
 
 
 def _restore_newest(
-    manager: ocp.CheckpointManager, args: ocp.args.PyTreeRestore
+    manager: ocp.CheckpointManager, args: ocp.args.PyTreeRestore, way_on: str = ""
 ) -> tuple[Any, list[int]]:
     """Restore the newest checkpoint that reads back; return it and the newer unreadable steps.
 
@@ -161,7 +161,7 @@ def _restore_newest(
     inside orbax / tensorstore with unrelated exception types (ValueError, JSONDecodeError, bare
     Exception), so any failure counts as "unreadable": it is reported with a warning naming the
     step and the next older step is tried. If none reads back, `CheckpointsUnreadable` chained
-    to the newest step's error is raised.
+    to the newest step's error is raised, ending with `way_on` (what the caller can do).
     """
     steps = sorted(manager.all_steps(), reverse=True)
     if not steps:
@@ -183,8 +183,7 @@ def _restore_newest(
         return restored, [bad for bad, _ in unreadable]
     raise CheckpointsUnreadable(
         f"none of the checkpoints in {manager.directory} (steps {steps}) could be restored "
-        "(the warnings above give each step's error); a run resuming from them starts over "
-        "with --restart, which deletes them"
+        f"(the warnings above give each step's error){way_on}"
     ) from unreadable[0][1]
 
 
@@ -313,7 +312,9 @@ class Checkpointer:
         checkpoint is reported with a warning naming its step, moved to `unreadable/`, and the
         previous one is used.
         """
-        restored, unreadable = _restore_newest(self._manager, _restore_args(abstract_state))
+        restored, unreadable = _restore_newest(
+            self._manager, _restore_args(abstract_state),
+            "; the run starts over with --restart, which deletes them")
         if unreadable:
             self._set_aside(unreadable)
         return restored

@@ -381,7 +381,9 @@ def _sweep_parser() -> argparse.ArgumentParser:
                         "or a path to an experiment file")
     parser.add_argument("--preset", default="tiny",
                         help=f"{', '.join(presets.PRESETS)} (default: tiny)")
-    parser.add_argument("--workdir", required=True, type=_output_folder,
+    # Checked for writing only when the sweep runs here (`_sweep`): a launched sweep's workdir
+    # is on the cluster, and a dry run writes nothing.
+    parser.add_argument("--workdir", required=True, type=_folder,
                         help=f"where {RESULTS_FILE} and the runs "
                         "go; re-running resumes the sweep")
     parser.add_argument("--launcher", default="local", choices=launchers.LAUNCHERS,
@@ -432,6 +434,10 @@ def _sweep(argv: list[str]) -> None:
                                                       overrides, vmap=args.vmap,
                                                       point_index=args.point_index)), end="")
         return
+    try:
+        _output_folder(args.workdir)
+    except argparse.ArgumentTypeError as error:
+        parser.error(f"argument --workdir: {error}")
     initialize_distributed()  # a TPU pod's hosts / a SLURM task's processes join one run
     try:  # a bad or silent Ray address, or Ray not installed: say so, no traceback
         launcher = launchers.make_launcher(args.launcher, workers=args.workers,

@@ -328,11 +328,11 @@ def require_sweep_splits(task_names: Sequence[str]) -> None:
 
 
 def _validate(config: ml_collections.ConfigDict, where: str) -> None:
-    """Every check that can run before training, with `where` (the grid point) in the message:
-    the typed settings (`Settings.from_config`: every section, the sweep's included), the
-    batch split over processes, the objective against the architecture, each task's splits
-    and, for a local task, its data.data_root, that a zero-shot sweep has a task to score zero-shot, that the architecture can decode as
-    `finetune.decode` says and that the pre-training corpus exists."""
+    """Every check that can run before training, with `where` (the grid point) in the message: the
+    typed settings (`Settings.from_config`: every section, the sweep's included), the batch split
+    over processes, the objective against the architecture, each task's splits and, for a local
+    task, its data.data_root, that a zero-shot sweep has a task to score zero-shot, that the
+    architecture can decode as `finetune.decode` says and that the pre-training corpus exists."""
     from t5x_lite import evaluation, zero_shot
     from t5x_lite.data import pipeline, tasks
 

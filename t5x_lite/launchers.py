@@ -236,9 +236,9 @@ _NO_POINT = object()  # `LocalParallelLauncher.map`'s end of the points
 
 @contextlib.contextmanager
 def _sigterm_passed_to_workers(stop: threading.Event, signals: list[str]) -> Iterator[None]:
-    """While it lasts, a SIGTERM to this process goes to its worker processes instead, is
-    added to `signals` by name and sets `stop` (no further point starts): a worker in a point saves it and stops
-    (`preemption.Preempted`, which comes back here as the point's result and stops the sweep
+    """While it lasts, a SIGTERM to this process goes to its worker processes instead, is added to
+    `signals` by name and sets `stop` (no further point starts): a worker in a point saves it and
+    stops (`preemption.Preempted`, which comes back here as the point's result and stops the sweep
     with its exit status); one between points ignores it (`_claim_environment`). Otherwise the
     sweep died at once and its workers, orphaned, went on writing the workdir. (SIGINT from a
     terminal reaches the workers itself, as they share its process group.)"""

@@ -93,10 +93,9 @@ def memory_maps() -> tuple[int, int] | None:
     where the system does not say (not Linux).
 
     Why it matters: every program XLA:CPU compiles keeps its kernels' code in memory maps of
-    its own (~800 for a tiny train step, ~7,900 for one `demo` Table 2 sweep in one process,
-    measured), and a process that reaches Linux's limit (vm.max_map_count, 65,530 by default)
-    dies of a segmentation fault inside the compiler: a notebook kernel after about eight
-    sweeps of the demo. `train_step.release_programs_near_map_limit` reads this."""
+    its own (README, "Commands": how many a demo sweep holds), and a process that reaches
+    Linux's limit (vm.max_map_count) dies of a segmentation fault inside the compiler.
+    `train_step.release_programs_near_map_limit` reads this."""
     try:
         with open("/proc/self/maps", "rb") as maps:
             held = sum(1 for _ in maps)

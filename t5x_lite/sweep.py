@@ -42,9 +42,11 @@ their lines to retry them) and resumes the others from their checkpoints. A poin
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
+import operator
 import sys
 import time
 import traceback
@@ -166,6 +168,13 @@ def _pretraining_failed(point: GridPoint, error: Exception) -> list[dict]:
             for task in point.config.sweep.tasks]
 
 
+def _resume_note(point: GridPoint, workdir: str) -> str:
+    """", resuming at step N" where the point's pre-training holds a checkpoint, else "": its
+    first log line says so (without a progress bar nothing else did)."""
+    saved = newest_step(point.pretrain_directory(workdir) / CHECKPOINTS_DIR)
+    return "" if saved is None else f", resuming at step {saved}"
+
+
 def run_point(point: GridPoint, workdir: str) -> list[dict]:
     """Pre-train the point, fine-tune and evaluate on each task; one record per task.
 
@@ -178,10 +187,9 @@ def run_point(point: GridPoint, workdir: str) -> list[dict]:
     from t5x_lite import train
 
     config, started = point.config, time.perf_counter()
-    saved = newest_step(point.pretrain_directory(workdir) / CHECKPOINTS_DIR)
     _log(f"{point.experiment} {point.run_name}: pre-training {config.train.steps} steps "
          f"({config.model.arch}, {config.objective.name}) on {config.data.corpus}"
-         + ("" if saved is None else f", resuming at step {saved}"))
+         f"{_resume_note(point, workdir)}")
     # One process at a point; a signal between its runs stops it at the next stage.
     with point_lock([point], workdir), PreemptionWatch() as watch:
         try:
@@ -206,8 +214,9 @@ def run_chunk(points: Sequence[GridPoint], workdir: str) -> list[dict]:
     if len(points) == 1:
         return run_point(points[0], workdir)
     config, started = points[0].config, time.perf_counter()
+    # The points of a chunk hold one newest step (`vmap_chunks`).
     _log(f"{points[0].experiment}: pre-training {len(points)} points together "
-         f"({config.train.steps} steps, one vmapped step): "
+         f"({config.train.steps} steps, one vmapped step{_resume_note(points[0], workdir)}): "
          + "; ".join(f"{p.run_name} {p.config.objective.name}" for p in points))
     # One process at a point; a signal between its runs stops it at the next stage.
     with point_lock(points, workdir), PreemptionWatch() as watch:
@@ -580,10 +589,11 @@ def select_point(points: Sequence[GridPoint], point_index: int | None) -> list[G
     """`points`, or with `point_index` (one job of a job array) only that one of them."""
     if point_index is None:
         return list(points)
-    if isinstance(point_index, bool) or not isinstance(point_index, int) or not (
-            0 <= point_index < len(points)):
+    # An int or a numpy integer (`__index__`); not a bool, not '0'.
+    if (isinstance(point_index, bool) or not hasattr(point_index, "__index__")
+            or not 0 <= operator.index(point_index) < len(points)):
         raise ConfigError(f"point_index={point_index!r} must be in [0, {len(points)})")
-    return [points[point_index]]
+    return [points[operator.index(point_index)]]
 
 
 def run_sweep(experiment: str, preset: str, workdir: str, *,
@@ -646,10 +656,9 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
     # takes a signal that comes between them (as a point's records are appended), so that it
     # stops the sweep before the next point as preempted (exit status 75, which the SLURM
     # script requeues) instead of killing it with 143. (A parallel launcher's map forwards
-    # signals to its workers itself, its handler in place of this one's while it runs.) The
-    # later stages run here whatever the launcher: the watch stops them between points too.
+    # signals to its workers itself; Ray's workers are its own.)
     local = isinstance(launcher, launchers.LocalLauncher)
-    with PreemptionWatch() as between_points:
+    with PreemptionWatch() if local else contextlib.nullcontext() as between_points:
         for records in work:
             runs: dict[tuple, list[str]] = {}
             for record in records:
@@ -671,9 +680,12 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
                                  between_points.cause)
                 _log(str(stop))
                 raise stop
+    # The later stages run in this process whatever the launcher: a signal stops them between
+    # points too.
+    with PreemptionWatch() as later:
         for stage in LATER_STAGES:
             if stage.on(points[0].config):
-                _add_to_finished(points, latest, workdir_path, results, stage, between_points)
+                _add_to_finished(points, latest, workdir_path, results, stage, later)
     wanted = {(p.point, p.seed) for p in points}
     return [r for r in latest_records(results.records()) if run_key(r) in wanted]
 

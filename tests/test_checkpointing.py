@@ -164,6 +164,11 @@ def test_no_readable_checkpoint_raises(tmp_path, config):
             with pytest.raises(CheckpointsUnreadable, match="none of the checkpoints .* could "
                                "be restored .* starts over with --restart"):
                 ckpt.restore(abstract(state))
+    # Read as a source of parameters (finetune --init_from, eval, export), --restart would not
+    # help: not offered.
+    with pytest.warns(UserWarning, match="step 2"):
+        with pytest.raises(CheckpointsUnreadable, match=r"step's error\)$"):
+            restore_params_only(tmp_path, abstract(state).params, config=config)
 
 
 def test_incompatible_config_is_refused_listing_the_fields(tmp_path, config):

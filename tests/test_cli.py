@@ -232,6 +232,17 @@ def test_an_output_folder_that_cannot_be_made_is_a_usage_error_before_any_work(
     assert "'/proc/t5x_run': cannot make a folder in '/proc' (" in capsys.readouterr().err
 
 
+def test_a_sweep_s_workdir_is_checked_for_writing_only_where_the_sweep_runs(capsys):
+    """A launched sweep's workdir is on the cluster, and a dry run writes nothing: neither
+    asks to write it here."""
+    cli.main(["t5x-lite", "sweep", "table2", "--preset=demo", "--workdir=/proc/t5x_run",
+              "--dry_run"])
+    assert "Left to run: 10 pre-trainings" in capsys.readouterr().out
+    cli.main(["t5x-lite", "launch", "slurm", "--partition=gpu", "--", "table2",
+              "--preset=demo", "--workdir=/proc/t5x_run"])
+    assert "/proc/t5x_run" in capsys.readouterr().out
+
+
 def test_a_config_path_the_machine_refuses_is_one_line(tmp_path, capsys):
     """data.data_dir under a file was a NotADirectoryError traceback."""
     (tmp_path / "a_file").write_text("not a folder")

@@ -351,9 +351,9 @@ def test_a_failing_point_is_recorded_and_the_sweep_goes_on(uninterrupted):
 
 def test_what_this_machine_lacks_stops_the_sweep_before_it_starts(experiment, tmp_path):
     """A mesh larger than the devices, a task's data missing from data.data_dir, a vocabulary
-    path that is not a file, an empty corpus, a corpus too small for the steps: each passed the sweep's checks,
-    then failed every point (the data after its pre-training), the sweep ending with status
-    0."""
+    path that is not a file, an empty corpus, a corpus too small for the steps: each passed the
+    sweep's checks, then failed every point (the data after its pre-training), the sweep ending
+    with status 0."""
     cases = (
         (["mesh.shape=(16, 1)"], ConfigError, r"mesh.shape=\(16, 1\) needs 16 devices"),
         ([f"data.data_dir={tmp_path / 'empty'}", "sweep.tasks=('glue_cola',)"],
@@ -851,6 +851,8 @@ def test_bad_inputs(tmp_path, experiment):
     # From Python: a point index as a string, overrides as one string (TypeErrors before).
     with pytest.raises(ConfigError, match=r"point_index='0' must be in \[0, 3\)"):
         sweep.run_sweep("table4", "demo", str(tmp_path / "a"), point_index="0")
+    points = grid.expand("table4", "demo")
+    assert sweep.select_point(points, np.int64(2)) == [points[2]]  # e.g. from an array job's table
     with pytest.raises(ConfigError, match=r"overrides='--config.train.steps=2' must be a list "
                                           r"of 'field=value' strings"):
         sweep.run_sweep("table4", "demo", str(tmp_path / "a"), overrides="--config.train.steps=2")

@@ -131,8 +131,10 @@ class PretrainData:
         self.tokens = self._load_tokens(vocab, records, key, cache_dir)
         self.num_chunks = len(self.tokens) // raw_length
         if self.num_chunks == 0:
-            raise ValueError(f"the corpus has {len(self.tokens)} tokens, fewer than one chunk "
-                             f"of raw_length={raw_length}: it is too small")
+            raise ConfigError(f"the corpus (data.corpus) has {len(self.tokens)} tokens, fewer "
+                              f"than one chunk of raw_length={raw_length} (what "
+                              "objective.inputs_length needs): give it more text or shorter "
+                              "inputs")
         self.held_out_batches = held_out_batches
         self._permutations: dict[int, np.ndarray] = {}
 

@@ -451,12 +451,12 @@ def missing_glue_parts(task_names: Iterable[str]) -> list[str]:
 def glue_average(scores: Mapping[str, Mapping[str, float]], allow_missing: bool = False) -> float:
     """The average GLUE score from `{task name: {metric: score}}` (0-100 scale).
 
-    Each task's metrics (`Task.metric_names`; other values are left out) are averaged, then
-    the parts of a group (MNLI matched and mismatched), then the groups. `local_glue_*` tasks stand in for their `glue_*` namesakes; tasks outside
-    `GLUE_AVERAGE_GROUPS` (WNLI, non-GLUE tasks) are ignored; two tasks that are one part
-    (`glue_mnli` and `glue_mnli_matched`) are refused. Every part must be present unless
-    `allow_missing` (the local data lacks MNLI and QQP; a sweep of `glue_mnli` has MNLI's
-    matched half only), and then the result is not the paper's number.
+    Each task's metrics (`Task.metric_names`; other values are left out) are averaged, then the
+    parts of a group (MNLI matched and mismatched), then the groups. `local_glue_*` tasks stand in
+    for their `glue_*` namesakes; tasks outside `GLUE_AVERAGE_GROUPS` (WNLI, non-GLUE tasks) are
+    ignored; two tasks that are one part (`glue_mnli` and `glue_mnli_matched`) are refused. Every
+    part must be present unless `allow_missing` (the local data lacks MNLI and QQP; a sweep of
+    `glue_mnli` has MNLI's matched half only), and then the result is not the paper's number.
     """
     parts: dict[tuple[str, str], tuple[str, float]] = {}
     for task, task_scores in scores.items():
