@@ -70,6 +70,9 @@ class Comparison:
     only_theirs: tuple[str, ...]
     columns_not_shared: tuple[str, ...]  # score columns one sweep has and the other lacks
     held_out_not_comparable: tuple[str, ...]  # rows whose held-out examples differ
+    # Columns both have, made of other tasks (not compared), each with its two task lists.
+    columns_of_other_tasks: tuple[str, ...] = ()
+    sweeps_differ: str | None = None  # the two experiments / presets, where they differ
 
 
 def _mean(cell: Cell | None) -> float | None:
@@ -122,7 +125,11 @@ def compare(table: Table, other: Table, other_name: str) -> Comparison:
     mine = {row_name(row.label, row.objective): row for row in table.rows}
     theirs = {row_name(row.label, row.objective): row for row in other.rows}
     names = [name for name in mine if name in theirs]
-    columns = [column for column in table.columns if column in other.columns]
+    named_in_both = [column for column in table.columns if column in other.columns]
+    # A column compares only where both sweeps made it of the same tasks (GLUE of 9 tasks
+    # against GLUE of 2 differs by the task mix alone, and was starred as a change).
+    columns = [column for column in named_in_both
+               if table.columns[column] == other.columns[column]]
     if not names or not columns:
         raise ValueError(
             f"{other_name} shares no {'row' if not names else 'score column'} with this sweep "
@@ -158,7 +165,15 @@ def compare(table: Table, other: Table, other_name: str) -> Comparison:
         rows=rows, spreads=spreads,
         only_ours=tuple(n for n in mine if n not in theirs),
         only_theirs=tuple(n for n in theirs if n not in mine),
-        columns_not_shared=tuple(c for c in [*table.columns, *other.columns] if c not in columns),
+        columns_not_shared=tuple(c for c in [*table.columns, *other.columns]
+                                 if c not in named_in_both),
+        columns_of_other_tasks=tuple(
+            f"{c} (here {' + '.join(table.columns[c])}; there {' + '.join(other.columns[c])})"
+            for c in named_in_both if c not in columns),
+        sweeps_differ=(None if (table.experiment, table.preset) == (other.experiment,
+                                                                    other.preset)
+                       else f"this sweep is {table.experiment} --preset {table.preset}, "
+                            f"{other_name} {other.experiment} --preset {other.preset}"),
         held_out_not_comparable=tuple(n for n in names if with_losses and n not in comparable
                                       and _held_out_mean(mine[n]) is not None))
 
@@ -194,9 +209,13 @@ def _notes(comparison: Comparison, mark: str) -> list[str]:
                         if comparison.held_out_not_comparable else "."))
     for label, names in (("Rows only in this sweep", comparison.only_ours),
                          (f"Rows only in {comparison.other}", comparison.only_theirs),
-                         ("Columns not in both sweeps", comparison.columns_not_shared)):
+                         ("Columns not in both sweeps", comparison.columns_not_shared),
+                         ("Columns made of other tasks in the two sweeps, not compared",
+                          comparison.columns_of_other_tasks)):
         if names:
             notes.append(f"{label}: {', '.join(names)}.")
+    if comparison.sweeps_differ:
+        notes.append(f"Other sweeps: {comparison.sweeps_differ}.")
     return notes
 
 

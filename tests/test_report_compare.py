@@ -108,6 +108,32 @@ def test_the_average_is_over_the_columns_both_sweeps_have(tmp_path):
     assert comparison.columns_not_shared == ("builtin_module",)
 
 
+def test_a_column_made_of_other_tasks_in_the_other_sweep_is_named_not_compared(tmp_path):
+    """GLUE of rte and stsb against GLUE of rte alone differs by the task mix, not by the
+    change: it was compared and starred. A sweep of another preset is said to be one."""
+    def with_glue(scores, glue_tasks, preset="demo"):
+        records = []
+        for record in _records("10%", scores):
+            records.append({**record, "preset": preset})
+            for task in glue_tasks:
+                metrics = {"accuracy": 70.0} if task == "glue_rte" else {
+                    "pearson_corrcoef": 10.0, "spearman_corrcoef": 10.0}
+                records.append({**record, "preset": preset, "task": task, "metrics": metrics})
+        return records
+
+    two = _write(tmp_path / "two", with_glue([50.0, 51.0], ["glue_rte", "glue_stsb"]))
+    one = _write(tmp_path / "one", with_glue([40.0, 41.0], ["glue_rte"], preset="tiny"))
+    comparison = report.report(two, against=one).comparison
+    assert comparison.columns == ("builtin_reverse", "Average")
+    assert comparison.columns_of_other_tasks == (
+        "GLUE (here glue_rte + glue_stsb; there glue_rte)",)
+    assert comparison.columns_not_shared == ()
+    text = report_compare.to_text(comparison)
+    assert ("Columns made of other tasks in the two sweeps, not compared: GLUE (here glue_rte + "
+            "glue_stsb; there glue_rte).") in text
+    assert f"Other sweeps: this sweep is table6 --preset demo, {one} table6 --preset tiny." in text
+
+
 def test_one_seed_judges_nothing_and_unrelated_sweeps_are_refused(tmp_path, capsys):
     one = _write(tmp_path / "one", _records("10%", [50.0]))
     other = _write(tmp_path / "other", _records("10%", [40.0]))
