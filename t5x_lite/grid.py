@@ -230,8 +230,9 @@ def experiment_config(experiment: str, preset: str) -> ml_collections.ConfigDict
 
 def _check_rows(path: Path, grid: Sequence[Any]) -> None:
     """Each GRID row a dict with a `point` id (unique: it names the row's folders and records)
-    and a `row` label (strings), and `overrides`, a dict; else a one-line `ConfigError`."""
-    seen = set()
+    and a `row` label (strings; unique with the row's `objective`: the report's row), and
+    `overrides`, a dict; else a one-line `ConfigError`."""
+    seen, rows = set(), {}
     for index, row in enumerate(grid):
         where = f"experiment file {path}: GRID[{index}]"
         if not isinstance(row, Mapping):
@@ -248,6 +249,12 @@ def _check_rows(path: Path, grid: Sequence[Any]) -> None:
             raise ConfigError(f"{where} repeats point {row['point']!r}: a point id names its "
                               "folders and records, so each row needs its own")
         seen.add(row["point"])
+        label = (row["row"], row.get("objective"))  # what the report makes one row of
+        if label in rows:
+            raise ConfigError(f"{where} ({row['point']!r}) has the row label and objective of "
+                              f"point {rows[label]!r}, {label}: the report would make one row "
+                              "of both; give each its own row label")
+        rows[label] = row["point"]
 
 
 # Fields that change what a run measures, not what it computes: left out of `config_hash`.

@@ -361,6 +361,11 @@ def build_table(records: Sequence[dict]) -> Table:
     by_row: dict[tuple[str, str | None], list[dict]] = {}  # (row, objective) -> records
     for record in records:
         by_row.setdefault((record["row"], record.get("objective")), []).append(record)
+    for key, rows in by_row.items():  # else one point's scores overwrote the other's
+        points = sorted({str(record["point"]) for record in rows})
+        if len(points) > 1:
+            raise ValueError(f"points {', '.join(points)} share the row {row_name(*key)!r}: a "
+                             "row of the table holds one point; give each its own row label")
     published = {key: paper.find(*key) if paper else None for key in by_row}
     # The paper's order; rows it does not have come last, in the grid's order (records made
     # before they carried `grid_index`: first seen; a stable sort).

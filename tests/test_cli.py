@@ -114,6 +114,12 @@ def test_a_config_file_names_what_is_wrong_with_it(tmp_path):
     ("GRID = [dict(point='a', row='x', overrides={}), dict(point='a', row='y', overrides={})]\n"
      "def get_config(preset):\n    return None\n",
      r"experiment file .*exp.py: GRID\[1\] repeats point 'a'"),
+    # Two points the report would make one row of (the later one's scores overwrote the
+    # earlier's).
+    ("GRID = [dict(point='a', row='x', overrides={}), dict(point='b', row='x', overrides={})]\n"
+     "def get_config(preset):\n    return None\n",
+     r"experiment file .*exp.py: GRID\[1\] \('b'\) has the row label and objective of point "
+     r"'a', \('x', None\): the report would make one row of both"),
     ("GRID = [dict(point='a', row='x', overrides={})]\ndef get_config(preset):\n"
      "    raise RuntimeError('boom')\n",
      r"experiment .*exp.py's get_config\('demo'\): .*exp.py line 3: RuntimeError: boom"),

@@ -79,6 +79,18 @@ def test_headline_scores_are_the_papers_metrics():
         paper_results.headline_score("squad", {"f1": 88.0})
 
 
+def test_two_points_with_one_row_label_are_refused_not_merged():
+    """The later point's scores overwrote the earlier's in one row (records of a sweep made
+    before the grid refused such labels)."""
+    records = [{"experiment": "table6", "preset": "demo", "point": point, "row": "15%",
+                "seed": 0, "task": "builtin_reverse", "status": "ok",
+                "metrics": {"accuracy": score}}
+               for point, score in (("rate_15", 50.0), ("rate_15_long", 60.0))]
+    with pytest.raises(ValueError, match=r"^points rate_15, rate_15_long share the row '15%': "
+                                         r"a row of the table holds one point"):
+        report_table.build_table(records)
+
+
 def test_group_columns_and_column_score():
     columns = paper_results.group_columns(
         ["builtin_reverse", "local_glue_rte", "local_squad", "local_glue_cola", "builtin_reverse"])
