@@ -34,15 +34,24 @@ def _number(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}"
 
 
-def _cell_text(cell: Cell, bold: Callable[[str], str]) -> str:
-    """'61.00 ± 0.50 (83.28)', the score wrapped by `bold` when it is bold."""
+def _cell_text(cell: Cell, bold: Callable[[str], str], seeds: int = 0) -> str:
+    """'61.00 ± 0.50 (83.28)', the score wrapped by `bold` when it is bold; '[2/3 seeds]'
+    after a score over fewer than the sweep's `seeds` (`_fewer_seeds`)."""
     if cell.status != "ok":
         text = cell.status if cell.status in ("failed", "undefined", "n/a") else "–"
     else:
         text = bold(f"{cell.mean:.2f}") if cell.bold else f"{cell.mean:.2f}"
         if cell.seeds > 1:
             text += f" ± {cell.std:.2f}"
+        if _fewer_seeds(cell, seeds):
+            text += f" [{cell.seeds}/{seeds} seeds]"
     return text if cell.paper is None else f"{text} ({cell.paper:.2f})"
+
+
+def _fewer_seeds(cell: Cell, seeds: int) -> bool:
+    """Whether an 'ok' cell is over fewer seeds than the sweep's: some seed's record of one of
+    its tasks is missing (it averaged the others without a word)."""
+    return cell.status == "ok" and cell.seeds < seeds
 
 
 PAPER_AVERAGE = "Paper avg"
@@ -78,8 +87,8 @@ def _grid(table: Table, bold: Callable[[str], str]) -> list[list[str]]:
               *_numeric_columns(table)]
     body = [[row.label, *([row.objective or ""] if with_objective else []), row.params_label,
              row.cost_label,
-             *([_cell_text(row.held_out, bold)] if with_held_out else []),
-             *(_cell_text(cell, bold) for cell in row.cells.values()),
+             *([_cell_text(row.held_out, bold, table.seeds)] if with_held_out else []),
+             *(_cell_text(cell, bold, table.seeds) for cell in row.cells.values()),
              *([f"({_number(row.paper and row.paper.average)})"] if with_average else [])]
             for row in table.rows]
     return [header, *body]
@@ -118,7 +127,7 @@ def _zero_shot_grid(table: Table, bold: Callable[[str], str]) -> list[list[str]]
               *(["Objective"] if with_objective else []),
               *(f"{task} {regime}" for task in tasks for regime in ("zero-shot", "fine-tuned"))]
     body = [[row.label, *([row.objective or ""] if with_objective else []),
-             *(_cell_text(cells[task], bold) for task in tasks
+             *(_cell_text(cells[task], bold, table.seeds) for task in tasks
                for cells in (row.zero_shot, row.finetuned))]
             for row in table.zero_shot]
     return [header, *body]
@@ -293,6 +302,11 @@ def _notes(table: Table, bold_name: str = "Bold") -> list[str]:
                 else "."))
         elif (column,) != tasks:
             notes.append(f"{column} from {', '.join(tasks)}.")
+    if any(_fewer_seeds(cell, table.seeds) for row in table.rows
+           for cell in [*row.cells.values(), *([row.held_out] if row.held_out else [])]):
+        notes.append(f"[k/{table.seeds} seeds]: a score over k of the sweep's {table.seeds} "
+                     "seeds, the other seeds' records of its tasks missing (not run yet, or "
+                     "lost); its mean, spread and bold are over those k.")
     notes += [f"Failed: {failure}" for failure in table.failures]
     return notes + _budget_note(table)
 

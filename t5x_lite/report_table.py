@@ -258,6 +258,7 @@ class Table:
     # The groups of rows (as `row_name`s) whose pre-training was the same, seed by seed
     # (`_identical_pretraining`); `grid.identical_rows` warns of them before a sweep runs.
     identical_pretraining: tuple[tuple[str, ...], ...] = ()
+    seeds: int = 0  # the seeds the sweep's records hold; a cell over fewer is marked
 
 
 def kendall_tau(ours: Sequence[float], paper: Sequence[float]) -> float | None:
@@ -390,7 +391,7 @@ def build_table(records: Sequence[dict]) -> Table:
     budget, compute = _compute(keys, by_row)
     return Table(experiment, preset, paper, columns, tuple(rows), _taus(rows, columns), failures,
                  budget, compute, _zero_shot_rows(keys, by_row), differences,
-                 _identical_pretraining(keys, by_row))
+                 _identical_pretraining(keys, by_row), len({r["seed"] for r in records}))
 
 
 def row_name(label: str, objective: str | None) -> str:
