@@ -19,7 +19,7 @@ sign, and the verdict says so. The predicates:
   Competitors that did not run are left out and named.
 - `Similar(rows)`: the rows' scores lie within `SIMILAR_FRACTION` of their mean of each other.
   Supports when the range plus 2 sigma is within that tolerance, contradicts when the range
-  minus 2 sigma exceeds it.
+  minus 2 sigma exceeds it; rows that all scored 0 (nothing learnt) cannot be separated.
 A finding's verdict over its checks (one per predicate and column that ran): `EVERY` supports
 when all support and contradicts when one contradicts; `MOST` supports when more than half
 support and contradicts when that is no longer possible; `SOME` supports when one supports and
@@ -216,7 +216,9 @@ class Similar:
         spread = high - low
         tolerance = SIMILAR_FRACTION * abs(sum(values.values()) / len(values))
         threshold = scores.threshold(column)
-        if spread + threshold <= tolerance:
+        if not spread and not tolerance:  # every score 0 (nothing learnt): judges nothing
+            verdict = CANNOT_SEPARATE
+        elif spread + threshold <= tolerance:
             verdict = SUPPORTS
         else:
             verdict = CONTRADICTS if spread - threshold > tolerance else CANNOT_SEPARATE

@@ -165,6 +165,14 @@ def test_similar_is_a_range_within_a_fraction_of_the_score(b, spread, expected):
     assert verdict.checks[0].tolerance == pytest.approx(0.025 * (100 + b) / 2)
 
 
+def test_rows_that_all_scored_zero_are_not_called_similar():
+    """A 4-step sweep scores 0 everywhere: range 0 within a tolerance of 0 supported the
+    paper's "performs nearly as well", where the Better findings could not separate."""
+    assert _verdict(Similar((A, B)), {A: {"x": 0.0}, B: {"x": 0.0}}, 0.0).verdict == (
+        CANNOT_SEPARATE)
+    assert _verdict(Similar((A, B)), {A: {"x": 3.0}, B: {"x": 3.0}}, 0.0).verdict == SUPPORTS
+
+
 def test_the_average_and_its_spread():
     scores = Scores(("x", "y"), {A: {"x": 10.0, "y": 20.0}, B: {"x": 12.0}},
                     {"x": 0.3, "y": 0.4}, frozenset({"x", "y"}))
