@@ -944,7 +944,7 @@ def test_the_budget_reference_can_be_any_grid_point():
 BATCH_GRID = '''
 from tiny_configs import tiny_sweep_config
 
-GRID = tuple(dict(point=f"batch{batch}", row="Encoder-decoder", objective="Denoising",
+GRID = tuple(dict(point=f"batch{batch}", row=f"Batch {batch}", objective="Denoising",
                   overrides={"train.batch_size": batch}) for batch in (4, 8, 6, 16))
 
 
