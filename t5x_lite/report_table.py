@@ -100,6 +100,12 @@ def _problem(record: Any) -> str | None:
     if not (isinstance(curve, list) and all(
             isinstance(p, list) and len(p) == 2 and all(map(_is_number, p)) for p in curve)):
         return "'pretrain_curve' is not a list of [step, loss] pairs"
+    # Optional fields the table sorts or groups by (a hand edit made them tracebacks).
+    if not isinstance(record.get("held_out_examples"), (str, type(None))):
+        return "'held_out_examples' is not a string (the held-out text's fingerprint)"
+    if record.get("grid_index") is not None and not (
+            isinstance(record["grid_index"], int) and not isinstance(record["grid_index"], bool)):
+        return "'grid_index' is not an integer"
     return None
 
 

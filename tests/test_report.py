@@ -542,6 +542,20 @@ def test_missing_or_empty_results(tmp_path):
             report.report(str(tmp_path))
 
 
+def test_a_record_whose_optional_fields_are_malformed_is_skipped_with_a_warning(tmp_path):
+    """Hand-edited fields the table groups or sorts by were tracebacks (unhashable list, a
+    string compared with ints)."""
+    _write(tmp_path / "results.jsonl", [
+        _record(), _record(point="b", row="B", held_out_examples=["x"]),
+        _record(point="c", row="C", grid_index="3")])
+    with pytest.warns(UserWarning) as caught:
+        table = report.report(str(tmp_path)).table
+    assert [str(w.message).split(": ", 1)[1] for w in caught] == [
+        "'held_out_examples' is not a string (the held-out text's fingerprint); skipped",
+        "'grid_index' is not an integer; skipped"]
+    assert [row.label for row in table.rows] == ["15%"]  # the one usable record's
+
+
 def test_other_experiments_have_no_paper_column_or_tau(tmp_path):
     _write(tmp_path / "results.jsonl", [
         _record(experiment="mine", point="b", row="B", metrics={"accuracy": 30.0}),
