@@ -88,6 +88,20 @@ def require_warmup(section: str, schedule: str, warmup_steps: int, steps: int) -
 SCHEDULES_ENDING_AT_STEPS = ("linear", "cosine")
 
 
+def require_trainable_stacks(model: Model) -> None:
+    """Raise `ConfigError` for a model a run cannot train: stacked layers (`scan_layers`)
+    with a decoder of another depth than the encoder. The optimiser updates a stacked
+    parameter one layer at a time by one `vmap` over every stacked parameter
+    (`optim._per_layer`), which needs one depth (it failed inside the init's trace).
+    Evaluating, decoding and exporting such a model work."""
+    decoder = model.num_decoder_layers
+    if model.scan_layers and decoder is not None and decoder != model.num_layers:
+        raise ConfigError(
+            f"model.scan_layers=True trains stacks of one depth; model.num_decoder_layers="
+            f"{decoder} differs from model.num_layers={model.num_layers}: set "
+            "--config.model.scan_layers=False to train this model")
+
+
 def require_run_steps(steps: int, schedule: str, train_steps: int) -> None:
     """Raise `ConfigError` unless a run may train up to `steps` (`train.train`'s `steps`, the
     CLI's --steps): an integer >= 1, and within train.steps on a schedule that decays to 0

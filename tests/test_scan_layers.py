@@ -213,3 +213,21 @@ def test_scanned_training_on_a_sharded_mesh_matches_unscanned_on_one_device():
 def test_scan_layers_must_be_a_bool():
     with pytest.raises(ConfigError, match=r"model.scan_layers=None must be True or False"):
         build_model(tiny_model_config("encoder_decoder", None), nnx.Rngs(0))
+
+
+def test_a_scanned_decoder_of_another_depth_is_refused_for_training_and_still_decodes(tmp_path):
+    """Training it failed inside the init's trace ("vmap got inconsistent sizes"): the
+    optimiser updates stacked layers by one vmap over every stacked parameter. Refused before
+    anything is written; decoding such a model works."""
+    from t5x_lite import train
+
+    config = tiny_train_config()
+    config.model.update(scan_layers=True, num_decoder_layers=3)
+    with pytest.raises(ConfigError, match=r"^model.scan_layers=True trains stacks of one depth; "
+                                          r"model.num_decoder_layers=3 differs from "
+                                          r"model.num_layers=2"):
+        train.train(config, tmp_path / "run", steps=1)
+    assert not (tmp_path / "run").exists()
+    model = build_model(config.model, nnx.Rngs(0))
+    result = decoding.decode(model, np.array([[5, 6, 1]], np.int32), max_length=3)
+    assert np.asarray(result.tokens).shape == (1, 3)
