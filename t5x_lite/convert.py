@@ -379,8 +379,8 @@ def from_hf_t5_dir(path: str | FilePath) -> tuple[ml_collections.ConfigDict, nnx
                 "so this tokenizer belongs to another model")
     weights = _load_weights(_weight_files(directory))
     config, model = _convert_t5(fields, weights, f"{directory}", vocab_size, num_sentinels)
-    if vocab_size is not None:
-        config.data.vocab = str(spiece)
+    if vocab_size is not None:  # absolute: a run's saved config is read from anywhere
+        config.data.vocab = str(spiece.resolve())  # (`eval --checkpoint`, `export`)
     return config, model
 
 

@@ -80,6 +80,16 @@ def test_a_checkpoint_directory_keeps_the_transformers_logits(overrides, separat
                                atol=1e-4, rtol=0)
 
 
+def test_a_relative_directory_s_vocabulary_is_saved_as_an_absolute_path(vocab, tmp_path,
+                                                                         monkeypatch):
+    """A run started with `--init_from_hf hf` saved data.vocab as 'hf/spiece.model', which
+    `eval --checkpoint` and `export` from another folder could not find."""
+    _write(_hf_t5(**dict(V1_1, vocab_size=ROWS)), tmp_path / "hf", spiece=vocab)
+    monkeypatch.chdir(tmp_path)
+    config, _ = convert.from_hf_t5_dir("hf")
+    assert config.data.vocab == str((tmp_path / "hf" / "spiece.model").resolve())
+
+
 def test_padded_embedding_rows_load_with_the_sentinels_where_t5_puts_them(vocab, tmp_path):
     """Public T5's layout in small: more rows than SentencePiece pieces + sentinels; the
     logits cover every row as transformers' do, and <extra_id_0> is pieces + sentinels - 1."""
