@@ -257,13 +257,17 @@ class Evaluator:
         """Decoded text of every row of every global inputs batch (padding rows included),
         from this process's rows of each ([rows / process_count, inputs_length])."""
         settings = self.config.finetune.decode
+        # Sampling draws with train.seed's key, one fold per batch: the same predictions each
+        # time a checkpoint is scored (it passed no key, and failed at the first validation).
+        sample_key = jax.random.key(self.config.train.seed)
         texts = []
-        for batch in inputs:
+        for index, batch in enumerate(inputs):
             global_shape = (len(batch) * jax.process_count(), *batch.shape[1:])
             whole = programs.global_rows(batch, self.rows, global_shape, "encoder_input_tokens")
             result = decoding.decode(model, whole, max_length=self.max_length,
                                      arch=self.config.model.arch, method=settings.method,
-                                     num_beams=settings.num_beams, alpha=settings.alpha)
+                                     num_beams=settings.num_beams, alpha=settings.alpha,
+                                     rng=jax.random.fold_in(sample_key, index))
             # Every process needs all rows: the task's metrics read every prediction.
             tokens = multihost_utils.process_allgather(result.tokens, tiled=True)
             texts.extend(self.vocab.decode(row) for row in tokens)

@@ -409,7 +409,8 @@ class Checkpoint(_Section):
 
 @dataclasses.dataclass(frozen=True)
 class Decode(_Section):
-    """`config.finetune.decode`: how evaluation generates (`decoding.decode`)."""
+    """`config.finetune.decode`: how evaluation generates (`decoding.decode`); 'sample' draws
+    from the model's distribution at temperature 1 with `train.seed`'s key."""
 
     NAME: ClassVar[str] = "finetune.decode"
 

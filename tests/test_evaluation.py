@@ -246,6 +246,17 @@ def test_evaluate_scores_a_model_of_every_other_architecture_as_it_predicts(arch
             del tasks.TASKS[name]
 
 
+def test_sampled_validation_runs_and_draws_the_same_predictions_each_time(data):
+    """decode.method='sample' passed the config's checks, then failed at the first validation:
+    no key reached the sampler."""
+    config = config_for(data, "encoder_decoder", eval_examples=8,
+                        decode={"max_length": 4, "method": "sample"})
+    model = models.build_model(config.model, nnx.Rngs(0))
+    first = evaluation.evaluate(config, model, ["test_reverse"])
+    assert first == evaluation.evaluate(config, model, ["test_reverse"])
+    assert set(first["test_reverse"]) == {"accuracy"}
+
+
 # --- restoring, resuming -----------------------------------------------------------------------
 
 
