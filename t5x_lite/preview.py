@@ -81,8 +81,9 @@ def previewed_run(experiment: str | None, point: str | None, preset: str = "tiny
     points = grid.expand(experiment, preset, overrides)
     ids = list(dict.fromkeys(p.point for p in points))  # a point once, whatever its seeds
     if point not in ids:
-        raise ConfigError(f"point={point!r} is not a point of {points[0].experiment}; choose "
-                          f"one of {', '.join(ids)}")
+        which = ("an experiment's preview needs --point" if point is None
+                 else f"point={point!r} is not a point of {points[0].experiment}")
+        raise ConfigError(f"{which}; choose one of {', '.join(ids)}")
     grid_point = next(p for p in points if p.point == point)
     config = copy.deepcopy(grid_point.config)
     config.train.seed = seed  # as `grid.expand` seeds a run (the seed changes no layout)

@@ -162,7 +162,7 @@ def test_a_plain_config_uses_its_own_layout_and_seed():
     (["table6", "--point", "rate_50", "--preset", "huge"], "preset='huge' does not exist"),
     (["--preset", "demo", "--config.objective.nam=lm"], "no field 'objective.nam'"),
     (["--preset", "demo", "--examples", "0"], "examples=0 must be an integer >= 1"),
-    (["table6"], "point=None is not a point of table6; choose one of rate_10, rate_15"),
+    (["table6"], "an experiment's preview needs --point; choose one of rate_10, rate_15"),
     (["--point", "rate_50"], "point='rate_50' needs the experiment it is a point of: "
                              "t5x-lite preview EXPERIMENT --point rate_50"),
     (["table6", "--point", "rate_50", "--config", "configs/tiny.py"],
