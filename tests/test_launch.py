@@ -203,7 +203,8 @@ from t5x_lite import launchers
 
 
 def unwatched(point, workdir):  # as a point before its run's watch is set, which ignores SIGTERM
-    Path(workdir, point).write_text(str(os.getpid()))
+    Path(workdir, point + ".tmp").write_text(str(os.getpid()))
+    os.replace(Path(workdir, point + ".tmp"), Path(workdir, point))  # seen only once written
     time.sleep(float(sys.argv[2]))
     Path(workdir, point + ".done").write_text("")
     return [{"point": point}]
@@ -255,7 +256,9 @@ def test_a_parallel_sweep_s_workers_die_with_it(tmp_path):
     deadline = time.monotonic() + 60
     while running(worker) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not running(worker), "the worker outlived its sweep"
+    if running(worker):  # the failure, without leaving the worker behind
+        os.kill(worker, signal.SIGKILL)
+        pytest.fail("the worker outlived its sweep")
 
 
 def running(pid: int) -> bool:
