@@ -683,6 +683,21 @@ def _warnings_on_one_line(command: str) -> Iterator[None]:
         warnings.formatwarning = previous
 
 
+# The errors whose message says what went wrong and what to do, so a command ends with it
+# alone, without a traceback.
+_SAID_IN_ONE_LINE = (
+    ResultsError,  # a damaged results.jsonl: the message names the line
+    FileNotFoundError,  # missing input: the messages name the path and the fix
+    # A path of a config field (data.data_dir, a vocabulary) the machine refuses: the message
+    # names it.
+    PermissionError, NotADirectoryError, IsADirectoryError,
+    FloatingPointError,  # a diverged run: the step, and the checkpoint kept
+    CheckpointsUnreadable,  # each step's error warned above; the way on
+    MachineFault, PointBusy,  # a sweep stopped: what stopped, what to do
+    CommandFailed,  # launch --submit: a cluster command failed, its output shown
+)
+
+
 def main(argv: list[str] | None = None) -> None:
     """`t5x-lite COMMAND ...` (the console script): `argv` as `sys.argv`, the program name
     first. Without a command it prints the usage (exit 2); an unknown one is a one-line error."""
@@ -709,21 +724,7 @@ def main(argv: list[str] | None = None) -> None:
             COMMANDS[command].run(argv[1:])
     except ConfigError as error:  # a bad setting: the message names it; no traceback needed
         raise SystemExit(f"t5x-lite {command}: invalid config: {error}") from None
-    except ResultsError as error:  # a damaged results.jsonl: the message names the line
-        raise SystemExit(f"t5x-lite {command}: {error}") from None
-    except FileNotFoundError as error:  # missing input: the messages name the path and the fix
-        raise SystemExit(f"t5x-lite {command}: {error}") from None
-    except (PermissionError, NotADirectoryError, IsADirectoryError) as error:
-        # A path of a config field (data.data_dir, a vocabulary) the machine refuses: the
-        # message names it.
-        raise SystemExit(f"t5x-lite {command}: {error}") from None
-    except FloatingPointError as error:  # a diverged run: the step, and the checkpoint kept
-        raise SystemExit(f"t5x-lite {command}: {error}") from None
-    except CheckpointsUnreadable as error:  # each step's error warned above; the way on
-        raise SystemExit(f"t5x-lite {command}: {error}") from None
-    except (MachineFault, PointBusy) as error:  # a sweep stopped: what stopped, what to do
-        raise SystemExit(f"t5x-lite {command}: {error}") from None
-    except CommandFailed as error:  # launch --submit: a cluster command failed, its output shown
+    except _SAID_IN_ONE_LINE as error:
         raise SystemExit(f"t5x-lite {command}: {error}") from None
 
 
