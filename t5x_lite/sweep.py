@@ -51,7 +51,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 import jax
 from jax.experimental import multihost_utils
@@ -83,6 +83,12 @@ TIMING_FIELDS = ("wall_s", "compile_s", "compiles", "train_step_compiles", "fine
 
 def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def _stop(preempted: Preempted) -> NoReturn:
+    """Say why the sweep stops (the message says how to resume), then stop it."""
+    _log(str(preempted))
+    raise preempted
 
 
 def _pretrain_history(metrics_path: Path, log_every: int) -> dict[str, Any]:
@@ -430,9 +436,7 @@ def _add_to_finished(points: Sequence[GridPoint], latest: dict[tuple, dict], wor
         if not keys:
             continue
         if watch.signal is not None:
-            stop = Preempted(None, [str(workdir)], watch.cause)
-            _log(str(stop))
-            raise stop
+            _stop(Preempted(None, [str(workdir)], watch.cause))
         fields = stage.fields_of(point, str(workdir), [latest[key] for key in keys])
         for key in keys:
             record = latest[key] = {**latest[key], **fields[key[2]]}
@@ -590,10 +594,11 @@ def select_point(points: Sequence[GridPoint], point_index: int | None) -> list[G
     if point_index is None:
         return list(points)
     # An int or a numpy integer (`__index__`); not a bool, not '0'.
-    if (isinstance(point_index, bool) or not hasattr(point_index, "__index__")
-            or not 0 <= operator.index(point_index) < len(points)):
+    index = (None if isinstance(point_index, bool) or not hasattr(point_index, "__index__")
+             else operator.index(point_index))
+    if index is None or not 0 <= index < len(points):
         raise ConfigError(f"point_index={point_index!r} must be in [0, {len(points)})")
-    return [points[operator.index(point_index)]]
+    return [points[index]]
 
 
 def run_sweep(experiment: str, preset: str, workdir: str, *,
@@ -675,11 +680,9 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
                 _log(progress_line(steps[True], steps[False], time.perf_counter() - started))
             if local and between_points.signal is not None and len(finished) < len(todo):
                 last = [p for p in todo if (p.point, p.seed) in runs]
-                stop = Preempted(last[-1].config.train.steps,
-                                 [str(p.directory(workdir_path)) for p in last],
-                                 between_points.cause)
-                _log(str(stop))
-                raise stop
+                _stop(Preempted(last[-1].config.train.steps,
+                                [str(p.directory(workdir_path)) for p in last],
+                                between_points.cause))
     # The later stages run in this process whatever the launcher: a signal stops them between
     # points too.
     with PreemptionWatch() as later:
