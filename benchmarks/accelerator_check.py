@@ -12,8 +12,9 @@ first, then each item once, then the other variants, the demo last):
   paper/*          `t5x-lite bench --preset paper --config.model.dtype=bfloat16` (T5-base,
                    batch 128 x 512 / 212): step time, tokens/s, MFU against the device's dense
                    bf16 peak (`accounting.PEAKS`), compile time, peak device memory; plain,
-                   `model.scan_layers`, `model.remat`, and both (item 1); with cuDNN attention
-                   scanned (with and without dropout) and unscanned;
+                   `model.scan_layers`, `model.remat`, and both (item 1), the attention
+                   weights dropped on the einsum path; with cuDNN attention (which
+                   forms no weights to drop) scanned (with and without dropout) and unscanned;
   profile/paper    a trace of that step with cuDNN: its kernel time by kind and by kernel,
                    scanned (`paper`) and unscanned (`paper_unscanned`);
   small/*          the same at the `small` preset (item 2);
@@ -75,6 +76,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from profile_breakdown import (breakdown, kernel_totals, kind_by_name,  # noqa: E402
                                random_bit_draws)
 BF16 = "model.dtype=bfloat16"
+# What the parts with a fused attention kernel (xla, cudnn) need to train with dropout.
+NO_WEIGHTS_DROPOUT = "model.attention_dropout=False"
 # (name, settings) of the compute variants item 1 asks for, plain first.
 VARIANTS = (("plain", ()), ("scan_layers", ("model.scan_layers=True",)),
             ("remat", ("model.remat=True",)),
@@ -494,9 +497,11 @@ def plan(toy: bool) -> list[tuple[str, Any]]:
     kernels = ["xla", "einsum"] if toy else ["xla", "cudnn"]
     # The paper preset's scanned step with the fused kernel: how much of the gap to the MFU
     # target the unfused attention accounts for (its [B, H, L, L] scores dominate the memory).
+    # A fused kernel forms no attention weights to drop (`settings.require_trainable`), so
+    # these steps drop only the other sites; the VARIANTS (attention_impl auto) drop them too.
     arguments = {"preset": sizes["paper"][0], "steps": steps,
                  "overrides": [BF16, *sizes["paper"][1], "model.scan_layers=True",
-                               f"model.attention_impl={kernels[1]}"]}
+                               f"model.attention_impl={kernels[1]}", NO_WEIGHTS_DROPOUT]}
     parts.append((f"paper/scan_layers+{kernels[1]}",
                   functools.partial(run_child, "bench", arguments)))
     # The same step unscanned: a scanned stack stacks what its backward keeps into [layers, ...]
@@ -532,7 +537,8 @@ def plan(toy: bool) -> list[tuple[str, Any]]:
         "shape": [2, 64, 256] if toy else [128, 512, 3072], "steps": steps})))
     for impl in kernels:
         arguments = {"preset": sizes["small"][0], "steps": steps,
-                     "overrides": [BF16, *sizes["small"][1], f"model.attention_impl={impl}"]}
+                     "overrides": [BF16, *sizes["small"][1], f"model.attention_impl={impl}",
+                                   NO_WEIGHTS_DROPOUT]}
         parts.append((f"attention/small_step_{impl}",
                       functools.partial(run_child, "bench", arguments)))
     # Scanned layers: the unscanned small step took 89 s to compile on an H200, so the vmapped

@@ -30,7 +30,7 @@ from t5x_lite import (accounting, architectures, batch_format, compile_events, c
                       train_step)
 from t5x_lite.config import EOS_ID, NUM_RESERVED_IDS, ConfigError, sentinel_id
 from t5x_lite.models import build_model, make_masks
-from t5x_lite.settings import Settings
+from t5x_lite.settings import Settings, require_trainable
 
 
 def report_phase(what: str, seconds: float) -> None:
@@ -244,7 +244,8 @@ def run_benchmarks(config: ml_collections.ConfigDict, *, steps: int = 10, warmup
     is also timed back to back (`pipelined_seconds`, as training runs it): `pipelined_step_ms`,
     `pipelined_mfu`.
     """
-    Settings.from_config(config)  # a bad value is a ConfigError before anything compiles
+    # A bad value, or a model no run could train, is a ConfigError before anything compiles.
+    require_trainable(Settings.from_config(config).model)
     if compare_torch:
         require_torch_comparable(config)
     jax_run, info = jax_train_step(config)

@@ -60,9 +60,9 @@ RESUME_FIELDS = (
     "data.corpus", "data.vocab",
 )
 # Fields inside `model` that leave the parameters unchanged: the saved float32 parameters
-# restore under any compute dtype, attention kernel or dropout rate.
+# restore under any compute dtype, attention kernel or dropout.
 PARAMETER_NEUTRAL_FIELDS = ("model.dtype", "model.attention_impl", "model.dropout_rate",
-                            "model.remat")
+                            "model.attention_dropout", "model.remat")
 _ABSENT = "<absent>"
 # Model fields added after checkpoints had been written without them: their None is the
 # behaviour those checkpoints were trained with, so a saved config lacking one means None.

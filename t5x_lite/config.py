@@ -31,6 +31,9 @@ from t5x_lite.errors import ConfigError
 MLP_KINDS = ("relu", "gated-gelu")
 DTYPES = ("float32", "bfloat16")
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "einsum")
+# The kernels that never form the attention weights, so cannot drop them in training
+# (`settings.require_trainable`).
+FUSED_ATTENTION = ("xla", "cudnn")
 OPTIMIZERS = ("adafactor", "adamw")
 SCHEDULES = ("rsqrt", "linear", "cosine", "constant")
 DECODE_METHODS = ("greedy", "sample", "beam")
@@ -99,6 +102,10 @@ def model_config() -> ml_collections.ConfigDict:
             relpos_buckets=32,
             relpos_max_distance=128,
             dropout_rate=0.1,
+            # T5 drops the attention weights too, at dropout_rate, one mask per key shared by
+            # every query (the paper's section 2.1; Mesh TF's broadcast over the query length).
+            # Training with it needs attention_impl 'auto' or 'einsum' (they form the weights).
+            attention_dropout=True,
             layer_norm_epsilon=1e-6,
             dtype="float32",  # compute dtype; parameters are always float32
             # auto: the einsum path off GPU, jax.nn.dot_product_attention's default (its XLA

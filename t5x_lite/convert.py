@@ -384,12 +384,13 @@ def from_hf_t5_dir(path: str | FilePath) -> tuple[ml_collections.ConfigDict, nnx
     return config, model
 
 
-# Model fields a checkpoint directory does not describe (how to compute, not what): they stay
-# the user's config's. Not checkpointing.PARAMETER_NEUTRAL_FIELDS (what a checkpoint restores
-# under any value of), though dtype, attention_impl and remat are both: config.json sets
-# dropout_rate, which is neutral (so the user's override of it wins), and no HF checkpoint
-# has scan_layers, which is not (it stacks the parameters).
-_COMPUTE_FIELDS = ("model.dtype", "model.attention_impl", "model.remat", "model.scan_layers")
+# Model fields a checkpoint directory does not describe (how to compute or train, not what):
+# they stay the user's config's. Not checkpointing.PARAMETER_NEUTRAL_FIELDS (what a checkpoint
+# restores under any value of), though dtype, attention_impl, attention_dropout and remat are
+# both: config.json sets dropout_rate, which is neutral (so the user's override of it wins), and
+# no HF checkpoint has scan_layers, which is not (it stacks the parameters).
+_COMPUTE_FIELDS = ("model.dtype", "model.attention_impl", "model.attention_dropout",
+                   "model.remat", "model.scan_layers")
 
 
 def with_hf_t5(config: ml_collections.ConfigDict, path: str | FilePath,
@@ -398,11 +399,11 @@ def with_hf_t5(config: ml_collections.ConfigDict, path: str | FilePath,
     directory `path` (`from_hf_t5_dir`), and its parameters in that config's layout (stacked
     when `model.scan_layers`).
 
-    The compute settings (`model.dtype`, `attention_impl`, `remat`, `scan_layers`) stay
-    `config`'s. `overrides` are the user's ({dotted field: value}, already applied to
-    `config`): one of `model.dropout_rate` wins over config.json's; one of another model field,
-    or of data.vocab when the checkpoint has a tokenizer, that differs from the checkpoint's is
-    a one-line `ConfigError`.
+    The compute settings (`model.dtype`, `attention_impl`, `attention_dropout`, `remat`,
+    `scan_layers`) stay `config`'s. `overrides` are the user's ({dotted field: value}, already
+    applied to `config`): one of `model.dropout_rate` wins over config.json's; one of another
+    model field, or of data.vocab when the checkpoint has a tokenizer, that differs from the
+    checkpoint's is a one-line `ConfigError`.
     """
     hf_config, model = from_hf_t5_dir(path)
     derived = copy.deepcopy(config)

@@ -55,7 +55,7 @@ from t5x_lite.config import (BUDGETS, ConfigError, apply_overrides, call_get_con
                              run_user_file)
 from t5x_lite.errors import require_choice
 from t5x_lite.settings import (SCHEDULES_ENDING_AT_STEPS, Settings, Sweep, Train,
-                               require_trainable_stacks)
+                               require_trainable)
 
 
 def _experiments_dir() -> Path:
@@ -346,7 +346,7 @@ def _validate(config: ml_collections.ConfigDict, where: str) -> None:
 
     try:
         settings = Settings.from_config(config)
-        require_trainable_stacks(settings.model)
+        require_trainable(settings.model)
         partitioning.validate_process_split(settings.train.batch_size, "train.batch_size")
         partitioning.validate_process_split(settings.finetune.batch_size,
                                             "finetune.batch_size")

@@ -259,8 +259,10 @@ class Attention(nnx.Module):
     """Multi-head attention with query / key / value / out projections and no biases.
 
     The same module serves self-attention (`inputs_kv` is `inputs_q`) and cross-attention.
-    No dropout on the attention weights (HF T5 has it; we leave it out so the fused
-    `jax.nn.dot_product_attention` kernels apply).
+    `weights_dropout_rate` is T5's dropout on the attention weights `[B, H, Lq, Lk]`, applied
+    where `attend` is given a key: one mask per (example, head, key), shared by every query,
+    as Mesh TensorFlow's attention broadcasts it over the query length (`dropout`'s rule on
+    axis -2). HF T5 draws it per element; evaluation and decoding (no key) drop nothing.
     """
 
     def __init__(
@@ -271,6 +273,7 @@ class Attention(nnx.Module):
         *,
         dtype: jnp.dtype,
         implementation: str | None,
+        weights_dropout_rate: float = 0.0,
         rngs: nnx.Rngs,
     ):
         # T5 has no 1/sqrt(d_kv) in the logits: the query initialiser absorbs it.
@@ -285,6 +288,7 @@ class Attention(nnx.Module):
                                 ("heads", "kv", "embed"))
         self.dtype = dtype
         self.implementation = implementation
+        self.weights_dropout_rate = weights_dropout_rate
 
     def __call__(
         self,
@@ -309,12 +313,20 @@ class Attention(nnx.Module):
         kv: KeysValues,
         mask: jax.Array | None,
         bias: jax.Array | None = None,
+        *,
+        dropout_rng: jax.Array | None = None,
     ) -> jax.Array:
         """Queries from `inputs_q [B, Lq, D]` attend over projected `kv` (`[B, Lk, H, K]`,
-        e.g. a decoding cache). Returns `[B, Lq, D]`."""
+        e.g. a decoding cache); `dropout_rng` drops the attention weights (training).
+        Returns `[B, Lq, D]`."""
         q = self._project(inputs_q, self.query)
+        weights_dropout = None
+        if dropout_rng is not None and self.weights_dropout_rate > 0:
+            weights_dropout = functools.partial(dropout, rate=self.weights_dropout_rate,
+                                                rng=dropout_rng)
         heads = dot_product_attention(q, kv.key, kv.value, mask, bias,
-                                      implementation=self.implementation)
+                                      implementation=self.implementation,
+                                      weights_dropout=weights_dropout)
         return dense(heads, self.out[...].astype(self.dtype), contract=2)
 
     def empty_cache(self, batch_size: int, length: int) -> KeysValues:
@@ -402,8 +414,8 @@ class RelativePositionBias(nnx.Module):
 class TransformerLayer(nnx.Module):
     """One pre-norm T5 layer: self-attention, optional cross-attention, MLP, each residual.
 
-    Dropout sits where HF T5 puts it: on each sub-block's output before the residual add, and
-    inside the MLP after the activation. A `shared` layer reuses another layer's
+    Dropout sits where T5 puts it: on each sub-block's output before the residual add, inside
+    the MLP after the activation and on the attention weights (`model.attention_dropout`). A `shared` layer reuses another layer's
     self-attention, MLP and their norms (the same objects, so one parameter set; `share`
     hands them over): that is the `encoder_decoder_shared` architecture. Its cross-attention
     and norm are always its own, and until `share` is called they are all it has.
@@ -425,7 +437,9 @@ class TransformerLayer(nnx.Module):
 
         def attention() -> Attention:
             return Attention(cfg.d_model, cfg.num_heads, cfg.d_kv, dtype=dtype,
-                             implementation=implementation, rngs=rngs)
+                             implementation=implementation,
+                             weights_dropout_rate=cfg.dropout_rate if cfg.attention_dropout
+                             else 0.0, rngs=rngs)
 
         if not shared:
             self.self_attention_norm = norm()
@@ -474,13 +488,16 @@ class TransformerLayer(nnx.Module):
         self_kv = self.self_attention.keys_values(h)
         if cache is not None:
             self_kv = cache.self_attention.write(self_kv, cache_start)
-        x = x + dropout(self.self_attention.attend(h, self_kv, mask, bias), self.dropout_rate,
-                        fold_rng(dropout_rng, 0))
+        # Dropout sites: 0-3 the sub-blocks' outputs, 4-5 the attention weights.
+        x = x + dropout(self.self_attention.attend(h, self_kv, mask, bias,
+                                                   dropout_rng=fold_rng(dropout_rng, 4)),
+                        self.dropout_rate, fold_rng(dropout_rng, 0))
         if self.cross_attention is not None:
             h = self.cross_attention_norm(x)
             encoder_kv = (self.cross_attention.keys_values(encoded) if cache is None
                           else cache.cross_attention)
-            x = x + dropout(self.cross_attention.attend(h, encoder_kv, cross_mask),
+            x = x + dropout(self.cross_attention.attend(h, encoder_kv, cross_mask,
+                                                        dropout_rng=fold_rng(dropout_rng, 5)),
                             self.dropout_rate, fold_rng(dropout_rng, 1))
         h = self.mlp(self.mlp_norm(x), dropout_rng=fold_rng(dropout_rng, 2))
         x = x + dropout(h, self.dropout_rate, fold_rng(dropout_rng, 3))

@@ -28,7 +28,7 @@ from t5x_lite import attention, partitioning, train_step
 from t5x_lite.checkpointing import CHECKPOINTS_DIR, RESUME_FIELDS, Checkpointer
 from t5x_lite.config import ConfigError
 from t5x_lite.loop import MetricsWriter, Point, PreemptionWatch, Progress, Run, Throughput
-from t5x_lite.settings import Settings, require_trainable_stacks
+from t5x_lite.settings import Settings, require_trainable
 from t5x_lite.train_state import TrainState, abstract_state, init_state, stack_states
 from t5x_lite.train_step import FinetuneStep, TrainStep, require_one_group
 
@@ -126,7 +126,7 @@ def set_up(plan: RunPlan, *, steps: int | None = None, progress: bool = True,
     # reported first); the ConfigDicts still flow on to the components below.
     settings = [Settings.from_config(point) for point in plan.configs]
     for point in settings:
-        require_trainable_stacks(point.model)
+        require_trainable(point.model)
     train_step.release_programs_near_map_limit()  # before this run compiles its own
     mesh = partitioning.make_mesh(config.mesh)
     attention.require_available(settings[0].model.attention_impl)

@@ -28,8 +28,8 @@ from typing import Any, ClassVar, Mapping
 import ml_collections
 
 from t5x_lite import architectures, objective_registry, partitioning, ul2
-from t5x_lite.config import (ATTENTION_IMPLS, BUDGETS, DECODE_METHODS, DTYPES, MIN_INPUTS_LENGTH,
-                             MLP_KINDS, NUM_RESERVED_IDS, OPTIMIZERS, SCHEDULES,
+from t5x_lite.config import (ATTENTION_IMPLS, BUDGETS, DECODE_METHODS, DTYPES, FUSED_ATTENTION,
+                             MIN_INPUTS_LENGTH, MLP_KINDS, NUM_RESERVED_IDS, OPTIMIZERS, SCHEDULES,
                              UL2_DENOISERS, ConfigError)
 from t5x_lite.errors import require_choice, require_integer, require_number, require_positive
 
@@ -88,18 +88,29 @@ def require_warmup(section: str, schedule: str, warmup_steps: int, steps: int) -
 SCHEDULES_ENDING_AT_STEPS = ("linear", "cosine")
 
 
-def require_trainable_stacks(model: Model) -> None:
-    """Raise `ConfigError` for a model a run cannot train: stacked layers (`scan_layers`)
-    with a decoder of another depth than the encoder. The optimiser updates a stacked
-    parameter one layer at a time by one `vmap` over every stacked parameter
-    (`optim._per_layer`), which needs one depth (it failed inside the init's trace).
-    Evaluating, decoding and exporting such a model work."""
+def require_trainable(model: Model) -> None:
+    """Raise `ConfigError` for a model a run cannot train (pre-training or fine-tuning);
+    evaluating, decoding and exporting it work:
+    - stacked layers (`scan_layers`) with a decoder of another depth than the encoder. The
+      optimiser updates a stacked parameter one layer at a time by one `vmap` over every
+      stacked parameter (`optim._per_layer`), which needs one depth (it failed inside the
+      init's trace);
+    - dropout on the attention weights (`attention_dropout` at a `dropout_rate` above 0) with
+      a kernel that never forms the weights ('xla', 'cudnn'): only the einsum path can drop
+      them (`attention.dot_product_attention`)."""
     decoder = model.num_decoder_layers
     if model.scan_layers and decoder is not None and decoder != model.num_layers:
         raise ConfigError(
             f"model.scan_layers=True trains stacks of one depth; model.num_decoder_layers="
             f"{decoder} differs from model.num_layers={model.num_layers}: set "
             "--config.model.scan_layers=False to train this model")
+    drops_weights = model.attention_dropout and model.dropout_rate > 0
+    if drops_weights and model.attention_impl in FUSED_ATTENTION:
+        raise ConfigError(
+            f"model.attention_impl={model.attention_impl!r} never forms the attention weights, "
+            f"so it cannot drop them (model.attention_dropout=True, model.dropout_rate="
+            f"{model.dropout_rate}): choose 'auto' or 'einsum', or set "
+            "--config.model.attention_dropout=False")
 
 
 def require_run_steps(steps: int, schedule: str, train_steps: int) -> None:
@@ -229,6 +240,7 @@ class Model(_Section):
     relpos_buckets: int
     relpos_max_distance: int
     dropout_rate: float
+    attention_dropout: bool
     layer_norm_epsilon: float
     dtype: str
     attention_impl: str
@@ -267,7 +279,7 @@ class Model(_Section):
             require_integer(f"model.{field}", getattr(self, field), 1)
         require_integer("model.num_sentinels", self.num_sentinels, 0)
         require_positive("model.layer_norm_epsilon", self.layer_norm_epsilon)
-        for field in ("tie_embeddings", "remat", "scan_layers"):
+        for field in ("tie_embeddings", "remat", "scan_layers", "attention_dropout"):
             require_bool(f"model.{field}", getattr(self, field))
         if not 0.0 <= self.dropout_rate < 1.0:
             raise ConfigError(f"model.dropout_rate={self.dropout_rate} must be in [0, 1)")

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from t5x_lite.attention import (
     cache_mask,
@@ -18,6 +19,7 @@ from t5x_lite.attention import (
     segment_mask,
 )
 from t5x_lite.errors import ConfigError
+from t5x_lite.layers import Attention, KeysValues
 
 # The two paths that run on CPU: jax.nn.dot_product_attention's XLA kernel and our einsum path.
 CPU_IMPLEMENTATIONS = pytest.mark.parametrize("impl", ["xla", "einsum"])
@@ -121,6 +123,87 @@ def test_unknown_implementation_is_rejected():
     q, k, v = _qkv()
     with pytest.raises(ValueError, match="implementation='flash'.*'xla', 'cudnn', 'einsum'"):
         dot_product_attention(q, k, v, None, implementation="flash")
+
+
+# ------------------------------------------------------------------ dropout on the weights
+
+def _bare_attention(heads, d_kv, rate, implementation="einsum"):
+    """`layers.Attention` whose query and output projections are the identity (d_model =
+    heads * d_kv), so `attend(q as [B, Lq, H*K], KeysValues(k, v))` is the attention of q, k, v
+    with the layer's dropout on the weights."""
+    module = Attention(heads * d_kv, heads, d_kv, dtype=jnp.float32, implementation=implementation,
+                       weights_dropout_rate=rate, rngs=nnx.Rngs(0))
+    eye = jnp.eye(heads * d_kv)
+    module.query.value = eye.reshape(heads * d_kv, heads, d_kv)
+    module.out.value = eye.reshape(heads, d_kv, heads * d_kv)
+    return module
+
+
+def _attend(module, q, k, v, mask, bias=None, rng=None):
+    b, lq, h, d = q.shape
+    out = module.attend(q.reshape(b, lq, h * d), KeysValues(k, v), mask, bias, dropout_rng=rng)
+    return out.reshape(b, lq, h, d)
+
+
+def _kept_keys(module, rate, rng, batch, heads, keys, queries):
+    """Which keys the layer's dropout keeps, read off its output alone: with q = 0 every key
+    weighs 1/keys, and a value that is key j's one-hot vector puts key j's dropped weight in
+    output column j. `bool [batch, heads, queries, keys]`."""
+    q = jnp.zeros((batch, queries, heads, keys))
+    one_hot = jnp.broadcast_to(jnp.eye(keys)[None, :, None, :], (batch, keys, heads, keys))
+    out = np.asarray(_attend(module, q, one_hot, one_hot, None, rng=rng))  # [B, Lq, H, Lk]
+    scaled = out * keys * (1 - rate)  # 1 where kept, 0 where dropped
+    np.testing.assert_allclose(scaled, np.round(scaled), atol=1e-5)
+    return scaled.transpose(0, 2, 1, 3).round().astype(bool)
+
+
+def test_attention_weight_dropout_is_t5s_one_mask_per_key_shared_by_every_query():
+    """The paper (section 2.1): dropout "on the attention weights"; Mesh TensorFlow drops
+    `softmax(logits)` with the query length broadcast (`dropout_broadcast_dims=[length]`): per
+    (example, head, key) one draw, the same for every query, each kept weight scaled by
+    1 / (1 - rate), about `rate` of them dropped."""
+    rate, batch, heads, keys, queries = 0.25, 4, 8, 64, 3
+    module = _bare_attention(heads, keys, rate)
+    kept = _kept_keys(module, rate, jax.random.key(5), batch, heads, keys, queries)
+    assert (kept == kept[:, :, :1]).all()  # shared by every query
+    dropped = 1 - kept[:, :, 0].mean()
+    draws = batch * heads * keys
+    assert abs(dropped - rate) < 5 * (rate * (1 - rate) / draws) ** 0.5
+    # Drawn per example and per head, and again for another key.
+    assert (kept[0, 0] != kept[1, 0]).any() and (kept[0, 0] != kept[0, 1]).any()
+    other = _kept_keys(module, rate, jax.random.key(6), batch, heads, keys, queries)
+    assert (other != kept).any()
+
+
+def test_attention_with_dropped_weights_matches_a_transcription_of_t5s():
+    """softmax(q.k + bias, masked) * keep / (1 - rate) . v, with `keep` read off the layer by
+    `_kept_keys` (a function of the key and the shape only); evaluation (no key) drops nothing."""
+    rate, rng = 0.4, jax.random.key(11)
+    q, k, v = _qkv()
+    bias = jax.random.normal(jax.random.key(1), (1, H, LQ, LK))
+    module = _bare_attention(H, D, rate)
+    keep = _kept_keys(_bare_attention(H, LK, rate), rate, rng, B, H, LK, LQ)
+
+    logits = np.einsum("bqhd,bkhd->bhqk", q, k) + np.asarray(bias)
+    logits = np.where(KEY_PADDING, logits, -np.inf)
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights = weights / weights.sum(-1, keepdims=True) * keep / (1 - rate)
+    expected = np.einsum("bhqk,bkhd->bqhd", weights, v)
+
+    mask = jnp.asarray(KEY_PADDING)
+    np.testing.assert_allclose(_attend(module, q, k, v, mask, bias, rng), expected, atol=1e-5)
+    np.testing.assert_allclose(_attend(module, q, k, v, mask, bias), _reference(
+        q, k, v, KEY_PADDING, bias), atol=1e-5)
+    # `auto` off a GPU is einsum; its GPU choice (None, XLA's kernel) forms no weights, so
+    # dropping them runs the einsum path there too: the same numbers.
+    np.testing.assert_allclose(_attend(_bare_attention(H, D, rate, None), q, k, v, mask, bias, rng),
+                               expected, atol=1e-5)
+
+
+def test_kernels_that_form_no_weights_refuse_to_drop_them():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="implementation='xla' never forms the attention weights"):
+        dot_product_attention(q, k, v, None, implementation="xla", weights_dropout=lambda w: w)
 
 
 def test_causal_mask():

@@ -84,6 +84,15 @@ def test_torch_comparison_needs_the_like_for_like_model():
         bench.torch_t5_train_step(config)
 
 
+def test_bench_refuses_a_step_no_run_could_train_before_compiling(monkeypatch):
+    """The attention weights dropped on a kernel that forms none failed inside the trace."""
+    config = tiny_train_config(mesh=(1, 1))
+    config.model.update(dropout_rate=0.1, attention_impl="xla")
+    monkeypatch.setattr(bench, "jax_train_step", lambda config: pytest.fail("compiled"))
+    with pytest.raises(ConfigError, match="^model.attention_impl='xla' never forms the attention"):
+        bench.run_benchmarks(config, steps=1, warmup=0)
+
+
 def test_decode_benchmark_refuses_an_architecture_that_does_not_decode_token_by_token():
     config = tiny_train_config("encoder_only", mesh=(1, 1))
     with pytest.raises(ConfigError, match="model.arch='encoder_only' does not do"):

@@ -172,15 +172,18 @@ def test_eval_scores_a_checkpoint_directory_from_the_command_line(vocab, tmp_pat
 
 def test_init_from_hf_gives_the_run_its_model_and_parameters_in_the_run_layout(vocab, tmp_path):
     """What `train` / `finetune --init_from_hf` start from: the preset's compute settings
-    (scanned layers, bfloat16), the directory's model and vocabulary, an overridden dropout
-    rate, and parameters that become a step-0 train state of that config."""
+    (scanned layers, bfloat16, no dropout on the attention weights, which config.json does
+    not describe), the directory's model and vocabulary, an overridden dropout rate, and
+    parameters that become a step-0 train state of that config."""
     directory = _write(_hf_t5(**dict(V1_1, vocab_size=ROWS)), tmp_path / "hf", spiece=vocab)
     config = presets.tiny()
-    config.model.update(scan_layers=True, dtype="bfloat16", dropout_rate=0.0)
+    config.model.update(scan_layers=True, dtype="bfloat16", dropout_rate=0.0,
+                        attention_dropout=False)
     derived, params = convert.with_hf_t5(config, directory, {"model.dropout_rate": 0.0})
     model = derived.model
     assert (model.d_model, model.num_layers, model.embedding_rows) == (64, 2, ROWS)
-    assert (model.scan_layers, model.dtype, model.dropout_rate) == (True, "bfloat16", 0.0)
+    assert (model.scan_layers, model.dtype, model.dropout_rate, model.attention_dropout) == (
+        True, "bfloat16", 0.0, False)
     assert derived.data.vocab == str(directory / "spiece.model")
     mesh = partitioning.make_mesh(derived.mesh)
     state = train_state.state_from_params(derived, mesh, params)

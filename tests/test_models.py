@@ -401,6 +401,18 @@ def test_dropout_is_a_function_of_the_key():
     np.testing.assert_array_equal(forward(model, batch), forward(no_dropout, batch))
 
 
+def test_attention_weights_are_dropped_in_training_only_and_by_their_own_key():
+    """`model.attention_dropout` (T5's dropout on the attention weights, on by default) changes
+    training's outputs and nothing in evaluation; off, the other sites draw what they drew."""
+    batch, key = ed_batch(), jax.random.key(7)
+    weights_too = tiny_model("encoder_decoder", dropout_rate=0.3)
+    others_only = tiny_model("encoder_decoder", dropout_rate=0.3, attention_dropout=False)
+    np.testing.assert_array_equal(forward(weights_too, batch), forward(others_only, batch))
+    trained = forward(weights_too, batch, None, key)
+    assert np.all(np.isfinite(trained))
+    assert np.abs(np.asarray(trained - forward(others_only, batch, None, key))).max() > 1e-3
+
+
 def test_remat_recomputes_layers_without_changing_gradients():
     """`model.remat` trades compute for memory; the gradients (dropout included) stay the same."""
     batch, key = ed_batch(), jax.random.key(3)

@@ -67,6 +67,7 @@ def test_every_field_is_annotated_with_a_type_the_checks_know():
     ("model.num_sentinels", -1, "model.num_sentinels=-1 must be an integer >= 0"),
     ("model.dropout_rate", 1.0, r"model.dropout_rate=1.0 must be in \[0, 1\)"),
     ("model.scan_layers", None, "model.scan_layers=None must be True or False"),
+    ("model.attention_dropout", 1, "model.attention_dropout=1 must be True or False"),
     ("model.attention_impl", "cudnn", r"model.attention_impl='cudnn' needs model.dtype="
                                       r"'bfloat16' \(cuDNN's fused attention takes no float32\)"),
     ("model.vocab_size", 50, "model.vocab_size=50 is too small for model.num_sentinels=100"),
@@ -149,6 +150,29 @@ def test_cudnn_attention_needs_a_head_dimension_its_kernel_takes(d_kv, message):
     with pytest.raises(ConfigError, match=f"^{message}") as error:
         Settings.from_config(config)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("impl, attention_dropout, rate, refused", [
+    ("xla", True, 0.1, True), ("cudnn", True, 0.1, True),
+    ("xla", False, 0.1, False), ("cudnn", True, 0.0, False),
+    ("einsum", True, 0.1, False), ("auto", True, 0.1, False),
+])
+def test_training_refuses_dropped_attention_weights_on_a_kernel_that_forms_none(
+        impl, attention_dropout, rate, refused):
+    """The fused kernels never form the softmax weights, so T5's dropout on them (on by
+    default wherever model.dropout_rate > 0) needs the einsum path; evaluating is fine."""
+    config = presets.sweep_preset("tiny")
+    config.model.update(attention_impl=impl, dtype="bfloat16", attention_dropout=attention_dropout,
+                        dropout_rate=rate)
+    model = Settings.from_config(config).model  # typed: an eval config may name any kernel
+    if not refused:
+        settings.require_trainable(model)
+        return
+    with pytest.raises(ConfigError, match=(
+            f"^model.attention_impl='{impl}' never forms the attention weights, so it cannot "
+            r"drop them \(model.attention_dropout=True, model.dropout_rate=0.1\): choose 'auto' "
+            "or 'einsum', or set --config.model.attention_dropout=False$")):
+        settings.require_trainable(model)
 
 
 @pytest.mark.parametrize("section", ["model", "objective", "train", "mesh", "data", "checkpoint",

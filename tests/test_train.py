@@ -547,6 +547,16 @@ def test_steps_a_run_cannot_train_are_refused_before_anything_is_written(
     assert not (tmp_path / "run").exists()
 
 
+def test_dropping_attention_weights_on_a_kernel_that_forms_none_is_refused_before_any_work(
+        tmp_path):
+    config = tiny_config()
+    config.model.update(dropout_rate=0.1, attention_impl="xla")
+    with pytest.raises(ConfigError, match=r"^model.attention_impl='xla' never forms the attention "
+                                          r"weights, so it cannot drop them"):
+        train.train(config, tmp_path / "run", steps=1)
+    assert not (tmp_path / "run").exists()
+
+
 def test_bfloat16_compute_keeps_float32_parameters_and_tracks_the_float32_loss(baseline):
     initial, metrics, _ = baseline
     config = tiny_config()
