@@ -221,9 +221,10 @@ def finetune_config() -> ml_collections.ConfigDict:
             ),
         )
     )
-    # The first N examples of each task's validation split, in the split's own order (None: all
-    # of them). A split sorted by source is then not a sample of it: STS-B's first 500 dev pairs
-    # are image captions only (MSRvid and images, two of its six sources; no news or forums).
+    # At most N examples of each task's validation split (None: all of them): one fixed sample
+    # of N, the same for every run (`evaluation.sample_examples`), not the split's first N,
+    # which for a split sorted by source is not a sample of it (STS-B's first 500 dev pairs are
+    # image captions only: two of its six sources, no news or forums).
     config.eval_examples = ml_collections.config_dict.placeholder(int)
     config.decode.max_length = ml_collections.config_dict.placeholder(int)  # None: targets_length
     return config

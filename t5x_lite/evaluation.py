@@ -184,17 +184,34 @@ def require_same(directory: Path, config: ml_collections.ConfigDict, fields: Seq
 # Evaluation
 
 
+# Seeds the one sample of a split that `finetune.eval_examples` keeps: a constant, so every run,
+# seed and grid point scores the same examples.
+EVAL_SAMPLE_SEED = 0
+
+
+def sample_examples(examples: Sequence[Any], limit: int | None) -> list[Any]:
+    """At most `limit` of `examples` (None: all): `limit` drawn without replacement by numpy's
+    generator seeded `EVAL_SAMPLE_SEED`, kept in the split's order. Not the first `limit`: a
+    split's file may be sorted by source (GLUE's STS-B dev lists 625 image-caption pairs first,
+    then forums, then news), where the first ones are not a sample of the split (TFDS prepares
+    its splits shuffled by key hash, our local TSV tasks read files in their order)."""
+    if limit is None or limit >= len(examples):
+        return list(examples)
+    kept = np.random.default_rng(EVAL_SAMPLE_SEED).choice(len(examples), limit, replace=False)
+    return [examples[i] for i in np.sort(kept)]
+
+
 class TaskSplit:
     """One task's split as text (`examples`) and as ids (`encoded`, cut to
     `finetune.inputs_length` / `targets_length`; `truncated` counts the cut ones, with one
-    warning). `limit` keeps the first `limit` examples (None: all)."""
+    warning). `limit` keeps a fixed sample of `limit` examples (`sample_examples`; None: all)."""
 
     def __init__(self, task: tasks.Task, split: str, config: ml_collections.ConfigDict,
                  vocab: Vocabulary, limit: int | None = None):
         ft = config.finetune
         self.task, self.split = task, split
-        self.examples = task.examples(split, config.data.data_dir or None,
-                                      config.data.data_root or None)[:limit]
+        self.examples = sample_examples(task.examples(split, config.data.data_dir or None,
+                                                      config.data.data_root or None), limit)
         if not self.examples:
             raise ValueError(f"task {task.name!r} has no labeled {split} examples")
         encoded = pipeline.encode_examples(vocab, ((ex.inputs, ex.targets)
