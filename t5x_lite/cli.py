@@ -10,8 +10,9 @@ alike (the launch command re-parses its sweep's arguments with the sweep's own p
 train / finetune / eval / bench read one config: a preset (`--preset tiny`, the default) or an
 ml_collections file (`--config=configs/tiny.py`). finetune / eval read a preset with its sweep's
 fine-tuning settings and tasks (`presets.finetune_preset`), so they fine-tune and score as a
-sweep point of that preset does; eval takes the model and vocabulary from the checkpoint's saved
-config (`evaluation.config_from_checkpoint`); export takes both from the checkpoint alone.
+sweep point of that preset does; finetune --init_from and eval take the model and vocabulary
+from the checkpoint's saved config (`evaluation.config_from_checkpoint`); export takes both
+from the checkpoint alone.
 `eval --zero_shot` ranks the label options instead of decoding (`zero_shot.evaluate`).
 train / finetune / eval also start from a local Hugging Face T5 directory (`--init_from_hf DIR`,
 `convert.with_hf_t5`): its model, vocabulary and parameters. sweep / demo read an
@@ -244,13 +245,15 @@ def _train(argv: list[str]) -> None:
 
 def _finetune(argv: list[str]) -> None:
     from t5x_lite.distributed import initialize_distributed
+    from t5x_lite.evaluation import config_from_checkpoint
     from t5x_lite.finetune import finetune
 
     parser = _config_parser("finetune", _FINETUNE_PRESET_HELP)
     _add_run_flags(parser, "eval.jsonl, metrics.jsonl and checkpoints")
     start = parser.add_mutually_exclusive_group()
     start.add_argument("--init_from", help="the pre-training workdir whose parameters start "
-                       "the run (default: random parameters)")
+                       "the run, its model and vocabulary read from its saved config (default: "
+                       "random parameters)")
     start.add_argument("--init_from_hf", metavar="DIR", help=f"{_HF_HELP}; its parameters "
                        "start the run")
     parser.add_argument("--tasks", type=_comma_list, help="task names, comma-separated "
@@ -258,6 +261,8 @@ def _finetune(argv: list[str]) -> None:
     args, overrides = _parse(parser, argv)
     config, params = _hf_start(_config(args, overrides, presets.finetune_preset),
                                args.init_from_hf, overrides)
+    if args.init_from is not None:  # the model it fine-tunes is the source's, as eval scores it
+        config = config_from_checkpoint(config, args.init_from, parse_overrides(config, overrides))
     if args.tasks:
         config.finetune.tasks = tuple(args.tasks)
     initialize_distributed()

@@ -170,6 +170,29 @@ def test_eval_scores_a_checkpoint_directory_from_the_command_line(vocab, tmp_pat
         cli.main([*args, "--config.model.d_model=32"])
 
 
+def test_a_run_started_from_a_checkpoint_directory_fine_tunes_under_the_preset(vocab, tmp_path,
+                                                                             capsys):
+    """`train --init_from_hf DIR` then `finetune --init_from RUN` under the same preset: the
+    preset's model is not RUN's (DIR's), which finetune refused, naming every differing field;
+    it now reads RUN's model and vocabulary, as `eval --checkpoint` does."""
+    directory = _write(_hf_t5(**dict(V1_1, vocab_size=ROWS)), tmp_path / "hf", spiece=vocab)
+    run, tuned = tmp_path / "run", tmp_path / "tuned"
+    cli.main(["t5x-lite", "train", "--preset", "tiny", f"--init_from_hf={directory}",
+              f"--workdir={run}", "--config.train.steps=1", "--config.train.warmup_steps=1",
+              "--config.train.batch_size=8", "--config.objective.inputs_length=32"])
+    capsys.readouterr()
+    cli.main(["t5x-lite", "finetune", "--preset", "tiny", f"--init_from={run}",
+              f"--workdir={tuned}", "--tasks=builtin_reverse", "--config.finetune.steps=1",
+              "--config.finetune.eval_examples=8", "--config.finetune.batch_size=8",
+              "--config.finetune.inputs_length=16", "--config.finetune.targets_length=8"])
+    assert json.loads(capsys.readouterr().out)["steps"] == 1
+    source, saved = (json.loads((path / "checkpoints" / "config.json").read_text())
+                     for path in (run, tuned))
+    assert saved["model"] == source["model"] and saved["data"]["vocab"] == str(
+        directory / "spiece.model")
+    assert saved["model"]["d_model"] != presets.tiny().model.d_model
+
+
 def test_init_from_hf_gives_the_run_its_model_and_parameters_in_the_run_layout(vocab, tmp_path):
     """What `train` / `finetune --init_from_hf` start from: the preset's compute settings
     (scanned layers, bfloat16, no dropout on the attention weights, which config.json does
