@@ -128,14 +128,36 @@ def _per_layer(tx: optax.GradientTransformation) -> optax.GradientTransformation
     Adafactor's factored moments and its parameter-scale RMS, and AdamW's "matrices only"
     decay mask, are per-parameter statistics and choices: on a stacked `[layers, ...]` array
     they would mix the layers, so the scanned model would train differently.
+
+    One vmap takes one layer-axis size, so stacks of different depths (a decoder deeper than
+    its encoder, `model.num_decoder_layers`) are one group per depth, `layers_<depth>`; with
+    one depth the group is `layers`, the label under which the optimiser state of every
+    scanned checkpoint is saved.
     """
     one_layer_at_a_time = optax.GradientTransformation(
         init=jax.vmap(tx.init), update=jax.vmap(tx.update))
 
+    def is_stacked(param: nnx.Variable) -> bool:
+        return param.get_metadata()["logical_axes"][0] == "layers"
+
     def labels(params: nnx.State) -> Any:
+        depths = {param[...].shape[0] for param in jax.tree.leaves(params, is_leaf=_is_variable)
+                  if is_stacked(param)}
+
         def label(param: nnx.Variable) -> str:
-            return "layers" if param.get_metadata()["logical_axes"][0] == "layers" else "other"
+            if not is_stacked(param):
+                return "other"
+            return "layers" if len(depths) == 1 else f"layers_{param[...].shape[0]}"
 
-        return jax.tree.map(label, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+        return jax.tree.map(label, params, is_leaf=_is_variable)
 
-    return optax.multi_transform({"layers": one_layer_at_a_time, "other": tx}, labels)
+    def grouped(tree: nnx.State) -> optax.GradientTransformation:
+        """The transformation for the groups `tree` (parameters or their updates) has."""
+        groups = set(jax.tree.leaves(labels(tree)))
+        return optax.multi_transform(
+            {group: tx if group == "other" else one_layer_at_a_time for group in groups}, labels)
+
+    return optax.GradientTransformation(
+        init=lambda params: grouped(params).init(params),
+        update=lambda updates, state, params=None: grouped(updates).update(updates, state,
+                                                                           params))

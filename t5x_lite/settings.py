@@ -89,21 +89,11 @@ SCHEDULES_ENDING_AT_STEPS = ("linear", "cosine")
 
 
 def require_trainable(model: Model) -> None:
-    """Raise `ConfigError` for a model a run cannot train (pre-training or fine-tuning);
-    evaluating, decoding and exporting it work:
-    - stacked layers (`scan_layers`) with a decoder of another depth than the encoder. The
-      optimiser updates a stacked parameter one layer at a time by one `vmap` over every
-      stacked parameter (`optim._per_layer`), which needs one depth (it failed inside the
-      init's trace);
-    - dropout on the attention weights (`attention_dropout` at a `dropout_rate` above 0) with
-      a kernel that never forms the weights ('xla', 'cudnn'): only the einsum path can drop
-      them (`attention.dot_product_attention`)."""
-    decoder = model.num_decoder_layers
-    if model.scan_layers and decoder is not None and decoder != model.num_layers:
-        raise ConfigError(
-            f"model.scan_layers=True trains stacks of one depth; model.num_decoder_layers="
-            f"{decoder} differs from model.num_layers={model.num_layers}: set "
-            "--config.model.scan_layers=False to train this model")
+    """Raise `ConfigError` for a model a run cannot train (pre-training, fine-tuning or a
+    benchmark's step), though evaluating, decoding and exporting it work: dropout on the
+    attention weights (`attention_dropout` at a `dropout_rate` above 0) with a kernel that
+    never forms the weights ('xla', 'cudnn'); only the einsum path can drop them
+    (`attention.dot_product_attention`)."""
     drops_weights = model.attention_dropout and model.dropout_rate > 0
     if drops_weights and model.attention_impl in FUSED_ATTENTION:
         raise ConfigError(

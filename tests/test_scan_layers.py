@@ -215,19 +215,42 @@ def test_scan_layers_must_be_a_bool():
         build_model(tiny_model_config("encoder_decoder", None), nnx.Rngs(0))
 
 
-def test_a_scanned_decoder_of_another_depth_is_refused_for_training_and_still_decodes(tmp_path):
-    """Training it failed inside the init's trace ("vmap got inconsistent sizes"): the
-    optimiser updates stacked layers by one vmap over every stacked parameter. Refused before
-    anything is written; decoding such a model works."""
-    from t5x_lite import train
+def test_a_scanned_decoder_of_another_depth_trains_as_unscanned():
+    """The optimiser updates stacked layers one at a time by vmap, which takes one layer-axis
+    size: a scanned decoder deeper than its encoder failed inside the init's trace and was
+    refused. Its stacks are now one group per depth and train as the unscanned model does;
+    with one depth the group keeps the label every scanned checkpoint's state is saved under."""
+    grid = [tiny_train_config().objective]
+    layout = objectives.layout_for(grid, "encoder_decoder", 160, 32)
+    raw = np.random.default_rng(0).integers(3, 128, (8, layout.raw_length), dtype=np.int32)
+    spec = objectives.spec_from_config(grid[0])
 
-    config = tiny_train_config()
-    config.model.update(scan_layers=True, num_decoder_layers=3)
-    with pytest.raises(ConfigError, match=r"^model.scan_layers=True trains stacks of one depth; "
-                                          r"model.num_decoder_layers=3 differs from "
-                                          r"model.num_layers=2"):
-        train.train(config, tmp_path / "run", steps=1)
-    assert not (tmp_path / "run").exists()
-    model = build_model(config.model, nnx.Rngs(0))
-    result = decoding.decode(model, np.array([[5, 6, 1]], np.int32), max_length=3)
-    assert np.asarray(result.tokens).shape == (1, 3)
+    def run(scanned):
+        config = tiny_train_config(mesh=(1, 1))
+        config.model.update(num_layers=2, num_decoder_layers=3, scan_layers=scanned)
+        mesh = partitioning.make_mesh(config.mesh, jax.devices()[:1])
+        state, step, losses = train_state.init_state(config, mesh), train_step.make_train_step(
+            config, layout, mesh), []
+        for _ in range(2):
+            state, metrics = step(state, raw, spec, jax.random.key(0))
+            losses.append(float(metrics["loss"]))
+        return losses, state
+
+    plain_losses, plain_state = run(False)
+    losses, state = run(True)
+    np.testing.assert_allclose(losses, plain_losses, rtol=1e-5)
+    expected = restacked(params_by_path(plain_state.params))
+    actual = params_by_path(state.params)
+    assert actual.keys() == expected.keys()
+    assert {value.shape[0] for path, value in actual.items() if path[1] == "layers"} == {2, 3}
+    for path, value in actual.items():
+        np.testing.assert_allclose(value, expected[path], atol=1e-5, err_msg=str(path))
+    assert set(state.opt_state.inner_states) == {"layers_2", "layers_3", "other"}
+
+
+def test_a_scanned_model_of_one_depth_keeps_its_optimiser_state_s_labels():
+    config = tiny_train_config(mesh=(1, 1))
+    config.model.update(scan_layers=True)
+    state = jax.eval_shape(lambda: train_state.init_state(
+        config, partitioning.make_mesh(config.mesh, jax.devices()[:1])))
+    assert set(state.opt_state.inner_states) == {"layers", "other"}
