@@ -622,37 +622,45 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
     """
     require_vmap(vmap, launcher)
     require_launcher_for_processes(launcher)
-    points = expand(experiment, preset, overrides)
-    budget = budget_line(points)
-    if budget:
-        _log(budget)
-    points = select_point(points, point_index)
-    launcher = launcher if launcher is not None else launchers.LocalLauncher()
-    if isinstance(launcher, (launchers.LocalLauncher, launchers.LocalParallelLauncher)):
-        # The points run on this machine: what it lacks stops the sweep before it claims the
-        # workdir, not each point with a failed record after its pre-training. (Ray's workers
-        # may have what the driver lacks.)
-        _require_local_inputs(points, mesh=isinstance(launcher, launchers.LocalLauncher))
-        _require_pretraining_data(points)
-    workdir_path = Path(workdir)
-    workdir_path.mkdir(parents=True, exist_ok=True)
-    claim_workdir(workdir_path, sweep_identity(experiment, points, overrides))
-    results = ResultsFile(workdir_path)
-    results.finish_last_line()
-    finished_records = results.records()
-    require_current(finished_records, points, results.path)
-    done = {record_key(r) for r in finished_records}
-    todo = [p for p in points if unrecorded_tasks(p, done)]
-    require_current_folders(todo, workdir_path)
-    require_one_view_of_the_workdir(todo, workdir_path)
-    for point in todo:  # what its records hold before anything runs: a fault in that
-        base_record(point)  # arithmetic stops the sweep here, not after hours of finished runs
-    # Every process's view of the records (process 0 may not have appended the last ones yet).
-    latest = {record_key(r): r for r in finished_records}
-    save_failures_as_recorded(todo, latest, workdir_path)
-    _log(f"sweep {points[0].experiment} --preset {preset}: {len(points)} runs x "
-         f"{len(points[0].config.sweep.tasks)} tasks; {len(points) - len(todo)} done, "
-         f"{len(todo)} to run; records in {results.path}")
+    # Watched from here: a signal during the start-up (loading every point's data may take
+    # minutes on a first run) stops the sweep before its first run as preempted (status 75,
+    # which the SLURM script requeues), not killed with 143.
+    with PreemptionWatch() as starting:
+        points = expand(experiment, preset, overrides)
+        budget = budget_line(points)
+        if budget:
+            _log(budget)
+        points = select_point(points, point_index)
+        launcher = launcher if launcher is not None else launchers.LocalLauncher()
+        if isinstance(launcher, (launchers.LocalLauncher, launchers.LocalParallelLauncher)):
+            # The points run on this machine: what it lacks stops the sweep before it claims
+            # the workdir, not each point with a failed record after its pre-training. (Ray's
+            # workers may have what the driver lacks.)
+            _require_local_inputs(points, mesh=isinstance(launcher, launchers.LocalLauncher))
+            _require_pretraining_data(points)
+        workdir_path = Path(workdir)
+        workdir_path.mkdir(parents=True, exist_ok=True)
+        claim_workdir(workdir_path, sweep_identity(experiment, points, overrides))
+        results = ResultsFile(workdir_path)
+        results.finish_last_line()
+        finished_records = results.records()
+        require_current(finished_records, points, results.path)
+        done = {record_key(r) for r in finished_records}
+        todo = [p for p in points if unrecorded_tasks(p, done)]
+        require_current_folders(todo, workdir_path)
+        require_one_view_of_the_workdir(todo, workdir_path)
+        # What each point's records hold, before anything runs: a fault in that arithmetic
+        # stops the sweep here, not after hours of finished runs.
+        for point in todo:
+            base_record(point)
+        # Every process's view of the records (process 0 may not have appended the last ones).
+        latest = {record_key(r): r for r in finished_records}
+        save_failures_as_recorded(todo, latest, workdir_path)
+        _log(f"sweep {points[0].experiment} --preset {preset}: {len(points)} runs x "
+             f"{len(points[0].config.sweep.tasks)} tasks; {len(points) - len(todo)} done, "
+             f"{len(todo)} to run; records in {results.path}")
+    if starting.signal is not None:
+        _stop(Preempted(None, [str(workdir)], starting.cause))
     started, finished = time.perf_counter(), set()
     work = (launcher.map(run_chunk, vmap_chunks(todo, vmap, workdir_path), str(workdir_path))
             if vmap > 1

@@ -527,6 +527,33 @@ def test_a_signal_between_points_stops_the_sweep_before_the_next_point(
         _without_timing(records)
 
 
+def test_a_signal_during_the_start_up_stops_the_sweep_before_its_first_run(
+        experiment, tmp_path, monkeypatch, capsys):
+    """SIGTERM while the sweep loads every point's data (minutes on a first run), before any
+    point's watch: killed with status 143, which the SLURM script does not requeue. Now it
+    stops as preempted before the first run, having run nothing."""
+    loaded = []
+
+    def signalled(points):
+        loaded.extend(points)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def killed(signum, frame):
+        raise _Killed
+
+    monkeypatch.setattr(sweep, "_require_pretraining_data", signalled)
+    previous = signal.signal(signal.SIGTERM, killed)
+    try:
+        with pytest.raises(Preempted) as stop:
+            sweep.run_sweep(experiment, "demo", str(tmp_path / "sweep"))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert (stop.value.step, stop.value.cause, stop.value.code) == (None, "SIGTERM", 75)
+    assert loaded and not (tmp_path / "sweep" / "points").exists()
+    assert not (tmp_path / "sweep" / results.RESULTS_FILE).exists()
+    assert "SIGTERM: stopping with exit status 75 before the next run" in capsys.readouterr().err
+
+
 def test_a_point_another_process_is_running_stops_the_second_sweep(experiment, uninterrupted,
                                                                    tmp_path):
     """The same sweep started twice in one workdir: both wrote one checkpoint folder at once
