@@ -273,6 +273,10 @@ def _computed_fields(config: ml_collections.ConfigDict) -> dict[str, Any]:
     for name in (field.removeprefix("model.") for field in ADDED_MODEL_FIELDS):
         if name in plain["model"] and plain["model"][name] is None:
             del plain["model"][name]
+    # So does the dropout on the attention weights (added 2026-12-05) where it drops nothing:
+    # switched off, or at dropout rate 0 (the tiny, demo and cpu presets).
+    if not (plain["model"].get("attention_dropout") and plain["model"].get("dropout_rate")):
+        plain["model"].pop("attention_dropout", None)
     plain["objective"] = drop_unread_objective_fields(plain["objective"])
     # The held-out evaluation observes a run and changes none of its results
     # (`t5x_lite.held_out`), so switching it on resumes a sweep run without it.
