@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -152,6 +153,31 @@ def _short(error: Exception) -> str:
     return f"{type(error).__name__}: {lines[0][:300] if lines else ''}"
 
 
+def _is_a_closed_loop_callback(unraisable: Any) -> bool:
+    """Whether an unraisable exception is asyncio's "Event loop is closed" RuntimeError, which
+    tensorstore's reader threads raise when they call back into orbax's event loop after a
+    failed read has closed it (0 to ~300 traceback lines per failed step, between and after
+    our own one-line report)."""
+    error = unraisable.exc_value
+    return isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
+
+
+def _drop_closed_loop_callbacks() -> None:
+    """From now on in this process, `sys.unraisablehook` drops `_is_a_closed_loop_callback`
+    exceptions, once a read has failed (the only time they come) and been reported as a
+    warning, and hands every other unraisable exception to the hook it replaces."""
+    previous = sys.unraisablehook
+    if getattr(previous, "drops_closed_loop_callbacks", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        if not _is_a_closed_loop_callback(unraisable):
+            previous(unraisable)
+
+    hook.drops_closed_loop_callbacks = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+
+
 def _restore_newest(
     manager: ocp.CheckpointManager, args: ocp.args.PyTreeRestore, way_on: str = ""
 ) -> tuple[Any, list[int]]:
@@ -172,6 +198,7 @@ def _restore_newest(
         try:
             restored = manager.restore(step, args=args)
         except Exception as error:  # noqa: BLE001 -- reported here, re-raised below if all fail
+            _drop_closed_loop_callbacks()
             unreadable.append((step, error))
             warnings.warn(
                 f"checkpoint at step {step} in {manager.directory} is unreadable "
