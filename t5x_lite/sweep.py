@@ -280,10 +280,11 @@ def _zero_shot_stage(point: GridPoint, workdir: str, task_names: Sequence[str]
 
 
 def _stop_if_signalled(watch: PreemptionWatch, point: GridPoint, workdir: str) -> None:
-    """Raise `Preempted` if SIGTERM / SIGINT came since the point started, outside a run's
-    loop (which stops on its own) or as a run ended: before the point's next stage."""
+    """Stop the sweep (`_stop`: the line saying why, then `Preempted`) if SIGTERM / SIGINT came
+    since the point started, outside a run's loop (which stops on its own) or as a run ended:
+    before the point's next stage."""
     if watch.signal is not None:
-        raise Preempted(point.config.train.steps, [str(point.directory(workdir))], watch.cause)
+        _stop(Preempted(point.config.train.steps, [str(point.directory(workdir))], watch.cause))
 
 
 def _finetune_tasks(point: GridPoint, workdir: str, started: float,

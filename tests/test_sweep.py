@@ -432,11 +432,12 @@ def test_a_preempted_point_records_nothing_and_stops_the_sweep(experiment, unint
 
 
 def test_a_signal_between_a_point_s_runs_stops_the_sweep_as_preempted(
-        experiment, uninterrupted, tmp_path, monkeypatch):
+        experiment, uninterrupted, tmp_path, monkeypatch, capsys):
     """SIGTERM outside a run's loop (here as the pre-training's metrics are read, before
     fine-tuning) killed the sweep with status 143, which the SLURM script does not requeue,
     and one that came as a run ended was ignored until the sweep ended. The point now stops
-    before its next stage as preempted, records nothing, and a re-run completes it."""
+    before its next stage as preempted, saying so (it exited 75 without a word), records
+    nothing, and a re-run completes it."""
     real = sweep._pretrain_history
 
     def signalled(*args):
@@ -450,6 +451,8 @@ def test_a_signal_between_a_point_s_runs_stops_the_sweep_as_preempted(
         with pytest.raises(Preempted) as stop:
             sweep.run_sweep(experiment, "demo", str(copy))
     assert (stop.value.cause, stop.value.code) == ("SIGTERM", 75)
+    assert f"SIGTERM at step {stop.value.step}: stopping with exit status 75 once the " \
+        f"checkpoints of {copy / 'points' / first['point']}" in capsys.readouterr().err
     _nothing_recorded_then_resumed(experiment, copy, lines, records)
 
 
