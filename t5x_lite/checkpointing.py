@@ -59,15 +59,37 @@ UNREADABLE_DIR = "unreadable"
 RESUME_FIELDS = (
     "model", "objective", "train.optimizer", "train.batch_size", "train.seed",
     "data.corpus", "data.vocab",
+    # Parameter-neutral, but a run that began without dropping the attention weights (all runs
+    # before 2026-12-05) resumes only as it began (`in_effect`: not where it drops nothing).
+    "model.attention_dropout",
 )
 # Fields inside `model` that leave the parameters unchanged: the saved float32 parameters
 # restore under any compute dtype, attention kernel or dropout.
 PARAMETER_NEUTRAL_FIELDS = ("model.dtype", "model.attention_impl", "model.dropout_rate",
                             "model.attention_dropout", "model.remat")
 _ABSENT = "<absent>"
-# Model fields added after checkpoints had been written without them: their None is the
-# behaviour those checkpoints were trained with, so a saved config lacking one means None.
-ADDED_MODEL_FIELDS = ("model.num_decoder_layers", "model.embedding_rows")
+# Fields added after checkpoints and sweep records had been written without them, each with the
+# value that means the behaviour they were made with: a saved config lacking one has that value
+# (`config_differences`), and a config with that value hashes as before the field existed
+# (`grid.config_hash`). Both read a field through `in_effect` first.
+ADDED_FIELDS = {
+    "model.num_decoder_layers": None, "model.embedding_rows": None,
+    "model.attention_dropout": False,  # 2026-12-05: the attention weights were never dropped
+    "finetune.eval_selection": "first",  # 2026-12-05: eval_examples kept a split's first N
+}
+
+
+def in_effect(flat: dict[str, Any]) -> dict[str, Any]:
+    """A flat config (`flat_fields`) with each added field as it acts: dropout on the attention
+    weights is off without dropout (`model.dropout_rate` 0), and no selection is made of a
+    split kept whole (`finetune.eval_examples` None); a field with no effect reads as the value
+    its absence means, so that it changes neither a hash nor a resume."""
+    flat = dict(flat)
+    if "model.attention_dropout" in flat and not flat.get("model.dropout_rate"):
+        flat["model.attention_dropout"] = False
+    if "finetune.eval_selection" in flat and flat.get("finetune.eval_examples") is None:
+        flat["finetune.eval_selection"] = ADDED_FIELDS["finetune.eval_selection"]
+    return flat
 
 
 def config_as_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -82,18 +104,20 @@ def config_differences(
     """One line 'field: saved ... != now ...' per differing field under one of `fields`.
 
     `saved` and `current` are configs as JSON data; `fields` are dotted names of sections
-    ("model") or single fields ("train.seed"). Parameter-neutral model fields are ignored;
-    one of `ADDED_MODEL_FIELDS` that `saved` lacks counts as None there.
+    ("model") or single fields ("train.seed"). Parameter-neutral model fields are ignored unless
+    named themselves (`RESUME_FIELDS` names `model.attention_dropout`); one of `ADDED_FIELDS`
+    that `saved` lacks has the value its absence means there, and both are read `in_effect`.
     """
     saved, current = (flat_fields({**config, "objective": drop_unread_objective_fields(
         config.get("objective", {}))}) for config in (saved, current))
-    for key in ADDED_MODEL_FIELDS:
+    for key, absent in ADDED_FIELDS.items():
         if key in current:
-            saved.setdefault(key, None)
+            saved.setdefault(key, absent)
+    saved, current = in_effect(saved), in_effect(current)
 
     def relevant(key: str) -> bool:
         under = any(key == field or key.startswith(field + ".") for field in fields)
-        return under and key not in PARAMETER_NEUTRAL_FIELDS
+        return under and (key not in PARAMETER_NEUTRAL_FIELDS or key in fields)
 
     keys = sorted(key for key in saved.keys() | current.keys() if relevant(key))
     differences = [

@@ -262,7 +262,8 @@ def _finetune(argv: list[str]) -> None:
     config, params = _hf_start(_config(args, overrides, presets.finetune_preset),
                                args.init_from_hf, overrides)
     if args.init_from is not None:  # the model it fine-tunes is the source's, as eval scores it
-        config = config_from_checkpoint(config, args.init_from, parse_overrides(config, overrides))
+        config = config_from_checkpoint(config, args.init_from, parse_overrides(config, overrides),
+                                        keep_neutral=True)
     if args.tasks:
         config.finetune.tasks = tuple(args.tasks)
     initialize_distributed()

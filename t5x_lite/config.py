@@ -37,6 +37,7 @@ FUSED_ATTENTION = ("xla", "cudnn")
 OPTIMIZERS = ("adafactor", "adamw")
 SCHEDULES = ("rsqrt", "linear", "cosine", "constant")
 DECODE_METHODS = ("greedy", "sample", "beam")
+EVAL_SELECTIONS = ("sample", "first")
 # The ul2 objective's default mixture (`objective.ul2_denoisers`): (kind, noise_density,
 # mean_noise_span_length, share) per denoiser, the UL2 paper's seven (section 3.1.2; the S-
 # denoiser's mean span is L/4, set by its rate, so its 1.0 is unused), S 20% and the R- and
@@ -221,11 +222,13 @@ def finetune_config() -> ml_collections.ConfigDict:
             ),
         )
     )
-    # At most N examples of each task's validation split (None: all of them): one fixed sample
-    # of N, the same for every run (`evaluation.sample_examples`), not the split's first N,
-    # which for a split sorted by source is not a sample of it (STS-B's first 500 dev pairs are
-    # image captions only: two of its six sources, no news or forums).
+    # At most N examples of each task's validation split (None: all of them), chosen as
+    # eval_selection says: 'sample', one fixed sample of N, the same for every run
+    # (`evaluation.select_examples`); 'first', the split's first N (how every run before
+    # 2026-12-05 chose them), which for a split sorted by source is not a sample of it (STS-B's
+    # first 500 dev pairs are image captions only: two of its six sources, no news or forums).
     config.eval_examples = ml_collections.config_dict.placeholder(int)
+    config.eval_selection = "sample"
     config.decode.max_length = ml_collections.config_dict.placeholder(int)  # None: targets_length
     return config
 

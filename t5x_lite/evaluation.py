@@ -13,6 +13,7 @@ are here too.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import warnings
 from pathlib import Path
@@ -125,7 +126,8 @@ def checkpoint_dir(path: str | Path) -> Path:
 
 
 def config_from_checkpoint(config: ml_collections.ConfigDict, checkpoint: str | Path,
-                           overrides: Mapping[str, Any]) -> ml_collections.ConfigDict:
+                           overrides: Mapping[str, Any], *,
+                           keep_neutral: bool = False) -> ml_collections.ConfigDict:
     """A copy of `config` with the model and vocabulary (`PARAMETER_FIELDS`) of the config
     saved with `checkpoint` (a workdir or its `checkpoints/`): the settings that give its
     parameters their shapes and its token ids their meaning. The rest stays `config`'s.
@@ -134,7 +136,9 @@ def config_from_checkpoint(config: ml_collections.ConfigDict, checkpoint: str | 
     already applied to `config`). One of a parameter-neutral model field (dtype, attention
     kernel, dropout, remat: `checkpointing.PARAMETER_NEUTRAL_FIELDS`) wins over the saved
     value; one of any other of those fields must agree with the checkpoint, else a one-line
-    `ConfigError` names the field and both values.
+    `ConfigError` names the field and both values. `keep_neutral` keeps `config`'s value of
+    every parameter-neutral field (`finetune --init_from`: the fine-tuning's own dtype,
+    kernel and dropout, as `--init_from_hf` keeps them; eval takes the run's).
     """
     directory = checkpoint_dir(checkpoint)
     path, saved = directory / checkpointing.CONFIG_FILE, checkpointing.read_saved_config(directory)
@@ -149,7 +153,7 @@ def config_from_checkpoint(config: ml_collections.ConfigDict, checkpoint: str | 
                          for field in PARAMETER_FIELDS if field.startswith("data.")})
     derived = copy.deepcopy(config)
     for field, value in saved_fields.items():
-        if field in overrides and field in checkpointing.PARAMETER_NEUTRAL_FIELDS:
+        if field in checkpointing.PARAMETER_NEUTRAL_FIELDS and (keep_neutral or field in overrides):
             continue  # a choice that leaves the parameters alone, e.g. scoring in bfloat16
         if field in overrides and _json_value(overrides[field]) != value:
             raise ConfigError(
@@ -184,34 +188,35 @@ def require_same(directory: Path, config: ml_collections.ConfigDict, fields: Seq
 # Evaluation
 
 
-# Seeds the one sample of a split that `finetune.eval_examples` keeps: a constant, so every run,
-# seed and grid point scores the same examples.
-EVAL_SAMPLE_SEED = 0
-
-
-def sample_examples(examples: Sequence[Any], limit: int | None) -> list[Any]:
-    """At most `limit` of `examples` (None: all): `limit` drawn without replacement by numpy's
-    generator seeded `EVAL_SAMPLE_SEED`, kept in the split's order. Not the first `limit`: a
-    split's file may be sorted by source (GLUE's STS-B dev lists 625 image-caption pairs first,
-    then forums, then news), where the first ones are not a sample of the split (TFDS prepares
-    its splits shuffled by key hash, our local TSV tasks read files in their order)."""
+def select_examples(examples: Sequence[Any], limit: int | None, selection: str) -> list[Any]:
+    """At most `limit` of `examples` (None: all), in the split's order, as
+    `finetune.eval_selection` says: 'first', the first `limit`; 'sample', the `limit` whose
+    indices have the smallest SHA-256 digests (a fixed sample, the same for every run, seed,
+    grid point and numpy version). The first ones are not a sample of a split whose file is
+    sorted by source (GLUE's STS-B dev lists 625 image-caption pairs, then forums, then news;
+    TFDS prepares its splits shuffled by key hash, our local TSV tasks read files in order)."""
     if limit is None or limit >= len(examples):
         return list(examples)
-    kept = np.random.default_rng(EVAL_SAMPLE_SEED).choice(len(examples), limit, replace=False)
-    return [examples[i] for i in np.sort(kept)]
+    if selection == "first":
+        return list(examples[:limit])
+    digests = sorted(range(len(examples)),
+                     key=lambda index: hashlib.sha256(str(index).encode()).digest())
+    return [examples[index] for index in sorted(digests[:limit])]
 
 
 class TaskSplit:
     """One task's split as text (`examples`) and as ids (`encoded`, cut to
     `finetune.inputs_length` / `targets_length`; `truncated` counts the cut ones, with one
-    warning). `limit` keeps a fixed sample of `limit` examples (`sample_examples`; None: all)."""
+    warning). `limit` keeps at most that many examples (None: all), as
+    `finetune.eval_selection` chooses them (`select_examples`)."""
 
     def __init__(self, task: tasks.Task, split: str, config: ml_collections.ConfigDict,
                  vocab: Vocabulary, limit: int | None = None):
         ft = config.finetune
         self.task, self.split = task, split
-        self.examples = sample_examples(task.examples(split, config.data.data_dir or None,
-                                                      config.data.data_root or None), limit)
+        self.examples = select_examples(task.examples(split, config.data.data_dir or None,
+                                                      config.data.data_root or None), limit,
+                                        ft.eval_selection)
         if not self.examples:
             raise ValueError(f"task {task.name!r} has no labeled {split} examples")
         encoded = pipeline.encode_examples(vocab, ((ex.inputs, ex.targets)

@@ -45,7 +45,7 @@ from t5x_lite.run_setup import RunPlan, set_up
 # every validation of the run, eval.jsonl's earlier ones included, so all must compare).
 _FINETUNE_DATA_FIELDS = ("finetune.tasks", "finetune.mixing_limit", "finetune.pack",
                          "finetune.inputs_length", "finetune.targets_length",
-                         "finetune.eval_examples", "finetune.decode")
+                         "finetune.eval_examples", "finetune.eval_selection", "finetune.decode")
 
 
 def finetune_train_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

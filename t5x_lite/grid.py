@@ -49,10 +49,10 @@ import ml_collections
 
 from t5x_lite import (accounting, architectures, objective_registry, objectives, partitioning,
                       presets)
-from t5x_lite.checkpointing import ADDED_MODEL_FIELDS, config_as_json
+from t5x_lite.checkpointing import ADDED_FIELDS, config_as_json, in_effect
 from t5x_lite.config import (BUDGETS, ConfigError, apply_overrides, call_get_config,
-                             drop_unread_objective_fields, parse_overrides, require_override_list,
-                             run_user_file)
+                             drop_unread_objective_fields, flat_fields, parse_overrides,
+                             require_override_list, run_user_file)
 from t5x_lite.errors import require_choice
 from t5x_lite.settings import (SCHEDULES_ENDING_AT_STEPS, Settings, Sweep, Train,
                                require_trainable)
@@ -268,15 +268,14 @@ def _computed_fields(config: ml_collections.ConfigDict) -> dict[str, Any]:
     objective fields its objective does not read and the held-out evaluation's fields."""
     plain = config_as_json(config)
     plain.pop("sweep", None)
-    # A model field added later hashes at None as before it existed, so that the records of
-    # sweeps run before still match.
-    for name in (field.removeprefix("model.") for field in ADDED_MODEL_FIELDS):
-        if name in plain["model"] and plain["model"][name] is None:
-            del plain["model"][name]
-    # So does the dropout on the attention weights (added 2026-12-05) where it drops nothing:
-    # switched off, or at dropout rate 0 (the tiny, demo and cpu presets).
-    if not (plain["model"].get("attention_dropout") and plain["model"].get("dropout_rate")):
-        plain["model"].pop("attention_dropout", None)
+    # A field added later hashes as before it existed where it acts as things did then (its
+    # value in effect is the one its absence means), so that the records of sweeps run before
+    # still match.
+    flat = in_effect(flat_fields(plain))
+    for field, absent in ADDED_FIELDS.items():
+        section, name = field.split(".")
+        if name in plain[section] and flat[field] == absent:
+            del plain[section][name]
     plain["objective"] = drop_unread_objective_fields(plain["objective"])
     # The held-out evaluation observes a run and changes none of its results
     # (`t5x_lite.held_out`), so switching it on resumes a sweep run without it.

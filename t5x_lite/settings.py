@@ -28,9 +28,9 @@ from typing import Any, ClassVar, Mapping
 import ml_collections
 
 from t5x_lite import architectures, objective_registry, partitioning, ul2
-from t5x_lite.config import (ATTENTION_IMPLS, BUDGETS, DECODE_METHODS, DTYPES, FUSED_ATTENTION,
-                             MIN_INPUTS_LENGTH, MLP_KINDS, NUM_RESERVED_IDS, OPTIMIZERS, SCHEDULES,
-                             UL2_DENOISERS, ConfigError)
+from t5x_lite.config import (ATTENTION_IMPLS, BUDGETS, DECODE_METHODS, DTYPES, EVAL_SELECTIONS,
+                             FUSED_ATTENTION, MIN_INPUTS_LENGTH, MLP_KINDS, NUM_RESERVED_IDS,
+                             OPTIMIZERS, SCHEDULES, UL2_DENOISERS, ConfigError)
 from t5x_lite.errors import require_choice, require_integer, require_number, require_positive
 
 # ---------------------------------------------------------------------------------------------
@@ -452,6 +452,7 @@ class Finetune(_Section):
     eval_every: int
     decode: Decode
     eval_examples: int | None  # None: all of them
+    eval_selection: str
 
     @classmethod
     def _read(cls, name: str, value: Any) -> Any:
@@ -469,6 +470,7 @@ class Finetune(_Section):
         require_integer("finetune.warmup_steps", self.warmup_steps, 0)
         if self.eval_examples is not None:
             require_integer("finetune.eval_examples", self.eval_examples, 1)
+        require_choice("finetune.eval_selection", self.eval_selection, EVAL_SELECTIONS)
         require_bool("finetune.pack", self.pack)
         require_warmup("finetune", self.schedule, self.warmup_steps, self.steps)
 

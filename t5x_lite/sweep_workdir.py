@@ -19,7 +19,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from t5x_lite.checkpointing import (CHECKPOINTS_DIR, RESUME_FIELDS, config_as_json,
+from t5x_lite.checkpointing import (ADDED_FIELDS, CHECKPOINTS_DIR, RESUME_FIELDS, config_as_json,
                                     config_differences, read_saved_config)
 from t5x_lite.config import ConfigError
 from t5x_lite.errors import PointBusy
@@ -63,9 +63,14 @@ def sweep_identity(experiment: str, points: Sequence[GridPoint],
     compute, which their config hash leaves out with the sweep section), as JSON reads them
     back, so it compares equal to the saved copy."""
     preset = points[0].preset
+    # An override that sets an added field to the value its absence means describes how a
+    # workdir begun before that field existed was run: it resumes that workdir
+    # (`checkpointing.ADDED_FIELDS`), so it is not part of the identity.
+    as_before = [[field, value] for field, value in ADDED_FIELDS.items()]
     return json.loads(json.dumps({
         "experiment": points[0].experiment, "preset": preset,
-        "overrides": [list(item) for item in user_overrides(experiment, preset, overrides)],
+        "overrides": [list(item) for item in user_overrides(experiment, preset, overrides)
+                      if list(item) not in as_before],
         GLUE_AS_ONE_TASK: points[0].config.sweep.glue_as_one_task}))
 
 

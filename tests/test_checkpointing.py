@@ -1,5 +1,6 @@
 """Checkpointer: sharded round trip, schedule and retention, damaged checkpoints, config checks,
 params-only restore. (Saving on SIGTERM / SIGINT is the loop's: test_loop.)"""
+import copy
 import json
 import logging
 import os
@@ -17,7 +18,8 @@ from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from t5x_lite.checkpointing import (RESUME_FIELDS, STEP_METADATA_FILE, Checkpointer,
-                                    restore_params_only, save_began_ns)
+                                    config_as_json, config_differences, restore_params_only,
+                                    save_began_ns)
 from t5x_lite.config import ConfigError, default_config
 from t5x_lite.errors import CheckpointsUnreadable
 
@@ -196,6 +198,32 @@ def test_after_a_failed_read_its_closed_loop_callbacks_are_dropped_and_nothing_e
     sys.unraisablehook(closed)
     sys.unraisablehook(other)
     assert other in seen and closed not in seen
+
+
+def test_a_run_saved_before_a_field_was_added_resumes_only_as_it_began(config):
+    """Configs saved before 2026-12-05 have no `model.attention_dropout` (the weights were never
+    dropped) nor `finetune.eval_selection` (the first eval_examples): each reads as that, so a
+    run with dropout resumes under the new default only when told to go on as it began; where
+    the field changes nothing (no dropout, every example scored) it resumes as it is. Starting
+    another run from the checkpoint (fine-tuning, eval: `("model",)`) may drop or not."""
+    config.model.dropout_rate = 0.1
+    config.finetune.eval_examples = 100
+    now = config_as_json(config)
+    saved = copy.deepcopy(now)
+    del saved["model"]["attention_dropout"], saved["finetune"]["eval_selection"]
+    resume = (*RESUME_FIELDS, "finetune.eval_examples", "finetune.eval_selection")
+    assert config_differences(saved, now, resume) == [
+        "finetune.eval_selection: saved 'first' != now 'sample'",
+        "model.attention_dropout: saved False != now True"]
+    assert config_differences(saved, now, ("model",)) == []
+    as_before = copy.deepcopy(now)
+    as_before["model"]["attention_dropout"] = False
+    as_before["finetune"]["eval_selection"] = "first"
+    assert config_differences(saved, as_before, resume) == []
+    for section, field, value in (("model", "dropout_rate", 0.0),
+                                  ("finetune", "eval_examples", None)):
+        saved[section][field] = now[section][field] = value
+    assert config_differences(saved, now, resume) == []
 
 
 def test_incompatible_config_is_refused_listing_the_fields(tmp_path, config):

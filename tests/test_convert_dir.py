@@ -14,7 +14,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from t5x_lite import cli, convert, decoding, partitioning, presets, train_state
+from t5x_lite import checkpointing, cli, convert, decoding, partitioning, presets, train_state
 from t5x_lite.config import ConfigError, sentinel_id
 from t5x_lite.data.vocabulary import load_vocabulary, train_vocabulary
 from tests.test_convert import V1_0, V1_1, _hf_logits, _hf_t5, _logits, _padded_batch
@@ -174,12 +174,15 @@ def test_a_run_started_from_a_checkpoint_directory_fine_tunes_under_the_preset(v
                                                                              capsys):
     """`train --init_from_hf DIR` then `finetune --init_from RUN` under the same preset: the
     preset's model is not RUN's (DIR's), which finetune refused, naming every differing field;
-    it now reads RUN's model and vocabulary, as `eval --checkpoint` does."""
+    it now reads RUN's model and vocabulary, as `eval --checkpoint` does, and keeps the
+    preset's compute and dropout settings (RUN pre-trained in bfloat16, the preset fine-tunes
+    in float32)."""
     directory = _write(_hf_t5(**dict(V1_1, vocab_size=ROWS)), tmp_path / "hf", spiece=vocab)
     run, tuned = tmp_path / "run", tmp_path / "tuned"
     cli.main(["t5x-lite", "train", "--preset", "tiny", f"--init_from_hf={directory}",
               f"--workdir={run}", "--config.train.steps=1", "--config.train.warmup_steps=1",
-              "--config.train.batch_size=8", "--config.objective.inputs_length=32"])
+              "--config.train.batch_size=8", "--config.objective.inputs_length=32",
+              "--config.model.dtype=bfloat16"])
     capsys.readouterr()
     cli.main(["t5x-lite", "finetune", "--preset", "tiny", f"--init_from={run}",
               f"--workdir={tuned}", "--tasks=builtin_reverse", "--config.finetune.steps=1",
@@ -188,9 +191,12 @@ def test_a_run_started_from_a_checkpoint_directory_fine_tunes_under_the_preset(v
     assert json.loads(capsys.readouterr().out)["steps"] == 1
     source, saved = (json.loads((path / "checkpoints" / "config.json").read_text())
                      for path in (run, tuned))
-    assert saved["model"] == source["model"] and saved["data"]["vocab"] == str(
-        directory / "spiece.model")
+    neutral = {field.removeprefix("model.") for field in checkpointing.PARAMETER_NEUTRAL_FIELDS}
+    assert {k: v for k, v in saved["model"].items() if k not in neutral} == {
+        k: v for k, v in source["model"].items() if k not in neutral}
+    assert saved["data"]["vocab"] == str(directory / "spiece.model")
     assert saved["model"]["d_model"] != presets.tiny().model.d_model
+    assert (source["model"]["dtype"], saved["model"]["dtype"]) == ("bfloat16", "float32")
 
 
 def test_init_from_hf_gives_the_run_its_model_and_parameters_in_the_run_layout(vocab, tmp_path):

@@ -90,35 +90,39 @@ def read_jsonl(path):
 
 def test_eval_examples_keep_one_fixed_sample_of_a_split_sorted_by_source():
     """`finetune.eval_examples` kept the split's first N: STS-B's first 500 dev pairs are image
-    captions (its file lists 625 of them, then 375 forum and 500 news pairs). Now N drawn
-    without replacement, in the split's order, the same every time; all when N covers it."""
+    captions (its file lists 625 of them, then 375 forum and 500 news pairs). 'sample' (the
+    default) keeps N drawn without replacement, in the split's order, the same every time;
+    'first' the first N, as runs before did; all when N covers the split."""
     split = [("captions", i) for i in range(625)] + [("forums", i) for i in range(375)] + [
         ("news", i) for i in range(500)]
-    kept = evaluation.sample_examples(split, 500)
+    kept = evaluation.select_examples(split, 500, "sample")
     assert len(kept) == len(set(kept)) == 500 and set(kept) <= set(split)
     assert kept == sorted(kept, key=split.index)  # the split's order
-    assert kept == evaluation.sample_examples(split, 500)
+    assert kept == evaluation.select_examples(list(split), 500, "sample")
     for source, size in (("captions", 625), ("forums", 375), ("news", 500)):
         share = sum(example[0] == source for example in kept) / 500
         # The hypergeometric standard deviation of the share is under 0.02 here.
         assert abs(share - size / len(split)) < 0.08, (source, share)
-    assert evaluation.sample_examples(split, None) == split
-    assert evaluation.sample_examples(split, len(split) + 1) == split
+    assert evaluation.select_examples(split, 500, "first") == split[:500]
+    for selection in ("sample", "first"):
+        assert evaluation.select_examples(split, None, selection) == split
+        assert evaluation.select_examples(split, len(split) + 1, selection) == split
 
 
-def test_a_task_split_scores_that_sample(data):
+def test_a_task_split_scores_the_selection_its_config_asks_for(data):
     config = config_for(data)
     vocab = pipeline.vocabulary_from_config(config)
     task = tasks.TASKS["test_reverse"]
     every = evaluation.TaskSplit(task, "validation", config, vocab)
     sampled = evaluation.TaskSplit(task, "validation", config, vocab, limit=10)
     assert len(every.examples) == VALIDATION_SIZE
-    assert sampled.examples == evaluation.sample_examples(every.examples, 10)
+    assert sampled.examples == evaluation.select_examples(every.examples, 10, "sample")
     assert sampled.examples != every.examples[:10]
+    config.finetune.eval_selection = "first"
+    first = evaluation.TaskSplit(task, "validation", config, vocab, limit=10)
+    assert first.examples == every.examples[:10]
 
 
-@pytest.mark.slow  # five pre-training and fine-tuning programs to compile
-@pytest.mark.parametrize("arch", architecture_names())
 def test_pretrain_then_finetune_decodes_and_scores_every_architecture(arch, data, pretrained,
                                                                        tmp_path):
     config = config_for(data, arch, targets_length=3)
