@@ -85,9 +85,6 @@ def read_jsonl(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-# --- end to end ------------------------------------------------------------------------------
-
-
 def test_eval_examples_keep_one_fixed_sample_of_a_split_sorted_by_source():
     """`finetune.eval_examples` kept the split's first N: STS-B's first 500 dev pairs are image
     captions (its file lists 625 of them, then 375 forum and 500 news pairs). 'sample' (the
@@ -123,6 +120,11 @@ def test_a_task_split_scores_the_selection_its_config_asks_for(data):
     assert first.examples == every.examples[:10]
 
 
+# --- end to end ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow  # five pre-training and fine-tuning programs to compile
+@pytest.mark.parametrize("arch", architecture_names())
 def test_pretrain_then_finetune_decodes_and_scores_every_architecture(arch, data, pretrained,
                                                                        tmp_path):
     config = config_for(data, arch, targets_length=3)
