@@ -79,15 +79,17 @@ ADDED_FIELDS = {
 }
 
 
-def in_effect(flat: dict[str, Any]) -> dict[str, Any]:
-    """A flat config (`flat_fields`) with each added field as it acts: dropout on the attention
-    weights is off without dropout (`model.dropout_rate` 0), and no selection is made of a
-    split kept whole (`finetune.eval_examples` None); a field with no effect reads as the value
-    its absence means, so that it changes neither a hash nor a resume."""
-    flat = dict(flat)
-    if "model.attention_dropout" in flat and not flat.get("model.dropout_rate"):
+def in_effect(flat: dict[str, Any], by: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A flat config (`flat_fields`) with each added field as it acts in the config `by` (flat
+    by default): dropout on the attention weights is off without dropout (`model.dropout_rate`
+    0), and no selection is made of a split kept whole (`finetune.eval_examples` None); a field
+    with no effect reads as the value its absence means, so that it changes no hash. A saved
+    config is read as its fields act in the current one (`config_differences`): a resume may
+    change the dropout rate, which switches the attention dropout on or off with it."""
+    flat, by = dict(flat), flat if by is None else by
+    if "model.attention_dropout" in flat and not by.get("model.dropout_rate"):
         flat["model.attention_dropout"] = False
-    if "finetune.eval_selection" in flat and flat.get("finetune.eval_examples") is None:
+    if "finetune.eval_selection" in flat and by.get("finetune.eval_examples") is None:
         flat["finetune.eval_selection"] = ADDED_FIELDS["finetune.eval_selection"]
     return flat
 
@@ -106,14 +108,15 @@ def config_differences(
     `saved` and `current` are configs as JSON data; `fields` are dotted names of sections
     ("model") or single fields ("train.seed"). Parameter-neutral model fields are ignored unless
     named themselves (`RESUME_FIELDS` names `model.attention_dropout`); one of `ADDED_FIELDS`
-    that `saved` lacks has the value its absence means there, and both are read `in_effect`.
+    that `saved` lacks has the value its absence means there, and both are read `in_effect` as
+    they act in `current`.
     """
     saved, current = (flat_fields({**config, "objective": drop_unread_objective_fields(
         config.get("objective", {}))}) for config in (saved, current))
     for key, absent in ADDED_FIELDS.items():
         if key in current:
             saved.setdefault(key, absent)
-    saved, current = in_effect(saved), in_effect(current)
+    saved, current = in_effect(saved, by=current), in_effect(current)
 
     def relevant(key: str) -> bool:
         under = any(key == field or key.startswith(field + ".") for field in fields)

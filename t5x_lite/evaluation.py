@@ -28,7 +28,7 @@ from jax.sharding import Mesh
 
 from t5x_lite import (architectures, batch_format, checkpointing, decoding, partitioning, programs,
                       train_state, train_step)
-from t5x_lite.config import ConfigError
+from t5x_lite.config import EVAL_SELECTIONS, ConfigError
 from t5x_lite.data import pipeline, tasks
 from t5x_lite.data.vocabulary import Vocabulary
 from t5x_lite.settings import Finetune, Model
@@ -195,6 +195,8 @@ def select_examples(examples: Sequence[Any], limit: int | None, selection: str) 
     grid point and numpy version). The first ones are not a sample of a split whose file is
     sorted by source (GLUE's STS-B dev lists 625 image-caption pairs, then forums, then news;
     TFDS prepares its splits shuffled by key hash, our local TSV tasks read files in order)."""
+    if selection not in EVAL_SELECTIONS:
+        raise ValueError(f"selection={selection!r} must be one of {', '.join(EVAL_SELECTIONS)}")
     if limit is None or limit >= len(examples):
         return list(examples)
     if selection == "first":

@@ -8,6 +8,7 @@ the same finished points (`require_one_view_of_the_workdir`).
 from __future__ import annotations
 
 import contextlib
+import copy
 import fcntl
 import hashlib
 import json
@@ -20,13 +21,16 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from t5x_lite.checkpointing import (ADDED_FIELDS, CHECKPOINTS_DIR, RESUME_FIELDS, config_as_json,
-                                    config_differences, read_saved_config)
-from t5x_lite.config import ConfigError
+                                    config_differences, in_effect, read_saved_config)
+from t5x_lite.config import ConfigError, flat_fields
 from t5x_lite.errors import PointBusy
 from t5x_lite.grid import OBSERVING_FIELDS, GridPoint, config_hash, user_overrides
 from t5x_lite.results import is_writer, run_key, write_json
 
 SWEEP_FILE = "sweep.json"
+
+
+_NOT_ADDED = object()  # a field not in ADDED_FIELDS (whose values may be None)
 
 
 def without_sweep_settings(identity: dict[str, Any]) -> dict[str, Any]:
@@ -37,11 +41,14 @@ def without_sweep_settings(identity: dict[str, Any]) -> dict[str, Any]:
     (`sweep.glue_as_one_task` does too: the identity holds its value, `sweep_identity`);
     so does `sweep.zero_shot=True` (what the records hold; False is the default, the same
     sweep as none). The held-out evaluation's fields (`grid.OBSERVING_FIELDS`) go too: they
-    change what a point measures, not what it computes."""
+    change what a point measures, not what it computes. So does an override that sets a field
+    added later to the value its absence means (`checkpointing.ADDED_FIELDS`): it says how a
+    workdir begun before the field existed was run, which resumes with it or without it (its
+    points' config hashes decide)."""
     def kept(field: str, value: Any) -> bool:
         if field == "sweep.zero_shot":
             return value is not False
-        if field in OBSERVING_FIELDS:
+        if field in OBSERVING_FIELDS or ADDED_FIELDS.get(field, _NOT_ADDED) == value:
             return False
         return not field.startswith("sweep.") or field.startswith("sweep.budget")
 
@@ -63,14 +70,9 @@ def sweep_identity(experiment: str, points: Sequence[GridPoint],
     compute, which their config hash leaves out with the sweep section), as JSON reads them
     back, so it compares equal to the saved copy."""
     preset = points[0].preset
-    # An override that sets an added field to the value its absence means describes how a
-    # workdir begun before that field existed was run: it resumes that workdir
-    # (`checkpointing.ADDED_FIELDS`), so it is not part of the identity.
-    as_before = [[field, value] for field, value in ADDED_FIELDS.items()]
     return json.loads(json.dumps({
         "experiment": points[0].experiment, "preset": preset,
-        "overrides": [list(item) for item in user_overrides(experiment, preset, overrides)
-                      if list(item) not in as_before],
+        "overrides": [list(item) for item in user_overrides(experiment, preset, overrides)],
         GLUE_AS_ONE_TASK: points[0].config.sweep.glue_as_one_task}))
 
 
@@ -126,11 +128,15 @@ def require_current(records: Sequence[dict], points: Sequence[GridPoint], path: 
         key = run_key(record)
         expected = hashes.get(key)
         if expected is not None and record.get("config_hash", expected) != expected:
+            began = as_it_began(by_key[key], record["config_hash"])
             raise ConfigError(
                 f"{path} holds a record of point {record['point']!r} (seed {record['seed']}) made "
-                f"with another config (config_hash {record['config_hash']}, now {expected}): the "
-                "grid or its defaults changed since; use a new --workdir, or delete that "
-                f"point's lines and its folder {by_key[key].directory(path.parent)} to run it again")
+                f"with another config (config_hash {record['config_hash']}, now {expected}): "
+                + (f"it was made before a default changed; pass {began} to resume the sweep as "
+                   "it began" if began else
+                   "the grid or its defaults changed since; use a new --workdir, or delete that "
+                   f"point's lines and its folder {by_key[key].directory(path.parent)} to run "
+                   "it again"))
         run = run_of.get(key, {}).get(record["task"])
         made = tuple(record.get("finetune_tasks", (record["task"],)))
         if record["status"] == "ok" and run is not None and made != run:
@@ -206,8 +212,27 @@ def _stale_work(point: GridPoint, workdir: Path) -> str | None:
         if path.is_file():
             saved_hash = json.loads(path.read_text()).get("config_hash", expected)
             if saved_hash != expected:
-                return f"its {task} record's config_hash {saved_hash}, now {expected}"
+                began = as_it_began(point, saved_hash)
+                return (f"its {task} record's config_hash {saved_hash}, now {expected}"
+                        + (f"; {began} resumes it as it began" if began else ""))
     return None
+
+
+def as_it_began(point: GridPoint, made_under: str) -> str:
+    """The overrides ('--config.F=V ...') that set the fields added since (`ADDED_FIELDS`)
+    which act in `point` to the values their absence means, when the point's config with them
+    hashes as `made_under` (a record's `config_hash`): its record was made before they were
+    added, and the sweep resumes as it began with them. '' when none does."""
+    config = copy.deepcopy(point.config)
+    flat = in_effect(flat_fields(config_as_json(config)))
+    changed = {field: value for field, value in ADDED_FIELDS.items()
+               if field in flat and flat[field] != value}
+    for field, value in changed.items():
+        section, name = field.split(".")
+        config[section][name] = value
+    if not changed or config_hash(config) != made_under:
+        return ""
+    return " ".join(f"--config.{field}={value}" for field, value in changed.items())
 
 
 def save_failures_as_recorded(points: Sequence[GridPoint], latest: dict[tuple, dict],

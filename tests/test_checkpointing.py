@@ -17,6 +17,7 @@ import pytest
 from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from t5x_lite import finetune
 from t5x_lite.checkpointing import (RESUME_FIELDS, STEP_METADATA_FILE, Checkpointer,
                                     config_as_json, config_differences, restore_params_only,
                                     save_began_ns)
@@ -211,7 +212,7 @@ def test_a_run_saved_before_a_field_was_added_resumes_only_as_it_began(config):
     now = config_as_json(config)
     saved = copy.deepcopy(now)
     del saved["model"]["attention_dropout"], saved["finetune"]["eval_selection"]
-    resume = (*RESUME_FIELDS, "finetune.eval_examples", "finetune.eval_selection")
+    resume = (*RESUME_FIELDS, *finetune._FINETUNE_DATA_FIELDS)  # a fine-tuning run's
     assert config_differences(saved, now, resume) == [
         "finetune.eval_selection: saved 'first' != now 'sample'",
         "model.attention_dropout: saved False != now True"]
@@ -224,6 +225,18 @@ def test_a_run_saved_before_a_field_was_added_resumes_only_as_it_began(config):
                                   ("finetune", "eval_examples", None)):
         saved[section][field] = now[section][field] = value
     assert config_differences(saved, now, resume) == []
+    # A resume may change the dropout rate, which switches the attention dropout with it: a run
+    # saved today with dropout 0 (attention_dropout True, in effect off) resumes at 0.1, and
+    # back. Only a run whose saved attention_dropout is False is held to it.
+    today = config_as_json(config)
+    today["model"]["dropout_rate"] = 0.0
+    later = copy.deepcopy(today)
+    later["model"]["dropout_rate"] = 0.1
+    assert config_differences(today, later, resume) == []
+    assert config_differences(later, today, resume) == []
+    today["model"]["attention_dropout"] = False
+    assert config_differences(today, later, resume) == [
+        "model.attention_dropout: saved False != now True"]
 
 
 def test_incompatible_config_is_refused_listing_the_fields(tmp_path, config):

@@ -3,6 +3,7 @@
 preset's sweep; `finetune` / `eval --preset` fine-tune as a sweep point does, every sweep task
 has the splits a sweep reads, and the sweep's config hashes stay as they were."""
 import glob
+import json
 import os
 import subprocess
 import sys
@@ -150,20 +151,40 @@ def test_the_sweep_config_hashes_are_unchanged(name, monkeypatch, shared_data):
     ("tiny", "--config.finetune.eval_selection=first", ("db079dc408dc8995", "f7bc18f5438fc2bc")),
 ])
 def test_a_workdir_begun_before_a_field_was_added_resumes_as_it_began(
-        name, as_before, before, monkeypatch, shared_data):
+        name, as_before, before, monkeypatch, shared_data, tmp_path):
     """The attention weights dropped and the validation examples sampled (2026-12-05) changed
     these presets' runs, so their points hash anew. The override that asks for the old
-    behaviour gives the hashes their records were made under, and it is not part of the sweep's
-    identity, so the workdir they are in takes it (a workdir of other overrides is refused)."""
+    behaviour gives the hashes their records were made under, the refusal of such a record
+    names it, and it is not part of the sweep's identity: a workdir begun before (no
+    overrides) or with it takes the sweep with it or without it; one of other overrides not."""
     if name in DATA_ROOT_PRESETS:
         shared_data("pretrain")
     monkeypatch.chdir(REPO)
-    points = grid.expand("table2", name, [as_before])
+    points, now = grid.expand("table2", name, [as_before]), grid.expand("table2", name)
     by_key = {(p.point, p.seed): p for p in points}
-    assert tuple(grid.config_hash(by_key[key].config) for key in (
-        ("encoder_decoder/denoising", 0), ("language_model/lm", 0))) == before
-    assert sweep_workdir.sweep_identity("table2", points, [as_before]) == \
-        sweep_workdir.sweep_identity("table2", grid.expand("table2", name), [])
+    keys = (("encoder_decoder/denoising", 0), ("language_model/lm", 0))
+    assert tuple(grid.config_hash(by_key[key].config) for key in keys) == before
+    record = {"point": keys[0][0], "seed": 0, "task": now[0].config.sweep.tasks[0],
+              "config_hash": before[0], "status": "failed"}
+    with pytest.raises(ConfigError, match=f"it was made before a default changed; pass "
+                                          f"{as_before} to resume the sweep as it began$"):
+        sweep_workdir.require_current([record], now, tmp_path / "results.jsonl")
+    sweep_workdir.require_current([record], points, tmp_path / "results.jsonl")
+    field, value = as_before.removeprefix("--config.").split("=")
+    for began_with in ([], [[field, value == "True" if value in ("True", "False") else value]]):
+        workdir = tmp_path / f"began_with_{len(began_with)}"
+        workdir.mkdir()
+        (workdir / sweep_workdir.SWEEP_FILE).write_text(json.dumps(
+            {"experiment": "table2", "preset": name, "overrides": began_with,
+             sweep_workdir.GLUE_AS_ONE_TASK: now[0].config.sweep.glue_as_one_task}))
+        for resumed in (points, now):
+            overrides = [as_before] if resumed is points else []
+            identity = sweep_workdir.sweep_identity("table2", resumed, overrides)
+            assert sweep_workdir.check_workdir(workdir, identity) == "same"
+    other = sweep_workdir.sweep_identity("table2", grid.expand(
+        "table2", name, ["--config.train.learning_rate=0.5"]), ["--config.train.learning_rate=0.5"])
+    with pytest.raises(ConfigError, match="holds a different sweep"):
+        sweep_workdir.check_workdir(tmp_path / "began_with_0", other)
 
 
 def _command_config(command, argv, monkeypatch):
