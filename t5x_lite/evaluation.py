@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import heapq
 import json
 import warnings
 from pathlib import Path
@@ -201,9 +202,9 @@ def select_examples(examples: Sequence[Any], limit: int | None, selection: str) 
         return list(examples)
     if selection == "first":
         return list(examples[:limit])
-    digests = sorted(range(len(examples)),
-                     key=lambda index: hashlib.sha256(str(index).encode()).digest())
-    return [examples[index] for index in sorted(digests[:limit])]
+    kept = heapq.nsmallest(limit, range(len(examples)),
+                           key=lambda index: hashlib.sha256(str(index).encode()).digest())
+    return [examples[index] for index in sorted(kept)]
 
 
 class TaskSplit:
