@@ -148,20 +148,22 @@ def factored_moments(state):
     return moments
 
 
-def test_scanned_training_on_a_sharded_mesh_matches_unscanned_on_one_device():
-    grid = [tiny_train_config().objective]
-    layout = objectives.layout_for(grid, "encoder_decoder", 160, 32)
+def train_steps(config, mesh, steps):
+    """(losses, state) after `steps` train steps of `config` from its initial state on `mesh`,
+    each on the same 8 rows of random text in a span-corruption layout (inputs 160 /
+    targets 32)."""
+    layout = objectives.layout_for([config.objective], "encoder_decoder", 160, 32)
     raw = np.random.default_rng(0).integers(3, 128, (8, layout.raw_length), dtype=np.int32)
-    spec = objectives.spec_from_config(grid[0])
+    spec = objectives.spec_from_config(config.objective)
+    state, step, losses = train_state.init_state(config, mesh), train_step.make_train_step(
+        config, layout, mesh), []
+    for _ in range(steps):
+        state, metrics = step(state, raw, spec, jax.random.key(0))
+        losses.append(float(metrics["loss"]))
+    return losses, state
 
-    def run(config, mesh):
-        state, step, losses = train_state.init_state(config, mesh), train_step.make_train_step(
-            config, layout, mesh), []
-        for _ in range(3):
-            state, metrics = step(state, raw, spec, jax.random.key(0))
-            losses.append(float(metrics["loss"]))
-        return losses, state
 
+def test_scanned_training_on_a_sharded_mesh_matches_unscanned_on_one_device():
     # d_model 128, d_ff 256: Adafactor factors a moment only when two dims are >= 128
     # (min_dim_size_to_factor), so at the tiny 32 x 64 nothing was factored and the scanned
     # [layers, d_model, d_ff] kernels' factoring (which must not pick the layers axis) went
@@ -169,12 +171,12 @@ def test_scanned_training_on_a_sharded_mesh_matches_unscanned_on_one_device():
     wide = dict(num_layers=NUM_LAYERS, d_model=128, d_ff=256)
     plain_config = tiny_train_config(mesh=(1, 1))
     plain_config.model.update(**wide)
-    plain_losses, plain_state = run(plain_config,
-                                    partitioning.make_mesh(plain_config.mesh, jax.devices()[:1]))
+    plain_losses, plain_state = train_steps(
+        plain_config, partitioning.make_mesh(plain_config.mesh, jax.devices()[:1]), 3)
     config = tiny_train_config(mesh=(2, 4))
     config.model.update(scan_layers=True, **wide)
     mesh = partitioning.make_mesh(config.mesh)
-    losses, state = run(config, mesh)
+    losses, state = train_steps(config, mesh, 3)
     np.testing.assert_allclose(losses, plain_losses, rtol=1e-5)
 
     expected = restacked(params_by_path(plain_state.params))
@@ -220,21 +222,10 @@ def test_a_scanned_decoder_of_another_depth_trains_as_unscanned():
     size: a scanned decoder deeper than its encoder failed inside the init's trace and was
     refused. Its stacks are now one group per depth and train as the unscanned model does;
     with one depth the group keeps the label every scanned checkpoint's state is saved under."""
-    grid = [tiny_train_config().objective]
-    layout = objectives.layout_for(grid, "encoder_decoder", 160, 32)
-    raw = np.random.default_rng(0).integers(3, 128, (8, layout.raw_length), dtype=np.int32)
-    spec = objectives.spec_from_config(grid[0])
-
     def run(scanned):
         config = tiny_train_config(mesh=(1, 1))
         config.model.update(num_layers=2, num_decoder_layers=3, scan_layers=scanned)
-        mesh = partitioning.make_mesh(config.mesh, jax.devices()[:1])
-        state, step, losses = train_state.init_state(config, mesh), train_step.make_train_step(
-            config, layout, mesh), []
-        for _ in range(2):
-            state, metrics = step(state, raw, spec, jax.random.key(0))
-            losses.append(float(metrics["loss"]))
-        return losses, state
+        return train_steps(config, partitioning.make_mesh(config.mesh, jax.devices()[:1]), 2)
 
     plain_losses, plain_state = run(False)
     losses, state = run(True)
