@@ -94,6 +94,15 @@ def in_effect(flat: dict[str, Any], by: dict[str, Any] | None = None) -> dict[st
     return flat
 
 
+def acting_added_fields(flat: dict[str, Any]) -> dict[str, Any]:
+    """{field: its value in effect} of the `ADDED_FIELDS` that the flat config `flat` has and
+    that act otherwise than their absence did: what a config hashes by beyond the fields a
+    record made before them had (`grid.config_hash`, `sweep_workdir.as_it_began`)."""
+    effect = in_effect(flat)
+    return {field: effect[field] for field, absent in ADDED_FIELDS.items()
+            if field in effect and effect[field] != absent}
+
+
 def config_as_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
     """The config as plain JSON data (tuples become lists), as it is stored on disk and
     compared with a saved one (`config_differences`)."""

@@ -49,7 +49,7 @@ import ml_collections
 
 from t5x_lite import (accounting, architectures, objective_registry, objectives, partitioning,
                       presets)
-from t5x_lite.checkpointing import ADDED_FIELDS, config_as_json, in_effect
+from t5x_lite.checkpointing import ADDED_FIELDS, acting_added_fields, config_as_json
 from t5x_lite.config import (BUDGETS, ConfigError, apply_overrides, call_get_config,
                              drop_unread_objective_fields, flat_fields, parse_overrides,
                              require_override_list, run_user_file)
@@ -271,11 +271,10 @@ def _computed_fields(config: ml_collections.ConfigDict) -> dict[str, Any]:
     # A field added later hashes as before it existed where it acts as things did then (its
     # value in effect is the one its absence means), so that the records of sweeps run before
     # still match.
-    flat = in_effect(flat_fields(plain))
-    for field, absent in ADDED_FIELDS.items():
+    acting = acting_added_fields(flat_fields(plain))
+    for field in ADDED_FIELDS.keys() - acting.keys():
         section, name = field.split(".")
-        if name in plain[section] and flat[field] == absent:
-            del plain[section][name]
+        plain[section].pop(name, None)
     plain["objective"] = drop_unread_objective_fields(plain["objective"])
     # The held-out evaluation observes a run and changes none of its results
     # (`t5x_lite.held_out`), so switching it on resumes a sweep run without it.

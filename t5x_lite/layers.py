@@ -415,10 +415,11 @@ class TransformerLayer(nnx.Module):
     """One pre-norm T5 layer: self-attention, optional cross-attention, MLP, each residual.
 
     Dropout sits where T5 puts it: on each sub-block's output before the residual add, inside
-    the MLP after the activation and on the attention weights (`model.attention_dropout`). A `shared` layer reuses another layer's
-    self-attention, MLP and their norms (the same objects, so one parameter set; `share`
-    hands them over): that is the `encoder_decoder_shared` architecture. Its cross-attention
-    and norm are always its own, and until `share` is called they are all it has.
+    the MLP after the activation and on the attention weights (`model.attention_dropout`). A
+    `shared` layer reuses another layer's self-attention, MLP and their norms (the same
+    objects, so one parameter set; `share` hands them over): that is the
+    `encoder_decoder_shared` architecture. Its cross-attention and norm are always its own, and
+    until `share` is called they are all it has.
     """
 
     def __init__(
@@ -438,8 +439,7 @@ class TransformerLayer(nnx.Module):
         def attention() -> Attention:
             return Attention(cfg.d_model, cfg.num_heads, cfg.d_kv, dtype=dtype,
                              implementation=implementation,
-                             weights_dropout_rate=cfg.dropout_rate if cfg.attention_dropout
-                             else 0.0, rngs=rngs)
+                             weights_dropout_rate=cfg.attention_weights_dropout_rate, rngs=rngs)
 
         if not shared:
             self.self_attention_norm = norm()

@@ -94,8 +94,7 @@ def require_trainable(model: Model) -> None:
     attention weights (`attention_dropout` at a `dropout_rate` above 0) with a kernel that
     never forms the weights ('xla', 'cudnn'); only the einsum path can drop them
     (`attention.dot_product_attention`)."""
-    drops_weights = model.attention_dropout and model.dropout_rate > 0
-    if drops_weights and model.attention_impl in FUSED_ATTENTION:
+    if model.attention_weights_dropout_rate > 0 and model.attention_impl in FUSED_ATTENTION:
         raise ConfigError(
             f"model.attention_impl={model.attention_impl!r} never forms the attention weights, "
             f"so it cannot drop them (model.attention_dropout=True, model.dropout_rate="
@@ -237,6 +236,12 @@ class Model(_Section):
     remat: bool
     scan_layers: bool
     embedding_rows: int | None  # None: vocab_size (MODEL_FIELD_DEFAULTS)
+
+    @property
+    def attention_weights_dropout_rate(self) -> float:
+        """The rate the attention weights are dropped at in training: `dropout_rate` with
+        `attention_dropout` (T5's), else 0."""
+        return self.dropout_rate if self.attention_dropout else 0.0
 
     @property
     def num_embeddings(self) -> int:

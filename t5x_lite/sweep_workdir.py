@@ -20,8 +20,9 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from t5x_lite.checkpointing import (ADDED_FIELDS, CHECKPOINTS_DIR, RESUME_FIELDS, config_as_json,
-                                    config_differences, in_effect, read_saved_config)
+from t5x_lite.checkpointing import (ADDED_FIELDS, CHECKPOINTS_DIR, RESUME_FIELDS,
+                                    acting_added_fields, config_as_json, config_differences,
+                                    read_saved_config)
 from t5x_lite.config import ConfigError, flat_fields
 from t5x_lite.errors import PointBusy
 from t5x_lite.grid import OBSERVING_FIELDS, GridPoint, config_hash, user_overrides
@@ -223,16 +224,16 @@ def as_it_began(point: GridPoint, made_under: str) -> str:
     which act in `point` to the values their absence means, when the point's config with them
     hashes as `made_under` (a record's `config_hash`): its record was made before they were
     added, and the sweep resumes as it began with them. '' when none does."""
-    config = copy.deepcopy(point.config)
-    flat = in_effect(flat_fields(config_as_json(config)))
-    changed = {field: value for field, value in ADDED_FIELDS.items()
-               if field in flat and flat[field] != value}
-    for field, value in changed.items():
-        section, name = field.split(".")
-        config[section][name] = value
-    if not changed or config_hash(config) != made_under:
+    acting = acting_added_fields(flat_fields(config_as_json(point.config)))
+    if not acting:
         return ""
-    return " ".join(f"--config.{field}={value}" for field, value in changed.items())
+    config = copy.deepcopy(point.config)
+    for field in acting:
+        section, name = field.split(".")
+        config[section][name] = ADDED_FIELDS[field]
+    if config_hash(config) != made_under:
+        return ""
+    return " ".join(f"--config.{field}={ADDED_FIELDS[field]}" for field in acting)
 
 
 def save_failures_as_recorded(points: Sequence[GridPoint], latest: dict[tuple, dict],
