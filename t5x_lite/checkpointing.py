@@ -76,6 +76,7 @@ ADDED_FIELDS = {
     "model.num_decoder_layers": None, "model.embedding_rows": None,
     "model.attention_dropout": False,  # 2026-12-05: the attention weights were never dropped
     "finetune.eval_selection": "first",  # 2026-12-05: eval_examples kept a split's first N
+    "finetune.optimizer_state": "fresh",  # 2026-12-05: fine-tuning began a new optimiser state
 }
 
 
@@ -454,12 +455,25 @@ def restore_params_only(
     *,
     config: ml_collections.ConfigDict | None = None,
 ) -> Any:
-    """Parameters of the newest readable checkpoint in `directory`, without optimizer state.
+    """Parameters of the newest readable checkpoint in `directory`, without optimizer state
+    (`restore_parts` of `{"params": abstract_params}`)."""
+    return restore_parts(directory, {"params": abstract_params}, config=config)["params"]
 
-    For fine-tuning from a pre-training run: only the `params` subtree of the saved train
-    state is read, into `abstract_params`' shapes and shardings. If `config` is given, its
-    model structure must match the saved run's (`ConfigError` lists the differences). The
-    folder is opened read-only; unreadable checkpoints are skipped with a warning, not moved.
+
+def restore_parts(
+    directory: str | epath.PathLike,
+    abstract_parts: dict[str, Any],
+    *,
+    config: ml_collections.ConfigDict | None = None,
+) -> dict[str, Any]:
+    """Some fields of the train state saved in the newest readable checkpoint in `directory`.
+
+    For fine-tuning from a pre-training run: `abstract_parts` maps the `TrainState` fields to
+    read ("params", and "opt_state" to carry the optimiser on) to their abstract trees, whose
+    shapes and shardings they are read into; the rest of the saved state is not read. If
+    `config` is given, its model structure must match the saved run's (`ConfigError` lists the
+    differences). The folder is opened read-only; unreadable checkpoints are skipped with a
+    warning, not moved.
     """
     directory = epath.Path(os.path.abspath(directory))
     if config is not None:
@@ -476,9 +490,7 @@ def restore_params_only(
         directory, options=ocp.CheckpointManagerOptions(read_only=True)
     )
     try:
-        restored, _ = _restore_newest(
-            manager, _restore_args({"params": abstract_params}, partial=True)
-        )
+        restored, _ = _restore_newest(manager, _restore_args(abstract_parts, partial=True))
     finally:
         manager.close()
-    return restored["params"]
+    return {name: restored[name] for name in abstract_parts}

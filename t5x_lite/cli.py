@@ -246,7 +246,7 @@ def _train(argv: list[str]) -> None:
 def _finetune(argv: list[str]) -> None:
     from t5x_lite.distributed import initialize_distributed
     from t5x_lite.evaluation import config_from_checkpoint
-    from t5x_lite.finetune import finetune
+    from t5x_lite.finetune import finetune, require_optimizer_state_source
 
     parser = _config_parser("finetune", _FINETUNE_PRESET_HELP)
     _add_run_flags(parser, "eval.jsonl, metrics.jsonl and checkpoints")
@@ -259,8 +259,10 @@ def _finetune(argv: list[str]) -> None:
     parser.add_argument("--tasks", type=_comma_list, help="task names, comma-separated "
                         "(default: config.finetune.tasks, with --preset its sweep's tasks)")
     args, overrides = _parse(parser, argv)
-    config, params = _hf_start(_config(args, overrides, presets.finetune_preset),
-                               args.init_from_hf, overrides)
+    config = _config(args, overrides, presets.finetune_preset)
+    if args.init_from is None:  # refused before a Hugging Face checkpoint is loaded
+        require_optimizer_state_source(config, None)
+    config, params = _hf_start(config, args.init_from_hf, overrides)
     if args.init_from is not None:  # the model it fine-tunes is the source's, as eval scores it
         config = config_from_checkpoint(config, args.init_from, parse_overrides(config, overrides),
                                         keep_neutral=True)

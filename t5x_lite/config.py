@@ -38,6 +38,7 @@ OPTIMIZERS = ("adafactor", "adamw")
 SCHEDULES = ("rsqrt", "linear", "cosine", "constant")
 DECODE_METHODS = ("greedy", "sample", "beam")
 EVAL_SELECTIONS = ("sample", "first")
+OPTIMIZER_STATES = ("fresh", "continue")
 # The ul2 objective's default mixture (`objective.ul2_denoisers`): (kind, noise_density,
 # mean_noise_span_length, share) per denoiser, the UL2 paper's seven (section 3.1.2; the S-
 # denoiser's mean span is L/4, set by its rate, so its 1.0 is unused), S 20% and the R- and
@@ -230,6 +231,15 @@ def finetune_config() -> ml_collections.ConfigDict:
     config.eval_examples = ml_collections.config_dict.placeholder(int)
     config.eval_selection = "sample"
     config.decode.max_length = ml_collections.config_dict.placeholder(int)  # None: targets_length
+    # What the optimiser starts from: 'fresh', a new state and update count (how every run
+    # before 2026-12-05 began); 'continue', the pre-training run's state (its optimizer must be
+    # the same) and update count carried on, as T5's code does (Mesh TF's `finetune` restores
+    # every variable of the pre-trained checkpoint, global step and Adafactor's moments
+    # included, and trains `finetune_steps` more; T5X's fine-tuning configs count on from
+    # 1,000,000 too), so Adafactor's second-moment decay 1 - t^-0.8 reads the continued count
+    # (t = pre-training steps + fine-tuning steps + 1; fresh, it starts at 1: no memory), as
+    # would a schedule, hence 'constant' only. The `paper` and `small` presets continue.
+    config.optimizer_state = "fresh"
     return config
 
 

@@ -1,6 +1,7 @@
 """Fine-tuning a pre-trained model on downstream tasks: the paper's second stage.
 
-    pre-training checkpoint --params only--> finetune(config, workdir, init_from=...)
+    pre-training checkpoint --params (and, to continue, optimiser state)-->
+        finetune(config, workdir, init_from=...)
         task examples -> the pre-training vocabulary -> MixtureData batches (f(seed, step))
         -> train_step.make_finetune_step (the pre-training update on ready batches)
         every finetune.eval_every steps and at the end: evaluation.Evaluator on the
@@ -9,8 +10,9 @@
 
 A fine-tuning run is a run of the one set-up (`run_setup.set_up`, `loop.run_loop`) like
 pre-training; what it brings is its data, its step on ready batches, and its start from the
-checkpoint's parameters only, with a fresh optimiser state (a choice: T5's code continues the
-pre-training's; README, "Where the model and its training differ"). Its own
+checkpoint's parameters with a fresh optimiser state, or with the pre-training's carried on
+(`finetune.optimizer_state='continue'`, as T5's code does; `require_optimizer_state_source`
+says when it can). Its step count starts at 0 either way. Its own
 checkpoints under `workdir/checkpoints` make it resumable, and `eval.jsonl` keeps the
 validation history that the best scores are taken from, so they survive a resume.
 """
@@ -40,12 +42,14 @@ from t5x_lite.results import write_json
 from t5x_lite.run_setup import RunPlan, set_up
 
 # Fields a resumed fine-tuning run must share with the run that wrote its checkpoints, besides
-# `checkpointing.RESUME_FIELDS`: they fix which examples the step-indexed batches hold, and
-# which examples validation scores and how it decodes them (the best scores are chosen among
-# every validation of the run, eval.jsonl's earlier ones included, so all must compare).
-_FINETUNE_DATA_FIELDS = ("finetune.tasks", "finetune.mixing_limit", "finetune.pack",
-                         "finetune.inputs_length", "finetune.targets_length",
-                         "finetune.eval_examples", "finetune.eval_selection", "finetune.decode")
+# `checkpointing.RESUME_FIELDS`: they fix which examples the step-indexed batches hold, which
+# examples validation scores and how it decodes them (the best scores are chosen among
+# every validation of the run, eval.jsonl's earlier ones included, so all must compare), and
+# what the optimiser began from.
+_FINETUNE_RESUME_FIELDS = ("finetune.tasks", "finetune.mixing_limit", "finetune.pack",
+                           "finetune.inputs_length", "finetune.targets_length",
+                           "finetune.eval_examples", "finetune.eval_selection",
+                           "finetune.decode", "finetune.optimizer_state")
 
 
 def finetune_train_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -57,6 +61,30 @@ def finetune_train_config(config: ml_collections.ConfigDict) -> ml_collections.C
                          learning_rate=ft.learning_rate, warmup_steps=ft.warmup_steps,
                          steps=ft.steps, batch_size=ft.batch_size)
     return derived
+
+
+def require_optimizer_state_source(config: ml_collections.ConfigDict,
+                                   pretraining: dict[str, Any] | None) -> None:
+    """Refuse, in one line before any work, `finetune.optimizer_state='continue'` from a start
+    that holds no optimiser state (`pretraining` None: `--init_from_hf` or random parameters)
+    or that of another optimiser (`pretraining`: the config the source run saved, as JSON;
+    its `train.optimizer`, and Adafactor's weight-decay stage, must be the fine-tuning's:
+    `finetune.optimizer`). A 'fresh' start is always possible."""
+    if config.finetune.optimizer_state != "continue":
+        return
+    if pretraining is None:
+        raise ConfigError(
+            "finetune.optimizer_state='continue' carries on the optimiser state of the "
+            "pre-training run that --init_from names; a start from --init_from_hf or from "
+            "random parameters has none: set --config.finetune.optimizer_state=fresh")
+    differences = checkpointing.config_differences(
+        pretraining, checkpointing.config_as_json(finetune_train_config(config)),
+        ("train.optimizer",))
+    if differences:
+        raise ConfigError(
+            "finetune.optimizer_state='continue' carries on the pre-training's optimiser "
+            f"state, which the fine-tuning's (finetune.optimizer) cannot: {'; '.join(differences)}"
+            "; set finetune.optimizer to the pre-training's, or finetune.optimizer_state=fresh")
 
 
 class _TaskData:
@@ -138,7 +166,8 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
     """Fine-tune on `config.finetune.tasks` in `workdir` and return the best validation scores.
 
     init_from: a pre-training run (a `train.train` workdir or its `checkpoints/`) whose
-    parameters (only; the optimiser state starts fresh) start the run; its model and
+    parameters start the run, with a fresh optimiser state or, under
+    `finetune.optimizer_state='continue'`, its own (of the same optimiser); its model and
     vocabulary must be `config`'s; or parameters of `config`'s model (`nnx.State`, e.g. a
     Hugging Face checkpoint's from `convert.with_hf_t5`). None starts from random parameters.
     Resumes from `workdir/checkpoints` (`restart=True` deletes them). Validates every
@@ -162,7 +191,10 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
             raise ConfigError(f"--init_from {init_from} is this run's own workdir {workdir}: "
                               "fine-tune into a workdir of its own")
         require_same(source, config, PARAMETER_FIELDS, "hold another model or vocabulary")
+        require_optimizer_state_source(config, checkpointing.read_saved_config(source))
         source_record = _source_record(workdir, source, restart)
+    else:
+        require_optimizer_state_source(config, None)
     ft_config = finetune_train_config(config)
 
     def fresh_state(point: ml_collections.ConfigDict, mesh: Mesh) -> train_state.TrainState:
@@ -170,9 +202,13 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
             return train_state.init_state(point, mesh)
         if isinstance(source, nnx.State):
             return train_state.state_from_params(point, mesh, source)
-        abstract = train_state.abstract_state(point, mesh).params
-        params = checkpointing.restore_params_only(source, abstract)
-        return train_state.state_from_params(point, mesh, params)
+        abstract = train_state.abstract_state(point, mesh)
+        parts = {"params": abstract.params}
+        if ft.optimizer_state == "continue":
+            parts["opt_state"] = abstract.opt_state
+        restored = checkpointing.restore_parts(source, parts)
+        return train_state.state_from_params(point, mesh, restored["params"],
+                                             restored.get("opt_state"))
 
     plan = RunPlan(
         configs=[ft_config], workdirs=[workdir],
@@ -181,10 +217,13 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
         step_args=(train_state.step_key(config.train.seed),),
         lengths=(ft.inputs_length, ft.targets_length), fresh_state=fresh_state,
         batch_field="finetune.batch_size",
-        resume_fields=checkpointing.RESUME_FIELDS + _FINETUNE_DATA_FIELDS)
+        resume_fields=checkpointing.RESUME_FIELDS + _FINETUNE_RESUME_FIELDS)
     with set_up(plan, progress=progress, restart=restart) as run:
         if source_record is not None:
             write_json(workdir / SOURCE_FILE, source_record)
+            if ft.optimizer_state == "continue":
+                run.progress.note(f"the optimiser state of {source} carries on from its "
+                                  f"update {source_record['step']}")
         evaluator = Evaluator(config, run.data.validation, run.data.vocab, run.mesh)
         log = EvalLog(workdir, run.start)
 

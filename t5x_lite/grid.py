@@ -343,7 +343,7 @@ def _validate(config: ml_collections.ConfigDict, where: str) -> None:
     over processes, the objective against the architecture, each task's splits and, for a local
     task, its data.data_root, that a zero-shot sweep has a task to score zero-shot, that the
     architecture can decode as `finetune.decode` says and that the pre-training corpus exists."""
-    from t5x_lite import evaluation, zero_shot
+    from t5x_lite import evaluation, finetune, zero_shot
     from t5x_lite.data import pipeline, tasks
 
     try:
@@ -361,6 +361,8 @@ def _validate(config: ml_collections.ConfigDict, where: str) -> None:
                 f"sweep.zero_shot=True needs a task with label options (a classification task, "
                 f"e.g. builtin_module); sweep.tasks={list(settings.sweep.tasks)} has none")
         evaluation.require_slot_decoding(settings.model.arch, settings.finetune)
+        # The point fine-tunes from its own pre-training, whose config is this one.
+        finetune.require_optimizer_state_source(config, config_as_json(config))
         if settings.data.vocab and not os.path.isfile(settings.data.vocab):
             raise ConfigError(f"data.vocab={settings.data.vocab!r} is not a file; give a "
                               "SentencePiece .model path, or '' to train one on data.corpus")

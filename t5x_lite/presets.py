@@ -176,7 +176,8 @@ class _Sweep:
 
 
 # The paper fine-tunes for 2^18 steps with batch 128 and a constant learning rate of 1e-3
-# (Adafactor), GLUE's tasks as one; `small` does too (scaled down). `cpu` fine-tunes each task
+# (Adafactor, its state and update count carried on from the pre-training, as T5's code does),
+# GLUE's tasks as one; `small` does too (scaled down). `cpu` fine-tunes each task
 # alone, as its measured tables (experiments/README.md) were made, and 200 steps on sst2 and
 # stsb mixed would give stsb under a twelfth of them; `tiny` and `demo` have no GLUE task. The
 # smaller presets scale steps and lengths down with their pre-training, and
@@ -184,11 +185,11 @@ class _Sweep:
 # it learns where Adafactor at 1e-3 barely moves).
 _SWEEPS = {
     "paper": _Sweep(PAPER_TASKS, dict(
-        steps=2**18, batch_size=128, inputs_length=512, targets_length=128, eval_every=5000),
-        glue_as_one_task=True),
+        steps=2**18, batch_size=128, inputs_length=512, targets_length=128, eval_every=5000,
+        optimizer_state="continue"), glue_as_one_task=True),
     "small": _Sweep(LOCAL_TASKS, dict(
-        steps=2**13, batch_size=64, inputs_length=512, targets_length=128, eval_every=1000),
-        glue_as_one_task=True),
+        steps=2**13, batch_size=64, inputs_length=512, targets_length=128, eval_every=1000,
+        optimizer_state="continue"), glue_as_one_task=True),
     "tiny": _Sweep(BUILTIN_TASKS, dict(
         steps=500, batch_size=16, inputs_length=128, targets_length=32, eval_every=250,
         eval_examples=200, optimizer="adamw", learning_rate=1e-3)),

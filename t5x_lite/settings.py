@@ -30,7 +30,7 @@ import ml_collections
 from t5x_lite import architectures, objective_registry, partitioning, ul2
 from t5x_lite.config import (ATTENTION_IMPLS, BUDGETS, DECODE_METHODS, DTYPES, EVAL_SELECTIONS,
                              FUSED_ATTENTION, MIN_INPUTS_LENGTH, MLP_KINDS, NUM_RESERVED_IDS,
-                             OPTIMIZERS, SCHEDULES, UL2_DENOISERS, ConfigError)
+                             OPTIMIZER_STATES, OPTIMIZERS, SCHEDULES, UL2_DENOISERS, ConfigError)
 from t5x_lite.errors import require_choice, require_integer, require_number, require_positive
 
 # ---------------------------------------------------------------------------------------------
@@ -458,6 +458,7 @@ class Finetune(_Section):
     decode: Decode
     eval_examples: int | None  # None: all of them
     eval_selection: str
+    optimizer_state: str  # 'fresh' | 'continue' (the pre-training's, as T5's code does)
 
     @classmethod
     def _read(cls, name: str, value: Any) -> Any:
@@ -478,6 +479,14 @@ class Finetune(_Section):
         require_choice("finetune.eval_selection", self.eval_selection, EVAL_SELECTIONS)
         require_bool("finetune.pack", self.pack)
         require_warmup("finetune", self.schedule, self.warmup_steps, self.steps)
+        require_choice("finetune.optimizer_state", self.optimizer_state, OPTIMIZER_STATES)
+        if self.optimizer_state == "continue" and self.schedule != "constant":
+            # The schedules read the optimiser's update count, which then counts on from the
+            # pre-training's: past the end of 'linear' / 'cosine', far down 'rsqrt'.
+            raise ConfigError(
+                f"finetune.schedule={self.schedule!r} reads the update count, which "
+                "finetune.optimizer_state='continue' carries on from the pre-training's: use "
+                "finetune.schedule='constant' (the paper's), or finetune.optimizer_state='fresh'")
 
 
 @dataclasses.dataclass(frozen=True)

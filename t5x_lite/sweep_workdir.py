@@ -11,6 +11,7 @@ import contextlib
 import copy
 import fcntl
 import hashlib
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -220,20 +221,21 @@ def _stale_work(point: GridPoint, workdir: Path) -> str | None:
 
 
 def as_it_began(point: GridPoint, made_under: str) -> str:
-    """The overrides ('--config.F=V ...') that set the fields added since (`ADDED_FIELDS`)
-    which act in `point` to the values their absence means, when the point's config with them
-    hashes as `made_under` (a record's `config_hash`): its record was made before they were
-    added, and the sweep resumes as it began with them. '' when none does."""
-    acting = acting_added_fields(flat_fields(config_as_json(point.config)))
-    if not acting:
-        return ""
-    config = copy.deepcopy(point.config)
-    for field in acting:
-        section, name = field.split(".")
-        config[section][name] = ADDED_FIELDS[field]
-    if config_hash(config) != made_under:
-        return ""
-    return " ".join(f"--config.{field}={ADDED_FIELDS[field]}" for field in acting)
+    """The overrides ('--config.F=V ...') that set some of the fields added since
+    (`ADDED_FIELDS`) which act in `point` to the values their absence means, when the point's
+    config with them hashes as `made_under` (a record's `config_hash`): its record was made
+    before they were added (those that came after it), and the sweep resumes as it began with
+    them. The fewest such fields; '' when no choice of them does."""
+    acting = list(acting_added_fields(flat_fields(config_as_json(point.config))))
+    for count in range(1, len(acting) + 1):
+        for fields in itertools.combinations(acting, count):
+            config = copy.deepcopy(point.config)
+            for field in fields:
+                section, name = field.split(".")
+                config[section][name] = ADDED_FIELDS[field]
+            if config_hash(config) == made_under:
+                return " ".join(f"--config.{field}={ADDED_FIELDS[field]}" for field in fields)
+    return ""
 
 
 def save_failures_as_recorded(points: Sequence[GridPoint], latest: dict[tuple, dict],

@@ -143,20 +143,25 @@ def init_state(config: ml_collections.ConfigDict, mesh: Mesh) -> TrainState:
 
 
 def state_from_params(
-    config: ml_collections.ConfigDict, mesh: Mesh, params: nnx.State
+    config: ml_collections.ConfigDict, mesh: Mesh, params: nnx.State,
+    opt_state: optax.OptState | None = None,
 ) -> TrainState:
-    """A train state at step 0 holding `params` and a fresh optimiser state (fine-tuning from
-    a checkpoint's parameters only), created in the state's shardings."""
-    settings = step_settings(config)
-    key = (settings, mesh, "from params")
+    """A train state at step 0 holding `params` (fine-tuning from a checkpoint's parameters),
+    created in the state's shardings, with a fresh optimiser state, or `opt_state` carried on
+    (`finetune.optimizer_state='continue'`: the pre-training's, its update count included)."""
+    settings, fresh = step_settings(config), opt_state is None
+    key = (settings, mesh, "from params", fresh)
     if key not in _INITS:
         tx = optimizer(settings)
         shardings = jax.tree.map(lambda s: s.sharding, settings_abstract_state(settings, mesh))
-        _INITS[key] = jax.jit(
-            lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p)),
-            in_shardings=(shardings.params,), out_shardings=shardings,
-        )
-    return _INITS[key](params)
+
+        def start(p: nnx.State, o: optax.OptState | None) -> TrainState:
+            return TrainState(step=jnp.zeros((), jnp.int32), params=p,
+                              opt_state=tx.init(p) if fresh else o)
+
+        _INITS[key] = jax.jit(start, out_shardings=shardings, in_shardings=(
+            shardings.params, None if fresh else shardings.opt_state))
+    return _INITS[key](params, opt_state)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -203,26 +203,31 @@ def test_after_a_failed_read_its_closed_loop_callbacks_are_dropped_and_nothing_e
 
 def test_a_run_saved_before_a_field_was_added_resumes_only_as_it_began(config):
     """Configs saved before 2026-12-05 have no `model.attention_dropout` (the weights were never
-    dropped) nor `finetune.eval_selection` (the first eval_examples): each reads as that, so a
-    run with dropout resumes under the new default only when told to go on as it began; where
+    dropped), `finetune.eval_selection` (the first eval_examples) nor
+    `finetune.optimizer_state` (a fresh one): each reads as that, so a run with dropout (or a
+    fine-tuning now set to continue) resumes only when told to go on as it began; where
     the field changes nothing (no dropout, every example scored) it resumes as it is. Starting
     another run from the checkpoint (fine-tuning, eval: `("model",)`) may drop or not."""
     config.model.dropout_rate = 0.1
-    config.finetune.eval_examples = 100
+    config.finetune.update(eval_examples=100, optimizer_state="continue")
     now = config_as_json(config)
     saved = copy.deepcopy(now)
-    del saved["model"]["attention_dropout"], saved["finetune"]["eval_selection"]
-    resume = (*RESUME_FIELDS, *finetune._FINETUNE_DATA_FIELDS)  # a fine-tuning run's
+    for section, field in (("model", "attention_dropout"), ("finetune", "eval_selection"),
+                           ("finetune", "optimizer_state")):
+        del saved[section][field]
+    resume = (*RESUME_FIELDS, *finetune._FINETUNE_RESUME_FIELDS)  # a fine-tuning run's
     assert config_differences(saved, now, resume) == [
         "finetune.eval_selection: saved 'first' != now 'sample'",
+        "finetune.optimizer_state: saved 'fresh' != now 'continue'",
         "model.attention_dropout: saved False != now True"]
     assert config_differences(saved, now, ("model",)) == []
     as_before = copy.deepcopy(now)
     as_before["model"]["attention_dropout"] = False
-    as_before["finetune"]["eval_selection"] = "first"
+    as_before["finetune"].update(eval_selection="first", optimizer_state="fresh")
     assert config_differences(saved, as_before, resume) == []
     for section, field, value in (("model", "dropout_rate", 0.0),
-                                  ("finetune", "eval_examples", None)):
+                                  ("finetune", "eval_examples", None),
+                                  ("finetune", "optimizer_state", "fresh")):
         saved[section][field] = now[section][field] = value
     assert config_differences(saved, now, resume) == []
     # A resume may change the dropout rate, which switches the attention dropout with it: a run

@@ -523,6 +523,31 @@ def test_the_cudnn_kernel_off_a_gpu_is_one_line_before_any_folder(command, tmp_p
     assert not workdir.exists()
 
 
+def test_continuing_an_optimiser_state_that_cannot_be_is_one_line_before_any_folder(tmp_path):
+    """`finetune --preset paper` continues the pre-training's optimiser state (as T5's code
+    does): a Hugging Face checkpoint holds none, which is said before it is read (the folder
+    here does not even exist). A sweep point fine-tunes from its own pre-training, so another
+    optimiser for the two is refused when the grid is checked, before any point runs."""
+    workdir = tmp_path / "run"
+    stopped = _exit_of("finetune", "--preset=paper", f"--init_from_hf={tmp_path / 'no_hf'}",
+                       f"--workdir={workdir}")
+    assert str(stopped.code) == (
+        "t5x-lite finetune: invalid config: finetune.optimizer_state='continue' carries on the "
+        "optimiser state of the pre-training run that --init_from names; a start from "
+        "--init_from_hf or from random parameters has none: set "
+        "--config.finetune.optimizer_state=fresh")
+    stopped = _exit_of("sweep", "table6", "--preset=demo", f"--workdir={workdir}",
+                       "--config.finetune.optimizer_state=continue",
+                       "--config.finetune.optimizer=adafactor")
+    assert str(stopped.code).startswith("t5x-lite sweep: invalid config: ")
+    assert str(stopped.code).endswith(
+        "finetune.optimizer_state='continue' carries on the pre-training's optimiser state, "
+        "which the fine-tuning's (finetune.optimizer) cannot: train.optimizer: saved 'adamw' "
+        "!= now 'adafactor'; set finetune.optimizer to the pre-training's, or "
+        "finetune.optimizer_state=fresh")
+    assert not workdir.exists()
+
+
 def test_finetune_and_eval_read_their_flags_and_check_the_checkpoint_first(tmp_path):
     """`finetune` / `eval` take the preset, overrides, --tasks and the run to start from, and
     stop with the path in a one-line message, before any data is built, when it holds no

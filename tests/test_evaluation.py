@@ -320,6 +320,46 @@ def test_finetuning_restores_only_the_parameters_and_starts_a_fresh_optimizer(da
         np.testing.assert_allclose(fine, pre, atol=1e-6)
 
 
+def test_continuing_carries_the_pre_training_s_adafactor_moments_and_update_count_on(
+        data, pretrained, tmp_path):
+    """finetune.optimizer_state='continue', as Mesh TF restores every variable of the
+    pre-trained checkpoint (global step and Adafactor's slots) and trains on: after one
+    fine-tuning step the update count is 2 + 1, and each second-moment statistic follows
+    Adafactor's rule v <- b v + (1 - b) g^2 with b = 1 - t^-0.8 at t = 3 from the
+    pre-training's v. A fresh run on the same batch has b = 0 (t = 1), so its v is the g^2
+    term itself: the same parameters and batch give both runs the same gradient."""
+    source = pretrained("encoder_decoder")
+    states = {}
+    for optimizer_state in ("fresh", "continue"):
+        config = config_for(data, steps=1, optimizer_state=optimizer_state)
+        config.checkpoint.every = 1
+        finetune.finetune(config, tmp_path / optimizer_state, init_from=str(source),
+                          progress=False)
+        ft_config = finetune.finetune_train_config(config)
+        mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "model"))
+        abstract = train_state.abstract_state(ft_config, mesh)
+        with checkpointing.Checkpointer(tmp_path / optimizer_state / "checkpoints", every=1,
+                                        keep=1, config=ft_config) as checkpointer:
+            states[optimizer_state] = checkpointer.restore(abstract)
+    pre = checkpointing.restore_parts(source / "checkpoints",
+                                      {"opt_state": abstract.opt_state})["opt_state"]
+    decay = 1 - 3.0 ** -0.8
+    checked = 0
+    for (path, before), fresh, continued in zip(
+            jax.tree_util.tree_leaves_with_path(pre),
+            jax.tree.leaves(states["fresh"].opt_state),
+            jax.tree.leaves(states["continue"].opt_state)):
+        if "count" in jax.tree_util.keystr(path):
+            assert (int(before), int(fresh), int(continued)) == (2, 1, 3)
+            continue
+        before, fresh, continued = map(np.asarray, (before, fresh, continued))
+        np.testing.assert_allclose(continued, decay * before + (1 - decay) * fresh,
+                                   rtol=1e-5, atol=1e-12)
+        checked += bool(np.any(continued != fresh))
+    assert checked > 20  # every matrix's and vector's statistics, not placeholders only
+    assert int(states["continue"].step) == 1  # the run's own steps count from 0
+
+
 def test_a_resumed_run_keeps_its_validation_history_and_best_scores(data, pretrained, tmp_path):
     config = config_for(data, steps=2, eval_every=1)
     config.checkpoint.every = 1
@@ -372,6 +412,8 @@ def test_a_resumed_run_keeps_its_validation_history_and_best_scores(data, pretra
     ("eval_every", 0, "finetune.eval_every=0 must be an integer >= 1"),
     ("eval_examples", 0, "finetune.eval_examples=0 must be an integer >= 1"),
     ("mixing_limit", 0, "finetune.mixing_limit=0 must be an integer >= 1"),
+    ("optimizer_state", "later", "finetune.optimizer_state='later' is not allowed; choose one "
+     "of fresh, continue"),
 ])
 def test_bad_finetune_settings_are_rejected_before_any_work(field, value, message, data,
                                                            tmp_path):
@@ -381,6 +423,27 @@ def test_bad_finetune_settings_are_rejected_before_any_work(field, value, messag
     with pytest.raises(ConfigError, match=message):
         finetune.finetune(config, tmp_path / "run", init_from=None)
     assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("settings, source, message", [
+    (dict(schedule="linear"), "run", r"finetune.schedule='linear' reads the update count, "
+     r"which finetune.optimizer_state='continue' carries on from the pre-training's: use "
+     r"finetune.schedule='constant' \(the paper's\), or finetune.optimizer_state='fresh'$"),
+    ({}, None, r"finetune.optimizer_state='continue' carries on the optimiser state of the "
+     r"pre-training run that --init_from names; a start from --init_from_hf or from random "
+     r"parameters has none: set --config.finetune.optimizer_state=fresh$"),
+    (dict(optimizer="adamw"), "run", r"finetune.optimizer_state='continue' carries on the "
+     r"pre-training's optimiser state, which the fine-tuning's \(finetune.optimizer\) cannot: "
+     r"train.optimizer: saved 'adafactor' != now 'adamw'; set finetune.optimizer to the "
+     r"pre-training's, or finetune.optimizer_state=fresh$"),
+])
+def test_continuing_an_optimiser_state_there_is_none_of_is_refused_before_any_work(
+        settings, source, message, data, pretrained, tmp_path):
+    config = config_for(data, optimizer_state="continue", **settings)
+    init_from = None if source is None else str(pretrained("encoder_decoder"))
+    with pytest.raises(ConfigError, match=message):
+        finetune.finetune(config, tmp_path / "run", init_from=init_from)
+    assert not (tmp_path / "run").exists()
 
 
 def test_evaluate_rejects_unknown_tasks_and_a_zero_decode_length(data):

@@ -116,11 +116,12 @@ def test_the_cpu_sweep_covers_table2_three_seeds_and_three_kinds_of_task(monkeyp
 # or finished sweep are matched by these hashes, so the move must leave them alone. Two changes
 # of 2026-12-05 changed what some presets' runs compute, and so their hashes: the attention
 # weights dropped (`small` and `paper`, dropout 0.1) and the validation examples a fixed sample
-# (`tiny` and `cpu`, which keep 200 and 500 of them); `demo` is as it was.
+# (`tiny` and `cpu`, which keep 200 and 500 of them); `demo` is as it was. A third, the same
+# day: `small` and `paper` fine-tune on from the pre-training's optimiser state.
 TABLE2_HASHES = {
     "tiny": ("e3a2a392e66794cc", "0998947c36621129"),
-    "small": ("dbb35f663a1a2003", "f89433069794ea83"),
-    "paper": ("31b00b11a219f065", "4b900fc3623df83d"),
+    "small": ("3c9913e3dfaf5f1f", "62dac60ada478ad0"),
+    "paper": ("4fb3782a3ebf236d", "e6fb169ae03cc73e"),
     "demo": ("b7f4f18a895ae287", "3a449043bd76a90f"),
     "cpu": ("3adb192e5cd9c080", "de9eaa0109295eb9"),
 }
@@ -146,39 +147,50 @@ def test_the_sweep_config_hashes_are_unchanged(name, monkeypatch, shared_data):
 
 
 @pytest.mark.parametrize("name, as_before, before", [
-    ("small", "--config.model.attention_dropout=False", ("ea765a29fe64650b", "874e31bbef329d21")),
-    ("cpu", "--config.finetune.eval_selection=first", ("bf803092ceb1dd2f", "20d6b5e1788f90c0")),
-    ("tiny", "--config.finetune.eval_selection=first", ("db079dc408dc8995", "f7bc18f5438fc2bc")),
+    # Begun before the attention dropout and the optimiser state carried on, or between them.
+    ("small", ("--config.model.attention_dropout=False",
+               "--config.finetune.optimizer_state=fresh"),
+     ("ea765a29fe64650b", "874e31bbef329d21")),
+    ("small", ("--config.finetune.optimizer_state=fresh",),
+     ("dbb35f663a1a2003", "f89433069794ea83")),
+    ("paper", ("--config.finetune.optimizer_state=fresh",),
+     ("31b00b11a219f065", "4b900fc3623df83d")),
+    ("cpu", ("--config.finetune.eval_selection=first",), ("bf803092ceb1dd2f", "20d6b5e1788f90c0")),
+    ("tiny", ("--config.finetune.eval_selection=first",), ("db079dc408dc8995", "f7bc18f5438fc2bc")),
 ])
 def test_a_workdir_begun_before_a_field_was_added_resumes_as_it_began(
         name, as_before, before, monkeypatch, shared_data, tmp_path):
-    """The attention weights dropped and the validation examples sampled (2026-12-05) changed
-    these presets' runs, so their points hash anew. The override that asks for the old
-    behaviour gives the hashes their records were made under, the refusal of such a record
-    names it, and it is not part of the sweep's identity: a workdir begun before (no
-    overrides) or with it takes the sweep with it or without it; one of other overrides not."""
+    """The attention weights dropped, the validation examples sampled and the optimiser state
+    carried on (2026-12-05) changed these presets' runs, so their points hash anew. The
+    overrides that ask for the old behaviour give the hashes their records were made under
+    (a `small` record made between two of the changes, with the later one alone), the refusal
+    of such a record names them, and they are not part of the sweep's identity: a workdir
+    begun before (no overrides) or with them takes the sweep with them or without them; one
+    of other overrides not."""
     if name in DATA_ROOT_PRESETS:
         shared_data("pretrain")
     monkeypatch.chdir(REPO)
-    points, now = grid.expand("table2", name, [as_before]), grid.expand("table2", name)
+    points, now = grid.expand("table2", name, list(as_before)), grid.expand("table2", name)
     by_key = {(p.point, p.seed): p for p in points}
     keys = (("encoder_decoder/denoising", 0), ("language_model/lm", 0))
     assert tuple(grid.config_hash(by_key[key].config) for key in keys) == before
     record = {"point": keys[0][0], "seed": 0, "task": now[0].config.sweep.tasks[0],
               "config_hash": before[0], "status": "failed"}
     with pytest.raises(ConfigError, match=f"it was made before a default changed; pass "
-                                          f"{as_before} to resume the sweep as it began$"):
+                                          f"{' '.join(as_before)} to resume the sweep as it "
+                                          "began$"):
         sweep_workdir.require_current([record], now, tmp_path / "results.jsonl")
     sweep_workdir.require_current([record], points, tmp_path / "results.jsonl")
-    field, value = as_before.removeprefix("--config.").split("=")
-    for began_with in ([], [[field, value == "True" if value in ("True", "False") else value]]):
+    fields = [override.removeprefix("--config.").split("=") for override in as_before]
+    for began_with in ([], [[field, value == "True" if value in ("True", "False") else value]
+                            for field, value in fields]):
         workdir = tmp_path / f"began_with_{len(began_with)}"
         workdir.mkdir()
         (workdir / sweep_workdir.SWEEP_FILE).write_text(json.dumps(
             {"experiment": "table2", "preset": name, "overrides": began_with,
              sweep_workdir.GLUE_AS_ONE_TASK: now[0].config.sweep.glue_as_one_task}))
         for resumed in (points, now):
-            overrides = [as_before] if resumed is points else []
+            overrides = list(as_before) if resumed is points else []
             identity = sweep_workdir.sweep_identity("table2", resumed, overrides)
             assert sweep_workdir.check_workdir(workdir, identity) == "same"
     other = sweep_workdir.sweep_identity("table2", grid.expand(
@@ -197,7 +209,7 @@ def _command_config(command, argv, monkeypatch):
     monkeypatch.setattr(evaluation, "evaluate",
                         lambda config, checkpoint, tasks, split: seen.update(
                             config=config, tasks=tasks) or {})
-    monkeypatch.setattr(evaluation, "config_from_checkpoint", lambda config, *_: config)
+    monkeypatch.setattr(evaluation, "config_from_checkpoint", lambda config, *_, **__: config)
     cli.main(["t5x-lite", command, *argv])
     return seen
 
@@ -211,7 +223,9 @@ def test_finetune_and_eval_commands_fine_tune_as_a_sweep_point(name, tmp_path, m
     point = grid.expand("table2", name, [f"data.data_root={tmp_path}"])[0].config
     expected = point.finetune.to_dict()
     del expected["tasks"]  # a sweep fine-tunes on one of sweep.tasks at a time
-    finetuned = _command_config("finetune", ["--preset", name, f"--workdir={tmp_path}/ft"],
+    # From a run (read by the stand-in): `small` and `paper` carry its optimiser state on.
+    finetuned = _command_config("finetune", ["--preset", name, f"--workdir={tmp_path}/ft",
+                                             f"--init_from={tmp_path}"],
                                 monkeypatch)["config"].finetune.to_dict()
     assert finetuned.pop("tasks") == point.sweep.tasks
     assert finetuned == expected
@@ -222,6 +236,7 @@ def test_finetune_and_eval_commands_fine_tune_as_a_sweep_point(name, tmp_path, m
             if k != "tasks"} == expected
     # An override still wins over the preset's setting.
     overridden = _command_config("finetune", ["--preset", name, f"--workdir={tmp_path}/ft",
+                                              f"--init_from={tmp_path}",
                                               "--config.finetune.steps=3"], monkeypatch)
     assert overridden["config"].finetune.steps == 3
 
