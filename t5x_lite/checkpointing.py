@@ -217,8 +217,9 @@ def _drop_closed_loop_callbacks() -> None:
 
 def _restore_newest(
     manager: ocp.CheckpointManager, args: ocp.args.PyTreeRestore, way_on: str = ""
-) -> tuple[Any, list[int]]:
-    """Restore the newest checkpoint that reads back; return it and the newer unreadable steps.
+) -> tuple[Any, int, list[int]]:
+    """Restore the newest checkpoint that reads back; return it, its step and the newer
+    unreadable steps.
 
     A truncated or damaged step (a crash while the disk filled up, a bad copy) raises from deep
     inside orbax / tensorstore with unrelated exception types (ValueError, JSONDecodeError, bare
@@ -244,7 +245,7 @@ def _restore_newest(
             )
             continue
         log.info("restored the checkpoint at step %d from %s", step, manager.directory)
-        return restored, [bad for bad, _ in unreadable]
+        return restored, step, [bad for bad, _ in unreadable]
     raise CheckpointsUnreadable(
         f"none of the checkpoints in {manager.directory} (steps {steps}) could be restored "
         f"(the warnings above give each step's error){way_on}"
@@ -376,7 +377,7 @@ class Checkpointer:
         checkpoint is reported with a warning naming its step, moved to `unreadable/`, and the
         previous one is used.
         """
-        restored, unreadable = _restore_newest(
+        restored, _, unreadable = _restore_newest(
             self._manager, _restore_args(abstract_state),
             "; the run starts over with --restart, which deletes them")
         if unreadable:
@@ -457,7 +458,7 @@ def restore_params_only(
 ) -> Any:
     """Parameters of the newest readable checkpoint in `directory`, without optimizer state
     (`restore_parts` of `{"params": abstract_params}`)."""
-    return restore_parts(directory, {"params": abstract_params}, config=config)["params"]
+    return restore_parts(directory, {"params": abstract_params}, config=config)[0]["params"]
 
 
 def restore_parts(
@@ -465,8 +466,9 @@ def restore_parts(
     abstract_parts: dict[str, Any],
     *,
     config: ml_collections.ConfigDict | None = None,
-) -> dict[str, Any]:
-    """Some fields of the train state saved in the newest readable checkpoint in `directory`.
+) -> tuple[dict[str, Any], int]:
+    """Some fields of the train state saved in the newest readable checkpoint in `directory`,
+    and that checkpoint's step.
 
     For fine-tuning from a pre-training run: `abstract_parts` maps the `TrainState` fields to
     read ("params", and "opt_state" to carry the optimiser on) to their abstract trees, whose
@@ -490,7 +492,42 @@ def restore_parts(
         directory, options=ocp.CheckpointManagerOptions(read_only=True)
     )
     try:
-        restored, _ = _restore_newest(manager, _restore_args(abstract_parts, partial=True))
+        restored, step, _ = _restore_newest(manager,
+                                            _restore_args(abstract_parts, partial=True))
     finally:
         manager.close()
-    return {name: restored[name] for name in abstract_parts}
+    return {name: restored[name] for name in abstract_parts}, step
+
+
+def saved_layout_differences(directory: str | os.PathLike,
+                             shapes: dict[str, Any]) -> list[str]:
+    """How the newest checkpoint in `directory` holds the parts of the train state that
+    `shapes` names ({"opt_state": its tree of `jax.ShapeDtypeStruct`s}) otherwise than those
+    shapes: one 'opt_state/0/v/...: saved (1,) != now (128, 2, 64)' per array (None where one
+    side has none), from orbax's metadata, no array read; [] when they agree. A checkpoint
+    written before a change of layout (Adafactor's factored moments, 2026-12-05) restores only
+    its parameters into this version's program. Unreadable metadata reads as no difference:
+    restoring that step reports it, and falls back to an older one (`_restore_newest`)."""
+    manager = ocp.CheckpointManager(
+        epath.Path(os.path.abspath(directory)),
+        options=ocp.CheckpointManagerOptions(read_only=True),
+        item_handlers=ocp.PyTreeCheckpointHandler())
+    try:
+        saved = manager.item_metadata(manager.latest_step()).tree
+    except Exception:  # noqa: BLE001 -- a damaged step: the restore warns of it (see above)
+        return []
+    finally:
+        manager.close()
+
+    def flat(tree: Any) -> dict[tuple, tuple | None]:  # None: an empty node
+        return {key: tuple(leaf.shape) if hasattr(leaf, "shape") else None
+                for key, leaf in ocp.tree.to_flat_dict(tree).items()}
+
+    differences = []
+    for part, tree in shapes.items():
+        before = flat(saved.get(part, {}))
+        now = flat(ocp.tree.serialize_tree(tree, keep_empty_nodes=True))
+        differences += [f"{part}/{'/'.join(key)}: saved {before.get(key)} != now {now.get(key)}"
+                        for key in sorted(before.keys() | now.keys())
+                        if before.get(key) != now.get(key)]
+    return differences

@@ -84,7 +84,22 @@ def require_optimizer_state_source(config: ml_collections.ConfigDict,
         raise ConfigError(
             "finetune.optimizer_state='continue' carries on the pre-training's optimiser "
             f"state, which the fine-tuning's (finetune.optimizer) cannot: {'; '.join(differences)}"
-            "; set finetune.optimizer to the pre-training's, or finetune.optimizer_state=fresh")
+            "; fine-tune with the pre-training's optimiser settings, or with "
+            "finetune.optimizer_state=fresh")
+
+
+def _require_saved_layout(source: Path, ft_config: ml_collections.ConfigDict) -> None:
+    """Refuse, before any work, to continue an optimiser state that `source`'s newest
+    checkpoint holds in another layout than `ft_config`'s program (one written before
+    Adafactor's moments changed shape): it would not restore."""
+    differences = checkpointing.saved_layout_differences(
+        source, {"opt_state": train_state.state_shapes(ft_config).opt_state})
+    if differences:
+        raise ConfigError(
+            f"finetune.optimizer_state='continue': the optimiser state saved in {source} is "
+            f"laid out otherwise than this version's ({len(differences)} arrays, e.g. "
+            f"{differences[0]}; Adafactor's moments changed shape on 2026-12-05), so it cannot "
+            "carry on: fine-tune with finetune.optimizer_state=fresh")
 
 
 class _TaskData:
@@ -192,12 +207,16 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
                               "fine-tune into a workdir of its own")
         require_same(source, config, PARAMETER_FIELDS, "hold another model or vocabulary")
         require_optimizer_state_source(config, checkpointing.read_saved_config(source))
+        if ft.optimizer_state == "continue":
+            _require_saved_layout(source, finetune_train_config(config))
         source_record = _source_record(workdir, source, restart)
     else:
         require_optimizer_state_source(config, None)
     ft_config = finetune_train_config(config)
+    restored_step = None  # the source's step that a new run started from
 
     def fresh_state(point: ml_collections.ConfigDict, mesh: Mesh) -> train_state.TrainState:
+        nonlocal restored_step
         if source is None:
             return train_state.init_state(point, mesh)
         if isinstance(source, nnx.State):
@@ -206,7 +225,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
         parts = {"params": abstract.params}
         if ft.optimizer_state == "continue":
             parts["opt_state"] = abstract.opt_state
-        restored = checkpointing.restore_parts(source, parts)
+        restored, restored_step = checkpointing.restore_parts(source, parts)
         return train_state.state_from_params(point, mesh, restored["params"],
                                              restored.get("opt_state"))
 
@@ -220,10 +239,13 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
         resume_fields=checkpointing.RESUME_FIELDS + _FINETUNE_RESUME_FIELDS)
     with set_up(plan, progress=progress, restart=restart) as run:
         if source_record is not None:
+            if restored_step != source_record["step"]:  # its newest step was unreadable
+                source_record.update(step=restored_step, save_began_ns=(
+                    checkpointing.save_began_ns(source, restored_step)))
             write_json(workdir / SOURCE_FILE, source_record)
             if ft.optimizer_state == "continue":
-                run.progress.note(f"the optimiser state of {source} carries on from its "
-                                  f"update {source_record['step']}")
+                run.progress.note(f"fine-tuning carries on the optimiser state saved at step "
+                                  f"{restored_step} of {source}, its update count too")
         evaluator = Evaluator(config, run.data.validation, run.data.vocab, run.mesh)
         log = EvalLog(workdir, run.start)
 

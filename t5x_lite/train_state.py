@@ -114,9 +114,20 @@ def model_graphdef(config: ml_collections.ConfigDict) -> nnx.GraphDef:
 
 
 @functools.lru_cache(maxsize=None)
+def _shapes(settings: StepSettings) -> TrainState:
+    return jax.eval_shape(_init_fn(settings), jax.random.key(0))
+
+
+def state_shapes(config: ml_collections.ConfigDict) -> TrainState:
+    """The train state of `config`'s program as `jax.ShapeDtypeStruct`s, without shardings
+    (no mesh needed): what its checkpoints hold (`checkpointing.saved_layout_differences`)."""
+    return _shapes(step_settings(config))
+
+
+@functools.lru_cache(maxsize=None)
 def settings_abstract_state(settings: StepSettings, mesh: Mesh) -> TrainState:
     """`abstract_state` of the program that `settings` describe."""
-    shapes = jax.eval_shape(_init_fn(settings), jax.random.key(0))
+    shapes = _shapes(settings)
     shardings = partitioning.state_shardings(shapes, mesh, settings.rules)
     return jax.tree.map(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings

@@ -20,7 +20,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from t5x_lite import finetune
 from t5x_lite.checkpointing import (RESUME_FIELDS, STEP_METADATA_FILE, Checkpointer,
                                     config_as_json, config_differences, restore_params_only,
-                                    save_began_ns)
+                                    save_began_ns, saved_layout_differences)
 from t5x_lite.config import ConfigError, default_config
 from t5x_lite.errors import CheckpointsUnreadable
 
@@ -311,6 +311,29 @@ def test_bad_arguments(tmp_path, config, kwargs, message):
     with pytest.raises(ConfigError, match=message):
         Checkpointer(tmp_path, config=config, **kwargs)
     assert not tmp_path.joinpath("config.json").exists()  # rejected before touching the folder
+
+
+def test_an_optimiser_state_saved_in_another_layout_is_told_from_the_metadata(tmp_path, config):
+    """`finetune.optimizer_state='continue'` checks the saved optimiser state against its
+    program's before any work (a state of an older layout would not restore): the shapes of
+    the newest step's arrays, from orbax's metadata, against the program's; each difference
+    is one line naming the array."""
+    state = make_state()
+    save_steps(tmp_path, config, {1: advance(state, 1), 3: advance(state, 3)})
+    shapes = jax.eval_shape(lambda: state.opt_state)
+    assert saved_layout_differences(tmp_path, {"opt_state": shapes}) == []
+    # Adam's moments of the kernel held flat, as a layout of the kernel as a vector would.
+    flat = jax.eval_shape(lambda: optax.adam(1e-3).init(
+        jax.tree.map(lambda x: x.reshape(-1), state.params)))
+    assert saved_layout_differences(tmp_path, {"opt_state": flat}) == [
+        "opt_state/0/mu/kernel/value: saved (8, 6) != now (48,)",
+        "opt_state/0/nu/kernel/value: saved (8, 6) != now (48,)"]
+    # Another optimiser's state: its arrays are missing from the saved one, and Adam's
+    # moments from it.
+    other = jax.eval_shape(lambda: optax.adafactor(1e-3).init(state.params))
+    differences = saved_layout_differences(tmp_path, {"opt_state": other})
+    assert "opt_state/0/mu/kernel/value: saved (8, 6) != now None" in differences
+    assert "opt_state/0/v/kernel/value: saved None != now (8, 6)" in differences
 
 
 def test_restore_params_only(tmp_path, config, mesh):

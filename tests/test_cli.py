@@ -543,7 +543,7 @@ def test_continuing_an_optimiser_state_that_cannot_be_is_one_line_before_any_fol
     assert str(stopped.code).endswith(
         "finetune.optimizer_state='continue' carries on the pre-training's optimiser state, "
         "which the fine-tuning's (finetune.optimizer) cannot: train.optimizer: saved 'adamw' "
-        "!= now 'adafactor'; set finetune.optimizer to the pre-training's, or "
+        "!= now 'adafactor'; fine-tune with the pre-training's optimiser settings, or with "
         "finetune.optimizer_state=fresh")
     assert not workdir.exists()
 

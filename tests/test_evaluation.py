@@ -17,7 +17,7 @@ import pytest
 from flax import nnx
 
 from t5x_lite import (checkpointing, cli, decoding, distributed, evaluation, finetune, models,
-                      presets, train, train_state)
+                      optim, presets, train, train_state)
 from t5x_lite.architectures import names as architecture_names
 from t5x_lite.config import ConfigError, apply_overrides, parse_overrides
 from t5x_lite.data import pipeline, tasks
@@ -342,7 +342,7 @@ def test_continuing_carries_the_pre_training_s_adafactor_moments_and_update_coun
                                         keep=1, config=ft_config) as checkpointer:
             states[optimizer_state] = checkpointer.restore(abstract)
     pre = checkpointing.restore_parts(source / "checkpoints",
-                                      {"opt_state": abstract.opt_state})["opt_state"]
+                                      {"opt_state": abstract.opt_state})[0]["opt_state"]
     decay = 1 - 3.0 ** -0.8
     checked = 0
     for (path, before), fresh, continued in zip(
@@ -358,6 +358,47 @@ def test_continuing_carries_the_pre_training_s_adafactor_moments_and_update_coun
         checked += bool(np.any(continued != fresh))
     assert checked > 20  # every matrix's and vector's statistics, not placeholders only
     assert int(states["continue"].step) == 1  # the run's own steps count from 0
+
+
+def test_an_optimiser_state_of_another_layout_is_refused_before_any_work(data, pretrained,
+                                                                        tmp_path, monkeypatch):
+    """A pre-training checkpoint written before Adafactor's attention moments changed layout
+    (2026-12-05) holds them as optax laid them out on the kernels' stored shapes; continuing
+    it would not restore (every step "unreadable", after the workdir was made). Here the
+    layout differs the other way round: this process's program lays them out the old way."""
+    train_state._shapes.cache_clear()
+    monkeypatch.setattr(optim, "_attention_kernels_as_matrices", lambda tx: tx)
+    try:
+        with pytest.raises(ConfigError, match=(
+                r"^finetune.optimizer_state='continue': the optimiser state saved in .* is laid "
+                r"out otherwise than this version's \(\d+ arrays, e.g. opt_state/.*: saved "
+                r"\(64, 64\) != now \(64, 4, 16\); Adafactor's moments changed shape on "
+                r"2026-12-05\), so it cannot carry on: fine-tune with "
+                r"finetune.optimizer_state=fresh$")):
+            finetune.finetune(config_for(data, optimizer_state="continue"), tmp_path / "run",
+                              init_from=str(pretrained("encoder_decoder")))
+    finally:
+        train_state._shapes.cache_clear()  # the shapes of the patched program
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_source_whose_newest_step_is_unreadable_is_recorded_at_the_step_it_gave(data,
+                                                                                 tmp_path):
+    """The parameters (and the optimiser state carried on) come from the newest step that
+    reads back; init_from.json names that step, not a newer damaged one, so that a resume
+    compares the source with what the run started from."""
+    config = config_for(data)
+    config.checkpoint.update(every=1, keep=2)
+    source = tmp_path / "pre"
+    train.train(config, source, progress=False)
+    for path in (source / "checkpoints" / "2" / "default").rglob("d/*"):  # step 2's arrays
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    run = config_for(data, steps=1, optimizer_state="continue")
+    with pytest.warns(UserWarning, match="checkpoint at step 2 .* is unreadable"):
+        finetune.finetune(run, tmp_path / "ft", init_from=str(source), progress=False)
+    record = json.loads((tmp_path / "ft" / finetune.SOURCE_FILE).read_text())
+    assert record["step"] == 1
+    assert record["save_began_ns"] == checkpointing.save_began_ns(source / "checkpoints", 1)
 
 
 def test_a_resumed_run_keeps_its_validation_history_and_best_scores(data, pretrained, tmp_path):
@@ -434,8 +475,8 @@ def test_bad_finetune_settings_are_rejected_before_any_work(field, value, messag
      r"parameters has none: set --config.finetune.optimizer_state=fresh$"),
     (dict(optimizer="adamw"), "run", r"finetune.optimizer_state='continue' carries on the "
      r"pre-training's optimiser state, which the fine-tuning's \(finetune.optimizer\) cannot: "
-     r"train.optimizer: saved 'adafactor' != now 'adamw'; set finetune.optimizer to the "
-     r"pre-training's, or finetune.optimizer_state=fresh$"),
+     r"train.optimizer: saved 'adafactor' != now 'adamw'; fine-tune with the pre-training's "
+     r"optimiser settings, or with finetune.optimizer_state=fresh$"),
 ])
 def test_continuing_an_optimiser_state_there_is_none_of_is_refused_before_any_work(
         settings, source, message, data, pretrained, tmp_path):
