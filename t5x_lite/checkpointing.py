@@ -121,29 +121,49 @@ def config_differences(
     that `saved` lacks has the value its absence means there, and both are read `in_effect` as
     they act in `current`.
     """
-    saved, current = (flat_fields({**config, "objective": drop_unread_objective_fields(
-        config.get("objective", {}))}) for config in (saved, current))
-    for key, absent in ADDED_FIELDS.items():
-        if key in current:
-            saved.setdefault(key, absent)
-    saved, current = in_effect(saved, by=current), in_effect(current)
-
-    def relevant(key: str) -> bool:
-        under = any(key == field or key.startswith(field + ".") for field in fields)
-        return under and (key not in PARAMETER_NEUTRAL_FIELDS or key in fields)
-
-    keys = sorted(key for key in saved.keys() | current.keys() if relevant(key))
+    saved, current = _as_compared(saved, current)
+    keys = sorted(key for key in saved.keys() | current.keys() if _compared(key, fields))
     differences = [
         f"{key}: saved {saved.get(key, _ABSENT)!r} != now {current.get(key, _ABSENT)!r}"
         for key in keys
         if saved.get(key, _ABSENT) != current.get(key, _ABSENT)
     ]
-    if relevant("train.optimizer") and _decay_stage(saved) != _decay_stage(current):
+    if _compared("train.optimizer", fields) and _decay_stage(saved) != _decay_stage(current):
         differences.append(
             f"train.weight_decay: saved {saved.get('train.weight_decay')!r} != now "
             f"{current.get('train.weight_decay')!r} (Adafactor's state holds a weight-decay "
             "stage only when it is non-zero: a resume may change it, not switch it on or off)")
     return differences
+
+
+def _compared(key: str, fields: Sequence[str]) -> bool:
+    """Whether `config_differences` over `fields` compares the flat field `key`."""
+    under = any(key == field or key.startswith(field + ".") for field in fields)
+    return under and (key not in PARAMETER_NEUTRAL_FIELDS or key in fields)
+
+
+def _as_compared(saved: dict[str, Any], current: dict[str, Any]) -> tuple[dict, dict]:
+    """Two configs (JSON data) as `config_differences` compares them: flat fields, less the
+    objective's unread ones, an added field `saved` lacks at the value its absence means, and
+    both read `in_effect` as they act in `current`."""
+    saved, current = (flat_fields({**config, "objective": drop_unread_objective_fields(
+        config.get("objective", {}))}) for config in (saved, current))
+    for key, absent in ADDED_FIELDS.items():
+        if key in current:
+            saved.setdefault(key, absent)
+    return in_effect(saved, by=current), in_effect(current)
+
+
+def overrides_as_begun(saved: dict[str, Any], current: dict[str, Any],
+                       fields: Sequence[str]) -> list[str]:
+    """'--config.F=V' for each added field (`ADDED_FIELDS`) that `config_differences` over
+    `fields` compares and that acts in `current` otherwise than in `saved`, where it has the
+    value its absence means: a run saved before the field existed resumes as it began with
+    them (`Checkpointer`'s refusal names them)."""
+    saved, current = _as_compared(saved, current)
+    return [f"--config.{key}={absent}" for key, absent in ADDED_FIELDS.items()
+            if _compared(key, fields) and key in current
+            and saved.get(key) == absent != current[key]]
 
 
 def _decay_stage(flat: dict[str, Any]) -> bool:
@@ -332,10 +352,13 @@ class Checkpointer:
             return
         differences = config_differences(saved, self._config, self._resume_fields)
         if differences:
+            began = overrides_as_begun(saved, self._config, self._resume_fields)
+            as_begun = f" ({' '.join(began)})" if began else ""
             raise ConfigError(
                 f"the checkpoints in {self.directory} were written with an incompatible "
-                "config:\n  " + "\n  ".join(differences) + "\nresume with the saved settings, "
-                "or pass --restart to delete these checkpoints and start over"
+                "config:\n  " + "\n  ".join(differences) + f"\nresume with the saved "
+                f"settings{as_begun}, or pass --restart to delete these checkpoints and start "
+                "over"
             )
 
     def _write_config(self) -> None:

@@ -254,6 +254,31 @@ def test_incompatible_config_is_refused_listing_the_fields(tmp_path, config):
         Checkpointer(tmp_path, every=1, keep=5, config=changed)
 
 
+def test_a_refused_run_saved_before_a_field_was_added_is_told_the_overrides_it_began_with(
+        tmp_path, config):
+    """Its config.json lacks the added fields; the refusal names the overrides that resume it
+    as it began, those the resume compares only (no fine-tuning field for a pre-training)."""
+    config.model.dropout_rate = 0.1
+    config.finetune.update(eval_examples=100, optimizer_state="continue")
+    save_steps(tmp_path, config, {1: make_state()})
+    saved = json.loads((tmp_path / "config.json").read_text())
+    for section, field in (("model", "attention_dropout"), ("finetune", "eval_selection"),
+                           ("finetune", "optimizer_state")):
+        del saved[section][field]
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(ConfigError) as refused:
+        Checkpointer(tmp_path, every=1, keep=5, config=config,
+                     resume_fields=(*RESUME_FIELDS, *finetune._FINETUNE_RESUME_FIELDS))
+    assert str(refused.value).endswith(
+        "resume with the saved settings (--config.model.attention_dropout=False "
+        "--config.finetune.eval_selection=first --config.finetune.optimizer_state=fresh), or "
+        "pass --restart to delete these checkpoints and start over")
+    with pytest.raises(ConfigError, match=r"model.attention_dropout: saved False != now True\n"
+                       r"resume with the saved settings \(--config.model.attention_dropout="
+                       r"False\), or pass --restart"):
+        Checkpointer(tmp_path, every=1, keep=5, config=config)
+
+
 def test_a_run_may_require_more_fields_to_resume(tmp_path, config):
     save_steps(tmp_path, config, {1: make_state()})
     changed = config.copy_and_resolve_references()
