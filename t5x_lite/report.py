@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 
 from t5x_lite import report_compare
 from t5x_lite.report_plots import write_plots
 from t5x_lite.report_render import (compute_csv, findings_csv, held_out_differences_csv, to_csv,
                                     to_latex, to_markdown, to_text, zero_shot_csv)
 from t5x_lite.report_table import Table, build_table, read_results
-from t5x_lite.results import results_path
+from t5x_lite.results import results_path, write_atomically
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +62,7 @@ def report(workdir: str, *, out_dir: str | None = None, against: str | None = No
                     ("comparison.csv", lambda _: report_compare.to_csv(comparison))]
     for name, render in renders:
         files.append(os.path.join(out_dir, name))
-        with open(files[-1], "w", encoding="utf-8") as f:
-            f.write(render(table))
+        write_atomically(Path(files[-1]), render(table))  # never half a file, if interrupted
     files += write_plots(table, records, out_dir)
     written = f"Wrote {len(files)} files to {out_dir}."
     against_text = f"\n{report_compare.to_text(comparison)}" if comparison else ""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -72,7 +72,7 @@ def write_plots(table: Table, records: Sequence[dict], out_dir: str) -> list[str
                                 f"{title}: {table.experiment}, preset {table.preset}")
         if figure is not None:
             paths.append(os.path.join(out_dir, file_name))
-            figure.savefig(paths[-1], dpi=120)
+            _save(figure, paths[-1])
     x = np.arange(len(table.rows))
     names = [row_name(row.label, row.objective) for row in table.rows]
     for column in table.columns:
@@ -94,5 +94,13 @@ def write_plots(table: Table, records: Sequence[dict], out_dir: str) -> list[str
         axes.set(ylabel=column, title=f"{column}: {table.experiment}, preset {table.preset}")
         axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1, 1))
         paths.append(os.path.join(out_dir, f"bars_{re.sub(r'[^A-Za-z0-9_.-]', '_', column)}.png"))
-        figure.savefig(paths[-1], dpi=120)
+        _save(figure, paths[-1])
     return paths
+
+
+def _save(figure: Any, path: str) -> None:
+    """Write `figure` as the PNG `path` whole or not at all: an interrupted report leaves the
+    old plot, never half a new one (the text files are written atomically too)."""
+    partial = f"{path}.partial.png"
+    figure.savefig(partial, dpi=120)
+    os.replace(partial, path)

@@ -358,6 +358,26 @@ def _matched(point, row, steps, flops_per_step, **fields):
                    loss_tokens_per_step=40.5, pretrain_flops=steps * flops_per_step, **fields)
 
 
+def test_a_report_interrupted_while_rendering_leaves_every_file_whole(tmp_path, monkeypatch):
+    """Each file is written whole or not at all: a report stopped while making a file (a
+    signal, a bug in a renderer) leaves the previous report's file, not an empty one."""
+    _write(tmp_path / "results.jsonl", [
+        _matched("rate_10", "10%", 100, 3e9), _matched("rate_15", "15%", 120, 2.5e9)])
+    report.report(str(tmp_path))
+    before = (tmp_path / "report" / "table.tex").read_text()
+    assert before
+
+    def interrupted(table):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "to_latex", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        report.report(str(tmp_path))
+    assert (tmp_path / "report" / "table.tex").read_text() == before
+    assert sorted(p.name for p in (tmp_path / "report").iterdir()
+                  if p.name.startswith(".") or "partial" in p.name) == []
+
+
 def test_a_compute_matched_sweep_gets_a_compute_table_in_every_rendering(tmp_path):
     _write(tmp_path / "results.jsonl", [
         _matched("rate_10", "10%", 100, 3e9), _matched("rate_15", "15%", 120, 2.5e9),
