@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+import ml_collections
+
 from t5x_lite import finetune, presets, train
 from t5x_lite.config import ConfigError, apply_overrides, parse_overrides
 
@@ -45,18 +47,25 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--preset", default="cpu", choices=sorted(presets.PRESETS))
-    parser.add_argument("--seeds", default="0,1,2", help="comma-separated (default 0,1,2)")
+    parser.add_argument("--seeds", default="0,1,2", type=lambda text: [
+        int(seed) for seed in text.split(",")], help="comma-separated (default 0,1,2)")
     parser.add_argument("--tasks", default=",".join(TASKS),
                         help=f"comma-separated (default {','.join(TASKS)})")
     args, overrides = parser.parse_known_args(argv)
     config = presets.finetune_preset(args.preset)
     try:
         apply_overrides(config, parse_overrides(config, [*PAPER_OPTIMISER, *overrides]))
-    except ConfigError as error:
+        table = measure(config, Path(args.workdir), args.seeds, args.tasks.split(","))
+    except ConfigError as error:  # a bad setting: one line naming it, no traceback
         sys.exit(f"finetune_optimizer_state: {error}")
-    seeds = [int(seed) for seed in args.seeds.split(",")]
-    task_names = args.tasks.split(",")
-    workdir = Path(args.workdir)
+    print(json.dumps(table, indent=2))
+
+
+def measure(config: ml_collections.ConfigDict, workdir: Path, seeds: list[int],
+            task_names: list[str]) -> dict:
+    """Pre-train `config` once per seed, fine-tune on each task both ways, append each run's
+    record to WORKDIR/results.jsonl (runs on file are not run again) and return `summarise`
+    of them all."""
     workdir.mkdir(parents=True, exist_ok=True)
     results_file = workdir / "results.jsonl"
     done = {(r["seed"], r["task"], r["mode"]): r for r in map(
@@ -89,7 +98,7 @@ def main(argv: list[str]) -> None:
                 with results_file.open("a") as out:
                     out.write(json.dumps(record) + "\n")
                 done[(seed, task, mode)] = record
-    print(json.dumps(summarise(done, seeds, task_names), indent=2))
+    return summarise(done, seeds, task_names)
 
 
 def summarise(done: dict, seeds: list[int], task_names: list[str]) -> dict:
