@@ -98,8 +98,9 @@ def _require_saved_layout(source: Path, ft_config: ml_collections.ConfigDict) ->
         raise ConfigError(
             f"finetune.optimizer_state='continue': the optimiser state saved in {source} is "
             f"laid out otherwise than this version's ({len(differences)} arrays, e.g. "
-            f"{differences[0]}; Adafactor's moments changed shape on 2026-12-05), so it cannot "
-            "carry on: fine-tune with finetune.optimizer_state=fresh")
+            f"{differences[0]}; as in an Adafactor run saved before its attention moments "
+            "changed shape on 2026-12-05), so it cannot carry on: fine-tune with "
+            "finetune.optimizer_state=fresh")
 
 
 class _TaskData:

@@ -381,9 +381,9 @@ def test_an_optimiser_state_of_another_layout_is_refused_before_any_work(data, p
         with pytest.raises(ConfigError, match=(
                 r"^finetune.optimizer_state='continue': the optimiser state saved in .* is laid "
                 r"out otherwise than this version's \(\d+ arrays, e.g. opt_state/.*: saved "
-                r"\(64, 64\) != now \(64, 4, 16\); Adafactor's moments changed shape on "
-                r"2026-12-05\), so it cannot carry on: fine-tune with "
-                r"finetune.optimizer_state=fresh$")):
+                r"\(64, 64\) != now \(64, 4, 16\); as in an Adafactor run saved before its "
+                r"attention moments changed shape on 2026-12-05\), so it cannot carry on: "
+                r"fine-tune with finetune.optimizer_state=fresh$")):
             finetune.finetune(config_for(data, optimizer_state="continue"), tmp_path / "run",
                               init_from=str(pretrained("encoder_decoder")))
     finally:
