@@ -375,6 +375,7 @@ def test_an_optimiser_state_of_another_layout_is_refused_before_any_work(data, p
     (2026-12-05) holds them as optax laid them out on the kernels' stored shapes; continuing
     it would not restore (every step "unreadable", after the workdir was made). Here the
     layout differs the other way round: this process's program lays them out the old way."""
+    source = pretrained("encoder_decoder")  # made (if this test runs first) before the patch
     train_state._shapes.cache_clear()
     monkeypatch.setattr(optim, "_attention_kernels_as_matrices", lambda tx: tx)
     try:
@@ -385,7 +386,7 @@ def test_an_optimiser_state_of_another_layout_is_refused_before_any_work(data, p
                 r"attention moments changed shape on 2026-12-05\), so it cannot carry on: "
                 r"fine-tune with finetune.optimizer_state=fresh$")):
             finetune.finetune(config_for(data, optimizer_state="continue"), tmp_path / "run",
-                              init_from=str(pretrained("encoder_decoder")))
+                              init_from=str(source))
     finally:
         train_state._shapes.cache_clear()  # the shapes of the patched program
     assert not (tmp_path / "run").exists()
