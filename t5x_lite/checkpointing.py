@@ -524,23 +524,30 @@ def restore_parts(
 
 def saved_layout_differences(directory: str | os.PathLike,
                              shapes: dict[str, Any]) -> list[str]:
-    """How the newest checkpoint in `directory` holds the parts of the train state that
-    `shapes` names ({"opt_state": its tree of `jax.ShapeDtypeStruct`s}) otherwise than those
-    shapes: one 'opt_state/0/v/...: saved (1,) != now (128, 2, 64)' per array (None where one
-    side has none), from orbax's metadata, no array read; [] when they agree. A checkpoint
-    written before a change of layout (Adafactor's factored moments, 2026-12-05) restores only
-    its parameters into this version's program. Unreadable metadata reads as no difference:
-    restoring that step reports it, and falls back to an older one (`_restore_newest`)."""
+    """How the newest checkpoint in `directory` whose metadata reads holds the parts of the
+    train state that `shapes` names ({"opt_state": its tree of `jax.ShapeDtypeStruct`s})
+    otherwise than those shapes: one 'opt_state/0/v/...: saved (1,) != now (128, 2, 64)' per
+    array (None where one side has none), from orbax's metadata, no array read; [] when they
+    agree, or when no step's metadata reads (restoring then says so). A checkpoint written
+    before a change of layout (Adafactor's factored moments, 2026-12-05) restores only its
+    parameters into this version's program. A step with damaged metadata is passed over as
+    restoring passes over it (`_restore_newest`, which warns of it)."""
     manager = ocp.CheckpointManager(
         epath.Path(os.path.abspath(directory)),
         options=ocp.CheckpointManagerOptions(read_only=True),
         item_handlers=ocp.PyTreeCheckpointHandler())
+    saved = None
     try:
-        saved = manager.item_metadata(manager.latest_step()).tree
-    except Exception:  # noqa: BLE001 -- a damaged step: the restore warns of it (see above)
-        return []
+        for step in sorted(manager.all_steps(), reverse=True):
+            try:
+                saved = manager.item_metadata(step).tree
+                break
+            except Exception:  # noqa: BLE001 -- damaged: the restore warns of it, as above
+                continue
     finally:
         manager.close()
+    if saved is None:
+        return []
 
     def flat(tree: Any) -> dict[tuple, tuple | None]:  # None: an empty node
         return {key: tuple(leaf.shape) if hasattr(leaf, "shape") else None

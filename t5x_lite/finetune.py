@@ -126,7 +126,10 @@ class _TaskData:
 
 
 # In a fine-tuning workdir: the pre-training checkpoints it started from, {"path", "step",
-# "save_began_ns"} (`checkpointing.save_began_ns` of that step; absent in older records).
+# "save_began_ns", "restored_step"}: the source's newest step when it began and
+# `checkpointing.save_began_ns` of it (absent in older records), which a resume compares with
+# the source's now, and the step its parameters came from (older where the newest was
+# unreadable; absent in older records).
 SOURCE_FILE = "init_from.json"
 
 
@@ -240,9 +243,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
         resume_fields=checkpointing.RESUME_FIELDS + _FINETUNE_RESUME_FIELDS)
     with set_up(plan, progress=progress, restart=restart) as run:
         if source_record is not None:
-            if restored_step != source_record["step"]:  # its newest step was unreadable
-                source_record.update(step=restored_step, save_began_ns=(
-                    checkpointing.save_began_ns(source, restored_step)))
+            source_record["restored_step"] = restored_step
             write_json(workdir / SOURCE_FILE, source_record)
             if ft.optimizer_state == "continue":
                 run.progress.note(f"fine-tuning carries on the optimiser state saved at step "

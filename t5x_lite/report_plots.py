@@ -102,5 +102,10 @@ def _save(figure: Any, path: str) -> None:
     """Write `figure` as the PNG `path` whole or not at all: an interrupted report leaves the
     old plot, never half a new one (the text files are written atomically too)."""
     partial = f"{path}.partial.png"
-    figure.savefig(partial, dpi=120)
-    os.replace(partial, path)
+    try:
+        figure.savefig(partial, dpi=120)
+        os.replace(partial, path)
+    except BaseException:  # interrupted or failed: no partial file left behind
+        if os.path.exists(partial):
+            os.remove(partial)
+        raise

@@ -359,6 +359,10 @@ def test_an_optimiser_state_saved_in_another_layout_is_told_from_the_metadata(tm
     differences = saved_layout_differences(tmp_path, {"opt_state": other})
     assert "opt_state/0/mu/kernel/value: saved (8, 6) != now None" in differences
     assert "opt_state/0/v/kernel/value: saved None != now (8, 6)" in differences
+    # A newest step whose metadata is damaged is passed over, as restoring passes over it.
+    (tmp_path / "3" / "default" / "_METADATA").write_text("{")
+    assert saved_layout_differences(tmp_path, {"opt_state": flat})[0] == (
+        "opt_state/0/mu/kernel/value: saved (8, 6) != now (48,)")
 
 
 def test_restore_params_only(tmp_path, config, mesh):

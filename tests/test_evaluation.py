@@ -392,11 +392,11 @@ def test_an_optimiser_state_of_another_layout_is_refused_before_any_work(data, p
     assert not (tmp_path / "run").exists()
 
 
-def test_a_source_whose_newest_step_is_unreadable_is_recorded_at_the_step_it_gave(data,
-                                                                                 tmp_path):
+def test_a_source_whose_newest_step_is_unreadable_is_recorded_with_the_step_it_gave(data,
+                                                                                   tmp_path):
     """The parameters (and the optimiser state carried on) come from the newest step that
-    reads back; init_from.json names that step, not a newer damaged one, so that a resume
-    compares the source with what the run started from."""
+    reads back; init_from.json names it beside the source's newest step, which a resume
+    compares with the source's then: the same damaged source resumes, it has not changed."""
     config = config_for(data)
     config.checkpoint.update(every=1, keep=2)
     source = tmp_path / "pre"
@@ -404,11 +404,15 @@ def test_a_source_whose_newest_step_is_unreadable_is_recorded_at_the_step_it_gav
     for path in (source / "checkpoints" / "2" / "default").rglob("d/*"):  # step 2's arrays
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     run = config_for(data, steps=1, optimizer_state="continue")
+    run.checkpoint.every = 1
     with pytest.warns(UserWarning, match="checkpoint at step 2 .* is unreadable"):
         finetune.finetune(run, tmp_path / "ft", init_from=str(source), progress=False)
     record = json.loads((tmp_path / "ft" / finetune.SOURCE_FILE).read_text())
-    assert record["step"] == 1
-    assert record["save_began_ns"] == checkpointing.save_began_ns(source / "checkpoints", 1)
+    assert (record["step"], record["restored_step"]) == (2, 1)
+    assert record["save_began_ns"] == checkpointing.save_began_ns(source / "checkpoints", 2)
+    run.finetune.steps = 2  # resumed from its own step 1
+    assert finetune.finetune(run, tmp_path / "ft", init_from=str(source),
+                             progress=False)["steps"] == 2
 
 
 def test_a_resumed_run_keeps_its_validation_history_and_best_scores(data, pretrained, tmp_path):

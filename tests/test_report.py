@@ -7,9 +7,11 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import scipy.stats
+from matplotlib.figure import Figure
 
 from t5x_lite import (accounting, grid, paper_results, report, report_plots, report_render,
                       report_table, sweep)
@@ -374,6 +376,19 @@ def test_a_report_interrupted_while_rendering_leaves_every_file_whole(tmp_path, 
     with pytest.raises(KeyboardInterrupt):
         report.report(str(tmp_path))
     assert (tmp_path / "report" / "table.tex").read_text() == before
+    # A plot interrupted while being written: the old one stays, no partial file.
+    monkeypatch.undo()
+    plots = {plot: plot.read_bytes() for plot in (tmp_path / "report").glob("*.png")}
+    assert plots
+
+    def half_written(figure, path, **kwargs):
+        Path(path).write_bytes(b"half a png")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Figure, "savefig", half_written)
+    with pytest.raises(KeyboardInterrupt):
+        report.report(str(tmp_path))
+    assert {plot: plot.read_bytes() for plot in plots} == plots
     assert sorted(p.name for p in (tmp_path / "report").iterdir()
                   if p.name.startswith(".") or "partial" in p.name) == []
 
