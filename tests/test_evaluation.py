@@ -537,7 +537,8 @@ def test_resuming_a_fine_tuning_whose_pre_training_moved_on_is_refused(data, pre
     finetune.finetune(config, workdir, init_from=str(source), progress=False)
     first = json.loads((workdir / finetune.SOURCE_FILE).read_text())
     assert first == {"path": str(source / "checkpoints"), "step": config.train.steps,
-                     "save_began_ns": first["save_began_ns"]}
+                     "save_began_ns": first["save_began_ns"],
+                     "restored_step": config.train.steps}
     assert isinstance(first["save_began_ns"], int)
     longer = config_for(data)
     longer.train.steps += 2
