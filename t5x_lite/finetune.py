@@ -202,6 +202,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
     task_list = check_finetune_settings(config, ft.tasks)
     attention.require_available(config.model.attention_impl)
     source_record = None  # written once the run starts: a run refused before leaves nothing
+    ft_config = finetune_train_config(config)
     source = init_from if init_from is None or isinstance(init_from, nnx.State) else (
         checkpoint_dir(init_from))
     if isinstance(source, Path):
@@ -212,11 +213,10 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
         require_same(source, config, PARAMETER_FIELDS, "hold another model or vocabulary")
         require_optimizer_state_source(config, checkpointing.read_saved_config(source))
         if ft.optimizer_state == "continue":
-            _require_saved_layout(source, finetune_train_config(config))
+            _require_saved_layout(source, ft_config)
         source_record = _source_record(workdir, source, restart)
     else:
         require_optimizer_state_source(config, None)
-    ft_config = finetune_train_config(config)
     restored_step = None  # the source's step that a new run started from
 
     def fresh_state(point: ml_collections.ConfigDict, mesh: Mesh) -> train_state.TrainState:
