@@ -6,14 +6,16 @@ ours; `t5x_lite.report` calls it after the text renderings (`t5x_lite.report_ren
 """
 from __future__ import annotations
 
+import io
 import os
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from t5x_lite.report_table import Table, row_name
-from t5x_lite.results import latest_records
+from t5x_lite.results import latest_records, write_atomically
 
 if TYPE_CHECKING:  # imported when plotting: matplotlib takes a second to import
     from matplotlib.figure import Figure
@@ -99,13 +101,8 @@ def write_plots(table: Table, records: Sequence[dict], out_dir: str) -> list[str
 
 
 def _save(figure: Any, path: str) -> None:
-    """Write `figure` as the PNG `path` whole or not at all: an interrupted report leaves the
-    old plot, never half a new one (the text files are written atomically too)."""
-    partial = f"{path}.partial.png"
-    try:
-        figure.savefig(partial, dpi=120)
-        os.replace(partial, path)
-    except BaseException:  # interrupted or failed: no partial file left behind
-        if os.path.exists(partial):
-            os.remove(partial)
-        raise
+    """Write `figure` as the PNG `path` whole or not at all (`results.write_atomically`, as the
+    report's text files): an interrupted report leaves the old plot, never half a new one."""
+    png = io.BytesIO()
+    figure.savefig(png, format="png", dpi=120)
+    write_atomically(Path(path), png.getvalue())

@@ -49,17 +49,18 @@ def is_writer() -> bool:
     return jax.process_index() == 0
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Replace `path` with `text`, so that a reader, a crash or a power cut never meets half a
-    file: written to a temporary file of its own beside it (several processes may write one
-    path at once, e.g. the array tasks of a SLURM sweep starting on a new workdir), flushed to
-    disk, then renamed over `path`, and the rename itself flushed (`sync_folder`)."""
+def write_atomically(path: Path, content: str | bytes) -> None:
+    """Replace `path` with `content` (text, written as UTF-8, or bytes, e.g. a PNG), so that a
+    reader, a crash or a power cut never meets half a file: written to a temporary file of its
+    own beside it (several processes may write one path at once, e.g. the array tasks of a
+    SLURM sweep starting on a new workdir), flushed to disk, then renamed over `path`, and the
+    rename itself flushed (`sync_folder`)."""
     path = Path(path)
     # A name no other writer uses; opened as any new file is (the umask's permissions).
     partial = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp")
     try:
-        with open(partial, "x", encoding="utf-8") as file:
-            file.write(text)
+        with open(partial, "xb") as file:
+            file.write(content.encode("utf-8") if isinstance(content, str) else content)
             file.flush()
             os.fsync(file.fileno())
         os.replace(partial, path)

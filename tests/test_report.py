@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import scipy.stats
@@ -381,8 +380,8 @@ def test_a_report_interrupted_while_rendering_leaves_every_file_whole(tmp_path, 
     plots = {plot: plot.read_bytes() for plot in (tmp_path / "report").glob("*.png")}
     assert plots
 
-    def half_written(figure, path, **kwargs):
-        Path(path).write_bytes(b"half a png")
+    def half_written(figure, target, **kwargs):
+        target.write(b"half a png")
         raise KeyboardInterrupt
 
     monkeypatch.setattr(Figure, "savefig", half_written)
