@@ -295,6 +295,17 @@ def test_sampled_validation_runs_and_draws_the_same_predictions_each_time(data):
 # --- restoring, resuming -----------------------------------------------------------------------
 
 
+def saved_finetune_state(config, workdir):
+    """(the train state the fine-tuning run of `config` saved in `workdir`, on one device; the
+    abstract state it was read into)."""
+    ft_config = finetune.finetune_train_config(config)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "model"))
+    abstract = train_state.abstract_state(ft_config, mesh)
+    with checkpointing.Checkpointer(workdir / "checkpoints", every=1, keep=1,
+                                    config=ft_config) as checkpointer:
+        return checkpointer.restore(abstract), abstract
+
+
 def test_finetuning_restores_only_the_parameters_and_starts_a_fresh_optimizer(data, pretrained,
                                                                               tmp_path):
     # A learning rate so small that one update leaves the parameters as they were restored.
@@ -303,12 +314,7 @@ def test_finetuning_restores_only_the_parameters_and_starts_a_fresh_optimizer(da
     source = pretrained("encoder_decoder")
     finetune.finetune(config, tmp_path, init_from=str(source), progress=False)
 
-    ft_config = finetune.finetune_train_config(config)
-    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "model"))
-    abstract = train_state.abstract_state(ft_config, mesh)
-    with checkpointing.Checkpointer(tmp_path / "checkpoints", every=1, keep=1,
-                                    config=ft_config) as checkpointer:
-        state = checkpointer.restore(abstract)
+    state, abstract = saved_finetune_state(config, tmp_path)
     pretrained_params = checkpointing.restore_params_only(source / "checkpoints",
                                                           abstract.params)
     # Pre-training ran 2 Adafactor steps; a restored optimizer would now count 3, not 1.
@@ -343,12 +349,8 @@ def test_continuing_carries_the_pre_training_s_adafactor_moments_and_update_coun
         config.checkpoint.every = 1
         finetune.finetune(config, tmp_path / optimizer_state, init_from=str(source),
                           progress=False)
-        ft_config = finetune.finetune_train_config(config)
-        mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "model"))
-        abstract = train_state.abstract_state(ft_config, mesh)
-        with checkpointing.Checkpointer(tmp_path / optimizer_state / "checkpoints", every=1,
-                                        keep=1, config=ft_config) as checkpointer:
-            states[optimizer_state] = checkpointer.restore(abstract)
+        states[optimizer_state], abstract = saved_finetune_state(config,
+                                                                 tmp_path / optimizer_state)
     pre = checkpointing.restore_parts(source / "checkpoints",
                                       {"opt_state": abstract.opt_state})[0]["opt_state"]
     decay = 1 - 3.0 ** -0.8
