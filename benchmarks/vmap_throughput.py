@@ -16,7 +16,8 @@ agree to the dtype's rounding: the vmapped step computes what the single-point o
 
 The vmapped step holds K points' activations at once: on this project's CPU, XLA's buffer
 assignment gives Table 6's small-preset step (bf16, scanned layers, batch 128 x 512 / 514)
-84 GiB at K = 1 and 335 GiB at K = 4, 20 and 76 GiB with `model.remat=True` (2026-12-04), so
+84 GiB at K = 1 and 335 GiB at K = 4, 20 and 76 GiB with `model.remat=True` (2026-12-04; the
+50% row's targets are 441 since it reads T5's 511 raw tokens, 2026-12-05), so
 on one 141 GB device the small preset's K = 4 needs remat.
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The baseline objective (`iid_denoising`: tokens corrupted i.i.d., each run of corrupted tokens
 replaced by one sentinel) at 10%, 15%, 25% and 50% corruption, with the baseline
 encoder-decoder. Every run of corrupted tokens takes a sentinel, and the 50% row makes the most
-runs: every row gets the sentinels the 50% row needs (`noise_lengths.iid_lengths`: 181 at the
+runs: every row gets the sentinels the 50% row needs (`noise_lengths.iid_lengths`: 156 at the
 paper's 512 inputs, more than T5's 100; the preset's count where that is more), so all rows
 share one vocabulary.
 

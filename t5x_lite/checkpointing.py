@@ -3,6 +3,7 @@
 `Checkpointer` owns one run's checkpoint folder (e.g. `workdir/checkpoints`):
 
     config.json                   the config of the run that wrote the checkpoints
+    batch_layout.json             a pre-training run's: what its examples read beyond the config
     <step>/                       one orbax checkpoint of the whole train state per saved step
     unreadable/<step>-<time>/     checkpoints that failed to restore, moved aside for inspection
 
@@ -48,6 +49,8 @@ from t5x_lite.results import write_atomically
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
+# Beside CONFIG_FILE in a pre-training run's folder: `objective_layout.layout_record`.
+BATCH_LAYOUT_FILE = "batch_layout.json"
 # The folder of a run's workdir that holds its checkpoints (`run_setup` opens it there).
 CHECKPOINTS_DIR = "checkpoints"
 UNREADABLE_DIR = "unreadable"
@@ -191,6 +194,28 @@ def read_saved_config(directory: str | os.PathLike) -> dict[str, Any] | None:
     return saved
 
 
+def read_saved_batch_layout(directory: str | os.PathLike) -> dict[str, Any] | None:
+    """The batch layout record saved with the pre-training checkpoints in `directory` (its
+    BATCH_LAYOUT_FILE), or None when it has none (checkpoints saved before 2026-12-05, or of a
+    fine-tuning run); a damaged file is a one-line `ConfigError` naming it."""
+    path = epath.Path(directory) / BATCH_LAYOUT_FILE
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{path} is damaged ({error}); delete it to resume without checking "
+                          "what the checkpoints' examples read") from None
+
+
+def batch_layout_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """One line 'field: saved ... != now ...' per field of two batch layout records
+    (`objective_layout.layout_record`) that differs."""
+    return [f"{key}: saved {saved.get(key, _ABSENT)!r} != now {current.get(key, _ABSENT)!r}"
+            for key in sorted(saved.keys() | current.keys())
+            if saved.get(key, _ABSENT) != current.get(key, _ABSENT)]
+
+
 def _restore_args(target: Any, partial: bool = False) -> ocp.args.PyTreeRestore:
     """Orbax arguments restoring into `target`'s shapes, dtypes and shardings.
 
@@ -280,6 +305,11 @@ class Checkpointer:
     `restart=True` deletes the old checkpoints first. `require_existing=True` (an explicit
     resume request) raises `ConfigError` if there is nothing to resume. Use it as a context
     manager: leaving waits for the last save and closes.
+
+    `batch_layout` (pre-training: `objective_layout.layout_record`) is saved as
+    BATCH_LAYOUT_FILE; opening checkpoints saved with another one raises `ConfigError` too (a
+    resume would go on with other examples); checkpoints saved before batch layouts were
+    recorded resume unchecked, and record it.
     """
 
     def __init__(
@@ -292,6 +322,7 @@ class Checkpointer:
         restart: bool = False,
         require_existing: bool = False,
         resume_fields: Sequence[str] = RESUME_FIELDS,
+        batch_layout: dict[str, Any] | None = None,
     ) -> None:
         # The arguments, whoever passes them, checked as `settings.Checkpoint` checks the config.
         require_integer("checkpoint.every", every, 1)
@@ -305,6 +336,7 @@ class Checkpointer:
         self.directory = epath.Path(os.path.abspath(directory))
         self._config = config_as_json(config)
         self._resume_fields = tuple(resume_fields)
+        self._batch_layout = batch_layout
         if restart:
             self._wipe()
         self._manager = ocp.CheckpointManager(
@@ -360,6 +392,18 @@ class Checkpointer:
                 f"settings{as_begun}, or pass --restart to delete these checkpoints and start "
                 "over"
             )
+        saved_layout = (None if self._batch_layout is None
+                        else read_saved_batch_layout(self.directory))
+        if saved_layout is not None:
+            differences = batch_layout_differences(saved_layout, self._batch_layout)
+            if differences:
+                raise ConfigError(
+                    f"the checkpoints in {self.directory} were pre-trained on examples laid "
+                    "out otherwise (its objective's lengths or its grid's other rows changed "
+                    "since):\n  " + "\n  ".join(differences) + "\nresume with the t5x_lite "
+                    "version and grid that began it, or pass --restart to delete these "
+                    "checkpoints and start over"
+                )
 
     def _write_config(self) -> None:
         """Record the current config; written to a temporary file and renamed, so a reader on
@@ -369,6 +413,9 @@ class Checkpointer:
         self.directory.mkdir(parents=True, exist_ok=True)
         write_atomically(self.directory / CONFIG_FILE,
                          json.dumps(self._config, indent=2, sort_keys=True))
+        if self._batch_layout is not None:
+            write_atomically(self.directory / BATCH_LAYOUT_FILE,
+                             json.dumps(self._batch_layout, indent=2, sort_keys=True))
 
     def latest_step(self) -> int | None:
         """Newest saved step, or None. `restore` may fall back to an older one if it is damaged,

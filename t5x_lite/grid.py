@@ -140,6 +140,17 @@ class GridPoint:
         """'[3/10] encoder_decoder_half/denoising (seed 0)', for progress lines."""
         return f"[{self.index + 1}/{self.num_points}] {self.point} (seed {self.seed})"
 
+    @property
+    def pretrain_tokens(self) -> int:
+        """The raw corpus tokens its pre-training reads: steps x batch x the raw tokens of its
+        objective's examples (`objectives.objective_lengths`; ul2: its longest denoiser's),
+        e.g. 568 per example for span corruption at 512 inputs and 511 for the i.i.d.
+        objectives (the paper's 2^35 counts 512 input positions per example). Its records keep
+        it, so that one made while its objective read another raw length is found
+        (`sweep_workdir.require_current`)."""
+        raw = objectives.objective_lengths(self.config.objective)[0]
+        return self.config.train.steps * self.config.train.batch_size * raw
+
     def directory(self, workdir: str | os.PathLike) -> Path:
         """The run's folder in the sweep's `workdir` (laid out as `t5x_lite.sweep` says)."""
         return Path(workdir) / "points" / self.point / f"seed{self.seed}"

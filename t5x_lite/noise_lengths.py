@@ -1,12 +1,17 @@
 """Exact length distributions of the i.i.d. objectives, and the fixed lengths chosen from them.
 
 With i.i.d. noise (each raw token corrupted independently with probability p) the number of
-corrupted tokens and of their runs is random, so the corrupted inputs and targets have random
-lengths, while the jitted train step needs fixed shapes. This module computes, on the host,
-the exact distribution of those lengths (float64 dynamic programming over the tokens) and
-chooses fixed lengths that an example exceeds with probability at most OVERFLOW_PROBABILITY
-each. An example that exceeds one anyway is left out of the loss and counted
-(`objectives.corrupt_with_details`, the train step's `objective_overflow`).
+corrupted tokens and of their runs is random, so the corrupted targets have random lengths,
+while the jitted train step needs fixed shapes. This module computes, on the host, the exact
+distribution of those lengths (float64 dynamic programming over the tokens) and chooses fixed
+lengths that an example exceeds with probability at most OVERFLOW_PROBABILITY each. An example
+that exceeds one anyway is left out of the loss and counted (`objectives.corrupt_with_details`,
+the train step's `objective_overflow`).
+
+The raw tokens per example are T5's, whatever the rate: its i.i.d. objectives
+(`preprocessors.iid_denoising`, "Baseline pretraining objective used in Raffel et al., 2019")
+cut the text with `split_tokens_to_inputs_length`, into pieces of inputs_length - 1 tokens
+(room for EOS). The inputs then always fit: a run of noise becomes one sentinel or nothing.
 
 For n raw tokens of which `noise` are corrupted, in `runs` maximal runs:
 - iid_denoising: inputs = (n - noise) + runs + EOS, targets = noise + runs + final sentinel +
@@ -63,17 +68,15 @@ COUNTS: dict[str, dict[str, TokenCount]] = {
 class IidLengths:
     """The fixed lengths of one i.i.d. objective at one (inputs_length, noise_density)."""
 
-    raw_length: int  # raw tokens per example: the most whose inputs overflow rarely enough
+    raw_length: int  # raw tokens per example: inputs_length - 1, as T5 cuts them
     inputs_length: int  # inputs incl. EOS (the inputs_length asked for)
     targets_length: int  # targets incl. EOS, exceeded with probability <= OVERFLOW_PROBABILITY
     num_sentinels: int  # sentinels used, exceeded with probability <= OVERFLOW_PROBABILITY
 
 
-def _distributions(count: TokenCount, noise_density: float,
-                   cap: int | None = None) -> Iterator[np.ndarray]:
+def _distributions(count: TokenCount, noise_density: float) -> Iterator[np.ndarray]:
     """The distribution of `count` after n = 0, 1, 2, ... i.i.d. Bernoulli(noise_density) tokens:
-    float64[max + 1], entry v = P(count == v). With `cap`, entry `cap` holds P(count >= cap), so
-    each step costs O(cap) instead of O(n)."""
+    float64[max + 1], entry v = P(count == v)."""
     p = float(noise_density)
     # state[previous, v] = P(count == v and the last token is clean (0; also before the first
     # token, whose noise then starts a run) or noise (1)).
@@ -86,9 +89,6 @@ def _distributions(count: TokenCount, noise_density: float,
         new[0, count.clean:count.clean + width] += (1 - p) * state.sum(axis=0)
         new[1, count.run_start:count.run_start + width] += p * state[0]
         new[1, count.in_run:count.in_run + width] += p * state[1]
-        if cap is not None and new.shape[1] > cap + 1:
-            new[:, cap] += new[:, cap + 1:].sum(axis=1)
-            new = new[:, :cap + 1]
         state = new
 
 
@@ -122,15 +122,13 @@ def iid_lengths(objective: str, inputs_length: int, noise_density: float) -> Iid
     """The fixed lengths of `objective` (a key of COUNTS) for inputs of inputs_length tokens
     incl. EOS, at noise_density in (0, 1):
 
-    - raw_length: the largest n whose P(inputs > inputs_length) <= OVERFLOW_PROBABILITY (the
-      inputs grow with n, one token at a time, so this tail grows with n);
-    - targets_length, num_sentinels: the smallest bounds with that tail for raw_length tokens.
+    - raw_length: inputs_length - 1 (T5's `split_tokens_to_inputs_length`), whose inputs are
+      never longer than inputs_length;
+    - targets_length, num_sentinels: the smallest bounds that an example of raw_length tokens
+      exceeds with probability <= OVERFLOW_PROBABILITY.
     """
     counts = COUNTS[objective]
-    inputs = _distributions(counts["inputs"], noise_density, cap=inputs_length + 1)
-    fitting = itertools.takewhile(
-        lambda pmf: tail_probability(pmf, inputs_length) <= OVERFLOW_PROBABILITY, inputs)
-    raw_length = sum(1 for _ in fitting) - 1  # fitting holds n = 0 (EOS alone) .. raw_length
+    raw_length = inputs_length - 1
     return IidLengths(
         raw_length=raw_length, inputs_length=inputs_length,
         targets_length=smallest_bound(_distribution(counts["targets"], noise_density, raw_length)),

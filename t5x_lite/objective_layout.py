@@ -239,10 +239,10 @@ def span_corruption_effective_settings(point: Mapping[str, Any]) -> dict[str, in
 
 
 def iid_corruption_lengths(point: Mapping[str, Any]) -> tuple[int, int, int]:
-    """iid_denoising, drop_corrupted_tokens: their lengths are random;
-    `noise_lengths.iid_lengths` chooses the largest raw and the smallest targets that an
-    example exceeds with probability <= noise_lengths.OVERFLOW_PROBABILITY; inputs =
-    inputs_length (mean_noise_span_length is ignored)."""
+    """iid_denoising, drop_corrupted_tokens (`noise_lengths.iid_lengths`): raw = inputs_length
+    - 1, as T5 cuts them; inputs = inputs_length; targets (random) the smallest that an
+    example exceeds with probability <= noise_lengths.OVERFLOW_PROBABILITY
+    (mean_noise_span_length is ignored)."""
     lengths = noise_lengths.iid_lengths(point["name"], point["inputs_length"],
                                         point["noise_density"])
     return lengths.raw_length, lengths.inputs_length, lengths.targets_length
@@ -339,7 +339,8 @@ def blank_infilling_loss_tokens(point: Mapping[str, Any], raw: int, targets: int
 
 def ul2_loss_tokens(point: Mapping[str, Any], raw: int, targets: int) -> float:
     """ul2: the share-weighted mean over its denoisers: span corruption's targets for R and X,
-    and (m + 1) / 2 + 1 for S (its target length is uniform over [1, m], `ul2.s_split`)."""
+    and (m + 1) / 2 + 1 for S (its target length is uniform over [1, m], `ul2.s_split`:
+    m = n - `ul2.s_fewest_inputs`)."""
     return sum(float(share) * _denoiser_loss_tokens(kind, point["inputs_length"], density, span)
                for kind, density, span, share in _point_denoisers(point))
 
@@ -355,7 +356,7 @@ def ul2_denoiser_lengths(denoiser: Iterable[Any], inputs_length: int) -> tuple[i
 
     R, X: span_corruption's `lengths_for` at inputs_length - 1, plus the mode token. S: raw =
     inputs_length - 1 (the target keeps >= 1 of n >= 2 tokens, so prefix + EOS + mode token
-    <= raw + 1), targets = min(m, raw - 1) + EOS, m = `ul2.s_target_most(r, raw)`.
+    <= raw + 1), targets = raw - k_min + EOS, k_min = `ul2.s_fewest_inputs(r, raw)` >= 1.
     """
     kind, density, span = tuple(denoiser)[:3]
     if inputs_length - 1 < MIN_INPUTS_LENGTH:
@@ -364,8 +365,7 @@ def ul2_denoiser_lengths(denoiser: Iterable[Any], inputs_length: int) -> tuple[i
                           "mode token and a denoiser's inputs)")
     if kind == "S":
         raw = inputs_length - 1
-        most = int(ul2.s_target_most(density, raw, np))
-        return raw, inputs_length, max(min(most, raw - 1), 0) + 1
+        return raw, inputs_length, raw - int(ul2.s_fewest_inputs(density, raw, np)) + 1
     raw, inputs, targets = span_corruption_lengths(dict(
         inputs_length=inputs_length - 1, noise_density=density, mean_noise_span_length=span))
     return raw, inputs + 1, targets
@@ -546,3 +546,15 @@ def layout_from_config(config: Mapping[str, Any]) -> BatchLayout:
     architecture.require_objective(config["objective"]["name"])
     return layout_for([config["objective"]], architecture.family,
                       model["vocab_size"], model["num_sentinels"])
+
+
+def layout_record(layout: BatchLayout, objective_cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """What the examples of a pre-training run with `layout` and `objective_cfg` read, as JSON
+    data: the raw tokens each is cut from (the layout's: a grid's longest), its objective's own
+    (raw, inputs, targets) (`objective_lengths`) and the layout's ul2 denoisers with the raw
+    tokens each reads. The config fixes these only together with the code and the grid's
+    other rows, so they are saved with the checkpoints (`checkpointing.BATCH_LAYOUT_FILE`): a
+    resume after either changed them is refused instead of continuing on other examples."""
+    return {"raw_length": layout.raw_length,
+            "objective_lengths": list(objective_lengths(objective_cfg)),
+            "denoisers": [list(denoiser) for denoiser in layout.denoisers]}

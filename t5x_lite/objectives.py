@@ -79,8 +79,8 @@ UL2's mixture of denoisers (Tay et al. 2022, arXiv 2205.05131, sections 3.1 and 
 `t5x_lite.ul2`): `ul2` draws one denoiser per example from `objective.ul2_denoisers`, a list
 of (kind, noise_density, mean_noise_span_length, share): R- and X-denoisers are span_corruption
 at their own rate and mean span, the S-denoiser a prefix LM whose target (the one span that
-ends the text) has a length uniform over [1, max(round(2 r n) - 1, 1)] (mean about r n; at
-r = 0.5 exactly prefix_lm); the inputs start with the denoiser's mode token ([NLU], [NLG],
+ends the text) has a length uniform over [1, n - k_min], k_min as T5's
+`random_prefix_noise_mask` keeps (mean about r n; at r = 0.5 exactly prefix_lm); the inputs start with the denoiser's mode token ([NLU], [NLG],
 [S2S]: the last three sentinels, `batch_format.mode_token`, which span corruption then leaves
 alone). objective.noise_density and mean_noise_span_length are ignored. The mixture is part of
 the layout (`BatchLayout.denoisers`): the grid's ul2 points share one.
@@ -137,8 +137,8 @@ from t5x_lite.config import EOS_ID, NUM_RESERVED_IDS, PAD_ID, sentinel_id
 # through this module.
 from t5x_lite.objective_layout import (  # noqa: F401
     BatchLayout, ObjectiveSpec, expected_loss_tokens, layout_for, layout_from_config,
-    lengths_for, noise_counts, objective_lengths, objective_loss_tokens, raw_length_for,
-    spec_from_config, ul2_denoiser_lengths, validate_vocab)
+    layout_record, lengths_for, noise_counts, objective_lengths, objective_loss_tokens,
+    raw_length_for, spec_from_config, ul2_denoiser_lengths, validate_vocab)
 # The registry of objectives (`t5x_lite.objective_registry`), filled below, re-exported: a
 # researcher registers an objective of their own as `objectives.register(objectives.Objective(
 # ...))`.

@@ -50,6 +50,9 @@ class RunPlan:
     vmapped: the points train in one `jax.vmap`-ed step (their state stacked on a [K] axis).
     batch_field: the config field the batch size is set by, named in the errors.
     resume_fields: the config fields a point's checkpoints must share with its config.
+    batch_layouts: pre-training: what each point's examples read
+    (`objective_layout.layout_record`), which its checkpoints must share too (`Checkpointer`'s
+    `batch_layout`); None for fine-tuning.
     """
 
     configs: Sequence[ml_collections.ConfigDict]
@@ -62,11 +65,15 @@ class RunPlan:
     vmapped: bool = False
     batch_field: str = "train.batch_size"
     resume_fields: Sequence[str] = RESUME_FIELDS
+    batch_layouts: Sequence[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if len(self.workdirs) != len(self.configs):
             raise ConfigError(f"got {len(self.configs)} configs but {len(self.workdirs)} "
                               "workdirs; give one workdir per config")
+        if self.batch_layouts is not None and len(self.batch_layouts) != len(self.configs):
+            raise ValueError(f"got {len(self.configs)} configs but {len(self.batch_layouts)} "
+                             "batch layouts")
         if self.vmapped:
             require_one_group(self.configs)  # before any folder is touched
         elif len(self.configs) != 1:
@@ -74,18 +81,21 @@ class RunPlan:
                              "only a vmapped run trains several points")
 
 
-def _checkpointer(plan: RunPlan, config: ml_collections.ConfigDict, workdir: Path,
-                  **options: bool) -> Checkpointer:
-    return Checkpointer(workdir / CHECKPOINTS_DIR, every=config.checkpoint.every,
+def _checkpointer(plan: RunPlan, index: int, **options: bool) -> Checkpointer:
+    """The checkpoints of the plan's point `index`."""
+    config = plan.configs[index]
+    return Checkpointer(plan.workdirs[index] / CHECKPOINTS_DIR, every=config.checkpoint.every,
                         keep=config.checkpoint.keep, config=config,
-                        resume_fields=plan.resume_fields, **options)
+                        resume_fields=plan.resume_fields,
+                        batch_layout=None if plan.batch_layouts is None
+                        else plan.batch_layouts[index], **options)
 
 
 def _newest_steps_agree(plan: RunPlan) -> bool:
     """Whether the points' checkpoint folders hold the same newest step (or all none)."""
     steps = set()
-    for config, workdir in zip(plan.configs, plan.workdirs):
-        with _checkpointer(plan, config, workdir) as checkpointer:
+    for index in range(len(plan.configs)):
+        with _checkpointer(plan, index) as checkpointer:
             steps.add(checkpointer.latest_step())
     return len(steps) == 1
 
@@ -144,9 +154,9 @@ def set_up(plan: RunPlan, *, steps: int | None = None, progress: bool = True,
                           "different steps; pre-training all of them again from step 0")
             restart = True
         checkpointers = [
-            stack.enter_context(_checkpointer(plan, point, workdir, restart=restart,
+            stack.enter_context(_checkpointer(plan, index, restart=restart,
                                               require_existing=require_existing))
-            for point, workdir in zip(plan.configs, plan.workdirs)]
+            for index in range(len(plan.configs))]
         step = plan.make_step(mesh)
         state, start = _initial_state(plan, checkpointers, mesh)
         points = []

@@ -112,7 +112,7 @@ def _pretrain_history(metrics_path: Path, log_every: int) -> dict[str, Any]:
 def base_record(point: GridPoint) -> dict[str, Any]:
     """The fields every record of `point` shares, known before anything runs."""
     config = point.config
-    raw, inputs, targets = objectives.objective_lengths(config.objective)
+    _, inputs, targets = objectives.objective_lengths(config.objective)
     # The lm objective has no inputs, but an encoder still reads one EOS (as `layout_for` pads).
     inputs = max(inputs, batch_format.min_inputs_length(point.layout.family))
     columns = accounting.table2_columns(config.model, inputs, targets)
@@ -124,8 +124,7 @@ def base_record(point: GridPoint) -> dict[str, Any]:
         "cost_label": columns.cost_label, "params_ratio": columns.params_ratio,
         "flops_ratio": columns.flops_ratio, "corpus": config.data.corpus,
         "pretrain_steps": config.train.steps,
-        # Raw corpus tokens read, as the paper counts them (2^19 steps x 128 x 512 = 2^35).
-        "pretrain_tokens": config.train.steps * config.train.batch_size * raw,
+        "pretrain_tokens": point.pretrain_tokens,
         "finetune_steps": config.finetune.steps, "pretrain_loss": None, "pretrain_curve": [],
         **held_out.scores_of(()),  # the held-out fields, none yet
         **_budget_fields(point),

@@ -21,8 +21,10 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from t5x_lite import objectives
 from t5x_lite.checkpointing import (ADDED_FIELDS, CHECKPOINTS_DIR, RESUME_FIELDS,
-                                    acting_added_fields, config_as_json, config_differences,
+                                    acting_added_fields, batch_layout_differences,
+                                    config_as_json, config_differences, read_saved_batch_layout,
                                     read_saved_config)
 from t5x_lite.config import ConfigError, flat_fields
 from t5x_lite.errors import PointBusy
@@ -118,7 +120,8 @@ def claim_workdir(workdir: Path, identity: dict[str, Any]) -> None:
 
 def require_current(records: Sequence[dict], points: Sequence[GridPoint], path: Path) -> None:
     """Refuse records of a point whose config has changed since they were written (e.g. a grid
-    row moved to another objective), and fine-tuned records whose fine-tuning run had other
+    row moved to another objective) or whose objective now reads other raw tokens per example
+    (`GridPoint.pretrain_tokens`), and fine-tuned records whose fine-tuning run had other
     tasks than the point's run of that task now (a GLUE task added to `sweep.tasks` of a sweep
     that fine-tunes GLUE's tasks as one): skipping them as finished would mix two experiments
     in one table."""
@@ -139,6 +142,12 @@ def require_current(records: Sequence[dict], points: Sequence[GridPoint], path: 
                    "the grid or its defaults changed since; use a new --workdir, or delete that "
                    f"point's lines and its folder {by_key[key].directory(path.parent)} to run "
                    "it again"))
+        other_text = _read_other_text(record, by_key.get(key))
+        if other_text:
+            raise ConfigError(
+                f"{path} holds a record of point {record['point']!r} (seed {record['seed']}) "
+                f"whose pre-training {other_text}; use a new --workdir, or delete that point's "
+                f"lines and its folder {by_key[key].directory(path.parent)} to run it again")
         run = run_of.get(key, {}).get(record["task"])
         made = tuple(record.get("finetune_tasks", (record["task"],)))
         if record["status"] == "ok" and run is not None and made != run:
@@ -186,8 +195,10 @@ def point_lock(points: Sequence[GridPoint], workdir: str | Path) -> Iterator[Non
 
 def require_current_folders(points: Sequence[GridPoint], workdir: Path) -> None:
     """Refuse to run a point whose folder holds the work of another config: pre-training
-    checkpoints whose `checkpointing.RESUME_FIELDS` differ, or a finished task's record
-    (`GridPoint.record_path`) of another config_hash. A point whose results.jsonl lines were
+    checkpoints whose `checkpointing.RESUME_FIELDS` or examples
+    (`checkpointing.BATCH_LAYOUT_FILE`) differ, or a finished task's record
+    (`GridPoint.record_path`) of another config_hash or raw tokens read
+    (`GridPoint.pretrain_tokens`). A point whose results.jsonl lines were
     deleted, to run it again after its grid row changed, is such a point: its pre-training
     would stop on the checkpoints (the point recorded as failed), and a stale task record
     would pass for a finished task."""
@@ -200,23 +211,52 @@ def require_current_folders(points: Sequence[GridPoint], workdir: Path) -> None:
                 "use a new --workdir")
 
 
+def _read_other_text(record: dict, point: GridPoint | None) -> str | None:
+    """How the pre-training a record of `point` (None: a point no longer in the grid) was
+    made from reads other raw text than the point's does now, or None: its objective's raw
+    tokens per example changed (the i.i.d. objectives read T5's inputs_length - 1 since
+    2026-12-05), which its config hash does not see."""
+    made = record.get("pretrain_tokens")
+    if point is None or made is None or made == point.pretrain_tokens:
+        return None
+    return (f"read {made} raw tokens and would read {point.pretrain_tokens} now (its "
+            "objective's raw tokens per example changed)")
+
+
+def _first_of(differences: Sequence[str]) -> str:
+    """The first of some differences, and how many more there are."""
+    more = f", and {len(differences) - 1} more" if len(differences) > 1 else ""
+    return differences[0] + more
+
+
 def _stale_work(point: GridPoint, workdir: Path) -> str | None:
-    """What in the point's folder another config made, or None."""
-    saved = read_saved_config(point.pretrain_directory(workdir) / CHECKPOINTS_DIR)
+    """What in the point's folder another config, or another layout of its examples, made, or
+    None."""
+    checkpoints = point.pretrain_directory(workdir) / CHECKPOINTS_DIR
+    saved = read_saved_config(checkpoints)
     if saved is not None:
         differences = config_differences(saved, config_as_json(point.config), RESUME_FIELDS)
         if differences:
-            more = f", and {len(differences) - 1} more" if len(differences) > 1 else ""
-            return f"its pre-training's {differences[0]}{more}"
+            return f"its pre-training's {_first_of(differences)}"
+    saved_layout = read_saved_batch_layout(checkpoints)
+    if saved_layout is not None:
+        differences = batch_layout_differences(
+            saved_layout, objectives.layout_record(point.layout, point.config.objective))
+        if differences:
+            return f"its pre-training's examples' {_first_of(differences)}"
     expected = config_hash(point.config)
     for task in point.config.sweep.tasks:
         path = point.record_path(workdir, task)
         if path.is_file():
-            saved_hash = json.loads(path.read_text()).get("config_hash", expected)
+            saved_record = json.loads(path.read_text())
+            saved_hash = saved_record.get("config_hash", expected)
             if saved_hash != expected:
                 began = as_it_began(point, saved_hash)
                 return (f"its {task} record's config_hash {saved_hash}, now {expected}"
                         + (f"; {began} resumes it as it began" if began else ""))
+            other_text = _read_other_text(saved_record, point)
+            if other_text:
+                return f"its {task} record's pre-training {other_text}"
     return None
 
 

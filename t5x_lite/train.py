@@ -90,7 +90,9 @@ def _pretrain_plan(configs: Sequence[ml_collections.ConfigDict],
         step_args=(stack_specs(specs), jnp.stack(keys)) if vmapped else (specs[0], keys[0]),
         lengths=(layout.inputs_length, layout.targets_length), vmapped=vmapped,
         fresh_state=init_state if init_params is None else (
-            lambda point, mesh: state_from_params(point, mesh, init_params))), layout
+            lambda point, mesh: state_from_params(point, mesh, init_params)),
+        batch_layouts=[objectives.layout_record(layout, config.objective) for config in configs]
+    ), layout
 
 
 def _run(plan: RunPlan, layout: objectives.BatchLayout, **options: Any) -> list[dict[str, Any]]:

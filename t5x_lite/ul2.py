@@ -29,12 +29,13 @@ token, [NLU] for the R-denoisers, [NLG] for the X-denoisers, [S2S] for the S-den
 What runs here, for an n-token example:
 - R and X: span corruption (`objectives` span_corruption, T5's `random_spans_noise_mask`: its
   round(n r) noise tokens in round(noise / mu) spans) at the denoiser's r and mu;
-- S: the target is the one span that ends the text; its length t is uniform over
-  [1, m], m = max(round(2 r n) - 1, 1) (at most n - 1, so the prefix keeps a token), so its
-  mean is about r n = L/4 at the paper's r = 0.25. At r = 0.5, t is uniform over [1, n - 1]:
-  exactly the `prefix_lm` objective's uniform split (and the same split for the same draw),
-  which is also what the paper's appendix code (T5's `prefix_lm`, noise density 0.5) runs;
-  the paper's text asks for r = 0.25, which is the default here;
+- S: the target is the one span that ends the text, split off as T5's
+  `random_prefix_noise_mask` at noise density r splits: the prefix keeps k tokens, k uniform
+  over [k_min, n - 1], k_min = min(n - 1, max(1, round((1 - 2 r)(n - 1)))) (`s_fewest_inputs`),
+  so the target's length is uniform over [1, n - k_min], its mean about r n = L/4 at the
+  paper's r = 0.25. At r = 0.5, k_min = 1: exactly the `prefix_lm` objective's uniform split
+  (and the same split for the same draw), which is also what the paper's appendix code (T5's
+  `prefix_lm`, noise density 0.5) runs; the paper's text asks for r = 0.25, the default here;
 - the denoiser's mode token is prepended to its inputs. Each denoiser's lengths are computed
   for inputs_length - 1, so that the mode token fits.
 The denoiser is drawn per example on the device (`choose`, from one of the example's uniform
@@ -73,10 +74,9 @@ class Denoiser(NamedTuple):
 def check_denoisers(denoisers: Any) -> None:
     """Raise a one-line `ConfigError` naming `objective.ul2_denoisers` unless `denoisers` is a
     non-empty sequence of (kind in KINDS, noise_density in (0, 1), mean_noise_span_length >= 1,
-    share > 0) whose shares sum to 1. An S-denoiser's noise_density is at most 0.5: its split
-    is drawn from the last 2 r n tokens (`s_split`), which above 0.5 would reach past the
-    start, so every r > 0.5 would act as 0.5 (T5's `random_prefix_noise_mask` refuses it
-    too)."""
+    share > 0) whose shares sum to 1. An S-denoiser's noise_density is at most 0.5, as T5's
+    `random_prefix_noise_mask` requires: above it, its fewest prefix tokens (`s_fewest_inputs`)
+    would be 1 for every r, each acting as 0.5."""
     if isinstance(denoisers, str) or not isinstance(denoisers, Sequence) or not denoisers:
         raise ConfigError(f"{FIELD}={denoisers!r} must be a non-empty tuple of (kind, "
                           "noise_density, mean_noise_span_length, share) tuples")
@@ -94,8 +94,8 @@ def check_denoisers(denoisers: Any) -> None:
             require_number(f"{field} {name}", value, ok, allowed)
         if kind == "S" and density > 0.5:
             raise ConfigError(f"{field} noise_density={density!r} must be a number in (0, 0.5] "
-                              "for the S-denoiser (its target is a suffix of at most 2 r n "
-                              "tokens; above 0.5 it would be 0.5's)")
+                              "for the S-denoiser (as T5's random_prefix_noise_mask requires: "
+                              "above 0.5 it would act as 0.5)")
     total = math.fsum(entry[3] for entry in denoisers)
     if abs(total - 1.0) > 1e-6:
         raise ConfigError(f"{FIELD} shares sum to {total:g}; they must sum to 1")
@@ -119,20 +119,22 @@ def choose(uniform: jax.Array, denoisers: Sequence[Denoiser]) -> jax.Array:
                             side="right").astype(jnp.int32)
 
 
-def s_target_most(noise_density: Any, valid_length: Any, xp: Any = jnp) -> Any:
-    """m = max(round(2 r n) - 1, 1), the longest S-denoiser target (before EOS) of an n-token
-    example; float32 product, round half to even, alike on host (xp=np) and device."""
+def s_fewest_inputs(noise_density: Any, valid_length: Any, xp: Any = jnp) -> Any:
+    """k_min = min(n - 1, max(1, round((1 - 2 r)(n - 1)))), the fewest prefix tokens the
+    S-denoiser keeps of an n-token example: T5's `random_prefix_noise_mask`'s fewest input
+    tokens (float32 product, round half to even), alike on host (xp=np) and device."""
     f32 = xp.float32
-    doubled = xp.round(2 * xp.asarray(valid_length, f32) * xp.asarray(noise_density, f32))
-    return xp.maximum(doubled.astype(xp.int32) - 1, 1)
+    most = xp.asarray(valid_length, xp.int32) - 1
+    scaled = xp.round((1 - 2 * xp.asarray(noise_density, f32)) * most.astype(f32))
+    return xp.minimum(most, xp.maximum(scaled.astype(xp.int32), 1))
 
 
 def s_split(uniform: jax.Array, noise_density: Any, valid_length: Any) -> jax.Array:
     """int32 split point of the S-denoiser: inputs = tokens [0, split), target = [split, n),
-    uniform over [max(n - m, 1), n - 1] (1 when n < 2), m = `s_target_most`. At r = 0.5 this is
+    uniform over [k_min, n - 1] (`s_fewest_inputs`; 1 when n < 2). At r = 0.5 this is
     `objectives.random_prefix_split`'s rule and value for the same draw."""
     n = jnp.asarray(valid_length, jnp.int32)
-    low = jnp.maximum(n - s_target_most(noise_density, n), 1)
+    low = jnp.maximum(s_fewest_inputs(noise_density, n), 1)
     high = jnp.maximum(n, 2)
     return jnp.minimum(low + jnp.floor(uniform * (high - low)).astype(jnp.int32), high - 1)
 

@@ -18,9 +18,9 @@ from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from t5x_lite import finetune
-from t5x_lite.checkpointing import (RESUME_FIELDS, STEP_METADATA_FILE, Checkpointer,
-                                    config_as_json, config_differences, restore_params_only,
-                                    save_began_ns, saved_layout_differences)
+from t5x_lite.checkpointing import (BATCH_LAYOUT_FILE, RESUME_FIELDS, STEP_METADATA_FILE,
+                                    Checkpointer, config_as_json, config_differences,
+                                    restore_params_only, save_began_ns, saved_layout_differences)
 from t5x_lite.config import ConfigError, default_config
 from t5x_lite.errors import CheckpointsUnreadable
 
@@ -287,6 +287,34 @@ def test_a_run_may_require_more_fields_to_resume(tmp_path, config):
         Checkpointer(tmp_path, every=1, keep=5, config=changed,
                      resume_fields=RESUME_FIELDS + ("finetune.tasks",))
     Checkpointer(tmp_path, every=1, keep=5, config=changed).close()  # not a default field
+
+
+def test_checkpoints_of_examples_laid_out_otherwise_are_refused(tmp_path, config):
+    """A pre-training run saves what its examples read beyond its config (its layout record)
+    with its checkpoints; a resume under another record is refused, naming the fields, while
+    one saved before records were kept resumes and records it, and --restart starts over."""
+    before = {"raw_length": 557, "objective_lengths": [557, 512, 127], "denoisers": []}
+    now = {**before, "raw_length": 511, "objective_lengths": [511, 512, 118]}
+    with Checkpointer(tmp_path, every=1, keep=5, config=config, batch_layout=before) as ckpt:
+        assert ckpt.maybe_save(1, make_state())
+    assert json.loads((tmp_path / BATCH_LAYOUT_FILE).read_text()) == before
+    with pytest.raises(ConfigError, match=(
+            r"pre-trained on examples laid out otherwise .*:\n"
+            r"  objective_lengths: saved \[557, 512, 127\] != now \[511, 512, 118\]\n"
+            r"  raw_length: saved 557 != now 511\nresume with .* or pass --restart")):
+        Checkpointer(tmp_path, every=1, keep=5, config=config, batch_layout=now)
+    Checkpointer(tmp_path, every=1, keep=5, config=config, batch_layout=before).close()
+    Checkpointer(tmp_path, every=1, keep=5, config=config).close()  # a run without one
+    (tmp_path / BATCH_LAYOUT_FILE).write_text("{")
+    with pytest.raises(ConfigError, match=rf"^{tmp_path / BATCH_LAYOUT_FILE} is damaged"):
+        Checkpointer(tmp_path, every=1, keep=5, config=config, batch_layout=before)
+    (tmp_path / BATCH_LAYOUT_FILE).unlink()  # as saved before layout records were kept
+    Checkpointer(tmp_path, every=1, keep=5, config=config, batch_layout=now).close()
+    assert json.loads((tmp_path / BATCH_LAYOUT_FILE).read_text()) == now
+    with Checkpointer(tmp_path, every=1, keep=5, config=config, batch_layout=before,
+                      restart=True) as ckpt:
+        assert ckpt.latest_step() is None
+    assert json.loads((tmp_path / BATCH_LAYOUT_FILE).read_text()) == before
 
 
 def test_run_settings_may_change_on_resume(tmp_path, config):

@@ -343,17 +343,24 @@ def test_length_distributions_equal_enumerating_every_mask(objective, p):
                                        rtol=1e-9, atol=1e-300, err_msg=f"n={n} {name}")
 
 
+def t5_split_tokens_to_inputs_length(inputs_length: int) -> int:
+    """T5's `split_tokens_to_inputs_length` (t5/data/preprocessors.py), which its
+    `iid_denoising` cuts the raw text with: pieces of the inputs length less one, for EOS."""
+    max_tokens = inputs_length
+    max_tokens -= 1  # room for the EOS appended after
+    return max_tokens
+
+
 @pytest.mark.parametrize("objective", sorted(PAPER_OBJECTIVES))
 @pytest.mark.parametrize("inputs_length", [32, 128, 512])
 @pytest.mark.parametrize("p", [0.10, 0.15, 0.25, 0.50])
-def test_chosen_lengths_are_the_tightest_within_the_overflow_probability(objective, inputs_length,
-                                                                        p):
+def test_chosen_lengths_are_t5s_raw_and_the_tightest_bounds(objective, inputs_length, p):
     limit = noise_lengths.OVERFLOW_PROBABILITY
     bounds = noise_lengths.iid_lengths(objective, inputs_length, p)
     raw = bounds.raw_length
-    # The inputs grow with the raw tokens, so raw + 1 failing means every longer raw fails too.
-    assert reference_tail(objective, "inputs", raw, p, inputs_length) <= limit
-    assert reference_tail(objective, "inputs", raw + 1, p, inputs_length) > limit
+    # Every rate reads T5's raw tokens, and their inputs never overflow.
+    assert raw == t5_split_tokens_to_inputs_length(inputs_length)
+    assert reference_tail(objective, "inputs", raw, p, inputs_length) == 0.0
     for length, bound in (("targets", bounds.targets_length), ("sentinels", bounds.num_sentinels)):
         assert reference_tail(objective, length, raw, p, bound) <= limit, length
         if bound > 0:
@@ -364,13 +371,13 @@ def test_chosen_lengths_are_the_tightest_within_the_overflow_probability(objecti
 
 
 def test_the_papers_lengths_under_the_overflow_probability():
-    # 512 inputs: at 15% the inputs average 0.9775 tokens per raw token, but a raw length
-    # of 512 overflows whenever no two noise tokens are adjacent (probability ~1e-5).
+    # 512 inputs: 511 raw tokens at every rate; at 15% the targets average 144 tokens, at 50%
+    # 384 (256 noise and 128 runs).
     assert noise_lengths.OVERFLOW_PROBABILITY == 1e-6
     assert dataclasses.astuple(noise_lengths.iid_lengths("iid_denoising", 512, 0.15)) == (
         511, 512, 212, 97)
     assert dataclasses.astuple(noise_lengths.iid_lengths("iid_denoising", 512, 0.5)) == (
-        601, 512, 514, 181)
+        511, 512, 441, 156)
 
 
 # ------------------------------------------------------------------------------------------

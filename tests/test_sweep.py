@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from t5x_lite import cli, grid, launchers, noise_lengths, results, sweep, sweep_plan, sweep_workdir
-from t5x_lite.checkpointing import CHECKPOINTS_DIR, newest_step
+from t5x_lite.checkpointing import BATCH_LAYOUT_FILE, CHECKPOINTS_DIR, newest_step
 from t5x_lite.config import ConfigError
 from t5x_lite.data import tasks
 from t5x_lite.preemption import Preempted
@@ -121,7 +121,7 @@ def test_grids_have_the_paper_rows_and_one_layout_per_family(experiment_name):
         assert paper["encoder_decoder_half/lm"]["cost_label"] == "M/2"
 
 
-@pytest.mark.parametrize("preset, sentinels", [("demo", 100), ("tiny", 100), ("paper", 181)])
+@pytest.mark.parametrize("preset, sentinels", [("demo", 100), ("tiny", 100), ("paper", 156)])
 def test_table6_rows_share_the_sentinels_the_50_percent_row_needs(preset, sentinels):
     points = grid.expand("table6", preset)
     needed = noise_lengths.iid_lengths("iid_denoising", points[-1].config.objective.inputs_length,
@@ -709,6 +709,50 @@ def test_records_of_a_changed_config_are_refused_not_skipped(experiment, uninter
     record = json.loads(record_file.read_text())
     record_file.write_text(json.dumps({**record, "config_hash": "0" * 16}))
     with pytest.raises(ConfigError, match=f"its {record_file.stem} record's config_hash 0{{16}}"):
+        sweep.run_sweep(experiment, "demo", str(copy))
+    assert (copy / "results.jsonl").read_text() == kept  # nothing ran
+
+
+def test_records_and_folders_of_examples_read_otherwise_are_refused(experiment, uninterrupted,
+                                                                    tmp_path):
+    """Work made while a point's examples read other raw text (its objective's raw tokens, or
+    the layout its grid shares) hashes alike, but must not pass for the point's: a finished
+    record's pretrain_tokens, a folder's batch layout and a saved task record are checked
+    before anything runs."""
+    workdir, _ = uninterrupted
+    copy = tmp_path / "sweep"
+    shutil.copytree(workdir, copy)
+    lines = (copy / "results.jsonl").read_text().splitlines()
+    stale = json.loads(lines[0])
+    tokens = stale["pretrain_tokens"]
+    stale["pretrain_tokens"] = tokens * 2
+    (copy / "results.jsonl").write_text("\n".join([json.dumps(stale), *lines[1:]]) + "\n")
+    folder = copy / "points" / stale["point"] / "seed0"
+    with pytest.raises(ConfigError, match=(
+            f"record of point '{stale['point']}' \\(seed 0\\) whose pre-training read "
+            f"{tokens * 2} raw tokens and would read {tokens} now .* delete that point's lines "
+            f"and its folder {folder} to run it again")):
+        sweep.run_sweep(experiment, "demo", str(copy))
+
+    (copy / "results.jsonl").write_text("".join(
+        line + "\n" for line in lines if json.loads(line)["point"] != stale["point"]))
+    kept = (copy / "results.jsonl").read_text()
+    saved = folder / "pretrain" / "checkpoints" / BATCH_LAYOUT_FILE
+    original = json.loads(saved.read_text())
+    saved.write_text(json.dumps({**original, "raw_length": original["raw_length"] + 1}))
+    refusal = (rf"^{folder} holds point '{stale['point']}' \(seed 0\) run with another config "
+               rf"\(its pre-training's examples' raw_length: saved {original['raw_length'] + 1} "
+               rf"!= now {original['raw_length']}\); delete that folder")
+    with pytest.raises(ConfigError, match=refusal):
+        sweep.run_sweep(experiment, "demo", str(copy))
+    with pytest.raises(ConfigError, match=refusal):
+        sweep_plan.plan_sweep(experiment, "demo", str(copy))
+    saved.write_text(json.dumps(original))
+    record_file = next((folder / "records").glob("*.json"))
+    record = json.loads(record_file.read_text())
+    record_file.write_text(json.dumps({**record, "pretrain_tokens": tokens * 2}))
+    with pytest.raises(ConfigError, match=f"its {record_file.stem} record's pre-training read "
+                                          f"{tokens * 2} raw tokens and would read {tokens} now"):
         sweep.run_sweep(experiment, "demo", str(copy))
     assert (copy / "results.jsonl").read_text() == kept  # nothing ran
 

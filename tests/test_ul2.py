@@ -61,17 +61,18 @@ def per_example_spec(name, denoisers, chosen):
         raw_length=jnp.asarray([d.raw_length for d in picked], jnp.int32))
 
 
-def paper_s_denoiser(tokens, r, u):
-    """Section 3.1.1: one corrupted span that ends the text, its length uniform with mean about
-    r n: t uniform over [1, min(m, n - 1)], m = max(round(2 r n) - 1, 1) (float32, half to
-    even), drawn from u as floor(u * count). Returns (inputs, targets) without EOS."""
-    n = len(tokens)
-    m = max(int(np.round(np.float32(2) * np.float32(n) * np.float32(r))) - 1, 1)
-    most = min(m, n - 1)
-    t = n - min(max(n - m, 1) + math.floor(np.float32(u) * np.float32(n - max(n - m, 1))),
-                n - 1)
-    assert 1 <= t <= most
-    return tokens[:n - t], tokens[n - t:]
+def t5_random_prefix_split(tokens, r, u):
+    """Section 3.1.1's S-denoiser (one corrupted span that ends the text, its length uniform),
+    as T5's `random_prefix_noise_mask` (t5/data/preprocessors.py) draws it: the number of
+    input tokens uniform over [min_input_tokens, length - 1] with min_input_tokens =
+    min(length - 1, max(1, round((1 - 2 r) * float32(length - 1)))); the draw taken from u as
+    floor(u * count). Returns (inputs, targets) without EOS."""
+    max_input_tokens = len(tokens) - 1
+    min_input_tokens = min(max_input_tokens, max(
+        1, int(np.round(np.float32(1 - 2 * r) * np.float32(max_input_tokens)))))
+    count = max_input_tokens + 1 - min_input_tokens
+    num_input_tokens = min_input_tokens + math.floor(np.float32(u) * np.float32(count))
+    return tokens[:num_input_tokens], tokens[num_input_tokens:]
 
 
 @pytest.mark.parametrize("family", ["encoder_decoder", "decoder_only"])
@@ -97,7 +98,8 @@ def test_each_example_is_its_denoisers_own_output_after_its_mode_token(family):
         assert not details["overflow"][i]
         if denoiser.kind == "S":
             raw = tokens[i, :denoiser.raw_length].tolist()
-            prefix, target = paper_s_denoiser(raw, denoiser.noise_density, draws[i, 0, 0])
+            prefix, target = t5_random_prefix_split(raw, denoiser.noise_density,
+                                                    draws[i, 0, 0])
             assert (inputs, targets) == (inputs[:1] + prefix + [1], target + [1])
             assert not details["noise_mask"][i].any()
         else:
