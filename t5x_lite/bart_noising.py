@@ -4,7 +4,12 @@ noise they draw, on the device from uniform draws, and the lengths they need, on
 `t5x_lite.objectives` builds the inputs and targets from these (its encoders `token_masking`,
 `token_deletion`, `text_infilling`, `document_rotation`); here is only what is particular to
 BART. Every BART objective's target is the whole original document (plus EOS): "the decoder
-reconstructs the document". The mask token is `<extra_id_0>`, as for bert_style.
+reconstructs the document". The mask token is `<extra_id_0>`, as for bert_style. A "document"
+here is a pre-training chunk, a window of the stream of documents (`data.pipeline`), where
+fairseq's examples are blocks of whole sentences of one document (`sample_break_mode=
+"complete_doc"`): a rotated chunk's true start is an arbitrary cut, its first and last
+sentences are usually fragments, and a chunk may hold the end of one document (its EOS) and
+the start of the next.
 
 The number of corrupted tokens of an n-token document is fairseq's (`DenoisingDataset.
 add_whole_word_mask`, subword units): `num_to_mask = ceil(n * noise_density)`, computed in
@@ -30,13 +35,14 @@ Sentence permutation: "a document is divided into sentences based on full stops,
 sentences are shuffled in a random order". The raw chunks are token ids, so a sentence end is
 read off the vocabulary (`sentence_classes`, bound to the run's batch layout) and the ids:
 a token ends a sentence (`sentence_ends`) if it is EOS (a document's end), or if its piece ends
-with '.', '!' or '?' and the next token's piece starts a word ('▁'). That is exactly the text's
-rule "a whitespace-separated word ending in '.', '!' or '?' ends a sentence, and so does the
-document's end", as SentencePiece pieces never span whitespace and mark the word after it
-(byte-fallback pieces count as their byte). Like fairseq's `permute_sentences` (which splits on
-the full-stop token, '.' of GPT-2's BPE, or on EOS), abbreviations ("e.g. the") split too, and a
-full stop inside a word ("os.path", "3.14") or before a closing quote does not; the part after
-the chunk's last end is a sentence too (fairseq: "pretend it ends with a full stop"). The S
+with a full stop '.' and the next token's piece starts a word ('▁'). That is exactly the rule
+"a whitespace-separated word ending in '.' ends a sentence, and so does the document's end",
+as SentencePiece pieces never span whitespace and mark the word after it (byte-fallback pieces
+count as their byte). Like fairseq's `permute_sentences` (which splits on the full-stop token,
+'.' of GPT-2's BPE, or on EOS), '!' and '?' end no sentence, abbreviations ("e.g. the") split,
+and a full stop inside a word ("os.path", "3.14") or before a closing quote does not; the part
+after the chunk's last end is a sentence too (fairseq: "pretend it ends with a full stop").
+(Until 2026-12-05 '!' and '?' ended sentences too.) The S
 sentences are put in a uniformly random order (`sentence_destinations`; fairseq's ratio 1: all
 of them, the identity among the S! orders).
 """
@@ -53,7 +59,7 @@ from scipy import special
 from t5x_lite.config import EOS_ID
 from t5x_lite.noise_lengths import OVERFLOW_PROBABILITY
 
-TERMINATORS = ".!?"  # a piece ending in one of these may end a sentence
+TERMINATORS = "."  # a piece ending in one of these may end a sentence: the paper's full stop
 WORD_START = "\u2581"  # SentencePiece's mark of a piece that begins a word
 # The bits of a vocabulary id's sentence class (`sentence_classes`).
 ENDS_WITH_TERMINATOR, STARTS_WORD = 1, 2
@@ -169,7 +175,7 @@ def infilling_plan(draws: jax.Array, noise_density: Any, poisson_lambda: Any,
 
 def sentence_classes(pieces: Sequence[str]) -> bytes:
     """One byte per vocabulary id, from its piece (`Vocabulary.pieces`): ENDS_WITH_TERMINATOR
-    if it ends with '.', '!' or '?', plus STARTS_WORD if it begins with '▁'. Hashable, so a
+    if it ends with one of TERMINATORS, plus STARTS_WORD if it begins with '▁'. Hashable, so a
     static batch layout can carry it."""
     return bytes((ENDS_WITH_TERMINATOR if piece[-1:] and piece[-1] in TERMINATORS else 0)
                  | (STARTS_WORD if piece.startswith(WORD_START) else 0) for piece in pieces)

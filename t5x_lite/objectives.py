@@ -30,12 +30,13 @@ Objectives (Raffel et al. 2020, Tables 4 to 7), for raw tokens x_1..x_n:
   noise tokens in spans of the given mean length) become one unique sentinel each in the
   inputs; targets are the dropped spans, each led by its sentinel (T5's code, no final
   sentinel). Mean span length 1 is NOT the i.i.d. objective: it makes every noise token its
-  own span, never two adjacent (while the clean tokens can keep them apart: more spans than
-  clean tokens, e.g. density 0.8, and the mask merges some, as T5's does).
+  own span, never two adjacent (while the clean tokens can keep them apart: with more spans
+  than clean tokens, e.g. density 0.8, the mask merges some, where T5's fails).
 - drop_corrupted_tokens: i.i.d. noise as in iid_denoising; noise tokens are removed from the
   inputs; targets are the noise tokens in order.
 - bert_style: i.i.d. noise; each noise token becomes the mask token, or with
-  probability `random_token_fraction` (paper: 0.1) a random real token; targets = original.
+  probability `random_token_fraction` (paper: 0.1) a random real token (never a sentinel, which
+  T5's `noise_token_to_random_token` may draw); targets = original.
 - mass_style: bert_style without random tokens (every noise token becomes the mask token).
 - deshuffling: inputs are the tokens in random order; targets = original.
 - prefix_lm: a random split point; inputs = prefix, targets = continuation.
@@ -202,7 +203,8 @@ def random_spans_noise_mask(length: int, noise_density: Any, mean_noise_span_len
     num_spans = max(1, round(num_noise / mean_noise_span_length)). The sequence alternates
     non-noise and noise spans, starting with non-noise and ending with noise, with span lengths
     drawn as uniformly random compositions. If num_spans exceeds the non-noise token count,
-    noise spans merge (as in T5), leaving min(num_spans, non-noise tokens) spans.
+    noise spans merge, leaving min(num_spans, non-noise tokens) spans (T5's mask fails there:
+    its non-noise and noise span lists differ in length and cannot be interleaved).
     """
     return _spans_mask(jax.random.uniform(rng, (2, length)), noise_density,
                        mean_noise_span_length, _valid_length(length, valid_length))

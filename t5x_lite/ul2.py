@@ -28,7 +28,11 @@ token, [NLU] for the R-denoisers, [NLG] for the X-denoisers, [S2S] for the S-den
 
 What runs here, for an n-token example:
 - R and X: span corruption (`objectives` span_corruption, T5's `random_spans_noise_mask`: its
-  round(n r) noise tokens in round(noise / mu) spans) at the denoiser's r and mu;
+  round(n r) noise tokens in round(noise / mu) spans) at the denoiser's r and mu. That mask
+  starts with clean tokens and ends with noise, so a denoiser left with one span always
+  corrupts the last tokens: X (mu = 64, r = 0.15) at 512 inputs has 90 noise tokens in one
+  span, the text's last 90 (T5's mask at its default, without `random_roll`), an S-like task
+  under the [NLG] token;
 - S: the target is the one span that ends the text, split off as T5's
   `random_prefix_noise_mask` at noise density r splits: the prefix keeps k tokens, k uniform
   over [k_min, n - 1], k_min = min(n - 1, max(1, round((1 - 2 r)(n - 1)))) (`s_fewest_inputs`),

@@ -1,8 +1,12 @@
 """The NumPy input pipeline: pre-training chunks, and packed or padded downstream batches.
 
-Pre-training (`PretrainData`) follows T5: tokenise every document, append EOS, concatenate,
-cut the stream into chunks of exactly `raw_length` tokens (the objective turns each chunk into
-inputs and targets on the device). Which chunks form the global batch of a step is a pure
+Pre-training (`PretrainData`): tokenise every document, append EOS, concatenate, cut the stream
+into chunks of exactly `raw_length` tokens (the objective turns each chunk into inputs and
+targets on the device). T5 concatenates its documents' chunks with no separator
+(`reduce_concat_tokens`) and appends EOS only after an example's inputs and targets; here a
+document's end stays in the stream as EOS (GLM's [END] and BART's sentences read it), so an
+example's inputs or targets may hold an EOS before their own (README, "Where the model and its
+training differ from T5's own code"). Which chunks form the global batch of a step is a pure
 function of (seed, step), so a resumed run sees exactly the batches it would have seen, and
 each of several processes feeds its contiguous rows of it (`process_rows`).
 
