@@ -216,6 +216,13 @@ def batch_layout_differences(saved: dict[str, Any], current: dict[str, Any]) -> 
             if saved.get(key, _ABSENT) != current.get(key, _ABSENT)]
 
 
+def _one_item() -> ocp.PyTreeCheckpointHandler:
+    """A manager's handler of its steps' one item, the train state: told so, orbax does not
+    guess it per step (a step whose item folder is gone read as one of several items, and
+    every older step after it too)."""
+    return ocp.PyTreeCheckpointHandler()
+
+
 def _restore_args(target: Any, partial: bool = False) -> ocp.args.PyTreeRestore:
     """Orbax arguments restoring into `target`'s shapes, dtypes and shardings.
 
@@ -351,6 +358,7 @@ class Checkpointer:
                 enable_async_checkpointing=True,
                 cleanup_tmp_directories=True,  # saves cut short by a crash never finalised
             ),
+            item_handlers=_one_item(),
         )
         try:
             self._check_resumable(require_existing)
@@ -559,7 +567,7 @@ def restore_parts(
                 + "\n  ".join(differences)
             )
     manager = ocp.CheckpointManager(
-        directory, options=ocp.CheckpointManagerOptions(read_only=True)
+        directory, options=ocp.CheckpointManagerOptions(read_only=True), item_handlers=_one_item()
     )
     try:
         restored, step, _ = _restore_newest(manager,
@@ -581,8 +589,7 @@ def saved_layout_differences(directory: str | os.PathLike,
     restoring passes over it (`_restore_newest`, which warns of it)."""
     manager = ocp.CheckpointManager(
         epath.Path(os.path.abspath(directory)),
-        options=ocp.CheckpointManagerOptions(read_only=True),
-        item_handlers=ocp.PyTreeCheckpointHandler())
+        options=ocp.CheckpointManagerOptions(read_only=True), item_handlers=_one_item())
     saved = None
     try:
         for step in sorted(manager.all_steps(), reverse=True):

@@ -143,11 +143,19 @@ def delete_manifest(step_dir: pathlib.Path) -> None:
     (step_dir / "default" / "manifest.ocdbt").unlink()
 
 
-@pytest.mark.parametrize("damage", [truncate_array_data, delete_manifest])
+def delete_item_folder(step_dir: pathlib.Path) -> None:
+    shutil.rmtree(step_dir / "default")  # a step orbax would then read as of several items
+
+
+@pytest.mark.parametrize("damage", [truncate_array_data, delete_manifest, delete_item_folder])
 def test_damaged_latest_falls_back_to_previous_with_warning(tmp_path, config, damage):
     state = make_state()
     save_steps(tmp_path, config, {2: advance(state, 2), 4: advance(state, 4)})
     damage(tmp_path / "4")
+    # Read as a source of parameters (finetune --init_from, eval, export) too.
+    with pytest.warns(UserWarning, match="checkpoint at step 4 .* is unreadable"):
+        params = restore_params_only(tmp_path, abstract(state).params, config=config)
+    assert_same_values(params, advance(state, 2).params)
     with Checkpointer(tmp_path, every=2, keep=5, config=config) as ckpt:
         with pytest.warns(UserWarning, match="checkpoint at step 4 .* is unreadable"):
             restored = ckpt.restore(abstract(state))
