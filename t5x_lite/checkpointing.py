@@ -49,6 +49,12 @@ from t5x_lite.results import write_atomically
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
+# In a fine-tuning workdir: the pre-training checkpoints it started from, {"path", "step",
+# "save_began_ns", "restored_step"}: the source's newest step when it began and
+# `save_began_ns` of it (absent in older records), which a resume compares with the source's
+# now, and the step its parameters came from (older where the newest was unreadable; absent in
+# older records). Pre-training refuses a workdir holding one (`train`).
+FINETUNE_SOURCE_FILE = "init_from.json"
 # Beside CONFIG_FILE in a pre-training run's folder: `objective_layout.layout_record`.
 BATCH_LAYOUT_FILE = "batch_layout.json"
 # The folder of a run's workdir that holds its checkpoints (`run_setup` opens it there).

@@ -125,21 +125,13 @@ class _TaskData:
         return self.mixture.batch(step)
 
 
-# In a fine-tuning workdir: the pre-training checkpoints it started from, {"path", "step",
-# "save_began_ns", "restored_step"}: the source's newest step when it began and
-# `checkpointing.save_began_ns` of it (absent in older records), which a resume compares with
-# the source's now, and the step its parameters came from (older where the newest was
-# unreadable; absent in older records).
-SOURCE_FILE = "init_from.json"
-
-
 def _source_record(workdir: Path, source: Path, restart: bool) -> dict[str, Any] | None:
     """Refuse a source with no saved step, and refuse to resume a fine-tuning run whose
     pre-training source has changed since it started, which would return the old run's scores
     as the new model's: its newest step is another (the pre-training was continued), or the
     same step saved anew (the pre-training was run again, e.g. with --restart). Else the
-    record of the source to write once the run starts (`SOURCE_FILE`; None when resuming:
-    it is written). Its folder is recorded but not compared: a sweep's workdir may be moved or
+    record of the source to write once the run starts (`checkpointing.FINETUNE_SOURCE_FILE`;
+    None when resuming: it is written). Its folder is recorded but not compared: a sweep's workdir may be moved or
     copied whole, which keeps the saves' times. Warn when the source stopped before its own
     `train.steps` (e.g. a preempted pre-training)."""
     step = checkpointing.newest_step(source)
@@ -152,7 +144,7 @@ def _source_record(workdir: Path, source: Path, restart: bool) -> dict[str, Any]
     if isinstance(saved_steps, int) and (current["step"] or 0) < saved_steps:
         warnings.warn(f"fine-tuning from {source} at step {current['step']} of its "
                       f"{saved_steps}: its pre-training has not finished", stacklevel=3)
-    record = workdir / SOURCE_FILE
+    record = workdir / checkpointing.FINETUNE_SOURCE_FILE
     resuming = not restart and checkpointing.newest_step(
         workdir / checkpointing.CHECKPOINTS_DIR) is not None
     if resuming and record.is_file():
@@ -244,7 +236,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
     with set_up(plan, progress=progress, restart=restart) as run:
         if source_record is not None:
             source_record["restored_step"] = restored_step
-            write_json(workdir / SOURCE_FILE, source_record)
+            write_json(workdir / checkpointing.FINETUNE_SOURCE_FILE, source_record)
             if ft.optimizer_state == "continue":
                 run.progress.note(f"fine-tuning carries on the optimiser state saved at step "
                                   f"{restored_step} of {source}, its update count too")

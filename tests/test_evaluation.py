@@ -409,12 +409,19 @@ def test_a_source_whose_newest_step_is_unreadable_is_recorded_with_the_step_it_g
     run.checkpoint.every = 1
     with pytest.warns(UserWarning, match="checkpoint at step 2 .* is unreadable"):
         finetune.finetune(run, tmp_path / "ft", init_from=str(source), progress=False)
-    record = json.loads((tmp_path / "ft" / finetune.SOURCE_FILE).read_text())
+    record = json.loads((tmp_path / "ft" / checkpointing.FINETUNE_SOURCE_FILE).read_text())
     assert (record["step"], record["restored_step"]) == (2, 1)
     assert record["save_began_ns"] == checkpointing.save_began_ns(source / "checkpoints", 2)
     run.finetune.steps = 2  # resumed from its own step 1
     assert finetune.finetune(run, tmp_path / "ft", init_from=str(source),
                              progress=False)["steps"] == 2
+    # Pre-training pointed at the fine-tuning workdir (a mistyped --workdir) would go on from
+    # its fine-tuned parameters and overwrite its checkpoints: refused before anything runs.
+    saved = sorted(p.name for p in (tmp_path / "ft" / "checkpoints").iterdir())
+    with pytest.raises(ConfigError, match=rf"^{tmp_path / 'ft'} holds a fine-tuning run "
+                                          r"\(init_from.json\); .* give another --workdir$"):
+        train.train(config, tmp_path / "ft", progress=False)
+    assert sorted(p.name for p in (tmp_path / "ft" / "checkpoints").iterdir()) == saved
 
 
 def test_a_resumed_run_keeps_its_validation_history_and_best_scores(data, pretrained, tmp_path):
@@ -537,7 +544,7 @@ def test_resuming_a_fine_tuning_whose_pre_training_moved_on_is_refused(data, pre
     shutil.copytree(pretrained("encoder_decoder"), source)
     config, workdir = config_for(data), tmp_path / "finetune"
     finetune.finetune(config, workdir, init_from=str(source), progress=False)
-    first = json.loads((workdir / finetune.SOURCE_FILE).read_text())
+    first = json.loads((workdir / checkpointing.FINETUNE_SOURCE_FILE).read_text())
     assert first == {"path": str(source / "checkpoints"), "step": config.train.steps,
                      "save_began_ns": first["save_began_ns"],
                      "restored_step": config.train.steps}
@@ -551,7 +558,7 @@ def test_resuming_a_fine_tuning_whose_pre_training_moved_on_is_refused(data, pre
             r"--restart to fine-tune again from it")):
         finetune.finetune(config, workdir, init_from=str(source), progress=False)
     finetune.finetune(config, workdir, init_from=str(source), progress=False, restart=True)
-    assert json.loads((workdir / finetune.SOURCE_FILE).read_text())["step"] == longer.train.steps
+    assert json.loads((workdir / checkpointing.FINETUNE_SOURCE_FILE).read_text())["step"] == longer.train.steps
 
 
 def test_resuming_a_fine_tuning_whose_pre_training_ran_again_is_refused(data, pretrained,
