@@ -171,10 +171,13 @@ class LocalParallelLauncher:
     def __init__(
         self, workers: int, *, gpus: Sequence[str] | None = None, cpu_devices_per_worker: int = 1
     ):
+        gpus = visible_gpus() if gpus is None else list(gpus)
         self.environments = worker_environments(
-            workers, visible_gpus() if gpus is None else list(gpus), cpu_devices_per_worker,
-            os.environ.get("XLA_FLAGS", ""),
-        )
+            workers, gpus, cpu_devices_per_worker, os.environ.get("XLA_FLAGS", ""))
+        # The devices of the worker with the fewest, which every point's mesh must fit.
+        self.devices_per_worker = (
+            min(len(env["CUDA_VISIBLE_DEVICES"].split(",")) for env in self.environments)
+            if gpus else cpu_devices_per_worker)
 
     def map(self, fn: PointFn, points: Sequence[Point], workdir: str) -> Iterator[list[dict]]:
         # spawn, not fork: a forked child would inherit this process's JAX runtime and threads.

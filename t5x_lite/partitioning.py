@@ -139,7 +139,22 @@ def validate_batch_split(batch_size: int, microbatches: int, mesh: Mesh, rules: 
     if not isinstance(microbatches, int) or microbatches < 1:
         raise ConfigError(f"train.microbatches={microbatches!r} must be a positive integer")
     validate_process_split(batch_size, field)
-    shards = math.prod(mesh.shape[a] for a in batch_axes(mesh, rules))
+    _require_whole_shards(batch_size, microbatches,
+                          math.prod(mesh.shape[a] for a in batch_axes(mesh, rules)), field)
+
+
+def validate_batch_split_on(mesh_cfg: ml_collections.ConfigDict, num_devices: int,
+                            batch_size: int, microbatches: int, field: str) -> None:
+    """`validate_batch_split` for the mesh `config.mesh` makes of `num_devices` devices that
+    this process does not hold (a sweep's worker processes, checked before they start): the
+    mesh fits them (`resolve_mesh_shape`) and every device gets whole examples."""
+    shape = resolve_mesh_shape(mesh_cfg, num_devices)
+    batch = normalize_rules(mesh_cfg.rules).get("batch", ())
+    _require_whole_shards(batch_size, microbatches, math.prod(
+        size for size, name in zip(shape, mesh_cfg.axis_names) if name in batch), field)
+
+
+def _require_whole_shards(batch_size: int, microbatches: int, shards: int, field: str) -> None:
     if batch_size % (shards * microbatches):
         raise ConfigError(
             f"{field}={batch_size} must be divisible by the batch-sharding mesh size "

@@ -539,18 +539,35 @@ def require_launcher_for_processes(launcher: launchers.Launcher | None) -> None:
                           "--launcher local")
 
 
-def _require_local_inputs(points: Sequence[GridPoint], mesh: bool) -> None:
+def _require_local_inputs(points: Sequence[GridPoint],
+                         launcher: launchers.Launcher) -> None:
     """What the points need of this machine: their attention kernel, the data of every task
     split the sweep reads (loaded once here, as fine-tuning would load it; a TFDS dataset not
-    in data.data_dir is a one-line `FileNotFoundError` naming the task) and, with `mesh` (the
-    points run in this process), the devices of their mesh (`partitioning.make_mesh`)."""
+    in data.data_dir is a one-line `FileNotFoundError` naming the task), and the mesh of the
+    process that runs them, this one's (`partitioning.make_mesh`) or a parallel worker's
+    (`LocalParallelLauncher.devices_per_worker`), with whole examples of their pre-training
+    and fine-tuning batches on every device (`partitioning.validate_batch_split`)."""
     from t5x_lite.data import tasks
 
     for attention_impl in {point.config.model.attention_impl for point in points}:
         attention.require_available(attention_impl)
-    if mesh:
-        for config_mesh in {tuple(p.config.mesh.shape): p.config.mesh for p in points}.values():
-            partitioning.make_mesh(config_mesh)
+    splits = {(tuple(c.mesh.shape), c.train.batch_size, c.train.microbatches,
+               c.finetune.batch_size if c.sweep.tasks else None): c
+              for c in (point.config for point in points)}
+    for config in splits.values():
+        batches = [(config.train.batch_size, "train.batch_size")]
+        if config.sweep.tasks:
+            batches.append((config.finetune.batch_size, "finetune.batch_size"))
+        if isinstance(launcher, launchers.LocalParallelLauncher):
+            for batch_size, field in batches:
+                partitioning.validate_batch_split_on(config.mesh, launcher.devices_per_worker,
+                                                     batch_size, config.train.microbatches, field)
+        else:
+            mesh = partitioning.make_mesh(config.mesh)
+            rules = partitioning.normalize_rules(config.mesh.rules)
+            for batch_size, field in batches:
+                partitioning.validate_batch_split(batch_size, config.train.microbatches, mesh,
+                                                  rules, field)
     sources = {(point.config.data.data_dir or None, point.config.data.data_root or None,
                 tuple(point.config.sweep.tasks)) for point in points}
     for data_dir, data_root, task_names in sources:
@@ -636,7 +653,7 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
             # The points run on this machine: what it lacks stops the sweep before it claims
             # the workdir, not each point with a failed record after its pre-training. (Ray's
             # workers may have what the driver lacks.)
-            _require_local_inputs(points, mesh=isinstance(launcher, launchers.LocalLauncher))
+            _require_local_inputs(points, launcher)
             _require_pretraining_data(points)
         workdir_path = Path(workdir)
         workdir_path.mkdir(parents=True, exist_ok=True)

@@ -671,6 +671,26 @@ def test_a_fault_in_a_point_s_record_fields_stops_the_sweep_before_any_run(
         not (tmp_path / results.RESULTS_FILE).read_text()
 
 
+@pytest.mark.parametrize("overrides, launcher, message", [
+    (["--config.mesh.shape=(4,1)", "--config.finetune.batch_size=6"], None,
+     r"^finetune.batch_size=6 must be divisible by the batch-sharding mesh size \(4\)"),
+    (["--config.mesh.shape=(4,1)", "--config.train.batch_size=6"], None,
+     r"^train.batch_size=6 must be divisible by the batch-sharding mesh size \(4\)"),
+    # A parallel worker holds one CPU device of its own: a mesh of two does not fit it.
+    (["--config.mesh.shape=(2,1)"], lambda: launchers.LocalParallelLauncher(2, gpus=[]),
+     r"^mesh.shape=\(2, 1\) needs 2 devices"),
+])
+def test_a_batch_the_points_mesh_cannot_split_stops_the_sweep_before_it_claims_the_workdir(
+        experiment, tmp_path, overrides, launcher, message):
+    """Each point would pre-train to its end and then fail (or fail at once), recorded as
+    failed for good, in a workdir then claimed with the bad value: refused before any of it."""
+    with pytest.raises(ConfigError, match=message):
+        sweep.run_sweep(experiment, "demo", str(tmp_path / "sweep"), overrides=overrides,
+                        launcher=launcher() if launcher else None)
+    assert not (tmp_path / "sweep" / sweep_workdir.SWEEP_FILE).exists()
+    assert not (tmp_path / "sweep" / "points").exists()
+
+
 def test_records_of_a_changed_config_are_refused_not_skipped(experiment, uninterrupted,
                                                             tmp_path):
     # A record written before a grid row changed (e.g. its objective) must not pass for a
