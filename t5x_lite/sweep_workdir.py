@@ -28,7 +28,8 @@ from t5x_lite.checkpointing import (ADDED_FIELDS, CHECKPOINTS_DIR, RESUME_FIELDS
                                     read_saved_config)
 from t5x_lite.config import ConfigError, flat_fields
 from t5x_lite.errors import PointBusy
-from t5x_lite.grid import OBSERVING_FIELDS, GridPoint, config_hash, user_overrides
+from t5x_lite.grid import (OBSERVING_FIELDS, GridPoint, config_hash, experiment_config,
+                           user_overrides)
 from t5x_lite.results import is_writer, run_key, write_json
 
 SWEEP_FILE = "sweep.json"
@@ -68,16 +69,39 @@ GLUE_AS_ONE_TASK = "glue_as_one_task"
 def sweep_identity(experiment: str, points: Sequence[GridPoint],
                    overrides: Sequence[str]) -> dict[str, Any]:
     """What `sweep.json` holds for `expand(experiment, preset, overrides)`'s `points`: the
-    experiment's name, the preset, the user's overrides that reach the points
-    (`grid.user_overrides`) and whether GLUE's tasks are fine-tuned as one
-    (`sweep.glue_as_one_task`, the value, however it was set: it changes what the points
-    compute, which their config hash leaves out with the sweep section), as JSON reads them
-    back, so it compares equal to the saved copy."""
+    experiment's name, the preset, the user's overrides that reach the points as they act
+    (`grid.user_overrides`: the last value given for each field, in the fields' order, less
+    those that set a field to the value it has already, so that the same sweep given its
+    overrides in another order, repeated or idle resumes) and whether GLUE's tasks are
+    fine-tuned as one (`sweep.glue_as_one_task`, the value, however it was set: it changes
+    what the points compute, which their config hash leaves out with the sweep section), as
+    JSON reads them back, so it compares equal to the saved copy."""
     preset = points[0].preset
+    base = experiment_config(experiment, preset)
+    acting = {field: value for field, value in user_overrides(experiment, preset, overrides)}
+    acting = json.loads(json.dumps(acting))
     return json.loads(json.dumps({
         "experiment": points[0].experiment, "preset": preset,
-        "overrides": [list(item) for item in user_overrides(experiment, preset, overrides)],
+        "overrides": [[field, value] for field, value in _in_field_order(acting.items())
+                      if value != _base_value(base, field)],
         GLUE_AS_ONE_TASK: points[0].config.sweep.glue_as_one_task}))
+
+
+def _in_field_order(overrides: Any) -> list[list]:
+    """(field, value) overrides as a list of [field, value], the last value of each field, in
+    the fields' order."""
+    return [[field, value] for field, value in sorted(dict(map(tuple, overrides)).items())]
+
+
+def _base_value(config: Any, field: str) -> Any:
+    """The value of the dotted `field` in `config`, as JSON reads it back (a field it lacks:
+    a value no override equals)."""
+    value = config
+    for name in field.split("."):
+        if name not in value:
+            return object()
+        value = value[name]
+    return json.loads(json.dumps(value.to_dict() if hasattr(value, "to_dict") else value))
 
 
 def check_workdir(workdir: Path, identity: dict[str, Any]) -> str:
@@ -90,6 +114,9 @@ def check_workdir(workdir: Path, identity: dict[str, Any]) -> str:
         return "new"
     identity = without_sweep_settings(identity)
     saved = {GLUE_AS_ONE_TASK: False, **without_sweep_settings(json.loads(path.read_text()))}
+    # A workdir claimed before the overrides were kept as they act holds them as given.
+    identity, saved = ({**side, "overrides": _in_field_order(side["overrides"])}
+                       for side in (identity, saved))
     without_stage = {**identity, "overrides": [
         item for item in identity["overrides"] if item != ZERO_SHOT_ON]}
     if without_stage != identity and saved == without_stage:

@@ -691,6 +691,30 @@ def test_a_batch_the_points_mesh_cannot_split_stops_the_sweep_before_it_claims_t
     assert not (tmp_path / "sweep" / "points").exists()
 
 
+def test_the_same_overrides_reordered_repeated_or_idle_resume_the_same_sweep(experiment,
+                                                                            tmp_path):
+    """A workdir's sweep is its overrides as they act: the last value per field, whatever the
+    order, less those setting a field to the value it has; another value is another sweep.
+    A workdir claimed before (overrides as given, a repeat among them) resumes too."""
+    def identity(*overrides):
+        points = grid.expand(experiment, "demo", list(overrides))
+        return sweep_workdir.sweep_identity(experiment, points, list(overrides))
+
+    given = ("--config.train.steps=8", "--config.finetune.steps=2")
+    sweep_workdir.claim_workdir(tmp_path, identity(*given))
+    assert json.loads((tmp_path / sweep_workdir.SWEEP_FILE).read_text())["overrides"] == [
+        ["finetune.steps", 2], ["train.steps", 8]]
+    for same in (given[::-1], ("--config.train.steps=3", *given),
+                 (*given, "--config.train.batch_size=4")):  # the tiny grid's batch size
+        assert sweep_workdir.check_workdir(tmp_path, identity(*same)) == "same", same
+    with pytest.raises(ConfigError, match="holds a different sweep"):
+        sweep_workdir.check_workdir(tmp_path, identity("--config.train.steps=9", given[1]))
+    saved = json.loads((tmp_path / sweep_workdir.SWEEP_FILE).read_text())
+    saved["overrides"] = [["train.steps", 3], ["train.steps", 8], ["finetune.steps", 2]]
+    (tmp_path / sweep_workdir.SWEEP_FILE).write_text(json.dumps(saved))
+    assert sweep_workdir.check_workdir(tmp_path, identity(*given)) == "same"
+
+
 def test_records_of_a_changed_config_are_refused_not_skipped(experiment, uninterrupted,
                                                             tmp_path):
     # A record written before a grid row changed (e.g. its objective) must not pass for a
