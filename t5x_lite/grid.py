@@ -40,6 +40,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -240,10 +241,16 @@ def experiment_config(experiment: str, preset: str) -> ml_collections.ConfigDict
                            what=f"experiment {experiment}'s get_config({preset!r})")
 
 
+# One part of a point id (a folder name): no empty part, no '.' or '..', nothing a file system
+# reads otherwise.
+POINT_ID = re.compile(r"(?!\.{1,2}$)[A-Za-z0-9_.\-]+")
+
+
 def _check_rows(path: Path, grid: Sequence[Any]) -> None:
-    """Each GRID row a dict with a `point` id (unique: it names the row's folders and records)
-    and a `row` label (strings; unique with the row's `objective`: the report's row), and
-    `overrides`, a dict; else a one-line `ConfigError`."""
+    """Each GRID row a dict with a `point` id (a relative folder path of `POINT_ID` parts,
+    unique ignoring case: it names the row's folders and records) and a `row` label (strings;
+    unique with the row's `objective`: the report's row), and `overrides`, a dict; else a
+    one-line `ConfigError`."""
     seen, rows = set(), {}
     for index, row in enumerate(grid):
         where = f"experiment file {path}: GRID[{index}]"
@@ -257,10 +264,14 @@ def _check_rows(path: Path, grid: Sequence[Any]) -> None:
         if not isinstance(row.get("overrides"), Mapping):
             raise ConfigError(f"{where} ({row['point']!r}) needs overrides=, a dict of dotted "
                               f"config fields (may be empty); it has {row.get('overrides')!r}")
-        if row["point"] in seen:
-            raise ConfigError(f"{where} repeats point {row['point']!r}: a point id names its "
-                              "folders and records, so each row needs its own")
-        seen.add(row["point"])
+        if not all(POINT_ID.fullmatch(part) for part in row["point"].split("/")):
+            raise ConfigError(f"{where} has point {row['point']!r}: a point id names its folder "
+                              "under the workdir's points/, so it must be parts of letters, "
+                              "digits, '_', '-' and '.' (not '.' or '..' alone) joined by '/'")
+        if row["point"].casefold() in seen:
+            raise ConfigError(f"{where} repeats point {row['point']!r} (ignoring case): a point "
+                              "id names its folders and records, so each row needs its own")
+        seen.add(row["point"].casefold())
         label = (row["row"], row.get("objective"))  # what the report makes one row of
         if label in rows:
             raise ConfigError(f"{where} ({row['point']!r}) has the row label and objective of "

@@ -114,6 +114,15 @@ def test_a_config_file_names_what_is_wrong_with_it(tmp_path):
     ("GRID = [dict(point='a', row='x', overrides={}), dict(point='a', row='y', overrides={})]\n"
      "def get_config(preset):\n    return None\n",
      r"experiment file .*exp.py: GRID\[1\] repeats point 'a'"),
+    # Point ids name folders: two that one folder would hold, or one outside the workdir.
+    ("GRID = [dict(point='a', row='x', overrides={}), dict(point='A', row='y', overrides={})]\n"
+     "def get_config(preset):\n    return None\n",
+     r"experiment file .*exp.py: GRID\[1\] repeats point 'A' \(ignoring case\)"),
+    *((f"GRID = [dict(point={point!r}, row='x', overrides={{}})]\n"
+       "def get_config(preset):\n    return None\n",
+       rf"experiment file .*exp.py: GRID\[0\] has point '{re.escape(point)}': a point id names "
+       r"its folder under the workdir's points/, so it must be parts of letters, digits")
+      for point in ("../../escape", "/tmp/abs", "a/./b", "a//b", "a/b/", "a b")),
     # Two points the report would make one row of (the later one's scores overwrote the
     # earlier's).
     ("GRID = [dict(point='a', row='x', overrides={}), dict(point='b', row='x', overrides={})]\n"
