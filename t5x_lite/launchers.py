@@ -153,9 +153,10 @@ def _claim_environment(slots: Any, environments: list[dict[str, str]], log_verbo
     if warning_format is not None:
         warnings.formatwarning = warning_format
     host_memory.retain_if_requested()
-    # Between points a SIGTERM (passed on by the sweep: `_sigterm_passed_to_workers`) has no
-    # point to save; within one, the point's own handler takes it.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Between points a SIGTERM (passed on by the sweep: `_signals_passed_to_workers`) or a
+    # terminal's Ctrl-C has no point to save; within one, the point's own handler takes it.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_IGN)
 
 
 class LocalParallelLauncher:
@@ -204,7 +205,7 @@ class LocalParallelLauncher:
 
         failure: BaseException | None = None
         try:
-            with _sigterm_passed_to_workers(stop, signals):
+            with _signals_passed_to_workers(stop, signals):
                 for _ in self.environments:
                     start_next()
                 while running:
@@ -238,28 +239,36 @@ _NO_POINT = object()  # `LocalParallelLauncher.map`'s end of the points
 
 
 @contextlib.contextmanager
-def _sigterm_passed_to_workers(stop: threading.Event, signals: list[str]) -> Iterator[None]:
-    """While it lasts, a SIGTERM to this process goes to its worker processes instead, is added to
-    `signals` by name and sets `stop` (no further point starts): a worker in a point saves it and
-    stops (`preemption.Preempted`, which comes back here as the point's result and stops the sweep
-    with its exit status); one between points ignores it (`_claim_environment`). Otherwise the
-    sweep died at once and its workers, orphaned, went on writing the workdir. (SIGINT from a
-    terminal reaches the workers itself, as they share its process group.)"""
+def _signals_passed_to_workers(stop: threading.Event, signals: list[str]) -> Iterator[None]:
+    """While it lasts, a SIGTERM or SIGINT to this process goes to its worker processes as
+    SIGTERM, is added to `signals` by name and sets `stop` (no further point starts): a worker
+    in a point saves it and stops (`preemption.Preempted`, which comes back here as the point's
+    result and stops the sweep with its exit status); one between points ignores it
+    (`_claim_environment`). Otherwise the sweep died at once (a SIGINT: a KeyboardInterrupt
+    traceback, exit status 130, once its workers' points had finished) and its workers,
+    orphaned, went on writing the workdir. SIGINT goes on as SIGTERM because a terminal's
+    Ctrl-C reaches the workers itself too (they share its process group), and a second SIGINT
+    would stop them without saving; a second SIGINT here raises KeyboardInterrupt, as a run's
+    does (`loop.PreemptionWatch`)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def forward(signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT and signals:
+            raise KeyboardInterrupt  # a second Ctrl-C stops without waiting for the saves
         signals.append(signal.Signals(signum).name)
         stop.set()
         for child in multiprocessing.active_children():
-            os.kill(child.pid, signum)
+            os.kill(child.pid, signal.SIGTERM)
 
-    previous = signal.signal(signal.SIGTERM, forward)
+    previous = {signum: signal.signal(signum, forward)
+                for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 # ---------------------------------------------------------------------------------------------

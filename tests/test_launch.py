@@ -172,21 +172,33 @@ if __name__ == "__main__":
 """
 
 
-def test_a_sigterm_to_a_parallel_sweep_stops_its_workers_as_preempted(tmp_path):
-    """SIGTERM to the sweep's process (a scheduler's preemption) killed it at once (143, which
-    the SLURM script does not requeue) and left its workers running, orphaned. Now the two
-    points being run save and stop, the third never starts, and the sweep exits 75."""
+@pytest.mark.parametrize("signum, to_group", [
+    (signal.SIGTERM, False),  # a scheduler's preemption
+    (signal.SIGINT, True),  # Ctrl-C in a terminal: the sweep's whole process group
+    (signal.SIGINT, False),  # kill -INT to the sweep alone
+])
+def test_a_signal_to_a_parallel_sweep_stops_its_workers_as_preempted(tmp_path, signum,
+                                                                     to_group):
+    """SIGTERM to the sweep's process killed it at once (143, which the SLURM script does not
+    requeue) and left its workers running, orphaned; SIGINT ended it in a KeyboardInterrupt
+    traceback (130), to the sweep alone only once its workers' points had finished. Now the
+    two points being run save and stop, the third never starts, and the sweep exits 75."""
     script = tmp_path / "sweep.py"
     script.write_text(SIGTERM_SWEEP)
     sweep = subprocess.Popen([sys.executable, str(script), str(tmp_path)], cwd=REPO,
-                             env={**os.environ, "PYTHONPATH": str(REPO)})
+                             env={**os.environ, "PYTHONPATH": str(REPO)},
+                             start_new_session=to_group, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300  # a hang guard only
         while not ((tmp_path / "a").exists() and (tmp_path / "b").exists()):
             assert sweep.poll() is None and time.monotonic() < deadline
             time.sleep(0.1)
-        sweep.send_signal(signal.SIGTERM)
+        if to_group:
+            os.killpg(sweep.pid, signum)
+        else:
+            sweep.send_signal(signum)
         assert sweep.wait(timeout=300) == PREEMPTED_EXIT_STATUS
+        assert "Traceback" not in sweep.stderr.read()
     finally:
         if sweep.poll() is None:
             sweep.kill()
