@@ -12,13 +12,16 @@ are here too.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import heapq
 import json
+import sys
+import time
 import warnings
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import jax
 import ml_collections
@@ -335,5 +338,19 @@ def evaluate(config: ml_collections.ConfigDict, params_or_checkpoint: Any,
     vocab = pipeline.vocabulary_from_config(config)
     splits = [TaskSplit(task, split, config, vocab, config.finetune.eval_examples)
               for task in task_list]
-    results = Evaluator(config, splits, vocab, mesh)(params)
+    evaluator = Evaluator(config, splits, vocab, mesh)
+    with scoring_note(splits, f"decoding at most {evaluator.max_length} tokens each"):
+        results = evaluator(params)
     return {name: result["metrics"] for name, result in results.items()}
+
+
+@contextlib.contextmanager
+def scoring_note(splits: Sequence[TaskSplit], how: str) -> Iterator[None]:
+    """Say on stderr what is scored before it starts and how long it took: decoding every
+    example takes minutes on a CPU (hours at the paper's size), with nothing else to show."""
+    examples = sum(len(task_split.examples) for task_split in splits)
+    print(f"scoring {examples} examples of {', '.join(s.task.name for s in splits)} ({how})",
+          file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    yield
+    print(f"scored in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)

@@ -156,7 +156,7 @@ def _source_record(workdir: Path, source: Path, restart: bool) -> dict[str, Any]
         elif None not in (began_before, began) and began_before != began:
             changed = (f"at step {before['step']}, saved at {_utc(began_before)}; --init_from "
                        f"now gives {current['path']} at that step saved anew at {_utc(began)} "
-                       "(its pre-training ran again)")
+                       "(its pre-training ran again, or --init_from names another run)")
         else:
             return None
         raise ConfigError(

@@ -539,6 +539,10 @@ def expand(experiment: str, preset: str, overrides: Sequence[str] = ()) -> list[
         raise ConfigError(
             f"preset={preset!r} does not exist; choose one of {', '.join(presets.PRESETS)}")
     user = dict(user_overrides(experiment, preset, overrides))
+    if "train.seed" in user:  # each point's seed is one of sweep.seeds, set below
+        raise ConfigError(f"train.seed={user['train.seed']!r} would change no point: a sweep "
+                          "runs each point once per seed of sweep.seeds; pass "
+                          f"--config.sweep.seeds=\"({user['train.seed']!r},)\" instead")
     _check_overrides_of_row_fields(Path(experiment).stem, module.GRID, user)
     rows, budget = [], None
     for row in module.GRID:

@@ -43,7 +43,7 @@ from t5x_lite import architectures, batch_format, decoding, partitioning, progra
 from t5x_lite.config import EOS_ID, ConfigError
 from t5x_lite.data import pipeline, tasks
 from t5x_lite.data.vocabulary import Vocabulary
-from t5x_lite.evaluation import TaskSplit, check_task_names, params_of
+from t5x_lite.evaluation import TaskSplit, check_task_names, params_of, scoring_note
 from t5x_lite.settings import Finetune, Model
 
 
@@ -159,4 +159,6 @@ def evaluate(config: ml_collections.ConfigDict, params_or_checkpoint: object,
     splits = [TaskSplit(task, split, config, vocab, config.finetune.eval_examples)
               for task in task_list]
     scorer = ZeroShotScorer(config, splits, vocab, mesh)  # checks the options' lengths
-    return scorer(params_of(config, params_or_checkpoint, mesh))
+    params = params_of(config, params_or_checkpoint, mesh)
+    with scoring_note(splits, "zero-shot: ranking each task's label options"):
+        return scorer(params)

@@ -9,6 +9,7 @@ for the module; the vocabulary is trained once on a small corpus of such letters
 import copy
 import itertools
 import json
+import re
 import shutil
 
 import jax
@@ -281,13 +282,16 @@ def test_evaluate_scores_a_model_of_every_other_architecture_as_it_predicts(arch
             del tasks.TASKS[name]
 
 
-def test_sampled_validation_runs_and_draws_the_same_predictions_each_time(data):
+def test_sampled_validation_runs_and_draws_the_same_predictions_each_time(data, capsys):
     """decode.method='sample' passed the config's checks, then failed at the first validation:
-    no key reached the sampler."""
+    no key reached the sampler. Scoring says what it scores, and then how long it took (it was
+    silent for minutes at larger sizes)."""
     config = config_for(data, "encoder_decoder", eval_examples=8,
                         decode={"max_length": 4, "method": "sample"})
     model = models.build_model(config.model, nnx.Rngs(0))
     first = evaluation.evaluate(config, model, ["test_reverse"])
+    assert re.search(r"(^|\r)scoring 8 examples of test_reverse \(decoding at most 4 tokens "
+                     r"each\)\nscored in \d+\.\d s\n$", capsys.readouterr().err)
     assert first == evaluation.evaluate(config, model, ["test_reverse"])
     assert set(first["test_reverse"]) == {"accuracy"}
 
@@ -577,7 +581,8 @@ def test_resuming_a_fine_tuning_whose_pre_training_ran_again_is_refused(data, pr
             rf"^{workdir} was fine-tuned from {source}/checkpoints at step "
             rf"{config.train.steps}, saved at \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d UTC; "
             rf"--init_from now gives {source}/checkpoints at that step saved anew at "
-            r".* UTC \(its pre-training ran again\): pass --restart")):
+            r".* UTC \(its pre-training ran again, or --init_from names another run\): pass "
+            r"--restart")):
         finetune.finetune(config, workdir, init_from=str(source), progress=False)
 
 

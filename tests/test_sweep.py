@@ -130,6 +130,13 @@ def test_table6_rows_share_the_sentinels_the_50_percent_row_needs(preset, sentin
     assert {p.layout.num_sentinels for p in points} == {sentinels}
 
 
+def test_a_train_seed_override_is_refused_naming_sweep_seeds():
+    """Each point's seed is one of sweep.seeds: --config.train.seed changed no point, silently."""
+    with pytest.raises(ConfigError, match=r"^train.seed=5 would change no point: .* pass "
+                                          r"--config.sweep.seeds=\"\(5,\)\" instead$"):
+        grid.expand("table6", "demo", ["--config.train.seed=5"])
+
+
 def test_overrides_apply_to_every_point_and_the_rows_win():
     points = grid.expand("table6", "demo", ["--config.train.steps=70"])
     assert {p.config.train.steps for p in points} == {70}
