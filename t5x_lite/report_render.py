@@ -275,7 +275,7 @@ def _held_out_note(table: Table) -> list[str]:
 def _notes(table: Table, bold_name: str = "Bold") -> list[str]:
     """The lines under the table: tau, the bolding rule, sources of the columns, failures."""
     taus = ", ".join(f"{column} {_number(tau)}" for column, tau in table.tau.items())
-    notes = []
+    notes = _partial_note(table)
     if table.paper:
         notes += [f"Kendall's tau of our row order vs. the paper's: {taus}.",
                   f"In parentheses: the paper's Table {table.paper.number} "
@@ -309,6 +309,21 @@ def _notes(table: Table, bold_name: str = "Bold") -> list[str]:
                      "lost); its mean, spread and bold are over those k.")
     notes += [f"Failed: {failure}" for failure in table.failures]
     return notes + _budget_note(table)
+
+
+def _partial_note(table: Table) -> list[str]:
+    """A line naming the paper's rows that have no records (a sweep not finished, or a grid of
+    some of them): the tau and the findings are then over the others only."""
+    if table.paper is None:
+        return []
+    ours = {id(row.paper) for row in table.rows if row.paper is not None}
+    missing = [row_name(row.row, row.objective) for row in table.paper.rows
+               if id(row) not in ours]
+    if not missing:
+        return []
+    count = len(table.paper.rows)
+    return [f"Partial: {count - len(missing)} of the paper's {count} rows have records (not "
+            f"{', '.join(missing)}); Kendall's tau and the findings are over those only."]
 
 
 def markdown_table(grid: list[list[str]], numeric: int) -> list[str]:
