@@ -497,14 +497,16 @@ def _clock(seconds: float) -> str:
 
 
 def progress_line(finished_steps: Sequence[int], left_steps: Sequence[int],
-                  elapsed: float) -> str:
+                  elapsed: float, earlier: int = 0) -> str:
     """The sweep's progress after a run finishes, from the steps (`_steps_of`) of the runs
-    finished in this invocation and of those left: runs done and left, the time so far and the
-    time left, estimated as the steps left at the rate measured so far (steps differ between
-    the points of a compute-matched sweep; a parallel launcher's rate includes its
-    parallelism)."""
-    done, left = len(finished_steps), len(left_steps)
-    text = f"sweep: {done} of {done + left} runs done, {left} left; {_clock(elapsed)} elapsed"
+    finished in this invocation and of those left, and the runs `earlier` invocations finished:
+    runs done (and of them earlier) and left, this invocation's time so far and the time left,
+    estimated as the steps left at the rate measured so far (steps differ between the points
+    of a compute-matched sweep; a parallel launcher's rate includes its parallelism)."""
+    done, left = len(finished_steps) + earlier, len(left_steps)
+    before = f" ({earlier} before this run)" if earlier else ""
+    text = (f"sweep: {done} of {done + left} runs done{before}, {left} left; "
+            f"{_clock(elapsed)} elapsed")
     if left and sum(finished_steps):
         text += f", about {_clock(elapsed / sum(finished_steps) * sum(left_steps))} left"
     return text
@@ -702,7 +704,8 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
                 steps = {key: [_steps_of(p) for p in todo
                                if ((p.point, p.seed) in finished) == key] for key in (True, False)}
                 _log(f"done {point} (seed {seed}): {', '.join(statuses)}")
-                _log(progress_line(steps[True], steps[False], time.perf_counter() - started))
+                _log(progress_line(steps[True], steps[False], time.perf_counter() - started,
+                                   earlier=len(points) - len(todo)))
             if local and between_points.signal is not None and len(finished) < len(todo):
                 last = [p for p in todo if (p.point, p.seed) in runs]
                 _stop(Preempted(last[-1].config.train.steps,

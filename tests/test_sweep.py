@@ -172,6 +172,9 @@ def test_the_progress_line_estimates_the_time_left_from_the_steps_left():
     assert sweep.progress_line([10], [10] * 40, 185.0) == (
         "sweep: 1 of 41 runs done, 40 left; 3m 05s elapsed, about 2h 03m left")
     assert sweep.progress_line([100], [], 7.4) == "sweep: 1 of 1 runs done, 0 left; 7s elapsed"
+    # A resumed sweep counts the runs finished before it; its rate is its own.
+    assert sweep.progress_line([100], [100], 10.0, earlier=4) == (
+        "sweep: 5 of 6 runs done (4 before this run), 1 left; 10s elapsed, about 10s left")
 
 
 def test_sweep_end_to_end(uninterrupted):
