@@ -248,29 +248,48 @@ def _short(error: Exception) -> str:
     return f"{type(error).__name__}: {lines[0][:300] if lines else ''}"
 
 
-def _is_a_closed_loop_callback(unraisable: Any) -> bool:
-    """Whether an unraisable exception is asyncio's "Event loop is closed" RuntimeError, which
-    tensorstore's reader threads raise when they call back into orbax's event loop after a
-    failed read has closed it (0 to ~300 traceback lines per failed step, between and after
-    our own one-line report)."""
+def _is_a_failed_read_leftover(unraisable: Any) -> bool:
+    """Whether an unraisable exception is what a failed read leaves behind: asyncio's "Event
+    loop is closed" RuntimeError, which tensorstore's reader threads raise when they call
+    back into orbax's event loop after the read closed it, or the error of one of orbax's
+    reading coroutines that nobody awaited any more (each 0 to ~100 traceback lines, between
+    and after our own one-line report)."""
     error = unraisable.exc_value
-    return isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
+    if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+        return True
+    code = getattr(unraisable.object, "cr_code", None)  # a coroutine's
+    return code is not None and _ORBAX_SOURCE in code.co_filename
 
 
-def _drop_closed_loop_callbacks() -> None:
-    """From now on in this process, `sys.unraisablehook` drops `_is_a_closed_loop_callback`
-    exceptions, once a read has failed (the only time they come) and been reported as a
-    warning, and hands every other unraisable exception to the hook it replaces."""
+_ORBAX_SOURCE = os.path.dirname(ocp.__file__)
+
+
+class _FailedReadLeftovers(logging.Filter):
+    """Drops asyncio's "... exception was never retrieved" records about orbax's reading tasks
+    and futures of a failed read (the future's repr names orbax's coroutine or its error)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("exception was never retrieved" in message
+                    and ("orbax" in message or "reading array index" in message))
+
+
+def _drop_failed_read_leftovers() -> None:
+    """From now on in this process, `sys.unraisablehook` drops `_is_a_failed_read_leftover`
+    exceptions and the asyncio logger `_FailedReadLeftovers`' records, once a read has failed
+    (the only time they come) and been reported as a warning; every other unraisable exception
+    goes to the hook replaced, every other record is logged."""
     previous = sys.unraisablehook
-    if getattr(previous, "drops_closed_loop_callbacks", False):
+    if getattr(previous, "drops_failed_read_leftovers", False):
         return
 
     def hook(unraisable: Any) -> None:
-        if not _is_a_closed_loop_callback(unraisable):
+        if not _is_a_failed_read_leftover(unraisable):
             previous(unraisable)
 
-    hook.drops_closed_loop_callbacks = True  # type: ignore[attr-defined]
+    hook.drops_failed_read_leftovers = True  # type: ignore[attr-defined]
     sys.unraisablehook = hook
+    logging.getLogger("asyncio").addFilter(_FailedReadLeftovers())
 
 
 def _restore_newest(
@@ -294,7 +313,7 @@ def _restore_newest(
         try:
             restored = manager.restore(step, args=args)
         except Exception as error:  # noqa: BLE001 -- reported here, re-raised below if all fail
-            _drop_closed_loop_callbacks()
+            _drop_failed_read_leftovers()
             unreadable.append((step, error))
             warnings.warn(
                 f"checkpoint at step {step} in {manager.directory} is unreadable "
