@@ -728,6 +728,7 @@ def run_demo(workdir: str, overrides: Sequence[str] = ()) -> str:
 
     config = presets.sweep_preset("demo")
     apply_overrides(config, parse_overrides(config, overrides))
+    expand("table2", "demo", overrides)  # a bad override stops it here, before the header
     model = config.model
     _log(f"t5x-lite demo: the T5 paper's Table 2 (5 architectures x 2 objectives) with a small "
          f"model (d_model {model.d_model}, {model.num_layers} layers per stack, vocabulary "

@@ -428,6 +428,16 @@ def test_a_bad_override_is_one_line_naming_the_field(command, tmp_path):
     assert "\n" not in message
 
 
+def test_a_bad_demo_value_stops_it_before_its_header(tmp_path, capsys):
+    """The demo printed its long description, then the one-line error of a bad value."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["t5x-lite", "demo", f"--workdir={tmp_path / 'demo'}",
+                  "--config.sweep.seeds=x"])
+    assert str(exit_info.value.code).startswith("t5x-lite demo: invalid config: sweep.seeds=")
+    assert "Table 2" not in capsys.readouterr().err
+    assert not (tmp_path / "demo").exists()
+
+
 def _cli(*args: str, hang_guard_s: int = 600) -> subprocess.CompletedProcess:
     # One CPU device, as on a laptop; tests/ on the path for test experiments' configs.
     env = child_env(1, PYTHONPATH=os.path.dirname(__file__))
