@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -139,6 +140,14 @@ def validation(run: Run, configs: Sequence[ml_collections.ConfigDict],
         record["task"] == HELD_OUT and record["step"] == last for record in log.records)]
     evaluators = {index: HeldOut(configs[index], layout, sources[index], run.mesh, last)
                   for index in points}
+    for index, evaluator in evaluators.items():
+        other = [record["step"] for record in logs[index].records if record["task"] == HELD_OUT
+                 and record.get("examples") not in (None, evaluator.examples)]
+        if other:
+            warnings.warn(f"{run.points[index].workdir}: its held-out losses of steps "
+                          f"{other[0]}-{other[-1]} scored other examples than it scores now "
+                          "(train.eval_batches changed since?), so its held-out curve mixes "
+                          "two sets of examples", stacklevel=2)
 
     def evaluate(step: int) -> None:
         results = {index: score(run.point_state(index).params)

@@ -115,6 +115,12 @@ def test_a_run_reports_only_held_out_losses_of_its_own_trajectory(corpus, tmp_pa
     with pytest.raises(ConfigError, match=r"^train.steps=100000 x train.batch_size"):
         train.train(evaluated, tmp_path / "run", steps=100_000, restart=True, progress=False)
     assert train.train(evaluated, tmp_path / "run", progress=False)["start_step"] == 6
+    # Resumed scoring other held-out examples: its curve would mix two sets, so it says so.
+    more = _config(corpus, eval_every=3, eval_batches=1)
+    more.train.steps = 9
+    with pytest.warns(UserWarning, match=r"its held-out losses of steps 3-6 scored other "
+                                         r"examples than it scores now"):
+        train.train(more, tmp_path / "run", progress=False)
     # Restarted with the evaluation off: no held-out loss, none of the old run's.
     restarted = train.train(_config(corpus), tmp_path / "run", restart=True, progress=False)
     assert (restarted["held_out_loss"], restarted["held_out_curve"]) == (None, [])
