@@ -268,10 +268,16 @@ def _check_rows(path: Path, grid: Sequence[Any]) -> None:
             raise ConfigError(f"{where} has point {row['point']!r}: a point id names its folder "
                               "under the workdir's points/, so it must be parts of letters, "
                               "digits, '_', '-' and '.' (not '.' or '..' alone) joined by '/'")
-        if row["point"].casefold() in seen:
+        point = row["point"].casefold()
+        if point in seen:
             raise ConfigError(f"{where} repeats point {row['point']!r} (ignoring case): a point "
                               "id names its folders and records, so each row needs its own")
-        seen.add(row["point"].casefold())
+        nested = next((other for other in seen if point.startswith(other + "/")
+                       or other.startswith(point + "/")), None)
+        if nested is not None:
+            raise ConfigError(f"{where} has point {row['point']!r}, whose folder would hold or "
+                              f"lie in point {nested!r}'s: give the rows ids of their own")
+        seen.add(point)
         label = (row["row"], row.get("objective"))  # what the report makes one row of
         if label in rows:
             raise ConfigError(f"{where} ({row['point']!r}) has the row label and objective of "
@@ -542,7 +548,8 @@ def expand(experiment: str, preset: str, overrides: Sequence[str] = ()) -> list[
     if "train.seed" in user:  # each point's seed is one of sweep.seeds, set below
         raise ConfigError(f"train.seed={user['train.seed']!r} would change no point: a sweep "
                           "runs each point once per seed of sweep.seeds; pass "
-                          f"--config.sweep.seeds=\"({user['train.seed']!r},)\" instead")
+                          f"--config.sweep.seeds=\"({user['train.seed']!r},)\" instead "
+                          "(preview: --seed)")
     _check_overrides_of_row_fields(Path(experiment).stem, module.GRID, user)
     rows, budget = [], None
     for row in module.GRID:

@@ -40,6 +40,7 @@ import subprocess
 import sys
 import threading
 import warnings
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import ml_collections
@@ -175,10 +176,11 @@ class LocalParallelLauncher:
         gpus = visible_gpus() if gpus is None else list(gpus)
         self.environments = worker_environments(
             workers, gpus, cpu_devices_per_worker, os.environ.get("XLA_FLAGS", ""))
-        # The devices of the worker with the fewest, which every point's mesh must fit.
-        self.devices_per_worker = (
-            min(len(env["CUDA_VISIBLE_DEVICES"].split(",")) for env in self.environments)
-            if gpus else cpu_devices_per_worker)
+        # How many devices each worker holds (shares of the GPUs may differ by one): a point
+        # may run on any of them, so its mesh and batches must fit each.
+        self.device_counts = tuple(sorted(
+            {len(env["CUDA_VISIBLE_DEVICES"].split(",")) for env in self.environments}
+            if gpus else {cpu_devices_per_worker}))
 
     def map(self, fn: PointFn, points: Sequence[Point], workdir: str) -> Iterator[list[dict]]:
         # spawn, not fork: a forked child would inherit this process's JAX runtime and threads.
@@ -224,6 +226,11 @@ class LocalParallelLauncher:
                             yield future.result()
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+        if signals and isinstance(failure, BrokenProcessPool):
+            # A terminal's Ctrl-C reached a worker still starting, before it ignored SIGINT:
+            # the pool broke, no point's work was lost, and the sweep stops as preempted.
+            failure = Preempted(None, [workdir], signals[0])
+            print(failure, file=sys.stderr, flush=True)
         if failure is not None:
             raise failure
         # A signal that came before a worker's point could take it (ignored there) let every
@@ -248,14 +255,15 @@ def _signals_passed_to_workers(stop: threading.Event, signals: list[str]) -> Ite
     traceback, exit status 130, once its workers' points had finished) and its workers,
     orphaned, went on writing the workdir. SIGINT goes on as SIGTERM because a terminal's
     Ctrl-C reaches the workers itself too (they share its process group), and a second SIGINT
-    would stop them without saving; a second SIGINT here raises KeyboardInterrupt, as a run's
-    does (`loop.PreemptionWatch`)."""
+    would stop them without saving (a worker counts only a second SIGINT so, whichever of the
+    two comes first); a second SIGINT here raises KeyboardInterrupt, as a run's does
+    (`loop.PreemptionWatch`)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def forward(signum: int, frame: Any) -> None:
-        if signum == signal.SIGINT and signals:
+        if signum == signal.SIGINT and "SIGINT" in signals:
             raise KeyboardInterrupt  # a second Ctrl-C stops without waiting for the saves
         signals.append(signal.Signals(signum).name)
         stop.set()

@@ -295,6 +295,7 @@ class PreemptionWatch:
 
     def __init__(self) -> None:
         self.signal: int | None = None
+        self._interrupted = False  # a SIGINT came
         self._previous_handlers: dict[int, Any] = {}
 
     @property
@@ -309,8 +310,12 @@ class PreemptionWatch:
         return self.signal is not None
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if signum == signal.SIGINT and self.signal is not None:
-            raise KeyboardInterrupt  # a second Ctrl-C stops without waiting for the save
+        if signum == signal.SIGINT:
+            # A second Ctrl-C stops without waiting for the save; only a second: a parallel
+            # sweep's worker may have its SIGTERM (the sweep's, passed on) before the Ctrl-C.
+            if self._interrupted:
+                raise KeyboardInterrupt
+            self._interrupted = True
         self._record(signum)
         log.warning("received %s: saving a checkpoint after the current step, then stopping",
                     signal.Signals(signum).name)

@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import itertools
 import json
 import operator
 import sys
@@ -547,7 +548,7 @@ def _require_local_inputs(points: Sequence[GridPoint],
     split the sweep reads (loaded once here, as fine-tuning would load it; a TFDS dataset not
     in data.data_dir is a one-line `FileNotFoundError` naming the task), and the mesh of the
     process that runs them, this one's (`partitioning.make_mesh`) or a parallel worker's
-    (`LocalParallelLauncher.devices_per_worker`), with whole examples of their pre-training
+    (each of `LocalParallelLauncher.device_counts`), with whole examples of their pre-training
     and fine-tuning batches on every device (`partitioning.validate_batch_split`)."""
     from t5x_lite.data import tasks
 
@@ -561,9 +562,10 @@ def _require_local_inputs(points: Sequence[GridPoint],
         if config.sweep.tasks:
             batches.append((config.finetune.batch_size, "finetune.batch_size"))
         if isinstance(launcher, launchers.LocalParallelLauncher):
-            for batch_size, field in batches:
-                partitioning.validate_batch_split_on(config.mesh, launcher.devices_per_worker,
-                                                     batch_size, config.train.microbatches, field)
+            for devices, (batch_size, field) in itertools.product(launcher.device_counts,
+                                                                  batches):
+                partitioning.validate_batch_split_on(config.mesh, devices, batch_size,
+                                                     config.train.microbatches, field)
         else:
             mesh = partitioning.make_mesh(config.mesh)
             rules = partitioning.normalize_rules(config.mesh.rules)

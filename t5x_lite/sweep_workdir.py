@@ -28,8 +28,7 @@ from t5x_lite.checkpointing import (ADDED_FIELDS, CHECKPOINTS_DIR, RESUME_FIELDS
                                     read_saved_config)
 from t5x_lite.config import ConfigError, flat_fields
 from t5x_lite.errors import PointBusy
-from t5x_lite.grid import (OBSERVING_FIELDS, GridPoint, config_hash, experiment_config,
-                           user_overrides)
+from t5x_lite.grid import OBSERVING_FIELDS, GridPoint, config_hash, user_overrides
 from t5x_lite.results import is_writer, run_key, write_json
 
 SWEEP_FILE = "sweep.json"
@@ -49,8 +48,12 @@ def without_sweep_settings(identity: dict[str, Any]) -> dict[str, Any]:
     change what a point measures, not what it computes. So does an override that sets a field
     added later to the value its absence means (`checkpointing.ADDED_FIELDS`): it says how a
     workdir begun before the field existed was run, which resumes with it or without it (its
-    points' config hashes decide)."""
+    points' config hashes decide). And `train.seed`, which changed no point (each point's seed
+    is one of sweep.seeds; refused since 2026-12-05): a workdir begun with it resumes without
+    it."""
     def kept(field: str, value: Any) -> bool:
+        if field == "train.seed":  # refused since 2026-12-05; before, it changed no point
+            return False
         if field == "sweep.zero_shot":
             return value is not False
         if field in OBSERVING_FIELDS or ADDED_FIELDS.get(field, _NOT_ADDED) == value:
@@ -70,20 +73,18 @@ def sweep_identity(experiment: str, points: Sequence[GridPoint],
                    overrides: Sequence[str]) -> dict[str, Any]:
     """What `sweep.json` holds for `expand(experiment, preset, overrides)`'s `points`: the
     experiment's name, the preset, the user's overrides that reach the points as they act
-    (`grid.user_overrides`: the last value given for each field, in the fields' order, less
-    those that set a field to the value it has already, so that the same sweep given its
-    overrides in another order, repeated or idle resumes) and whether GLUE's tasks are
-    fine-tuned as one (`sweep.glue_as_one_task`, the value, however it was set: it changes
-    what the points compute, which their config hash leaves out with the sweep section), as
-    JSON reads them back, so it compares equal to the saved copy."""
+    (`grid.user_overrides`: the last value given for each field, in the fields' order, so
+    that the same sweep given its overrides in another order or repeated resumes; an override
+    that sets a field to the value it has is kept: a value tied to another field by the
+    config, e.g. the cpu preset's data.corpus to data.data_root, is no longer tied once set)
+    and whether GLUE's tasks are fine-tuned as one (`sweep.glue_as_one_task`, the value,
+    however it was set: it changes what the points compute, which their config hash leaves
+    out with the sweep section), as JSON reads them back, so it compares equal to the saved
+    copy."""
     preset = points[0].preset
-    base = experiment_config(experiment, preset)
-    acting = {field: value for field, value in user_overrides(experiment, preset, overrides)}
-    acting = json.loads(json.dumps(acting))
     return json.loads(json.dumps({
         "experiment": points[0].experiment, "preset": preset,
-        "overrides": [[field, value] for field, value in _in_field_order(acting.items())
-                      if value != _base_value(base, field)],
+        "overrides": _in_field_order(user_overrides(experiment, preset, overrides)),
         GLUE_AS_ONE_TASK: points[0].config.sweep.glue_as_one_task}))
 
 
@@ -92,16 +93,6 @@ def _in_field_order(overrides: Any) -> list[list]:
     the fields' order."""
     return [[field, value] for field, value in sorted(dict(map(tuple, overrides)).items())]
 
-
-def _base_value(config: Any, field: str) -> Any:
-    """The value of the dotted `field` in `config`, as JSON reads it back (a field it lacks:
-    a value no override equals)."""
-    value = config
-    for name in field.split("."):
-        if name not in value:
-            return object()
-        value = value[name]
-    return json.loads(json.dumps(value.to_dict() if hasattr(value, "to_dict") else value))
 
 
 def check_workdir(workdir: Path, identity: dict[str, Any]) -> str:

@@ -123,6 +123,10 @@ def test_a_config_file_names_what_is_wrong_with_it(tmp_path):
        rf"experiment file .*exp.py: GRID\[0\] has point '{re.escape(point)}': a point id names "
        r"its folder under the workdir's points/, so it must be parts of letters, digits")
       for point in ("../../escape", "/tmp/abs", "a/./b", "a//b", "a/b/", "a b")),
+    ("GRID = [dict(point='a', row='x', overrides={}), dict(point='a/seed0', row='y', "
+     "overrides={})]\ndef get_config(preset):\n    return None\n",
+     r"experiment file .*exp.py: GRID\[1\] has point 'a/seed0', whose folder would hold or lie "
+     r"in point 'a''s"),
     # Two points the report would make one row of (the later one's scores overwrote the
     # earlier's).
     ("GRID = [dict(point='a', row='x', overrides={}), dict(point='b', row='x', overrides={})]\n"

@@ -4,6 +4,7 @@ to one of two processes, saves the step it reached and exits with `PREEMPTED_EXI
 signal tests run child processes that train a toy state (no model) through the one run set-up
 and loop."""
 import json
+import os
 import pathlib
 import pickle
 import signal
@@ -350,6 +351,17 @@ def test_signal_saves_the_step_reached_and_exits_with_the_preempted_status(tmp_p
     reached = stopped_at(child)
     assert 3 <= reached < 10_000  # stopped by the signal, not by running out of steps
     assert_checkpoint_at(tmp_path, reached)
+
+
+def test_only_a_second_ctrl_c_stops_without_saving():
+    """A parallel sweep's worker gets the sweep's SIGTERM and the terminal's SIGINT in either
+    order for one Ctrl-C: a SIGINT after a SIGTERM still saves; a second SIGINT does not."""
+    with loop.PreemptionWatch() as watch:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)
+        assert watch.signal == signal.SIGTERM  # the first, which the save reports
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
 
 
 def test_multihost_preemption_notice_to_one_process_stops_all_at_one_step(tmp_path):

@@ -133,7 +133,8 @@ def test_table6_rows_share_the_sentinels_the_50_percent_row_needs(preset, sentin
 def test_a_train_seed_override_is_refused_naming_sweep_seeds():
     """Each point's seed is one of sweep.seeds: --config.train.seed changed no point, silently."""
     with pytest.raises(ConfigError, match=r"^train.seed=5 would change no point: .* pass "
-                                          r"--config.sweep.seeds=\"\(5,\)\" instead$"):
+                                          r"--config.sweep.seeds=\"\(5,\)\" instead "
+                                          r"\(preview: --seed\)$"):
         grid.expand("table6", "demo", ["--config.train.seed=5"])
 
 
@@ -689,6 +690,10 @@ def test_a_fault_in_a_point_s_record_fields_stops_the_sweep_before_any_run(
     # A parallel worker holds one CPU device of its own: a mesh of two does not fit it.
     (["--config.mesh.shape=(2,1)"], lambda: launchers.LocalParallelLauncher(2, gpus=[]),
      r"^mesh.shape=\(2, 1\) needs 2 devices"),
+    # Three GPUs shared by two workers: one holds two, whose mesh splits the batch in two.
+    (["--config.mesh.shape=(-1,1)", "--config.finetune.batch_size=3"],
+     lambda: launchers.LocalParallelLauncher(2, gpus=["0", "1", "2"]),
+     r"^finetune.batch_size=3 must be divisible by the batch-sharding mesh size \(2\)"),
 ])
 def test_a_batch_the_points_mesh_cannot_split_stops_the_sweep_before_it_claims_the_workdir(
         experiment, tmp_path, overrides, launcher, message):
@@ -701,11 +706,11 @@ def test_a_batch_the_points_mesh_cannot_split_stops_the_sweep_before_it_claims_t
     assert not (tmp_path / "sweep" / "points").exists()
 
 
-def test_the_same_overrides_reordered_repeated_or_idle_resume_the_same_sweep(experiment,
-                                                                            tmp_path):
+def test_the_same_overrides_reordered_or_repeated_resume_the_same_sweep(experiment, tmp_path):
     """A workdir's sweep is its overrides as they act: the last value per field, whatever the
-    order, less those setting a field to the value it has; another value is another sweep.
-    A workdir claimed before (overrides as given, a repeat among them) resumes too."""
+    order; another value, or one more override (even of a field's own value), is another
+    sweep. A workdir claimed before (overrides as given, a repeat among them, and a
+    train.seed, which changed no point and is refused now) resumes too."""
     def identity(*overrides):
         points = grid.expand(experiment, "demo", list(overrides))
         return sweep_workdir.sweep_identity(experiment, points, list(overrides))
@@ -714,13 +719,15 @@ def test_the_same_overrides_reordered_repeated_or_idle_resume_the_same_sweep(exp
     sweep_workdir.claim_workdir(tmp_path, identity(*given))
     assert json.loads((tmp_path / sweep_workdir.SWEEP_FILE).read_text())["overrides"] == [
         ["finetune.steps", 2], ["train.steps", 8]]
-    for same in (given[::-1], ("--config.train.steps=3", *given),
-                 (*given, "--config.train.batch_size=4")):  # the tiny grid's batch size
+    for same in (given[::-1], ("--config.train.steps=3", *given)):
         assert sweep_workdir.check_workdir(tmp_path, identity(*same)) == "same", same
-    with pytest.raises(ConfigError, match="holds a different sweep"):
-        sweep_workdir.check_workdir(tmp_path, identity("--config.train.steps=9", given[1]))
+    for other in (("--config.train.steps=9", given[1]),
+                  (*given, "--config.train.batch_size=4")):  # the tiny grid's own batch size
+        with pytest.raises(ConfigError, match="holds a different sweep"):
+            sweep_workdir.check_workdir(tmp_path, identity(*other))
     saved = json.loads((tmp_path / sweep_workdir.SWEEP_FILE).read_text())
-    saved["overrides"] = [["train.steps", 3], ["train.steps", 8], ["finetune.steps", 2]]
+    saved["overrides"] = [["train.steps", 3], ["train.steps", 8], ["finetune.steps", 2],
+                          ["train.seed", 3]]
     (tmp_path / sweep_workdir.SWEEP_FILE).write_text(json.dumps(saved))
     assert sweep_workdir.check_workdir(tmp_path, identity(*given)) == "same"
 
