@@ -53,7 +53,8 @@ CONFIG_FILE = "config.json"
 # "save_began_ns", "restored_step"}: the source's newest step when it began and
 # `save_began_ns` of it (absent in older records), which a resume compares with the source's
 # now, and the step its parameters came from (older where the newest was unreadable; absent in
-# older records). Pre-training refuses a workdir holding one (`train`).
+# older records); from parameters given (`--init_from_hf`) or random ones, {"path": null,
+# "parameters": "given" | "random"}. Pre-training refuses a workdir holding one (`train`).
 FINETUNE_SOURCE_FILE = "init_from.json"
 # Beside CONFIG_FILE in a pre-training run's folder: `objective_layout.layout_record`.
 BATCH_LAYOUT_FILE = "batch_layout.json"

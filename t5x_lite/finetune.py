@@ -149,6 +149,11 @@ def _source_record(workdir: Path, source: Path, restart: bool) -> dict[str, Any]
         workdir / checkpointing.CHECKPOINTS_DIR) is not None
     if resuming and record.is_file():
         before = json.loads(record.read_text())
+        if before.get("path") is None:
+            raise ConfigError(
+                f"{workdir} was fine-tuned from {before.get('parameters')} parameters, not a "
+                f"pre-training run: pass --restart to fine-tune it from {current['path']}, or "
+                "use a new --workdir")
         began_before = before.get("save_began_ns")
         if before["step"] != current["step"]:
             changed = (f"at step {before['step']}; --init_from now gives {current['path']} at "
@@ -209,6 +214,8 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
         source_record = _source_record(workdir, source, restart)
     else:
         require_optimizer_state_source(config, None)
+        if restart or checkpointing.newest_step(workdir / checkpointing.CHECKPOINTS_DIR) is None:
+            source_record = {"path": None, "parameters": "random" if source is None else "given"}
     restored_step = None  # the source's step that a new run started from
 
     def fresh_state(point: ml_collections.ConfigDict, mesh: Mesh) -> train_state.TrainState:

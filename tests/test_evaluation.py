@@ -428,6 +428,24 @@ def test_a_source_whose_newest_step_is_unreadable_is_recorded_with_the_step_it_g
     assert sorted(p.name for p in (tmp_path / "ft" / "checkpoints").iterdir()) == saved
 
 
+def test_a_fine_tuning_from_given_or_random_parameters_is_marked_and_kept_from_train(data,
+                                                                                    tmp_path):
+    """Only a fine-tuning from a pre-training run wrote init_from.json, so one from random
+    parameters (or --init_from_hf's) was taken over by a `train` pointed at it; now each
+    records its start, and resuming it from a checkpoint instead is refused."""
+    config = config_for(data, steps=1)
+    finetune.finetune(config, tmp_path / "ft", init_from=None, progress=False)
+    record = json.loads((tmp_path / "ft" / checkpointing.FINETUNE_SOURCE_FILE).read_text())
+    assert (record["path"], record["parameters"]) == (None, "random")
+    with pytest.raises(ConfigError, match="holds a fine-tuning run"):
+        train.train(config, tmp_path / "ft", progress=False)
+    train.train(config, tmp_path / "pre", progress=False)
+    with pytest.raises(ConfigError, match=r"was fine-tuned from random parameters, not a "
+                                          r"pre-training run: pass --restart"):
+        finetune.finetune(config, tmp_path / "ft", init_from=str(tmp_path / "pre"),
+                          progress=False)
+
+
 def test_a_resumed_run_keeps_its_validation_history_and_best_scores(data, pretrained, tmp_path):
     config = config_for(data, steps=2, eval_every=1)
     config.checkpoint.every = 1
