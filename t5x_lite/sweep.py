@@ -67,7 +67,7 @@ from t5x_lite.grid import (SWEEP_SPLITS, GridPoint, StepCost, config_hash, expan
 from t5x_lite.loop import METRICS_FILE, PreemptionWatch
 from t5x_lite.preemption import Preempted
 from t5x_lite.results import ResultsFile, latest_records, record_key, run_key, write_json
-from t5x_lite.sweep_workdir import (claim_workdir, point_lock, require_current,
+from t5x_lite.sweep_workdir import (check_workdir, claim_workdir, point_lock, require_current,
                                     require_current_folders, require_one_view_of_the_workdir,
                                     save_failures_as_recorded, sweep_identity)
 
@@ -661,7 +661,8 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
             _require_pretraining_data(points)
         workdir_path = Path(workdir)
         workdir_path.mkdir(parents=True, exist_ok=True)
-        claim_workdir(workdir_path, sweep_identity(experiment, points, overrides))
+        identity = sweep_identity(experiment, points, overrides)
+        check_workdir(workdir_path, identity)
         results = ResultsFile(workdir_path)
         results.finish_last_line()
         finished_records = results.records()
@@ -670,6 +671,9 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
         todo = [p for p in points if unrecorded_tasks(p, done)]
         require_current_folders(todo, workdir_path)
         require_one_view_of_the_workdir(todo, workdir_path)
+        # Claimed once every check passed: a refused sweep leaves the workdir's sweep.json as
+        # it was (one given the zero-shot stage would have become a zero-shot sweep's).
+        claim_workdir(workdir_path, identity)
         # What each point's records hold, before anything runs: a fault in that arithmetic
         # stops the sweep here, not after hours of finished runs.
         for point in todo:

@@ -291,6 +291,16 @@ def test_a_sweep_made_without_the_stage_gets_it_later_without_training_again(
 
     monkeypatch.setattr(train, "train", trained_again)
     monkeypatch.setattr(finetune, "finetune", trained_again)
+    # Refused for a stale record: the workdir stays the sweep without the stage (its
+    # sweep.json was rewritten first, so the command that made it was then refused).
+    kept, claimed = ((copy / name).read_text() for name in ("results.jsonl",
+                                                            sweep_workdir.SWEEP_FILE))
+    (copy / "results.jsonl").write_text(json.dumps({**records[0], "config_hash": "0" * 16})
+                                        + "\n" + kept.split("\n", 1)[1])
+    with pytest.raises(ConfigError, match="made with another config"):
+        sweep.run_sweep(experiment, "demo", str(copy), overrides=ZERO_SHOT_SWEEP)
+    assert (copy / sweep_workdir.SWEEP_FILE).read_text() == claimed
+    (copy / "results.jsonl").write_text(kept)
     given = sweep.run_sweep(experiment, "demo", str(copy), overrides=ZERO_SHOT_SWEEP)
     # Its records are those of the sweep that had the stage from the start, appended again.
     assert given == records
