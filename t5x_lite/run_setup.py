@@ -52,7 +52,7 @@ class RunPlan:
     resume_fields: the config fields a point's checkpoints must share with its config.
     batch_layouts: pre-training: what each point's examples read
     (`objective_layout.layout_record`), which its checkpoints must share too (`Checkpointer`'s
-    `batch_layout`); None for fine-tuning.
+    `batch_layout`; None for a point that reads no example more); None for fine-tuning.
     """
 
     configs: Sequence[ml_collections.ConfigDict]
@@ -65,7 +65,7 @@ class RunPlan:
     vmapped: bool = False
     batch_field: str = "train.batch_size"
     resume_fields: Sequence[str] = RESUME_FIELDS
-    batch_layouts: Sequence[dict[str, Any]] | None = None
+    batch_layouts: Sequence[dict[str, Any] | None] | None = None
 
     def __post_init__(self) -> None:
         if len(self.workdirs) != len(self.configs):

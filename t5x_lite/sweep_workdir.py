@@ -24,8 +24,8 @@ from jax.experimental import multihost_utils
 from t5x_lite import objectives
 from t5x_lite.checkpointing import (ADDED_FIELDS, CHECKPOINTS_DIR, RESUME_FIELDS,
                                     acting_added_fields, batch_layout_differences,
-                                    config_as_json, config_differences, read_saved_batch_layout,
-                                    read_saved_config)
+                                    config_as_json, config_differences, newest_step,
+                                    read_saved_batch_layout, read_saved_config)
 from t5x_lite.config import ConfigError, flat_fields
 from t5x_lite.errors import PointBusy
 from t5x_lite.grid import OBSERVING_FIELDS, GridPoint, config_hash, user_overrides
@@ -213,13 +213,13 @@ def point_lock(points: Sequence[GridPoint], workdir: str | Path) -> Iterator[Non
 
 def require_current_folders(points: Sequence[GridPoint], workdir: Path) -> None:
     """Refuse to run a point whose folder holds the work of another config: pre-training
-    checkpoints whose `checkpointing.RESUME_FIELDS` or examples
-    (`checkpointing.BATCH_LAYOUT_FILE`) differ, or a finished task's record
-    (`GridPoint.record_path`) of another config_hash or raw tokens read
-    (`GridPoint.pretrain_tokens`). A point whose results.jsonl lines were
-    deleted, to run it again after its grid row changed, is such a point: its pre-training
-    would stop on the checkpoints (the point recorded as failed), and a stale task record
-    would pass for a finished task."""
+    checkpoints whose `checkpointing.RESUME_FIELDS` differ, or whose examples
+    (`checkpointing.BATCH_LAYOUT_FILE`) differ while steps are left to train, or a finished
+    task's record (`GridPoint.record_path`) of another config_hash or raw tokens read
+    (`GridPoint.pretrain_tokens`). A point whose results.jsonl lines were deleted, to run it
+    again after its grid row changed, is such a point: its pre-training would stop on the
+    checkpoints (the point recorded as failed), and a stale task record would pass for a
+    finished task."""
     for point in points:
         why = _stale_work(point, workdir)
         if why:
@@ -257,7 +257,9 @@ def _stale_work(point: GridPoint, workdir: Path) -> str | None:
         if differences:
             return f"its pre-training's {_first_of(differences)}"
     saved_layout = read_saved_batch_layout(checkpoints)
-    if saved_layout is not None:
+    newest = newest_step(checkpoints)
+    # A finished pre-training reads no example more (its later stages fine-tune or score it).
+    if saved_layout is not None and (newest is None or newest < point.config.train.steps):
         differences = batch_layout_differences(
             saved_layout, objectives.layout_record(point.layout, point.config.objective))
         if differences:

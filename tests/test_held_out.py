@@ -127,6 +127,22 @@ def test_a_run_reports_only_held_out_losses_of_its_own_trajectory(corpus, tmp_pa
     assert not _records(tmp_path / "run" / "eval.jsonl")
 
 
+def test_a_finished_run_laid_out_otherwise_is_scored_but_not_trained_on(corpus, tmp_path):
+    """A finished sweep point whose grid later gained a row with longer examples: switching
+    the held-out evaluation on scores its final model (no example is read to train), where
+    training it further is refused (its examples would be cut otherwise)."""
+    config = _config(corpus)
+    train.train(config, tmp_path / "run", progress=False)
+    saved = tmp_path / "run" / "checkpoints" / "batch_layout.json"
+    before = json.loads(saved.read_text())
+    saved.write_text(json.dumps({**before, "raw_length": before["raw_length"] + 5}))
+    scored = train.train(_config(corpus, eval_every=3, eval_batches=1), tmp_path / "run",
+                         progress=False)
+    assert scored["held_out_loss"] is not None and scored["start_step"] == 6
+    with pytest.raises(ConfigError, match="pre-trained on examples laid out otherwise"):
+        train.train(config, tmp_path / "run", steps=8, progress=False)
+
+
 def test_switching_the_evaluation_on_keeps_a_sweep_point_s_identity(corpus):
     config = _config(corpus)
     observed = _config(corpus, eval_every=4, eval_batches=2)

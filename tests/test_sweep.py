@@ -801,6 +801,12 @@ def test_records_and_folders_of_examples_read_otherwise_are_refused(experiment, 
     saved = folder / "pretrain" / "checkpoints" / BATCH_LAYOUT_FILE
     original = json.loads(saved.read_text())
     saved.write_text(json.dumps({**original, "raw_length": original["raw_length"] + 1}))
+    # Its pre-training finished: nothing of it is read again (fine-tuning takes its final
+    # parameters), so the other layout stands; with steps left, it is refused.
+    sweep_workdir.require_current_folders(
+        [p for p in grid.expand(experiment, "demo") if p.point == stale["point"]], copy)
+    newest = newest_step(folder / "pretrain" / "checkpoints")
+    shutil.rmtree(folder / "pretrain" / "checkpoints" / str(newest))
     refusal = (rf"^{folder} holds point '{stale['point']}' \(seed 0\) run with another config "
                rf"\(its pre-training's examples' raw_length: saved {original['raw_length'] + 1} "
                rf"!= now {original['raw_length']}\); delete that folder")
