@@ -259,20 +259,26 @@ def _is_a_failed_read_leftover(unraisable: Any) -> bool:
     if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
         return True
     code = getattr(unraisable.object, "cr_code", None)  # a coroutine's
-    return code is not None and _ORBAX_SOURCE in code.co_filename
+    return (code is not None and _ORBAX_SOURCE in code.co_filename
+            and code.co_name in _ORBAX_READS)
 
 
 _ORBAX_SOURCE = os.path.dirname(ocp.__file__)
+# orbax's coroutines that read an array back, whose errors a failed read leaves unawaited
+# (orbax/checkpoint/_src/serialization/serialization.py); a failed save's stay visible.
+_ORBAX_READS = ("async_deserialize", "_read_and_create_array", "_read_array_index_and_device_put",
+                "_read_shard")
 
 
 class _FailedReadLeftovers(logging.Filter):
-    """Drops asyncio's "... exception was never retrieved" records about orbax's reading tasks
-    and futures of a failed read (the future's repr names orbax's coroutine or its error)."""
+    """Drops asyncio's "... exception was never retrieved" records of a failed read's tasks
+    and futures: the future's repr names one of `_ORBAX_READS` or orbax's read error."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         return not ("exception was never retrieved" in message
-                    and ("orbax" in message or "reading array index" in message))
+                    and ("Encountered error while reading array index" in message
+                         or any(f"<{name}()" in message for name in _ORBAX_READS)))
 
 
 def _drop_failed_read_leftovers() -> None:
@@ -340,9 +346,10 @@ class Checkpointer:
     manager: leaving waits for the last save and closes.
 
     `batch_layout` (pre-training: `objective_layout.layout_record`) is saved as
-    BATCH_LAYOUT_FILE; opening checkpoints saved with another one raises `ConfigError` too (a
-    resume would go on with other examples); checkpoints saved before batch layouts were
-    recorded resume unchecked, and record it.
+    BATCH_LAYOUT_FILE; training on from checkpoints saved with another one is refused
+    (`require_same_examples`, which the run set-up calls: a resume would go on with other
+    examples), and the saved one is kept; checkpoints saved before batch layouts were recorded
+    resume unchecked, and record it.
     """
 
     def __init__(
@@ -370,6 +377,7 @@ class Checkpointer:
         self._config = config_as_json(config)
         self._resume_fields = tuple(resume_fields)
         self._batch_layout = batch_layout
+        self._layout_differences: list[str] = []  # the saved layout's from batch_layout
         if restart:
             self._wipe()
         self._manager = ocp.CheckpointManager(
@@ -429,15 +437,23 @@ class Checkpointer:
         saved_layout = (None if self._batch_layout is None
                         else read_saved_batch_layout(self.directory))
         if saved_layout is not None:
-            differences = batch_layout_differences(saved_layout, self._batch_layout)
-            if differences:
-                raise ConfigError(
-                    f"the checkpoints in {self.directory} were pre-trained on examples laid "
-                    "out otherwise (its objective's lengths or its grid's other rows changed "
-                    "since):\n  " + "\n  ".join(differences) + "\nresume with the t5x_lite "
-                    "version and grid that began it, or pass --restart to delete these "
-                    "checkpoints and start over"
-                )
+            self._layout_differences = batch_layout_differences(saved_layout,
+                                                                self._batch_layout)
+
+    def require_same_examples(self, restored_step: int | None, total: int) -> None:
+        """Refuse (`ConfigError`) to train on from `restored_step` (None: the newest saved) up
+        to `total` checkpoints pre-trained on examples laid out otherwise (`batch_layout`):
+        with no step left to train they may be scored or fine-tuned, as nothing reads their
+        examples again."""
+        step = self.latest_step() if restored_step is None else restored_step
+        if self._layout_differences and step is not None and step < total:
+            raise ConfigError(
+                f"the checkpoints in {self.directory} were pre-trained on examples laid out "
+                "otherwise (its objective's lengths or its grid's other rows changed since):\n  "
+                + "\n  ".join(self._layout_differences) + "\nresume with the t5x_lite version "
+                "and grid that began it, or pass --restart to delete these checkpoints and "
+                "start over"
+            )
 
     def _write_config(self) -> None:
         """Record the current config; written to a temporary file and renamed, so a reader on
@@ -447,7 +463,7 @@ class Checkpointer:
         self.directory.mkdir(parents=True, exist_ok=True)
         write_atomically(self.directory / CONFIG_FILE,
                          json.dumps(self._config, indent=2, sort_keys=True))
-        if self._batch_layout is not None:
+        if self._batch_layout is not None and not self._layout_differences:
             write_atomically(self.directory / BATCH_LAYOUT_FILE,
                              json.dumps(self._batch_layout, indent=2, sort_keys=True))
 

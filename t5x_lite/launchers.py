@@ -227,8 +227,12 @@ class LocalParallelLauncher:
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
         if signals and isinstance(failure, BrokenProcessPool):
-            # A terminal's Ctrl-C reached a worker still starting, before it ignored SIGINT:
-            # the pool broke, no point's work was lost, and the sweep stops as preempted.
+            # After the signal a worker ended abruptly (a terminal's Ctrl-C reaching one still
+            # starting, before it ignored SIGINT; or one killed as it saved): said, and the
+            # sweep stops as preempted, which a scheduler requeues; its points resume from their
+            # checkpoints (a damaged newest one falls back to an older one).
+            print(f"a worker ended abruptly after {signals[0]}: {failure}", file=sys.stderr,
+                  flush=True)
             failure = Preempted(None, [workdir], signals[0])
             print(failure, file=sys.stderr, flush=True)
         if failure is not None:

@@ -52,7 +52,7 @@ class RunPlan:
     resume_fields: the config fields a point's checkpoints must share with its config.
     batch_layouts: pre-training: what each point's examples read
     (`objective_layout.layout_record`), which its checkpoints must share too (`Checkpointer`'s
-    `batch_layout`; None for a point that reads no example more); None for fine-tuning.
+    `batch_layout`); None for fine-tuning.
     """
 
     configs: Sequence[ml_collections.ConfigDict]
@@ -65,7 +65,7 @@ class RunPlan:
     vmapped: bool = False
     batch_field: str = "train.batch_size"
     resume_fields: Sequence[str] = RESUME_FIELDS
-    batch_layouts: Sequence[dict[str, Any] | None] | None = None
+    batch_layouts: Sequence[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if len(self.workdirs) != len(self.configs):
@@ -157,14 +157,18 @@ def set_up(plan: RunPlan, *, steps: int | None = None, progress: bool = True,
             stack.enter_context(_checkpointer(plan, index, restart=restart,
                                               require_existing=require_existing))
             for index in range(len(plan.configs))]
+        total = config.train.steps if steps is None else steps
+        for checkpointer in checkpointers:  # before the step compiles, from the newest step
+            checkpointer.require_same_examples(None, total)
         step = plan.make_step(mesh)
         state, start = _initial_state(plan, checkpointers, mesh)
+        for checkpointer in checkpointers:  # a damaged newest step may have fallen back
+            checkpointer.require_same_examples(start, total)
         points = []
         for workdir, checkpointer in zip(plan.workdirs, checkpointers):
             writer = MetricsWriter(workdir, start)
             stack.callback(writer.close)
             points.append(Point(workdir, checkpointer, writer))
-        total = config.train.steps if steps is None else steps
         bar = Progress(start, total, config.train.log_every, progress)
         stack.callback(bar.close)
         yield Run(mesh=mesh, step=step, data=data, step_args=plan.step_args, state=state,

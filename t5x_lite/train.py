@@ -24,7 +24,7 @@ import numpy as np
 from flax import nnx
 
 from t5x_lite import held_out, objectives
-from t5x_lite.checkpointing import CHECKPOINTS_DIR, FINETUNE_SOURCE_FILE, newest_step
+from t5x_lite.checkpointing import FINETUNE_SOURCE_FILE
 from t5x_lite.config import ConfigError
 from t5x_lite.loop import run_loop, summaries
 from t5x_lite.run_setup import RunPlan, set_up
@@ -51,15 +51,13 @@ class _RawBatches:
 def _pretrain_plan(configs: Sequence[ml_collections.ConfigDict],
                    workdirs: Sequence[str | os.PathLike], layout: objectives.BatchLayout,
                    vmapped: bool, init_params: nnx.State | None = None,
-                   steps: int | None = None, restart: bool = False
-                   ) -> tuple[RunPlan, objectives.BatchLayout]:
+                   steps: int | None = None) -> tuple[RunPlan, objectives.BatchLayout]:
     """Pre-training `configs` (one, or K vmapped points) into `workdirs`, batches in `layout`,
     from `init_params` (one point) or from each config's seed, up to `steps` (None: each
     config's train.steps; the held-out text's room is checked for it before anything is
-    written; `restart`: its checkpoints are to be deleted); and the layout bound to the run's
-    vocabulary if it reads sentences (else `layout`). Each point's checkpoints must hold its
-    examples' layout record (`objective_layout.layout_record`), unless it has no step left to
-    train (a finished run resumed only to score its held-out text reads no example more)."""
+    written); and the layout bound to the run's vocabulary if it reads sentences (else
+    `layout`). Each point's checkpoints must hold its examples' layout record
+    (`objective_layout.layout_record`) to train on (`Checkpointer.require_same_examples`)."""
     configs = list(configs)
     for workdir in workdirs:
         if (Path(workdir) / FINETUNE_SOURCE_FILE).is_file():
@@ -75,14 +73,6 @@ def _pretrain_plan(configs: Sequence[ml_collections.ConfigDict],
 
         layout = layout_with_vocabulary(layout, configs[0])
     specs = [objectives.spec_from_config(config.objective) for config in configs]
-
-    def examples_record(config: ml_collections.ConfigDict, workdir: str | os.PathLike
-                        ) -> dict[str, Any] | None:
-        newest = None if restart else newest_step(Path(workdir) / CHECKPOINTS_DIR)
-        if newest is not None and newest >= (config.train.steps if steps is None else steps):
-            return None
-        return objectives.layout_record(layout, config.objective)
-
     keys = [step_key(config.train.seed) for config in configs]
 
     def make_data() -> _RawBatches:
@@ -109,8 +99,7 @@ def _pretrain_plan(configs: Sequence[ml_collections.ConfigDict],
         lengths=(layout.inputs_length, layout.targets_length), vmapped=vmapped,
         fresh_state=init_state if init_params is None else (
             lambda point, mesh: state_from_params(point, mesh, init_params)),
-        batch_layouts=[examples_record(config, workdir)
-                       for config, workdir in zip(configs, workdirs)]
+        batch_layouts=[objectives.layout_record(layout, config.objective) for config in configs]
     ), layout
 
 
@@ -154,7 +143,7 @@ def train(
     """
     layout = objectives.layout_from_config(config) if layout is None else layout
     plan, layout = _pretrain_plan([config], [workdir], layout, vmapped=False,
-                                  init_params=init_params, steps=steps, restart=restart)
+                                  init_params=init_params, steps=steps)
     return _run(plan, layout, steps=steps, progress=progress, restart=restart,
                 require_existing=resume)[0]
 

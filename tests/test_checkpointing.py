@@ -207,20 +207,22 @@ def test_after_a_failed_read_its_leftovers_are_dropped_and_nothing_else(
         return types.SimpleNamespace(exc_type=type(error), exc_value=error, exc_traceback=None,
                                      err_msg=None, object=obj)
 
-    def coroutine_in(folder):
+    def coroutine(folder, name):
         return types.SimpleNamespace(cr_code=types.SimpleNamespace(
-            co_filename=os.path.join(folder, "serialization.py")))
+            co_filename=os.path.join(folder, "serialization.py"), co_name=name))
 
     orbax_folder = os.path.dirname(ocp.__file__)
-    closed, reader, other, ours = (
+    closed, reader, other, ours, saving = (
         unraisable(RuntimeError("Event loop is closed")),
         unraisable(Exception("Encountered error while reading array index"),
-                   coroutine_in(orbax_folder)),
+                   coroutine(orbax_folder, "_read_array_index_and_device_put")),
         unraisable(RuntimeError("a callback of ours failed")),
-        unraisable(Exception("a coroutine of ours failed"), coroutine_in(str(tmp_path))))
-    for item in (closed, reader, other, ours):
+        unraisable(Exception("a coroutine of ours failed"),
+                   coroutine(str(tmp_path), "_read_shard")),
+        unraisable(OSError("No space left on device"), coroutine(orbax_folder, "_finalize")))
+    for item in (closed, reader, other, ours, saving):
         sys.unraisablehook(item)
-    assert seen == [other, ours]
+    assert seen == [other, ours, saving]
     handler = logging.Handler()
     handler.emit = logged.append
     asyncio_log.addHandler(handler)
@@ -231,10 +233,12 @@ def test_after_a_failed_read_its_leftovers_are_dropped_and_nothing_else(
                           "<_GatheringFuture exception=Exception('Encountered error while "
                           "reading array index: ...')>")
         asyncio_log.error("Task exception was never retrieved\nfuture: <Task of ours>")
+        asyncio_log.error("Task exception was never retrieved\nfuture: <Task coro=<_finalize() "
+                          "defined at .../orbax/checkpoint/...> exception=OSError('No space')>")
     finally:
         asyncio_log.removeHandler(handler)
-    assert [record.getMessage().split("\n")[1] for record in logged] == [
-        "future: <Task of ours>"]
+    assert [record.getMessage().split("\n")[1][:20] for record in logged] == [
+        "future: <Task of our", "future: <Task coro=<"]
 
 
 def test_a_run_saved_before_a_field_was_added_resumes_only_as_it_began(config):
@@ -327,19 +331,27 @@ def test_a_run_may_require_more_fields_to_resume(tmp_path, config):
 
 def test_checkpoints_of_examples_laid_out_otherwise_are_refused(tmp_path, config):
     """A pre-training run saves what its examples read beyond its config (its layout record)
-    with its checkpoints; a resume under another record is refused, naming the fields, while
-    one saved before records were kept resumes and records it, and --restart starts over."""
+    with its checkpoints; training on under another record is refused, naming the fields,
+    from the newest step or the one a damaged newest fell back to, while a run with no step
+    left (scored, fine-tuned) is not, and keeps its record; one saved before records were
+    kept resumes and records it, and --restart starts over."""
     before = {"raw_length": 557, "objective_lengths": [557, 512, 127], "denoisers": []}
     now = {**before, "raw_length": 511, "objective_lengths": [511, 512, 118]}
     with Checkpointer(tmp_path, every=1, keep=5, config=config, batch_layout=before) as ckpt:
         assert ckpt.maybe_save(1, make_state())
+        assert ckpt.maybe_save(2, make_state())
     assert json.loads((tmp_path / BATCH_LAYOUT_FILE).read_text()) == before
-    with pytest.raises(ConfigError, match=(
-            r"pre-trained on examples laid out otherwise .*:\n"
-            r"  objective_lengths: saved \[557, 512, 127\] != now \[511, 512, 118\]\n"
-            r"  raw_length: saved 557 != now 511\nresume with .* or pass --restart")):
-        Checkpointer(tmp_path, every=1, keep=5, config=config, batch_layout=now)
-    Checkpointer(tmp_path, every=1, keep=5, config=config, batch_layout=before).close()
+    with Checkpointer(tmp_path, every=1, keep=5, config=config, batch_layout=now) as ckpt:
+        for restored, total in ((None, 3), (1, 2)):  # the newest (2), or a fall-back to 1
+            with pytest.raises(ConfigError, match=(
+                    r"pre-trained on examples laid out otherwise .*:\n"
+                    r"  objective_lengths: saved \[557, 512, 127\] != now \[511, 512, 118\]\n"
+                    r"  raw_length: saved 557 != now 511\nresume with .* or pass --restart")):
+                ckpt.require_same_examples(restored, total)
+        ckpt.require_same_examples(None, 2)  # finished: nothing reads its examples again
+    assert json.loads((tmp_path / BATCH_LAYOUT_FILE).read_text()) == before
+    with Checkpointer(tmp_path, every=1, keep=5, config=config, batch_layout=before) as ckpt:
+        ckpt.require_same_examples(None, 3)
     Checkpointer(tmp_path, every=1, keep=5, config=config).close()  # a run without one
     (tmp_path / BATCH_LAYOUT_FILE).write_text("{")
     with pytest.raises(ConfigError, match=rf"^{tmp_path / BATCH_LAYOUT_FILE} is damaged"):

@@ -1,6 +1,7 @@
 """Held-out pre-training evaluation (`t5x_lite.held_out`): what it scores, that it changes no
 training step, its records, and a run too long for its corpus refused before any step."""
 import json
+import shutil
 
 import jax
 import numpy as np
@@ -130,17 +131,23 @@ def test_a_run_reports_only_held_out_losses_of_its_own_trajectory(corpus, tmp_pa
 def test_a_finished_run_laid_out_otherwise_is_scored_but_not_trained_on(corpus, tmp_path):
     """A finished sweep point whose grid later gained a row with longer examples: switching
     the held-out evaluation on scores its final model (no example is read to train), where
-    training it further is refused (its examples would be cut otherwise)."""
-    config = _config(corpus)
+    training it further is refused (its examples would be cut otherwise), and so is going
+    on from an older step that a damaged final one falls back to."""
+    config, evaluated = _config(corpus), _config(corpus, eval_every=3, eval_batches=1)
+    for run in (config, evaluated):
+        run.checkpoint.update(every=2, keep=3)
     train.train(config, tmp_path / "run", progress=False)
     saved = tmp_path / "run" / "checkpoints" / "batch_layout.json"
     before = json.loads(saved.read_text())
     saved.write_text(json.dumps({**before, "raw_length": before["raw_length"] + 5}))
-    scored = train.train(_config(corpus, eval_every=3, eval_batches=1), tmp_path / "run",
-                         progress=False)
+    scored = train.train(evaluated, tmp_path / "run", progress=False)
     assert scored["held_out_loss"] is not None and scored["start_step"] == 6
     with pytest.raises(ConfigError, match="pre-trained on examples laid out otherwise"):
         train.train(config, tmp_path / "run", steps=8, progress=False)
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / "6" / "default")
+    with pytest.warns(UserWarning, match="step 6 .* is unreadable"), pytest.raises(
+            ConfigError, match="pre-trained on examples laid out otherwise"):
+        train.train(evaluated, tmp_path / "run", progress=False)
 
 
 def test_switching_the_evaluation_on_keeps_a_sweep_point_s_identity(corpus):
