@@ -132,18 +132,22 @@ def config_differences(
     they act in `current`.
     """
     saved, current = _as_compared(saved, current)
-    keys = sorted(key for key in saved.keys() | current.keys() if _compared(key, fields))
-    differences = [
-        f"{key}: saved {saved.get(key, _ABSENT)!r} != now {current.get(key, _ABSENT)!r}"
-        for key in keys
-        if saved.get(key, _ABSENT) != current.get(key, _ABSENT)
-    ]
+    differences = _difference_lines(saved, current, sorted(
+        key for key in saved.keys() | current.keys() if _compared(key, fields)))
     if _compared("train.optimizer", fields) and _decay_stage(saved) != _decay_stage(current):
         differences.append(
             f"train.weight_decay: saved {saved.get('train.weight_decay')!r} != now "
             f"{current.get('train.weight_decay')!r} (Adafactor's state holds a weight-decay "
             "stage only when it is non-zero: a resume may change it, not switch it on or off)")
     return differences
+
+
+def _difference_lines(saved: dict[str, Any], current: dict[str, Any],
+                      keys: Sequence[str]) -> list[str]:
+    """One line 'key: saved ... != now ...' per key of `keys` whose values differ (one side may
+    lack it)."""
+    return [f"{key}: saved {saved.get(key, _ABSENT)!r} != now {current.get(key, _ABSENT)!r}"
+            for key in keys if saved.get(key, _ABSENT) != current.get(key, _ABSENT)]
 
 
 def _compared(key: str, fields: Sequence[str]) -> bool:
@@ -201,26 +205,22 @@ def read_saved_config(directory: str | os.PathLike) -> dict[str, Any] | None:
     return saved
 
 
-def read_saved_batch_layout(directory: str | os.PathLike) -> dict[str, Any] | None:
-    """The batch layout record saved with the pre-training checkpoints in `directory` (its
-    BATCH_LAYOUT_FILE), or None when it has none (checkpoints saved before 2026-12-05, or of a
-    fine-tuning run); a damaged file is a one-line `ConfigError` naming it."""
+def saved_batch_layout_differences(directory: str | os.PathLike,
+                                   batch_layout: dict[str, Any]) -> list[str]:
+    """One line 'field: saved ... != now ...' per field in which the batch layout record saved
+    with the pre-training checkpoints in `directory` (its BATCH_LAYOUT_FILE) differs from
+    `batch_layout` (`objective_layout.layout_record`); [] when it has none (checkpoints saved
+    before 2026-12-05, or of a fine-tuning run). A damaged file is a one-line `ConfigError`
+    naming it."""
     path = epath.Path(directory) / BATCH_LAYOUT_FILE
     if not path.exists():
-        return None
+        return []
     try:
-        return json.loads(path.read_text())
+        saved = json.loads(path.read_text())
     except json.JSONDecodeError as error:
         raise ConfigError(f"{path} is damaged ({error}); delete it to resume without checking "
                           "what the checkpoints' examples read") from None
-
-
-def batch_layout_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """One line 'field: saved ... != now ...' per field of two batch layout records
-    (`objective_layout.layout_record`) that differs."""
-    return [f"{key}: saved {saved.get(key, _ABSENT)!r} != now {current.get(key, _ABSENT)!r}"
-            for key in sorted(saved.keys() | current.keys())
-            if saved.get(key, _ABSENT) != current.get(key, _ABSENT)]
+    return _difference_lines(saved, batch_layout, sorted(saved.keys() | batch_layout.keys()))
 
 
 def _one_item() -> ocp.PyTreeCheckpointHandler:
@@ -434,11 +434,9 @@ class Checkpointer:
                 f"settings{as_begun}, or pass --restart to delete these checkpoints and start "
                 "over"
             )
-        saved_layout = (None if self._batch_layout is None
-                        else read_saved_batch_layout(self.directory))
-        if saved_layout is not None:
-            self._layout_differences = batch_layout_differences(saved_layout,
-                                                                self._batch_layout)
+        if self._batch_layout is not None:
+            self._layout_differences = saved_batch_layout_differences(self.directory,
+                                                                      self._batch_layout)
 
     def require_same_examples(self, restored_step: int | None, total: int) -> None:
         """Refuse (`ConfigError`) to train on from `restored_step` (None: the newest saved) up

@@ -125,15 +125,15 @@ class _TaskData:
         return self.mixture.batch(step)
 
 
-def _source_record(workdir: Path, source: Path, restart: bool) -> dict[str, Any] | None:
+def _source_record(workdir: Path, source: Path, resuming: bool) -> dict[str, Any] | None:
     """Refuse a source with no saved step, and refuse to resume a fine-tuning run whose
     pre-training source has changed since it started, which would return the old run's scores
     as the new model's: its newest step is another (the pre-training was continued), or the
     same step saved anew (the pre-training was run again, e.g. with --restart). Else the
     record of the source to write once the run starts (`checkpointing.FINETUNE_SOURCE_FILE`;
-    None when resuming: it is written). Its folder is recorded but not compared: a sweep's workdir may be moved or
-    copied whole, which keeps the saves' times. Warn when the source stopped before its own
-    `train.steps` (e.g. a preempted pre-training)."""
+    None when `resuming`: it is written). Its folder is recorded but not compared: a sweep's
+    workdir may be moved or copied whole, which keeps the saves' times. Warn when the source
+    stopped before its own `train.steps` (e.g. a preempted pre-training)."""
     step = checkpointing.newest_step(source)
     if step is None:
         raise ConfigError(f"--init_from {source} holds no saved step to fine-tune from (its "
@@ -145,8 +145,6 @@ def _source_record(workdir: Path, source: Path, restart: bool) -> dict[str, Any]
         warnings.warn(f"fine-tuning from {source} at step {current['step']} of its "
                       f"{saved_steps}: its pre-training has not finished", stacklevel=3)
     record = workdir / checkpointing.FINETUNE_SOURCE_FILE
-    resuming = not restart and checkpointing.newest_step(
-        workdir / checkpointing.CHECKPOINTS_DIR) is not None
     if resuming and record.is_file():
         before = json.loads(record.read_text())
         if before.get("path") is None:
@@ -202,6 +200,8 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
     ft_config = finetune_train_config(config)
     source = init_from if init_from is None or isinstance(init_from, nnx.State) else (
         checkpoint_dir(init_from))
+    resuming = not restart and checkpointing.newest_step(
+        workdir / checkpointing.CHECKPOINTS_DIR) is not None
     if isinstance(source, Path):
         own = (workdir / checkpointing.CHECKPOINTS_DIR).resolve()
         if source.resolve() in (own, *own.parents):  # its --restart would delete the source
@@ -211,10 +211,10 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
         require_optimizer_state_source(config, checkpointing.read_saved_config(source))
         if ft.optimizer_state == "continue":
             _require_saved_layout(source, ft_config)
-        source_record = _source_record(workdir, source, restart)
+        source_record = _source_record(workdir, source, resuming)
     else:
         require_optimizer_state_source(config, None)
-        if restart or checkpointing.newest_step(workdir / checkpointing.CHECKPOINTS_DIR) is None:
+        if not resuming:
             source_record = {"path": None, "parameters": "random" if source is None else "given"}
     restored_step = None  # the source's step that a new run started from
 

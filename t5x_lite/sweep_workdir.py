@@ -23,9 +23,9 @@ from jax.experimental import multihost_utils
 
 from t5x_lite import objectives
 from t5x_lite.checkpointing import (ADDED_FIELDS, CHECKPOINTS_DIR, RESUME_FIELDS,
-                                    acting_added_fields, batch_layout_differences,
-                                    config_as_json, config_differences, newest_step,
-                                    read_saved_batch_layout, read_saved_config)
+                                    acting_added_fields, config_as_json, config_differences,
+                                    newest_step, read_saved_config,
+                                    saved_batch_layout_differences)
 from t5x_lite.config import ConfigError, flat_fields
 from t5x_lite.errors import PointBusy
 from t5x_lite.grid import OBSERVING_FIELDS, GridPoint, config_hash, user_overrides
@@ -92,7 +92,6 @@ def _in_field_order(overrides: Any) -> list[list]:
     """(field, value) overrides as a list of [field, value], the last value of each field, in
     the fields' order."""
     return [[field, value] for field, value in sorted(dict(map(tuple, overrides)).items())]
-
 
 
 def check_workdir(workdir: Path, identity: dict[str, Any]) -> str:
@@ -256,12 +255,11 @@ def _stale_work(point: GridPoint, workdir: Path) -> str | None:
         differences = config_differences(saved, config_as_json(point.config), RESUME_FIELDS)
         if differences:
             return f"its pre-training's {_first_of(differences)}"
-    saved_layout = read_saved_batch_layout(checkpoints)
     newest = newest_step(checkpoints)
     # A finished pre-training reads no example more (its later stages fine-tune or score it).
-    if saved_layout is not None and (newest is None or newest < point.config.train.steps):
-        differences = batch_layout_differences(
-            saved_layout, objectives.layout_record(point.layout, point.config.objective))
+    if newest is None or newest < point.config.train.steps:
+        differences = saved_batch_layout_differences(
+            checkpoints, objectives.layout_record(point.layout, point.config.objective))
         if differences:
             return f"its pre-training's examples' {_first_of(differences)}"
     expected = config_hash(point.config)
