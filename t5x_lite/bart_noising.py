@@ -60,6 +60,10 @@ from t5x_lite.config import EOS_ID
 from t5x_lite.noise_lengths import OVERFLOW_PROBABILITY
 
 TERMINATORS = "."  # a piece ending in one of these may end a sentence: the paper's full stop
+# How the sentence split changed since it was first written: the `changes` of the objectives
+# that read sentences (`objective_registry.Objective.changes`).
+SENTENCE_CHANGES = ("2026-12-05: sentences end at full stops only, as in BART's paper and "
+                    "fairseq ('!' and '?' ended them too before)",)
 WORD_START = "\u2581"  # SentencePiece's mark of a piece that begins a word
 # The bits of a vocabulary id's sentence class (`sentence_classes`).
 ENDS_WITH_TERMINATOR, STARTS_WORD = 1, 2

@@ -205,13 +205,15 @@ def read_saved_config(directory: str | os.PathLike) -> dict[str, Any] | None:
     return saved
 
 
-def saved_batch_layout_differences(directory: str | os.PathLike,
-                                   batch_layout: dict[str, Any]) -> list[str]:
+def saved_batch_layout_differences(directory: str | os.PathLike, batch_layout: dict[str, Any],
+                                   fields: Sequence[str] | None = None) -> list[str]:
     """One line 'field: saved ... != now ...' per field in which the batch layout record saved
     with the pre-training checkpoints in `directory` (its BATCH_LAYOUT_FILE) differs from
-    `batch_layout` (`objective_layout.layout_record`); [] when it has none (checkpoints saved
-    before 2026-12-05, or of a fine-tuning run). A damaged file is a one-line `ConfigError`
-    naming it."""
+    `batch_layout` (`objective_layout.layout_record`), among `fields` (None: all); [] when it
+    has none (checkpoints saved before 2026-12-05, or of a fine-tuning run). A field the saved
+    record lacks is not compared: it was saved before that field was recorded
+    (`objective_revision` before 2026-12-06, when every objective was at the revision it has
+    now). A damaged file is a one-line `ConfigError` naming it."""
     path = epath.Path(directory) / BATCH_LAYOUT_FILE
     if not path.exists():
         return []
@@ -220,7 +222,8 @@ def saved_batch_layout_differences(directory: str | os.PathLike,
     except json.JSONDecodeError as error:
         raise ConfigError(f"{path} is damaged ({error}); delete it to resume without checking "
                           "what the checkpoints' examples read") from None
-    return _difference_lines(saved, batch_layout, sorted(saved.keys() | batch_layout.keys()))
+    return _difference_lines(saved, batch_layout, sorted(
+        key for key in saved if fields is None or key in fields))
 
 
 def _one_item() -> ocp.PyTreeCheckpointHandler:

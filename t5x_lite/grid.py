@@ -152,6 +152,13 @@ class GridPoint:
         raw = objectives.objective_lengths(self.config.objective)[0]
         return self.config.train.steps * self.config.train.batch_size * raw
 
+    @property
+    def objective_revision(self) -> int:
+        """The revision of its objective's definition (`objective_registry.Objective.revision`),
+        which its records keep, so that one made under an earlier definition is found
+        (`sweep_workdir.require_current`)."""
+        return objective_registry.get(self.config.objective.name).revision
+
     def directory(self, workdir: str | os.PathLike) -> Path:
         """The run's folder in the sweep's `workdir` (laid out as `t5x_lite.sweep` says)."""
         return Path(workdir) / "points" / self.point / f"seed{self.seed}"

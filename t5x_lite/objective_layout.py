@@ -551,10 +551,14 @@ def layout_from_config(config: Mapping[str, Any]) -> BatchLayout:
 def layout_record(layout: BatchLayout, objective_cfg: Mapping[str, Any]) -> dict[str, Any]:
     """What the examples of a pre-training run with `layout` and `objective_cfg` read, as JSON
     data: the raw tokens each is cut from (the layout's: a grid's longest), its objective's own
-    (raw, inputs, targets) (`objective_lengths`) and the layout's ul2 denoisers with the raw
-    tokens each reads. The config fixes these only together with the code and the grid's
-    other rows, so they are saved with the checkpoints (`checkpointing.BATCH_LAYOUT_FILE`): a
-    resume after either changed them is refused instead of continuing on other examples."""
+    (raw, inputs, targets) (`objective_lengths`), the layout's ul2 denoisers with the raw
+    tokens each reads, and the revision of its objective's definition
+    (`objective_registry.Objective.revision`). The config fixes these only together with the
+    code and the grid's other rows, so they are saved with the checkpoints
+    (`checkpointing.BATCH_LAYOUT_FILE`): a resume after either changed them is refused instead
+    of continuing on other examples."""
     return {"raw_length": layout.raw_length,
             "objective_lengths": list(objective_lengths(objective_cfg)),
-            "denoisers": [list(denoiser) for denoiser in layout.denoisers]}
+            "denoisers": [list(denoiser) for denoiser in layout.denoisers],
+            objective_registry.REVISION_FIELD:
+                objective_registry.get(objective_cfg["name"]).revision}

@@ -17,7 +17,8 @@ each is written once, in its record:
   (`batch_format.POSITIONS_KEY`);
 - `uniform_rows`: how many rows of uniform draws per example it reads, given the layout;
 - `lengths`, `expected_loss_tokens`, `sentinels_needed`: its host arithmetic (below);
-- `effective_settings`: what its corruption makes of the `reads` fields (below).
+- `effective_settings`: what its corruption makes of the `reads` fields (below);
+- `changes`: how its definition changed since it was first registered (below).
 
 `encode(tokens, n, spec, uniform, layout)` corrupts one example: tokens int32[R] (R =
 layout.raw_length), of which the first n (a traced int32) are the text; spec the example's
@@ -45,6 +46,15 @@ are equal are known to corrupt every pre-training chunk alike (`grid.identical_r
 (the default) means as given. span_corruption's rate and span length reach its mask only as
 whole counts of noise tokens and spans at its raw length, which T5's rounding can make equal.
 
+`changes`: one line per change to the objective's definition since it was first registered
+('date: what it does now, and did before'), oldest first, for a change that makes it corrupt
+the same chunk otherwise under the same config and seed while the config, its hash and the raw
+tokens read stay as they were (a change of those is caught by them already). Its `revision` is
+1 + their count; a sweep's records and a pre-training's checkpoints (`batch_layout.json`) carry
+it, and a sweep refuses to count as finished, or to train on, work made under another revision
+(`sweep_workdir`), where it would put two definitions of one objective into one table. Records
+from before revisions were recorded (2026-12-06) read as revision 1.
+
 The built-in objectives (the T5 paper's, BART's, UL2's, GLM's) are registered by
 `t5x_lite.objectives`, in the order of their ids (an objective's id is its position in the
 registry, as an `ObjectiveSpec` carries it); `names()` and `get()` import that module, so they
@@ -61,6 +71,9 @@ from t5x_lite.errors import require_choice
 
 # The objective fields an objective's corruption may read besides name and inputs_length.
 READABLE_FIELDS = ("noise_density", "mean_noise_span_length", "random_token_fraction")
+# The field of a sweep's records and a pre-training's batch layout record that holds the
+# revision of the objective it trained on (`Objective.revision`).
+REVISION_FIELD = "objective_revision"
 
 
 def whole_text_lengths(point: Mapping[str, Any]) -> tuple[int, int, int]:
@@ -99,6 +112,12 @@ class Objective:
     expected_loss_tokens: Callable[[Mapping[str, Any], int, int], float] = every_target_token
     sentinels_needed: Callable[[Mapping[str, Any], int], tuple[int, str]] = no_sentinels
     effective_settings: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
+    changes: tuple[str, ...] = ()
+
+    @property
+    def revision(self) -> int:
+        """Which definition of the objective this is: 1 + its `changes`."""
+        return 1 + len(self.changes)
 
     def effective(self, point: Mapping[str, Any]) -> dict[str, Any]:
         """The fields of objective config `point` that this objective `reads`, as its

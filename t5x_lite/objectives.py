@@ -538,15 +538,18 @@ register(Objective("text_infilling", _text_infilling, has_noise_mask=True, reads
                    lengths=host.infilling_lengths))
 register(Objective("document_rotation", _document_rotation, has_noise_mask=False))
 register(Objective("sentence_permutation", _sentence_permutation, has_noise_mask=False,
-                   reads_sentences=True))
+                   reads_sentences=True, changes=bart_noising.SENTENCE_CHANGES))
 register(Objective("text_infilling_permutation", _text_infilling_permutation,
                    has_noise_mask=True, reads=_SPANS, poisson_spans=True, reads_sentences=True,
-                   uniform_rows=_infilling_rows, lengths=host.infilling_lengths))
+                   uniform_rows=_infilling_rows, lengths=host.infilling_lengths,
+                   changes=bart_noising.SENTENCE_CHANGES))
 # UL2's mixture of denoisers (Tay et al. 2022): its rates and spans are its denoisers'
 # (`objective.ul2_denoisers`), a mixture the layout holds (`BatchLayout.denoisers`).
 register(Objective("ul2", _ul2, has_noise_mask=True, lengths=host.ul2_lengths,
                    expected_loss_tokens=host.ul2_loss_tokens,
-                   sentinels_needed=host.ul2_sentinels))
+                   sentinels_needed=host.ul2_sentinels,
+                   changes=("2026-12-05: the S-denoiser splits as T5's random_prefix_noise_mask "
+                            "(its targets were 1-2 tokens shorter for rates below 0.5)",)))
 # GLM's autoregressive blank infilling (Du et al. 2021).
 register(Objective(glm.NAME, _blank_infilling, has_noise_mask=True, reads=_SPANS,
                    poisson_spans=True, needs_prefix_attention=True, explicit_positions=True,

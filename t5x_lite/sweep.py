@@ -57,8 +57,8 @@ from typing import Any, Callable, NoReturn, Sequence
 import jax
 from jax.experimental import multihost_utils
 
-from t5x_lite import (accounting, attention, batch_format, held_out, launchers, objectives,
-                      partitioning, presets)
+from t5x_lite import (accounting, attention, batch_format, held_out, launchers,
+                      objective_registry, objectives, partitioning, presets)
 from t5x_lite.checkpointing import CHECKPOINTS_DIR, newest_step
 from t5x_lite.config import ConfigError, apply_overrides, parse_overrides
 from t5x_lite.errors import MachineFault, is_machine_fault
@@ -126,6 +126,7 @@ def base_record(point: GridPoint) -> dict[str, Any]:
         "flops_ratio": columns.flops_ratio, "corpus": config.data.corpus,
         "pretrain_steps": config.train.steps,
         "pretrain_tokens": point.pretrain_tokens,
+        objective_registry.REVISION_FIELD: point.objective_revision,
         "finetune_steps": config.finetune.steps, "pretrain_loss": None, "pretrain_curve": [],
         **held_out.scores_of(()),  # the held-out fields, none yet
         **_budget_fields(point),

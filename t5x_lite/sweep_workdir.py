@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from t5x_lite import objectives
+from t5x_lite import objective_registry, objectives
 from t5x_lite.checkpointing import (ADDED_FIELDS, CHECKPOINTS_DIR, RESUME_FIELDS,
                                     acting_added_fields, config_as_json, config_differences,
                                     newest_step, read_saved_config,
@@ -138,7 +138,8 @@ def claim_workdir(workdir: Path, identity: dict[str, Any]) -> None:
 def require_current(records: Sequence[dict], points: Sequence[GridPoint], path: Path) -> None:
     """Refuse records of a point whose config has changed since they were written (e.g. a grid
     row moved to another objective) or whose objective now reads other raw tokens per example
-    (`GridPoint.pretrain_tokens`), and fine-tuned records whose fine-tuning run had other
+    (`GridPoint.pretrain_tokens`) or is defined otherwise (`GridPoint.objective_revision`), and
+    fine-tuned records whose fine-tuning run had other
     tasks than the point's run of that task now (a GLUE task added to `sweep.tasks` of a sweep
     that fine-tunes GLUE's tasks as one): skipping them as finished would mix two experiments
     in one table."""
@@ -159,11 +160,11 @@ def require_current(records: Sequence[dict], points: Sequence[GridPoint], path: 
                    "the grid or its defaults changed since; use a new --workdir, or delete that "
                    f"point's lines and its folder {by_key[key].directory(path.parent)} to run "
                    "it again"))
-        other_text = _read_other_text(record, by_key.get(key))
-        if other_text:
+        otherwise = _pretrained_otherwise(record, by_key.get(key))
+        if otherwise:
             raise ConfigError(
                 f"{path} holds a record of point {record['point']!r} (seed {record['seed']}) "
-                f"whose pre-training {other_text}; use a new --workdir, or delete that point's "
+                f"whose pre-training {otherwise}; use a new --workdir, or delete that point's "
                 f"lines and its folder {by_key[key].directory(path.parent)} to run it again")
         run = run_of.get(key, {}).get(record["task"])
         made = tuple(record.get("finetune_tasks", (record["task"],)))
@@ -213,9 +214,10 @@ def point_lock(points: Sequence[GridPoint], workdir: str | Path) -> Iterator[Non
 def require_current_folders(points: Sequence[GridPoint], workdir: Path) -> None:
     """Refuse to run a point whose folder holds the work of another config: pre-training
     checkpoints whose `checkpointing.RESUME_FIELDS` differ, or whose examples
-    (`checkpointing.BATCH_LAYOUT_FILE`) differ while steps are left to train, or a finished
-    task's record (`GridPoint.record_path`) of another config_hash or raw tokens read
-    (`GridPoint.pretrain_tokens`). A point whose results.jsonl lines were deleted, to run it
+    (`checkpointing.BATCH_LAYOUT_FILE`) differ while steps are left to train, or whose
+    objective's revision differs at all, or a finished task's record (`GridPoint.record_path`)
+    of another config_hash, raw tokens read (`GridPoint.pretrain_tokens`) or objective
+    revision. A point whose results.jsonl lines were deleted, to run it
     again after its grid row changed, is such a point: its pre-training would stop on the
     checkpoints (the point recorded as failed), and a stale task record would pass for a
     finished task."""
@@ -228,16 +230,26 @@ def require_current_folders(points: Sequence[GridPoint], workdir: Path) -> None:
                 "use a new --workdir")
 
 
-def _read_other_text(record: dict, point: GridPoint | None) -> str | None:
+def _pretrained_otherwise(record: dict, point: GridPoint | None) -> str | None:
     """How the pre-training a record of `point` (None: a point no longer in the grid) was
-    made from reads other raw text than the point's does now, or None: its objective's raw
-    tokens per example changed (the i.i.d. objectives read T5's inputs_length - 1 since
-    2026-12-05), which its config hash does not see."""
-    made = record.get("pretrain_tokens")
-    if point is None or made is None or made == point.pretrain_tokens:
+    made differs from the point's now, which its config hash does not see, or None: it read
+    other raw text (its objective's raw tokens per example changed: the i.i.d. objectives read
+    T5's inputs_length - 1 since 2026-12-05), or its objective's definition changed since
+    (`objective_registry.Objective.changes`; a record from before revisions were recorded
+    reads as revision 1)."""
+    if point is None:
         return None
-    return (f"read {made} raw tokens and would read {point.pretrain_tokens} now (its "
-            "objective's raw tokens per example changed)")
+    made = record.get("pretrain_tokens")
+    if made is not None and made != point.pretrain_tokens:
+        return (f"read {made} raw tokens and would read {point.pretrain_tokens} now (its "
+                "objective's raw tokens per example changed)")
+    revision = record.get(objective_registry.REVISION_FIELD, 1)
+    if revision != point.objective_revision:
+        changes = objective_registry.get(point.config.objective.name).changes
+        return (f"used revision {revision} of objective {point.config.objective.name!r}, "
+                f"which is at revision {point.objective_revision} now ("
+                + "; ".join(changes[revision - 1:]) + ")")
+    return None
 
 
 def _first_of(differences: Sequence[str]) -> str:
@@ -256,12 +268,14 @@ def _stale_work(point: GridPoint, workdir: Path) -> str | None:
         if differences:
             return f"its pre-training's {_first_of(differences)}"
     newest = newest_step(checkpoints)
-    # A finished pre-training reads no example more (its later stages fine-tune or score it).
-    if newest is None or newest < point.config.train.steps:
-        differences = saved_batch_layout_differences(
-            checkpoints, objectives.layout_record(point.layout, point.config.objective))
-        if differences:
-            return f"its pre-training's examples' {_first_of(differences)}"
+    # A finished pre-training reads no example more (its later stages fine-tune or score it),
+    # so only the definition of the objective it trained on still matters.
+    finished = newest is not None and newest >= point.config.train.steps
+    differences = saved_batch_layout_differences(
+        checkpoints, objectives.layout_record(point.layout, point.config.objective),
+        fields=(objective_registry.REVISION_FIELD,) if finished else None)
+    if differences:
+        return f"its pre-training's examples' {_first_of(differences)}"
     expected = config_hash(point.config)
     for task in point.config.sweep.tasks:
         path = point.record_path(workdir, task)
@@ -272,9 +286,9 @@ def _stale_work(point: GridPoint, workdir: Path) -> str | None:
                 began = as_it_began(point, saved_hash)
                 return (f"its {task} record's config_hash {saved_hash}, now {expected}"
                         + (f"; {began} resumes it as it began" if began else ""))
-            other_text = _read_other_text(saved_record, point)
-            if other_text:
-                return f"its {task} record's pre-training {other_text}"
+            otherwise = _pretrained_otherwise(saved_record, point)
+            if otherwise:
+                return f"its {task} record's pre-training {otherwise}"
     return None
 
 

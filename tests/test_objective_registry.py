@@ -143,6 +143,22 @@ def test_a_registered_objective_is_validated_laid_out_and_given_the_next_id(regi
         architectures.get("encoder_only").require_objective("reversal")
 
 
+def test_an_objective_s_revision_counts_its_changes_and_travels_with_its_examples(registered):
+    """A registered objective starts at revision 1; each change to its definition adds one,
+    and the batch layout record saved with its checkpoints carries it. The built-in
+    objectives whose definitions changed where no config field shows it name their changes."""
+    assert objective_registry.get("reversal").revision == 1
+    assert objectives.layout_record(
+        objectives.layout_for([point("reversal")], "encoder_decoder", VOCAB, SENTINELS),
+        point("reversal"))[objective_registry.REVISION_FIELD] == 1
+    changed = {name: objective_registry.get(name).changes for name in objective_registry.names()
+               if objective_registry.get(name).changes}
+    assert sorted(changed) == ["sentence_permutation", "text_infilling_permutation", "ul2"]
+    assert "random_prefix_noise_mask" in changed["ul2"][0]
+    assert all("full stops only" in lines[0] for name, lines in changed.items() if name != "ul2")
+    assert objective_registry.get("ul2").revision == 2
+
+
 def test_a_registered_objective_s_arithmetic_reads_every_field_of_its_config(own_registry,
                                                                              tmp_path):
     """Its `lengths` and `expected_loss_tokens` get the objective config itself wherever the

@@ -1,4 +1,5 @@
 """Sweeps: the experiment grids, a tiny sweep end to end, kill-and-rerun, failures, bad input."""
+import dataclasses
 import fcntl
 import json
 import re
@@ -14,7 +15,8 @@ import jax
 import numpy as np
 import pytest
 
-from t5x_lite import cli, grid, launchers, noise_lengths, results, sweep, sweep_plan, sweep_workdir
+from t5x_lite import (cli, grid, launchers, noise_lengths, objective_registry, results, sweep,
+                      sweep_plan, sweep_workdir)
 from t5x_lite.checkpointing import BATCH_LAYOUT_FILE, CHECKPOINTS_DIR, newest_step
 from t5x_lite.config import ConfigError
 from t5x_lite.data import tasks
@@ -822,6 +824,57 @@ def test_records_and_folders_of_examples_read_otherwise_are_refused(experiment, 
                                           f"{tokens * 2} raw tokens and would read {tokens} now"):
         sweep.run_sweep(experiment, "demo", str(copy))
     assert (copy / "results.jsonl").read_text() == kept  # nothing ran
+
+
+def test_work_made_under_an_earlier_definition_of_its_objective_is_refused(
+        experiment, uninterrupted, tmp_path, monkeypatch):
+    """A change to how an objective corrupts text that no config field shows (UL2's S split,
+    BART's sentence ends on 2026-12-05) is a line in its record's `changes`; records and
+    pre-trainings made before it, finished ones too, are refused, and a record or a
+    batch_layout.json from before revisions were recorded reads as revision 1 and the
+    current revision respectively."""
+    workdir, records = uninterrupted
+    assert {r[objective_registry.REVISION_FIELD] for r in records} == {1}
+    copy = tmp_path / "sweep"
+    shutil.copytree(workdir, copy)
+    name = "span_corruption"  # the 'denoising' point's objective
+    monkeypatch.setitem(objective_registry._REGISTRY, name, dataclasses.replace(
+        objective_registry.get(name), changes=("2026-12-06: spans drawn otherwise",)))
+    lines = [json.loads(line) for line in (copy / "results.jsonl").read_text().splitlines()]
+    # A record from before revisions were recorded lacks the field: revision 1.
+    for line in lines:
+        line.pop(objective_registry.REVISION_FIELD)
+    (copy / "results.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    folder = copy / "points" / "denoising" / "seed0"
+    with pytest.raises(ConfigError, match=(
+            "record of point 'denoising' \\(seed 0\\) whose pre-training used revision 1 of "
+            f"objective '{name}', which is at revision 2 now \\(2026-12-06: spans drawn "
+            f"otherwise\\); use a new --workdir, or delete that point's lines and its folder "
+            f"{folder} to run it again")):
+        sweep.run_sweep(experiment, "demo", str(copy))
+
+    kept = [line for line in lines if line["point"] != "denoising"]
+    (copy / "results.jsonl").write_text("".join(json.dumps(line) + "\n" for line in kept))
+    points = [p for p in grid.expand(experiment, "demo") if p.point == "denoising"]
+    # Its pre-training finished, but on the earlier definition: not the point's pre-training.
+    with pytest.raises(ConfigError, match=(
+            "its pre-training's examples' objective_revision: saved 1 != now 2\\); delete "
+            "that folder")):
+        sweep_workdir.require_current_folders(points, copy)
+    # A batch_layout.json from before revisions were recorded (every objective was at the
+    # revision it has now): not compared, but the task records still tell.
+    saved = folder / "pretrain" / "checkpoints" / BATCH_LAYOUT_FILE
+    layout = json.loads(saved.read_text())
+    layout.pop(objective_registry.REVISION_FIELD)
+    saved.write_text(json.dumps(layout))
+    with pytest.raises(ConfigError, match=(
+            "its [a-z_]+ record's pre-training used revision 1 of objective 'span_corruption'")):
+        sweep_workdir.require_current_folders(points, copy)
+    shutil.rmtree(folder / "records")
+    sweep_workdir.require_current_folders(points, copy)
+    # Under the definition it was made with, the whole workdir is current again.
+    monkeypatch.undo()
+    sweep_workdir.require_current(lines, grid.expand(experiment, "demo"), copy / "results.jsonl")
 
 
 def test_a_failed_task_stands_when_its_point_runs_again_until_its_line_is_deleted(
