@@ -720,15 +720,16 @@ def main(argv: list[str] | None = None) -> None:
     command = argv.pop(1)
     host_memory.retain_if_requested()  # before JAX starts its threads (see the module)
     # Before anything compiles. bench measures compile time: it compiles everything.
+    cache = contextlib.nullcontext()
     if command == "bench":
-        compilation_cache.turn_off()
+        cache = compilation_cache.turned_off()
     else:
         compilation_cache.use_default()
     # orbax and TFDS log every save and build step (and TFDS each custom config) through absl;
     # our own warnings go through `warnings` and still show.
     logging.set_verbosity(logging.ERROR)
     try:
-        with _warnings_on_one_line(command):
+        with cache, _warnings_on_one_line(command):
             COMMANDS[command].run(argv[1:])
     except ConfigError as error:  # a bad setting: the message names it; no traceback needed
         raise SystemExit(f"t5x-lite {command}: invalid config: {error}") from None

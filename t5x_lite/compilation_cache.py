@@ -14,7 +14,7 @@ Where and how (`use_default`, called once by `cli.main` before anything compiles
   `DEFAULT_MAX_BYTES` (or `$JAX_COMPILATION_CACHE_MAX_SIZE` when set) by JAX, least recently
   used entries deleted first;
 - `JAX_ENABLE_COMPILATION_CACHE=false` turns it off; `t5x-lite bench` always does
-  (`turn_off`): the compile time it reports is a measurement.
+  (`turned_off`): the compile time it reports is a measurement.
 JAX stores a program only if compiling it took at least a second (its default,
 `JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS`), and its key holds the program, the XLA flags,
 the devices and the JAX version, so another machine, mesh or release never loads a stale one.
@@ -23,10 +23,12 @@ Compilations loaded from the cache still count as compilations (`compile_events`
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import warnings
 from pathlib import Path
+from typing import Iterator
 
 DEFAULT_DIR = Path("t5x_lite") / "jax_compilation_cache"  # under the user's cache folder
 DEFAULT_MAX_BYTES = 4 * 2**30
@@ -88,9 +90,17 @@ def use_default() -> Path | None:
     return folder
 
 
-def turn_off() -> None:
-    """No persistent compilation cache in this process, whatever the environment says: every
-    program is compiled (`t5x-lite bench`, whose compile times are measurements)."""
+@contextlib.contextmanager
+def turned_off() -> Iterator[None]:
+    """No persistent compilation cache while it lasts, whatever the environment says: every
+    program is compiled (`t5x-lite bench`, whose compile times are measurements). The setting
+    is as before afterwards, so that a caller in the same process (a notebook, a test) that
+    ran `bench` through `cli.main` still loads what it compiled."""
     import jax
 
+    before = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", before)

@@ -1,6 +1,7 @@
 """Checkpointer: sharded round trip, schedule and retention, damaged checkpoints, config checks,
 params-only restore. (Saving on SIGTERM / SIGINT is the loop's: test_loop.)"""
 import copy
+import gc
 import json
 import logging
 import os
@@ -192,6 +193,7 @@ def test_after_a_failed_read_its_leftovers_are_dropped_and_nothing_else(
     `sys.unraisablehook`), orbax's reading coroutines nobody awaits any more (unraisable too)
     and asyncio's "exception was never retrieved" records of its tasks: ~2,000 lines around
     `t5x-lite eval`'s output for one truncated step. Those are dropped, any other kept."""
+    gc.collect()  # earlier tests' leftovers, collected later, would reach the hook below
     seen, logged = [], []
     monkeypatch.setattr(sys, "unraisablehook", seen.append)
     asyncio_log = logging.getLogger("asyncio")

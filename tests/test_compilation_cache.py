@@ -3,7 +3,8 @@ a second process loads what the first compiled, and that JAX's own variables ove
 
 Each case runs in a child process: the cache is process-wide JAX state, and this session's
 processes already use the test suite's own cache (conftest.py), which the children are given
-without (`xla_env.user_env`). That `t5x-lite bench` compiles everything is checked in
+without (`xla_env.user_env`); the one case in this process checks that `t5x-lite bench`
+leaves the setting as it found it. That bench compiles everything is checked in
 test_bench.py."""
 from __future__ import annotations
 
@@ -116,3 +117,20 @@ def test_the_commands_turn_the_cache_on_and_pass_it_to_the_processes_they_start(
     beside = {path.name for path in folder.parent.iterdir()}
     assert {"local_files", "vocab"} <= beside, beside
     assert any((folder.parent / "local_files").glob("python_docs-*"))
+
+
+def test_bench_turns_the_cache_off_while_it_runs_and_back_on_after(monkeypatch):
+    """`t5x-lite bench` compiles everything (its compile times are measurements), but run
+    through `cli.main` in a process that goes on (a notebook, a test file) it left the cache
+    off for good, so everything that process compiled later was compiled again."""
+    import jax
+
+    from t5x_lite import cli
+
+    seen = []
+    monkeypatch.setitem(cli.COMMANDS, "bench", cli.COMMANDS["bench"]._replace(
+        run=lambda args: seen.append(jax.config.jax_enable_compilation_cache)))
+    before = jax.config.jax_enable_compilation_cache
+    assert before  # the suite's session cache (conftest.py)
+    cli.main(["t5x-lite", "bench"])
+    assert seen == [False] and jax.config.jax_enable_compilation_cache == before

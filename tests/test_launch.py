@@ -10,7 +10,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import types
 import warnings
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -97,18 +99,31 @@ def test_parallel_launcher_returns_every_point_once_with_the_workers_own_devices
 
 def fail_on_b_while_a_runs(point: FakePoint, workdir: str) -> list[dict]:
     if point.point == "a":  # still running when b's error reaches the sweep
-        while not Path(workdir, "b_failed").exists():
+        deadline = time.monotonic() + 300  # a hang guard only
+        while not Path(workdir, STOPPED).exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(1.0)
-    if point.point == "b":
-        Path(workdir, "b_failed").touch()
     return fail_on_b(point, workdir)
 
 
-def test_parallel_launcher_raises_a_points_error_after_the_running_points_records(tmp_path):
+STOPPED = "sweep_stopped"  # left by the sweep's `stop` event when it is set (`_StopLeavesFile`)
+
+
+def test_parallel_launcher_raises_a_points_error_after_the_running_points_records(tmp_path,
+                                                                                  monkeypatch):
     """A point's error stops the sweep; the points running beside it finish, and their records
     reach the sweep (results.jsonl) before the error, instead of being dropped. None starts
-    after it."""
+    after it. Point a ends only once the sweep has taken b's error (set its `stop`), which a
+    timer could not promise on a loaded machine."""
+
+    class _StopLeavesFile(threading.Event):
+        def set(self) -> None:
+            super().set()
+            (tmp_path / STOPPED).touch()
+
+    # Only the launcher's own Event (its `stop`): the pool's futures keep the real one.
+    monkeypatch.setattr(launchers, "threading", types.SimpleNamespace(
+        Event=_StopLeavesFile, current_thread=threading.current_thread,
+        main_thread=threading.main_thread))
     launcher = launchers.LocalParallelLauncher(2, gpus=[])
     received = []
     with pytest.raises(RuntimeError, match="point b broke"):
@@ -209,15 +224,22 @@ def test_a_signal_to_a_parallel_sweep_stops_its_workers_as_preempted(tmp_path, s
 
 
 UNWATCHED_SWEEP = """
-import os, sys, time
+import os, signal, sys, time
 from pathlib import Path
 from t5x_lite import launchers
 
 
-def unwatched(point, workdir):  # as a point before its run's watch is set, which ignores SIGTERM
+def unwatched(point, workdir):
+    # As a point before its run's watch is set: a SIGTERM does not stop it. It notes the one
+    # the sweep passes on (after the sweep has set its stop) and then ends, or ends after
+    # argv[2] seconds without one.
+    signalled = Path(workdir, point + ".signalled")
+    signal.signal(signal.SIGTERM, lambda signum, frame: signalled.touch())
     Path(workdir, point + ".tmp").write_text(str(os.getpid()))
     os.replace(Path(workdir, point + ".tmp"), Path(workdir, point))  # seen only once written
-    time.sleep(float(sys.argv[2]))
+    deadline = time.monotonic() + float(sys.argv[2])
+    while not signalled.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
     Path(workdir, point + ".done").write_text("")
     return [{"point": point}]
 
@@ -246,7 +268,7 @@ def test_a_sigterm_no_running_point_takes_still_stops_a_parallel_sweep_as_preemp
     """A SIGTERM that came before a worker's point could take it let the running point finish
     and start no other, and the sweep then exited 0 with points unrun (no scheduler requeues
     that). Now it exits 75 and says why."""
-    sweep = start_unwatched_sweep(tmp_path, seconds=2)
+    sweep = start_unwatched_sweep(tmp_path, seconds=300)  # point a ends once signalled
     try:
         sweep.send_signal(signal.SIGTERM)
         assert sweep.wait(timeout=300) == PREEMPTED_EXIT_STATUS
