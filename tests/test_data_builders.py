@@ -278,7 +278,7 @@ def test_summarization_jsonl_with_renamed_fields(tmp_path):
     ("glue/cola", {"sentence", "label", "idx"}),
     ("glue/stsb", {"sentence1", "sentence2", "label", "idx"}),
     ("squad", {"id", "title", "context", "question", "answers"}),
-    ("wmt14_translate/de-en", {"de", "en"}),
+    ("wmt_t2t_translate/de-en", {"de", "en"}),
     ("cnn_dailymail", {"article", "highlights", "id", "publisher"}),
 ])
 def test_catalog_names_read_through_tfds_data_source(tmp_path, name, fields):
