@@ -99,22 +99,46 @@ def require_slot_decoding(arch: str, finetune: Finetune) -> None:
             f"{finetune.targets_length} mask slots it trains on; leave it unset")
 
 
-def check_finetune_settings(config: ml_collections.ConfigDict, task_names: Sequence[str],
-                            field: str = "finetune.tasks") -> list[tasks.Task]:
+def with_task_lengths(config: ml_collections.ConfigDict,
+                      task_list: Sequence[tasks.Task]) -> ml_collections.ConfigDict:
+    """`config` as a run of `task_list` reads it: itself when `finetune.targets_length` is
+    set; with None, a copy whose `finetune.targets_length` is the longest of the tasks' own
+    (`Task.targets_length`, T5's per-task lengths: a run of GLUE's tasks 84, of CNN/DM or a
+    WMT pair 512), as T5 fine-tunes each task at its own length instead of cutting CNN/DM's
+    summaries and WMT's sentences to one length, or padding GLUE's labels to theirs. A task
+    without a length of its own is a one-line `ConfigError` naming the field."""
+    if config.finetune.targets_length is not None:
+        return config
+    missing = [task.name for task in task_list if task.targets_length is None]
+    if missing:
+        raise ConfigError(f"finetune.targets_length=None reads each task's own targets length "
+                          f"(T5's), which {', '.join(missing)} "
+                          f"{'has' if len(missing) == 1 else 'have'} not: set "
+                          "finetune.targets_length")
+    resolved = copy.deepcopy(config)
+    resolved.finetune.targets_length = max(task.targets_length for task in task_list)
+    return resolved
+
+
+def check_finetune_settings(
+        config: ml_collections.ConfigDict, task_names: Sequence[str],
+        field: str = "finetune.tasks") -> tuple[ml_collections.ConfigDict, list[tasks.Task]]:
     """The checks fine-tuning and evaluation share before any work: the model and `finetune`
     sections (`settings.Model`, `settings.Finetune`), the task names (`field` names them in
     the errors: `task_names` need not be `finetune.tasks`), that each task is applicable
     to the architecture and that it can decode as `finetune.decode` says
-    (`require_slot_decoding`). Returns the tasks."""
+    (`require_slot_decoding`). Returns the config as a run of the tasks reads it
+    (`with_task_lengths`) and the tasks."""
     model = Model.from_config(config.model)
     task_list = check_task_names(task_names, field)
     require_applicable(model.arch, task_list)
+    config = with_task_lengths(config, task_list)
     finetune = Finetune.from_config(config.finetune)
     require_slot_decoding(model.arch, finetune)
     if finetune.batch_size % config.train.microbatches:  # its steps split as pre-training's
         raise ConfigError(f"finetune.batch_size={finetune.batch_size} must be a multiple of "
                           f"train.microbatches={config.train.microbatches}")
-    return task_list
+    return config, task_list
 
 
 def checkpoint_dir(path: str | Path) -> Path:
@@ -328,7 +352,7 @@ def evaluate(config: ml_collections.ConfigDict, params_or_checkpoint: Any,
     Decoding follows `config.finetune.decode`; lengths and batch size are `config.finetune`'s;
     at most `finetune.eval_examples` examples per task.
     """
-    task_list = check_finetune_settings(config, task_names, "tasks")
+    config, task_list = check_finetune_settings(config, task_names, "tasks")
     mesh = partitioning.make_mesh(config.mesh)
     # Fine-tuning checks its batch split in the run set-up; evaluation has no micro-batches.
     partitioning.validate_batch_split(config.finetune.batch_size, 1, mesh,

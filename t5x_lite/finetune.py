@@ -193,8 +193,8 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
     it saves and raises `preemption.Preempted` as pre-training does (`train.train`).
     """
     started = time.perf_counter()
+    config, task_list = check_finetune_settings(config, config.finetune.tasks)
     workdir, ft = Path(workdir), config.finetune
-    task_list = check_finetune_settings(config, ft.tasks)
     attention.require_available(config.model.attention_impl)
     source_record = None  # written once the run starts: a run refused before leaves nothing
     ft_config = finetune_train_config(config)

@@ -396,6 +396,8 @@ def _validate(config: ml_collections.ConfigDict, where: str) -> None:
                 f"sweep.zero_shot=True needs a task with label options (a classification task, "
                 f"e.g. builtin_module); sweep.tasks={list(settings.sweep.tasks)} has none")
         evaluation.require_slot_decoding(settings.model.arch, settings.finetune)
+        # finetune.targets_length=None needs each task's own: missing, every run would fail.
+        evaluation.with_task_lengths(config, [tasks.TASKS[name] for name in settings.sweep.tasks])
         # The point fine-tunes from its own pre-training, whose config is this one.
         finetune.require_optimizer_state_source(config, config_as_json(config))
         if settings.data.vocab and not os.path.isfile(settings.data.vocab):

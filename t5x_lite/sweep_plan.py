@@ -18,8 +18,12 @@ import dataclasses
 from pathlib import Path
 from typing import Sequence
 
+import ml_collections
+
 from t5x_lite import accounting
 from t5x_lite.checkpointing import CHECKPOINTS_DIR, newest_step
+from t5x_lite.data import tasks
+from t5x_lite.evaluation import with_task_lengths
 from t5x_lite.grid import StepCost, expand, finetune_runs
 from t5x_lite.results import ResultsFile, latest_records, record_key, results_path, run_key
 from t5x_lite.step_settings import step_settings
@@ -45,7 +49,8 @@ class PlannedRun:
     params: int
     flops_per_step: float
     corpus_tokens: int  # raw corpus tokens read, as the paper counts them
-    finetune_flops: float  # one fine-tuning run's, at the fine-tuning lengths
+    finetune_flops: float  # its fine-tuning runs', each at its own lengths
+    finetune_flops_left: float  # of those with a task left
     program: int
     checkpoint_step: int | None
     tasks_left: int
@@ -111,17 +116,18 @@ def plan_sweep(experiment: str, preset: str, workdir: str, overrides: Sequence[s
     programs: dict = {}
     runs = []
     for point in points:
-        record, finetune = base_record(point), point.config.finetune
+        record = base_record(point)
         program = programs.setdefault(step_settings(point.config, point.layout),
                                       len(programs) + 1)
         latest = latest_of_run.get((point.point, point.seed), [])
         left, point_finetunes = set(unrecorded_tasks(point, done)), point.finetune_runs()
+        run_flops = [_finetune_flops(point.config, run) for run in point_finetunes]
         runs.append(PlannedRun(
             point.index, point.point, point.row, point.objective, point.seed,
             point.config.train.steps, record["params"],
             StepCost.of(point.config, point.layout).flops, record["pretrain_tokens"],
-            finetune.steps * finetune.batch_size * accounting.train_flops_per_example(
-                point.config.model, finetune.inputs_length, finetune.targets_length),
+            sum(run_flops), sum(flops for run, flops in zip(point_finetunes, run_flops)
+                                if not left.isdisjoint(run)),
             program,
             newest_step(point.pretrain_directory(workdir_path) / CHECKPOINTS_DIR)
             if state != "new" else None,
@@ -138,6 +144,14 @@ def plan_sweep(experiment: str, preset: str, workdir: str, overrides: Sequence[s
         tuple(tuple(point.index for point in chunk)
               for chunk in vmap_chunks(todo, vmap, workdir))
         if vmap > 1 else (), point_index)
+
+
+def _finetune_flops(config: ml_collections.ConfigDict, run_tasks: tuple[str, ...]) -> float:
+    """The training FLOPs of one fine-tuning run of `run_tasks` from a point of `config`, at
+    the lengths the run reads (`evaluation.with_task_lengths`)."""
+    finetune = with_task_lengths(config, [tasks.TASKS[name] for name in run_tasks]).finetune
+    return finetune.steps * finetune.batch_size * accounting.train_flops_per_example(
+        config.model, finetune.inputs_length, finetune.targets_length)
 
 
 def _count(number: float) -> str:
@@ -190,13 +204,13 @@ def render(plan: SweepPlan) -> str:
         f"In all: {_count(sum(r.steps * r.flops_per_step for r in runs))} pre-training FLOPs "
         "(3 x forward matmuls, attention and logits included), "
         f"{_count(sum(r.corpus_tokens for r in runs))} corpus tokens read, "
-        f"{_count(sum(r.finetunes * r.finetune_flops for r in runs))} fine-tuning FLOPs.",
+        f"{_count(sum(r.finetune_flops for r in runs))} fine-tuning FLOPs.",
         f"Left to run: {_plural(len(pretrain_left), 'pre-training')} "
         f"({sum(steps for _, steps in pretrain_left):,} steps, "
         f"{_count(sum(run.flops_per_step * steps for run, steps in pretrain_left))} "
         f"FLOPs) and {_plural(finetunes_left, 'fine-tuning')} "
         f"({finetunes_left * plan.finetune_steps:,} steps, "
-        f"{_count(sum(r.finetunes_left * r.finetune_flops for r in left))} FLOPs); "
+        f"{_count(sum(r.finetune_flops_left for r in left))} FLOPs); "
         f"{len(runs) - len(left)} of {len(runs)} runs done."]
     for stage in LATER_STAGES:
         amended = sum(stage.what in run.stages_left for run in runs)

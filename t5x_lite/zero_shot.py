@@ -43,7 +43,8 @@ from t5x_lite import architectures, batch_format, decoding, partitioning, progra
 from t5x_lite.config import EOS_ID, ConfigError
 from t5x_lite.data import pipeline, tasks
 from t5x_lite.data.vocabulary import Vocabulary
-from t5x_lite.evaluation import TaskSplit, check_task_names, params_of, scoring_note
+from t5x_lite.evaluation import (TaskSplit, check_task_names, params_of, scoring_note,
+                                 with_task_lengths)
 from t5x_lite.settings import Finetune, Model
 
 
@@ -150,6 +151,7 @@ def evaluate(config: ml_collections.ConfigDict, params_or_checkpoint: object,
     Model.from_config(config.model)
     task_list = check_task_names(task_names, "tasks")
     require_label_options(task_list, "tasks")
+    config = with_task_lengths(config, task_list)
     Finetune.from_config(config.finetune)
     mesh = partitioning.make_mesh(config.mesh)
     partitioning.validate_batch_split(config.finetune.batch_size, 1, mesh,

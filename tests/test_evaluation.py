@@ -7,6 +7,7 @@ A made-up task, `test_reverse` ("reverse: c a f" -> "f a c" over six letters), i
 for the module; the vocabulary is trained once on a small corpus of such letters.
 """
 import copy
+import dataclasses
 import itertools
 import json
 import re
@@ -530,6 +531,36 @@ def test_continuing_an_optimiser_state_there_is_none_of_is_refused_before_any_wo
     with pytest.raises(ConfigError, match=message):
         finetune.finetune(config, tmp_path / "run", init_from=init_from)
     assert not (tmp_path / "run").exists()
+
+
+def test_targets_length_none_gives_each_run_its_tasks_own_length(data, pretrained, tmp_path,
+                                                                monkeypatch):
+    """finetune.targets_length=None (the paper preset's) reads each task's own length, as T5
+    fine-tunes CNN/DM and WMT at 512 target tokens and GLUE at 84: a run takes the longest of
+    its tasks'; a task without one stops the run in one line, before any work."""
+    short = dataclasses.replace(tasks.TASKS["test_reverse"], targets_length=9)
+    long = dataclasses.replace(short, name="test_reverse_long", targets_length=14)
+    monkeypatch.setitem(tasks.TASKS, short.name, short)
+    monkeypatch.setitem(tasks.TASKS, long.name, long)
+    config = config_for(data, targets_length=None, steps=2, eval_every=2, eval_examples=8)
+    assert evaluation.with_task_lengths(config, [short]).finetune.targets_length == 9
+    assert evaluation.with_task_lengths(config, [short, long]).finetune.targets_length == 14
+    assert config.finetune.targets_length is None  # the caller's config is left as it was
+    with pytest.raises(ConfigError, match=r"^finetune.targets_length=None reads each task's "
+                       r"own targets length \(T5's\), which builtin_module has not: set "
+                       r"finetune.targets_length$"):
+        evaluation.with_task_lengths(config, [short, tasks.TASKS["builtin_module"]])
+    config.finetune.tasks = (short.name,)
+    finetune.finetune(config, tmp_path / "run", init_from=str(pretrained("encoder_decoder")))
+    saved = checkpointing.read_saved_config(tmp_path / "run" / checkpointing.CHECKPOINTS_DIR)
+    assert saved["finetune"]["targets_length"] == 9
+    # The same config resumes it (its saved length is what None reads).
+    config.finetune.steps = 4
+    finetune.finetune(config, tmp_path / "run", init_from=str(pretrained("encoder_decoder")))
+    # The paper's tasks carry T5's lengths (its sequence_lengths gin files).
+    assert {name: tasks.TASKS[name].targets_length for name in presets.PAPER_TASKS} == {
+        **{name: 84 for name in presets.PAPER_TASKS if name.startswith("glue_")},
+        "squad": 97, "cnn_dailymail": 512, "wmt_ende": 512, "wmt_enfr": 512, "wmt_enro": 512}
 
 
 def test_evaluate_rejects_unknown_tasks_and_a_zero_decode_length(data):

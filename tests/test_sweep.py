@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import pytest
 
-from t5x_lite import (cli, grid, launchers, noise_lengths, objective_registry, results, sweep,
+from t5x_lite import (accounting, cli, grid, launchers, noise_lengths, objective_registry, results, sweep,
                       sweep_plan, sweep_workdir)
 from t5x_lite.checkpointing import BATCH_LAYOUT_FILE, CHECKPOINTS_DIR, newest_step
 from t5x_lite.config import ConfigError
@@ -1327,6 +1327,11 @@ def test_table2_s_dry_run_counts_the_four_programs_its_sweep_compiles():
                                   ("wmt_enfr",), ("wmt_enro",))
     assert f"in 6 fine-tuning runs of 262,144 steps ({' + '.join(glue)} as one task" in (
         sweep_plan.render(plan))
+    # Each at T5's targets length for its tasks: GLUE's 84, CNN/DM's 512, SQuAD's 97, WMT's 512.
+    model = grid.expand("table2", "paper")[0].config.model
+    assert plan.runs[0].finetune_flops == pytest.approx(2**18 * 128 * sum(
+        accounting.train_flops_per_example(model, 512, length)
+        for length in (84, 512, 97, 512, 512, 512)))
     # The total from the hand FLOP count (4.76e20 in the README), the tokens as above.
     flops = sum(point.config.train.steps * _hand_cost(point, "flops")
                 for point in grid.expand("table2", "paper"))

@@ -180,6 +180,9 @@ class Task:
     label_options: every target a classification task can have (its label words, in class
       order); () for a task whose targets are free text or numbers. Zero-shot scoring
       (`t5x_lite.zero_shot`) ranks these.
+    targets_length: T5's fine-tuning targets length for the task (the paper's tasks: its
+      code's `sequence_lengths` gin files, `T5_TARGETS_LENGTHS`), which
+      `finetune.targets_length=None` reads (`evaluation.with_task_lengths`); None: it has none.
     """
 
     name: str
@@ -189,6 +192,7 @@ class Task:
     splits: Mapping[str, str]
     postprocess: Callable[[str], Any] = str
     label_options: tuple[str, ...] = ()
+    targets_length: int | None = None
 
     def examples(
         self, split: str, data_dir: str | None = None, data_root: str | None = None
@@ -263,6 +267,20 @@ def _catalog(tfds_name: str) -> Loader:
         return builders.load_split(tfds_name, split, data_dir)
 
     return load
+
+
+# T5's fine-tuning targets lengths for the paper's tasks, with inputs of 512 for every one
+# (its first release's t5/models/gin/sequence_lengths/: glue_v002_proportional.gin 84,
+# squad_v010_allanswers.gin 97, cnn_dailymail_v002.gin and the three WMT tasks' 512), by the
+# start of our task names: the `Task.targets_length` of each.
+T5_TARGETS_LENGTHS = {"glue_": 84, "squad": 97, "cnn_dailymail": 512, "wmt_": 512}
+
+
+def _with_t5_length(task: Task) -> Task:
+    """`task` with its T5 targets length (`T5_TARGETS_LENGTHS`)."""
+    length = next(length for start, length in T5_TARGETS_LENGTHS.items()
+                  if task.name.startswith(start))
+    return dataclasses.replace(task, targets_length=length)
 
 
 def _paper_tasks() -> list[Task]:
@@ -392,7 +410,8 @@ def _builtin_tasks() -> list[Task]:
 
 
 TASKS: dict[str, Task] = {
-    task.name: task for task in [*_paper_tasks(), *_local_tasks(), *_builtin_tasks()]}
+    task.name: task for task in [*map(_with_t5_length, _paper_tasks()), *_local_tasks(),
+                                 *_builtin_tasks()]}
 
 
 def get_tasks(names: Sequence[str], field: str | None = None) -> list[Task]:
