@@ -440,6 +440,13 @@ class Checkpointer:
         if self._batch_layout is not None:
             self._layout_differences = saved_batch_layout_differences(self.directory,
                                                                       self._batch_layout)
+        # What may change on resume (a learning rate, the steps, the mesh) is said, as the
+        # saved config is about to be replaced by this one.
+        changed = config_differences(saved, self._config,
+                                     (*self._config, *PARAMETER_NEUTRAL_FIELDS))
+        if changed:
+            warnings.warn(f"resuming from {self.directory} with settings changed since it was "
+                          f"saved: {'; '.join(changed)}", stacklevel=3)
 
     def require_same_examples(self, restored_step: int | None, total: int) -> None:
         """Refuse (`ConfigError`) to train on from `restored_step` (None: the newest saved) up
@@ -569,6 +576,13 @@ def save_began_ns(directory: str | os.PathLike, step: int) -> int | None:
         return None
     began = metadata.get("init_timestamp_nsecs") if isinstance(metadata, dict) else None
     return began if isinstance(began, int) else None
+
+
+def unfinished_steps(directory: str | epath.PathLike, step: int | None) -> int | None:
+    """The `train.steps` of the run saved in `directory` when `step`, one of its saved steps,
+    comes before them (a preempted run, or one stopped by --steps), else None."""
+    steps = (read_saved_config(directory) or {}).get("train", {}).get("steps")
+    return steps if isinstance(steps, int) and step is not None and step < steps else None
 
 
 def restore_params_only(

@@ -546,6 +546,12 @@ def _launched_sweep_points(sweep_args: list[str], target: str) -> int:
     if args.point_index is not None and target == "slurm":
         raise ValueError("--point_index in SWEEP_ARGS: the job array sets it, one task per "
                          "grid point; leave it out")
+    if target == "tpu" and not os.path.isabs(args.workdir):
+        # Each host runs the sweep in its own checkout (~/t5x_lite): a relative workdir is a
+        # folder per host, and the hosts' records never meet.
+        warnings.warn(f"--workdir {args.workdir} in SWEEP_ARGS is relative: each TPU host "
+                      "would write its own folder under its ~/t5x_lite; give one directory "
+                      "every host sees (a mounted bucket or NFS path, e.g. /mnt/shared/table2)")
     points = grid.expand(args.experiment, args.preset, overrides)
     sweep.select_point(points, args.point_index)  # an index past the grid
     return len(points)
@@ -646,7 +652,8 @@ COMMANDS: dict[str, Command] = {
     "launch": Command(
         "A sweep on a TPU pod (gcloud commands) or a SLURM cluster (sbatch script).",
         "t5x-lite launch tpu --tpu my-v4-32 --zone us-central2-b --repo "
-        "https://github.com/ORG/t5x_lite -- table2 --preset paper --workdir runs/table2", _launch),
+        "https://github.com/ORG/t5x_lite -- table2 --preset paper --workdir /mnt/shared/table2",
+        _launch),
     "export": Command("Write a checkpoint as a Hugging Face T5 directory (transformers).",
                       "t5x-lite export --checkpoint runs/tiny_ft --out runs/tiny_ft_hf",
                       _export),

@@ -252,8 +252,8 @@ OVERRIDE_PREFIX = "--config."
 OVERRIDES_HELP = (
     "--config.FIELD=VALUE sets one field of the config, e.g. --config.train.steps=100; the "
     "value is read as the field's type: int, float, bool (true/false), str as written, a tuple "
-    "as a Python literal or comma-separated (--config.sweep.seeds='(0, 1)', "
-    "--config.sweep.tasks=builtin_reverse,builtin_module); None sets any field to None. An "
+    "as a Python literal or comma-separated (--config.mesh.shape='(2, 4)', "
+    "--config.finetune.tasks=builtin_reverse,builtin_module); None sets any field to None. An "
     "unknown field is an error naming it."
 )
 
@@ -425,9 +425,13 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
     Whatever the file gets wrong (a syntax error, an exception as it runs, no get_config, a
     get_config that raises or returns no ConfigDict) is a one-line `ConfigError`."""
     path, _, arg = spec.partition(":")
-    if not os.path.isfile(path) or not path.endswith(".py"):
+    if not path.endswith(".py"):
         raise ConfigError(f"--config={spec!r}: {path!r} is not a .py file; give an "
                           "ml_collections config file (e.g. configs/tiny.py) or use --preset")
+    if not os.path.isfile(path):
+        raise ConfigError(f"--config={spec!r}: {os.path.abspath(path)} does not exist (a "
+                          f"relative path is read from {os.getcwd()}; the presets' files are in "
+                          "the repository's configs/)")
     module = run_user_file(path, f"t5x_lite_config_{Path(path).stem}", f"--config={spec!r}")
     get_config = getattr(module, "get_config", None)
     if not callable(get_config):

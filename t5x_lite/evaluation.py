@@ -333,7 +333,16 @@ def params_of(config: ml_collections.ConfigDict, source: Any, mesh: Mesh) -> nnx
         directory = checkpoint_dir(source)
         require_same(directory, config, PARAMETER_FIELDS, "hold another model or vocabulary")
         abstract = train_state.abstract_state(config, mesh).params
-        return checkpointing.restore_params_only(directory, abstract)
+        parts, step = checkpointing.restore_parts(directory, {"params": abstract})
+        # Which of the run's steps is read, and whether its run had finished: the newest
+        # readable one, which a preempted run or a damaged newest save leaves short.
+        print(f"read the parameters of {directory} at step {step}", file=sys.stderr,
+              flush=True)
+        total = checkpointing.unfinished_steps(directory, step)
+        if total is not None:
+            warnings.warn(f"{directory} is at step {step} of its {total}: its run has not "
+                          "finished", stacklevel=2)
+        return parts["params"]
     if isinstance(source, nnx.Module):
         return nnx.state(source, nnx.Param)
     if isinstance(source, nnx.State):

@@ -213,7 +213,5 @@ def _saved_config(directory: Path) -> ml_collections.ConfigDict:
 
 def _restore(config: ml_collections.ConfigDict, directory: Path) -> nnx.Module:
     """The model of `config` holding the parameters of the newest checkpoint in `directory`."""
-    mesh = partitioning.make_mesh(config.mesh)
-    abstract = train_state.abstract_state(config, mesh).params
-    params = checkpointing.restore_params_only(directory, abstract)
+    params = evaluation.params_of(config, directory, partitioning.make_mesh(config.mesh))
     return nnx.merge(train_state.model_graphdef(config), params)

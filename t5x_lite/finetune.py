@@ -32,7 +32,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from t5x_lite import architectures, attention, batch_format, checkpointing, train_state, train_step
+from t5x_lite import (architectures, attention, batch_format, checkpointing, run_folders,
+                      train_state, train_step)
 from t5x_lite.config import ConfigError
 from t5x_lite.data import pipeline, tasks
 from t5x_lite.evaluation import (PARAMETER_FIELDS, Evaluator, TaskSplit, check_finetune_settings,
@@ -55,11 +56,9 @@ _FINETUNE_RESUME_FIELDS = ("finetune.tasks", "finetune.mixing_limit", "finetune.
 def finetune_train_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """`config` with `train` set up for fine-tuning: the optimiser, schedule, learning rate,
     warm-up, steps and batch size of `config.finetune` (the train step reads `config.train`)."""
-    ft = config.finetune
     derived = copy.deepcopy(config)
-    derived.train.update(optimizer=ft.optimizer, schedule=ft.schedule,
-                         learning_rate=ft.learning_rate, warmup_steps=ft.warmup_steps,
-                         steps=ft.steps, batch_size=ft.batch_size)
+    derived.train.update({field: config.finetune[field]
+                          for field in run_folders.TRAIN_FIELDS_FROM_FINETUNE})
     return derived
 
 
@@ -140,10 +139,10 @@ def _source_record(workdir: Path, source: Path, resuming: bool) -> dict[str, Any
                           "run stopped before its first checkpoint)")
     began = checkpointing.save_began_ns(source, step)
     current = {"path": str(source.resolve()), "step": step, "save_began_ns": began}
-    saved_steps = (checkpointing.read_saved_config(source) or {}).get("train", {}).get("steps")
-    if isinstance(saved_steps, int) and (current["step"] or 0) < saved_steps:
-        warnings.warn(f"fine-tuning from {source} at step {current['step']} of its "
-                      f"{saved_steps}: its pre-training has not finished", stacklevel=3)
+    saved_steps = checkpointing.unfinished_steps(source, step)
+    if saved_steps is not None:
+        warnings.warn(f"fine-tuning from {source} at step {step} of its {saved_steps}: its "
+                      "pre-training has not finished", stacklevel=3)
     record = workdir / checkpointing.FINETUNE_SOURCE_FILE
     if resuming and record.is_file():
         before = json.loads(record.read_text())
@@ -195,6 +194,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
     started = time.perf_counter()
     config, task_list = check_finetune_settings(config, config.finetune.tasks)
     workdir, ft = Path(workdir), config.finetune
+    run_folders.require_kind(workdir, run_folders.FINE_TUNING)
     attention.require_available(config.model.attention_impl)
     source_record = None  # written once the run starts: a run refused before leaves nothing
     ft_config = finetune_train_config(config)

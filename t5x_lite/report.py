@@ -14,12 +14,24 @@ import dataclasses
 import os
 from pathlib import Path
 
-from t5x_lite import report_compare
+from t5x_lite import report_compare, run_folders
+from t5x_lite.config import ConfigError
 from t5x_lite.report_plots import write_plots
 from t5x_lite.report_render import (compute_csv, findings_csv, held_out_differences_csv, to_csv,
                                     to_latex, to_markdown, to_text, zero_shot_csv)
 from t5x_lite.report_table import Table, build_table, read_results
 from t5x_lite.results import results_path, write_atomically
+
+
+def _sweep_records(workdir: str) -> list[dict]:
+    """The usable records of the sweep in `workdir` (`read_results`); a folder of a training
+    run is named as such."""
+    held = run_folders.held_kind(workdir)
+    if held is not None and held[0] != run_folders.SWEEP:
+        raise FileNotFoundError(f"{workdir} holds {run_folders.DESCRIBED[held[0]]} "
+                                f"({held[1]}), not a sweep; `t5x-lite eval --checkpoint "
+                                f"{workdir}` scores it")
+    return read_results(str(results_path(workdir)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,12 +52,14 @@ def report(workdir: str, *, out_dir: str | None = None, against: str | None = No
     opens: the plots are drawn off screen. `against`: another sweep's workdir, read before
     anything is written; the comparison with it goes to comparison.md and comparison.csv and
     ends the text."""
-    records = read_results(str(results_path(workdir)))
+    if against is not None and os.path.realpath(against) == os.path.realpath(workdir):
+        raise ConfigError(f"--against {against} is the reported sweep's own workdir: compare it "
+                          "with another sweep's")
+    records = _sweep_records(workdir)
     table = build_table(records)
     comparison = None
     if against is not None:
-        comparison = report_compare.compare(
-            table, build_table(read_results(str(results_path(against)))), against)
+        comparison = report_compare.compare(table, build_table(_sweep_records(against)), against)
     out_dir = out_dir or os.path.join(workdir, "report")
     os.makedirs(out_dir, exist_ok=True)
     files = []

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from t5x_lite import objective_registry, objectives
+from t5x_lite import objective_registry, objectives, run_folders
 from t5x_lite.checkpointing import (ADDED_FIELDS, CHECKPOINTS_DIR, RESUME_FIELDS,
                                     acting_added_fields, config_as_json, config_differences,
                                     newest_step, read_saved_config,
@@ -30,8 +30,8 @@ from t5x_lite.config import ConfigError, flat_fields
 from t5x_lite.errors import PointBusy
 from t5x_lite.grid import OBSERVING_FIELDS, GridPoint, config_hash, user_overrides
 from t5x_lite.results import is_writer, run_key, write_json
+from t5x_lite.run_folders import SWEEP_FILE
 
-SWEEP_FILE = "sweep.json"
 
 
 _NOT_ADDED = object()  # a field not in ADDED_FIELDS (whose values may be None)
@@ -99,6 +99,7 @@ def check_workdir(workdir: Path, identity: dict[str, Any]) -> str:
     "same" (this sweep, to resume or extend by seeds or tasks) or "adds zero-shot" (a sweep
     without the zero-shot stage, given it now; see `t5x_lite.sweep`). A workdir of a different
     sweep (other experiment, preset or overrides) is a `ConfigError` naming the differences."""
+    run_folders.require_kind(workdir, run_folders.SWEEP)
     path = workdir / SWEEP_FILE
     if not path.exists():
         return "new"

@@ -23,9 +23,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from t5x_lite import held_out, objectives
-from t5x_lite.checkpointing import FINETUNE_SOURCE_FILE
-from t5x_lite.config import ConfigError
+from t5x_lite import held_out, objectives, run_folders
 from t5x_lite.loop import run_loop, summaries
 from t5x_lite.run_setup import RunPlan, set_up
 from t5x_lite.settings import require_run_steps
@@ -60,10 +58,7 @@ def _pretrain_plan(configs: Sequence[ml_collections.ConfigDict],
     (`objective_layout.layout_record`) to train on (`Checkpointer.require_same_examples`)."""
     configs = list(configs)
     for workdir in workdirs:
-        if (Path(workdir) / FINETUNE_SOURCE_FILE).is_file():
-            raise ConfigError(f"{workdir} holds a fine-tuning run ({FINETUNE_SOURCE_FILE}); "
-                              "pre-training there would go on from its fine-tuned parameters "
-                              "and overwrite its checkpoints: give another --workdir")
+        run_folders.require_kind(workdir, run_folders.PRE_TRAINING)
     for config in configs:
         layout.require_objective(config.objective.name)
         if steps is not None:

@@ -76,7 +76,11 @@ def test_a_config_file_names_what_is_wrong_with_it(tmp_path):
     (tmp_path / "none.py").write_text("X = 1\n")
     with pytest.raises(ConfigError, match="none.py defines no get_config"):
         load_config_file(str(tmp_path / "none.py"))
-    with pytest.raises(ConfigError, match="'missing.py' is not a .py file"):
+    # A path that does not exist from here (the README's configs/tiny.py, run elsewhere):
+    # said so, and where it was looked for, not that it is no .py file.
+    with pytest.raises(ConfigError, match=re.escape(
+            f"--config='missing.py:tiny': {os.path.abspath('missing.py')} does not exist (a "
+            f"relative path is read from {os.getcwd()};")):
         load_config_file("missing.py:tiny")
     with pytest.raises(ConfigError, match="'README.md' is not a .py file"):
         load_config_file("README.md")

@@ -19,7 +19,7 @@ import pytest
 from flax import nnx
 
 from t5x_lite import (checkpointing, cli, decoding, distributed, evaluation, finetune, models,
-                      optim, presets, train, train_state)
+                      optim, presets, run_folders, train, train_state)
 from t5x_lite.architectures import names as architecture_names
 from t5x_lite.config import ConfigError, apply_overrides, parse_overrides
 from t5x_lite.data import pipeline, tasks
@@ -445,6 +445,32 @@ def test_a_fine_tuning_from_given_or_random_parameters_is_marked_and_kept_from_t
                                           r"pre-training run: pass --restart"):
         finetune.finetune(config, tmp_path / "ft", init_from=str(tmp_path / "pre"),
                           progress=False)
+
+
+def test_a_fine_tuning_pointed_at_a_pre_training_run_is_refused_and_leaves_it(data, pretrained,
+                                                                             tmp_path):
+    """`finetune --workdir` a pre-training run (a slip for --init_from) was refused as a
+    resume of other settings, whose advice, --restart, deleted the pre-training: now it is
+    named for what it holds, --restart or not, before anything is written. A run saved
+    before its kind's own file was written is told by its saved config."""
+    source = tmp_path / "pre"
+    shutil.copytree(pretrained("encoder_decoder"), source)
+    kept = sorted(str(path.relative_to(source)) for path in source.rglob("*"))
+    config = config_for(data)
+    for restart in (False, True):
+        with pytest.raises(ConfigError, match=(
+                rf"^{source} holds a pre-training run \(checkpoints/batch_layout.json\); a "
+                rf"fine-tuning run there would overwrite or mix with it \(--init_from {source} "
+                r"fine-tunes from it\): give another --workdir$")):
+            finetune.finetune(config, source, init_from=None, restart=restart, progress=False)
+    assert sorted(str(path.relative_to(source)) for path in source.rglob("*")) == kept
+    (source / "checkpoints" / checkpointing.BATCH_LAYOUT_FILE).unlink()  # as before 2026-12-05
+    assert run_folders.held_kind(source) == ("pre-training", "checkpoints/config.json")
+    finetune.finetune(config, tmp_path / "ft", init_from=str(source), progress=False)
+    assert run_folders.held_kind(tmp_path / "ft") == ("fine-tuning", "init_from.json")
+    (tmp_path / "ft" / checkpointing.FINETUNE_SOURCE_FILE).unlink()
+    assert run_folders.held_kind(tmp_path / "ft") == ("fine-tuning", "checkpoints/config.json")
+    assert run_folders.held_kind(tmp_path / "nothing") is None
 
 
 def test_a_resumed_run_keeps_its_validation_history_and_best_scores(data, pretrained, tmp_path):

@@ -583,12 +583,16 @@ def test_colab_notebook_runs_on_cpu_with_tiny_settings(child_env, tmp_path, monk
 
 
 def test_tpu_dry_run_prints_the_expected_commands(capsys):
-    cli.main(["t5x-lite", "launch",
-        "tpu", "--tpu", "t5-pod", "--zone", "us-central2-b", "--project", "my-project",
-        "--repo", "https://github.com/ORG/t5x_lite",
-        "--", "table2", "--preset", "tiny", "--workdir", "runs/table2",
-        "--config.train.steps=100",
-    ])
+    """...and warns of a relative workdir: each host runs the sweep in its own checkout, so
+    it would be a folder per host."""
+    with pytest.warns(UserWarning, match=r"^--workdir runs/table2 in SWEEP_ARGS is relative: "
+                      r"each TPU host would write its own folder"):
+        cli.main(["t5x-lite", "launch",
+            "tpu", "--tpu", "t5-pod", "--zone", "us-central2-b", "--project", "my-project",
+            "--repo", "https://github.com/ORG/t5x_lite",
+            "--", "table2", "--preset", "tiny", "--workdir", "runs/table2",
+            "--config.train.steps=100",
+        ])
     assert capsys.readouterr().out == (DATA / "launch_tpu.txt").read_text()
 
 

@@ -15,8 +15,8 @@ import jax
 import numpy as np
 import pytest
 
-from t5x_lite import (accounting, cli, grid, launchers, noise_lengths, objective_registry, results, sweep,
-                      sweep_plan, sweep_workdir)
+from t5x_lite import (accounting, cli, grid, launchers, noise_lengths, objective_registry,
+                      report, results, sweep, sweep_plan, sweep_workdir, train)
 from t5x_lite.checkpointing import BATCH_LAYOUT_FILE, CHECKPOINTS_DIR, newest_step
 from t5x_lite.config import ConfigError
 from t5x_lite.data import tasks
@@ -875,6 +875,32 @@ def test_work_made_under_an_earlier_definition_of_its_objective_is_refused(
     # Under the definition it was made with, the whole workdir is current again.
     monkeypatch.undo()
     sweep_workdir.require_current(lines, grid.expand(experiment, "demo"), copy / "results.jsonl")
+
+
+def test_a_sweep_and_a_training_run_keep_out_of_each_other_s_folders(experiment, uninterrupted):
+    """`train` into a sweep's workdir wrote its checkpoints among the sweep's points, a sweep
+    into a training run's folder its points beside the run's checkpoints, and `report` of a
+    training run's folder advised running a sweep there: each is refused in one line naming
+    what the folder holds, before anything is written; `report --against` itself too."""
+    workdir, _ = uninterrupted
+    point = grid.expand(experiment, "demo")[0]
+    with pytest.raises(ConfigError, match=rf"^{workdir} holds a sweep \(sweep.json\); a "
+                       r"pre-training run there would overwrite or mix with it: give another "
+                       r"--workdir$"):
+        train.train(point.config, workdir, progress=False)
+    assert not (workdir / "checkpoints").exists()
+    pretrain = point.pretrain_directory(workdir)
+    with pytest.raises(ConfigError, match=rf"{pretrain} holds a pre-training run \(checkpoints/"
+                       r"batch_layout.json\); a sweep there would overwrite or mix with it"):
+        sweep.run_sweep(experiment, "demo", str(pretrain))
+    assert not (pretrain / sweep_workdir.SWEEP_FILE).exists()
+    with pytest.raises(FileNotFoundError, match=(
+            rf"^{pretrain} holds a pre-training run \(checkpoints/batch_layout.json\), not a "
+            rf"sweep; `t5x-lite eval --checkpoint {pretrain}` scores it$")):
+        report.report(str(pretrain))
+    with pytest.raises(ConfigError, match=rf"^--against {workdir}/ is the reported sweep's own "
+                                          r"workdir: compare it with another sweep's$"):
+        report.report(str(workdir), against=f"{workdir}/")
 
 
 def test_a_failed_task_stands_when_its_point_runs_again_until_its_line_is_deleted(
