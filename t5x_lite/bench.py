@@ -255,7 +255,12 @@ def run_benchmarks(config: ml_collections.ConfigDict, *, steps: int = 10, warmup
     if on_cpu:
         runs["peak_matmul"] = _PeakMatmul(jnp.dtype(config.model.dtype))  # no vendor table
     if compare_torch:
+        started = time.perf_counter()
         runs["torch"] = torch_t5_train_step(config)
+        report_phase("PyTorch's step built", time.perf_counter() - started)
+    # Every call waited on, in turns: at a large preset, minutes with nothing else to show.
+    print(f"bench: timing {', '.join(runs)} in turns, {warmup} + {steps} calls each",
+          file=sys.stderr, flush=True)
     seconds = dict(zip(runs, median_seconds(*runs.values(), steps=steps, warmup=warmup)))
     step_s, corrupt_s = seconds["step"], seconds["corruption"]
     # Back to back only on an accelerator: on a CPU the host is the device (XLA:CPU also runs

@@ -348,8 +348,8 @@ def _bench(argv: list[str]) -> None:
         print(json.dumps(result))
         return
     for key, value in result.items():
-        if key != "config":
-            print(f"{key:>28}: {value}")
+        if key != "config":  # 4 significant digits: the timings vary more than that
+            print(f"{key:>28}: {f'{value:.4g}' if isinstance(value, float) else value}")
 
 
 def _export(argv: list[str]) -> None:
@@ -600,7 +600,10 @@ def _launch(argv: list[str]) -> None:
         target.epilog = (f"SWEEP_ARGS: the arguments of `t5x-lite sweep`, checked with its "
                          f"parser.\n\nexample:\n  {example}")
         target.formatter_class = argparse.RawDescriptionHelpFormatter
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # most likely the sweep's arguments, the '--' before them forgotten
+        parser.error(f"unrecognised arguments: {' '.join(unknown)} (the sweep's arguments go "
+                     "after '--', e.g. -- table2 --preset tiny --workdir runs/table2)")
     if not sweep_args:
         parser.error("give the sweep's arguments after '--', e.g. -- table2 --preset tiny "
                      "--workdir runs/table2")

@@ -41,7 +41,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from t5x_lite import architectures
+from t5x_lite import architectures, run_folders
 from t5x_lite.checkpointing import PARAMETER_NEUTRAL_FIELDS
 from t5x_lite.config import (DEFAULT_NUM_SENTINELS, MLP_KINDS, NUM_RESERVED_IDS, ConfigError,
                              default_config)
@@ -288,8 +288,11 @@ def _read_hf_config(path: str | FilePath) -> dict[str, Any]:
     directory = FilePath(path)
     file = directory / HF_CONFIG_FILE
     if not file.is_file():
+        held = run_folders.held_kind(directory)
+        run = (f" ({directory} holds {run_folders.DESCRIBED[held[0]]}: --init_from, "
+               "--checkpoint and export read those)" if held else "")
         raise ConfigError(f"{directory} is not a Hugging Face checkpoint directory: it has no "
-                          f"{HF_CONFIG_FILE}")
+                          f"{HF_CONFIG_FILE}{run}")
     fields = _read_json(file)
     if fields.get("model_type") not in HF_MODEL_TYPES:
         raise ConfigError(f"{file} has model_type={fields.get('model_type')!r}; "

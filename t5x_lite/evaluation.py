@@ -31,7 +31,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from t5x_lite import (architectures, batch_format, checkpointing, decoding, partitioning, programs,
-                      train_state, train_step)
+                      run_folders, train_state, train_step)
 from t5x_lite.config import EVAL_SELECTIONS, ConfigError
 from t5x_lite.data import pipeline, tasks
 from t5x_lite.data.vocabulary import Vocabulary
@@ -149,6 +149,11 @@ def checkpoint_dir(path: str | Path) -> Path:
         return path / checkpointing.CHECKPOINTS_DIR
     if (path / checkpointing.CONFIG_FILE).exists():
         return path
+    held = run_folders.held_kind(path)
+    if held is not None and held[0] == run_folders.SWEEP:
+        raise ConfigError(f"{path} holds a sweep ({held[1]}), not a run's checkpoints: give "
+                          "the folder of one of its runs (its pre-training or a fine-tuning, "
+                          "each in a folder of its own below it)")
     raise ConfigError(f"{path} holds no t5x_lite checkpoints (no {checkpointing.CONFIG_FILE} "
                       f"in it or in its {checkpointing.CHECKPOINTS_DIR}/ folder)")
 

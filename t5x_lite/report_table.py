@@ -264,7 +264,7 @@ class Table:
     # The groups of rows (as `row_name`s) whose pre-training was the same, seed by seed
     # (`_identical_pretraining`); `grid.identical_rows` warns of them before a sweep runs.
     identical_pretraining: tuple[tuple[str, ...], ...] = ()
-    seeds: int = 0  # the seeds the sweep's records hold; a cell over fewer is marked
+    seeds: int = 0  # the seeds the sweep ran or asked for (`_sweep_seeds`); fewer are marked
 
 
 def kendall_tau(ours: Sequence[float], paper: Sequence[float]) -> float | None:
@@ -397,7 +397,15 @@ def build_table(records: Sequence[dict]) -> Table:
     budget, compute = _compute(keys, by_row)
     return Table(experiment, preset, paper, columns, tuple(rows), _taus(rows, columns), failures,
                  budget, compute, _zero_shot_rows(keys, by_row), differences,
-                 _identical_pretraining(keys, by_row), len({r["seed"] for r in records}))
+                 _identical_pretraining(keys, by_row), _sweep_seeds(records))
+
+
+def _sweep_seeds(records: Sequence[dict]) -> int:
+    """How many seeds the sweep ran or was asked to run (records' `sweep_seeds`; records made
+    before they carried it: the seeds that ran), so that a sweep stopped between seeds is
+    marked on every cell, not reported as a sweep of fewer seeds."""
+    return len({r["seed"] for r in records} | {seed for r in records
+                                               for seed in r.get("sweep_seeds", ())})
 
 
 def row_name(label: str, objective: str | None) -> str:

@@ -125,6 +125,7 @@ def base_record(point: GridPoint) -> dict[str, Any]:
         "cost_label": columns.cost_label, "params_ratio": columns.params_ratio,
         "flops_ratio": columns.flops_ratio, "corpus": config.data.corpus,
         "pretrain_steps": config.train.steps,
+        "sweep_seeds": list(config.sweep.seeds),  # asked for: the report marks seeds not run
         "pretrain_tokens": point.pretrain_tokens,
         objective_registry.REVISION_FIELD: point.objective_revision,
         "finetune_steps": config.finetune.steps, "pretrain_loss": None, "pretrain_curve": [],
@@ -735,7 +736,10 @@ def run_demo(workdir: str, overrides: Sequence[str] = ()) -> str:
 
     config = presets.sweep_preset("demo")
     apply_overrides(config, parse_overrides(config, overrides))
-    expand("table2", "demo", overrides)  # a bad override stops it here, before the header
+    # A bad override, or a workdir holding something else, stops it here, before the header
+    # that says a re-run resumes from the workdir.
+    check_workdir(Path(workdir), sweep_identity("table2", expand("table2", "demo", overrides),
+                                                overrides))
     model = config.model
     _log(f"t5x-lite demo: the T5 paper's Table 2 (5 architectures x 2 objectives) with a small "
          f"model (d_model {model.d_model}, {model.num_layers} layers per stack, vocabulary "

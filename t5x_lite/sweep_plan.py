@@ -222,4 +222,9 @@ def render(plan: SweepPlan) -> str:
         groups = "; ".join(", ".join(map(str, group)) for group in plan.vmap_groups)
         lines.append(f"--vmap {plan.vmap}: the runs left pre-train in "
                      f"{_plural(len(plan.vmap_groups), 'vmapped group')} (by #): {groups}.")
+    # A plan is made where the sweep will not run (a laptop, for a pod): what the sweep checks
+    # against its own machine is left to it.
+    lines.append("Not checked by a dry run, which uses no device and reads no task data: the "
+                 "devices the batch sizes must split over, the attention kernel, and each "
+                 "task's data; the sweep checks them where it runs, before its first point.")
     return "\n".join(lines) + "\n"

@@ -113,8 +113,10 @@ def check_workdir(workdir: Path, identity: dict[str, Any]) -> str:
     if without_stage != identity and saved == without_stage:
         return "adds zero-shot"
     if saved != identity:
-        differences = ", ".join(f"{key}: {saved.get(key)!r} there, {identity[key]!r} now"
-                                for key in identity if saved.get(key) != identity[key])
+        differences = ", ".join(
+            _override_differences(saved.get(key) or [], identity[key]) if key == "overrides"
+            else f"{key}: {saved.get(key)!r} there, {identity[key]!r} now"
+            for key in identity if saved.get(key) != identity[key])
         how = ("; pass --config.sweep.glue_as_one_task="
                f"{saved[GLUE_AS_ONE_TASK]} to resume it as it began"
                if saved[GLUE_AS_ONE_TASK] != identity[GLUE_AS_ONE_TASK] else "")
@@ -122,6 +124,18 @@ def check_workdir(workdir: Path, identity: dict[str, Any]) -> str:
             f"workdir {workdir} holds a different sweep ({differences}); use another "
             f"--workdir, or the same experiment, preset and overrides to resume it{how}")
     return "same"
+
+
+def _override_differences(there: Sequence[Sequence[Any]], now: Sequence[Sequence[Any]]) -> str:
+    """The overrides (field, value) pairs of two sweep identities that differ, field by field:
+    'overrides: train.steps 5 there, 6 now; model.mlp unset there, 'gated-gelu' now'."""
+    there, now = dict(map(tuple, there)), dict(map(tuple, now))
+    unset = object()
+    fields = sorted(field for field in there.keys() | now.keys()
+                    if there.get(field, unset) != now.get(field, unset))
+    return "overrides: " + "; ".join(
+        f"{field} {'unset' if field not in there else repr(there[field])} there, "
+        f"{'unset' if field not in now else repr(now[field])} now" for field in fields)
 
 
 def claim_workdir(workdir: Path, identity: dict[str, Any]) -> None:

@@ -722,6 +722,19 @@ def test_zero_shot_scores_get_their_table_beside_the_finetuned_ones(tmp_path):
                           "table6,tiny,10%,,builtin_module,fine-tuned,ok,61.0000,1.4142,2,0"]
 
 
+def test_a_sweep_stopped_between_seeds_marks_every_cell_with_the_seeds_it_has(tmp_path):
+    """A sweep of seeds 0, 1, 2 stopped after seed 0 reported as a finished one-seed sweep:
+    its records say which seeds it was asked for."""
+    asked = dict(sweep_seeds=[0, 1, 2], task="builtin_module")
+    _write(tmp_path / "results.jsonl", [
+        _record(point="lm", row="10%", metrics={"accuracy": 60.0}, **asked),
+        _record(point="dn", row="15%", metrics={"accuracy": 90.0}, **asked)])
+    result = report.report(str(tmp_path))
+    assert result.table.seeds == 3
+    markdown = (tmp_path / "report" / "table.md").read_text()
+    assert "| 10% |  |  | 60.00 [1/3 seeds] |" in markdown and "[k/3 seeds]: " in markdown
+
+
 def test_records_without_zero_shot_scores_report_as_before(tmp_path):
     _write(tmp_path / "results.jsonl", [_record()])
     result = report.report(str(tmp_path))
