@@ -441,12 +441,13 @@ class Checkpointer:
             self._layout_differences = saved_batch_layout_differences(self.directory,
                                                                       self._batch_layout)
         # What may change on resume (a learning rate, the steps, the mesh) is said, as the
-        # saved config is about to be replaced by this one.
-        changed = config_differences(saved, self._config,
-                                     (*self._config, *PARAMETER_NEUTRAL_FIELDS))
+        # saved config is about to be replaced by this one. Not a sweep's own settings (more
+        # seeds or tasks are the same sweep), nor fields added since the save.
+        changed = config_differences(saved, self._config, [
+            field for field in flat_fields(saved) if not field.startswith("sweep.")])
         if changed:
             warnings.warn(f"resuming from {self.directory} with settings changed since it was "
-                          f"saved: {'; '.join(changed)}", stacklevel=3)
+                          f"saved: {'; '.join(changed)}", stacklevel=2)
 
     def require_same_examples(self, restored_step: int | None, total: int) -> None:
         """Refuse (`ConfigError`) to train on from `restored_step` (None: the newest saved) up

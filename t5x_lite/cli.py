@@ -349,7 +349,13 @@ def _bench(argv: list[str]) -> None:
         return
     for key, value in result.items():
         if key != "config":  # 4 significant digits: the timings vary more than that
-            print(f"{key:>28}: {f'{value:.4g}' if isinstance(value, float) else value}")
+            print(f"{key:>28}: {_four_digits(value) if isinstance(value, float) else value}")
+
+
+def _four_digits(value: float) -> str:
+    """`value` to 4 significant digits, without an exponent where it has 5 or more:
+    '0.0123', '12.35', '123,457'."""
+    return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
 
 
 def _export(argv: list[str]) -> None:

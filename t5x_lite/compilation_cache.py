@@ -97,10 +97,15 @@ def turned_off() -> Iterator[None]:
     is as before afterwards, so that a caller in the same process (a notebook, a test) that
     ran `bench` through `cli.main` still loads what it compiled."""
     import jax
+    from jax.experimental.compilation_cache import compilation_cache as jax_cache
 
+    # JAX decides whether to use its cache once, at a process's first compile: each change of
+    # the setting is followed by `reset_cache`, so that the next compile decides again.
     before = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)
+    jax_cache.reset_cache()
     try:
         yield
     finally:
         jax.config.update("jax_enable_compilation_cache", before)
+        jax_cache.reset_cache()

@@ -289,8 +289,10 @@ def _read_hf_config(path: str | FilePath) -> dict[str, Any]:
     file = directory / HF_CONFIG_FILE
     if not file.is_file():
         held = run_folders.held_kind(directory)
-        run = (f" ({directory} holds {run_folders.DESCRIBED[held[0]]}: --init_from, "
-               "--checkpoint and export read those)" if held else "")
+        reads = ("--init_from, --checkpoint and export read one of its runs' folders"
+                 if held and held[0] == run_folders.SWEEP else
+                 "--init_from, --checkpoint and export read those")
+        run = f" ({directory} holds {run_folders.DESCRIBED[held[0]]}: {reads})" if held else ""
         raise ConfigError(f"{directory} is not a Hugging Face checkpoint directory: it has no "
                           f"{HF_CONFIG_FILE}{run}")
     fields = _read_json(file)

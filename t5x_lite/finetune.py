@@ -194,7 +194,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
     started = time.perf_counter()
     config, task_list = check_finetune_settings(config, config.finetune.tasks)
     workdir, ft = Path(workdir), config.finetune
-    run_folders.require_kind(workdir, run_folders.FINE_TUNING)
+    run_folders.require_kind(workdir, run_folders.FINE_TUNING, restart=restart)
     attention.require_available(config.model.attention_impl)
     source_record = None  # written once the run starts: a run refused before leaves nothing
     ft_config = finetune_train_config(config)

@@ -55,7 +55,7 @@ from t5x_lite.config import (BUDGETS, ConfigError, apply_overrides, call_get_con
                              drop_unread_objective_fields, flat_fields, parse_overrides,
                              require_override_list, run_user_file)
 from t5x_lite.errors import require_choice
-from t5x_lite.settings import (SCHEDULES_ENDING_AT_STEPS, Settings, Sweep, Train,
+from t5x_lite.settings import (SCHEDULES_ENDING_AT_STEPS, Finetune, Settings, Sweep, Train,
                                require_trainable)
 
 
@@ -395,9 +395,12 @@ def _validate(config: ml_collections.ConfigDict, where: str) -> None:
             raise ConfigError(
                 f"sweep.zero_shot=True needs a task with label options (a classification task, "
                 f"e.g. builtin_module); sweep.tasks={list(settings.sweep.tasks)} has none")
-        evaluation.require_slot_decoding(settings.model.arch, settings.finetune)
-        # finetune.targets_length=None needs each task's own: missing, every run would fail.
-        evaluation.with_task_lengths(config, [tasks.TASKS[name] for name in settings.sweep.tasks])
+        # Each fine-tuning run as it will read its config (finetune.targets_length=None: its
+        # tasks' own lengths, which a task without one would fail every run on).
+        for run in finetune_runs(settings.sweep.tasks, settings.sweep.glue_as_one_task):
+            run_config = evaluation.with_task_lengths(config, [tasks.TASKS[name] for name in run])
+            evaluation.require_slot_decoding(settings.model.arch,
+                                             Finetune.from_config(run_config.finetune))
         # The point fine-tunes from its own pre-training, whose config is this one.
         finetune.require_optimizer_state_source(config, config_as_json(config))
         if settings.data.vocab and not os.path.isfile(settings.data.vocab):

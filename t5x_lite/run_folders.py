@@ -47,7 +47,10 @@ def held_kind(workdir: str | os.PathLike) -> tuple[str, str] | None:
     checkpoints = workdir / CHECKPOINTS_DIR
     if (checkpoints / BATCH_LAYOUT_FILE).is_file():
         return PRE_TRAINING, f"{CHECKPOINTS_DIR}/{BATCH_LAYOUT_FILE}"
-    saved = read_saved_config(checkpoints)
+    try:
+        saved = read_saved_config(checkpoints)
+    except ConfigError:  # damaged: nothing tells its kind; resuming names the file, --restart
+        return None      # deletes it, as before kinds were checked
     if saved is None:
         return None
     kind = FINE_TUNING if _trains_as_it_fine_tunes(saved) else PRE_TRAINING
@@ -62,10 +65,18 @@ def _trains_as_it_fine_tunes(saved: dict[str, Any]) -> bool:
                for field in TRAIN_FIELDS_FROM_FINETUNE)
 
 
-def require_kind(workdir: str | os.PathLike, kind: str, flag: str = "--workdir") -> None:
+def require_kind(workdir: str | os.PathLike, kind: str, *, restart: bool = False,
+                 flag: str = "--workdir") -> None:
     """Refuse, in one line naming what `workdir` holds, to write a `kind` run into a folder
-    that holds a run of another kind (`held_kind`)."""
+    that holds a run of another kind (`held_kind`), and to `restart` (delete) a run whose kind
+    only its saved config suggests: a fine-tuning's always trains with its `finetune`
+    settings, but a pre-training whose settings coincide with them would read as one too."""
     held = held_kind(workdir)
+    if restart and held == (FINE_TUNING, f"{CHECKPOINTS_DIR}/{CONFIG_FILE}"):
+        raise ConfigError(f"{workdir} holds checkpoints saved before a fine-tuning recorded its "
+                          f"start ({FINETUNE_SOURCE_FILE}): they may be a pre-training's, which "
+                          "--restart would delete; delete the folder yourself to start over "
+                          f"there, or give another {flag}")
     if held is None or held[0] == kind:
         return
     hint = (f" (--init_from {workdir} fine-tunes from it)"

@@ -9,9 +9,11 @@ import pathlib
 import shutil
 import sys
 import types
+import warnings
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
@@ -22,7 +24,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from t5x_lite import finetune
 from t5x_lite.checkpointing import (BATCH_LAYOUT_FILE, RESUME_FIELDS, STEP_METADATA_FILE,
                                     Checkpointer, config_as_json, config_differences,
-                                    restore_params_only, save_began_ns, saved_layout_differences)
+                                    read_saved_config, restore_params_only, save_began_ns,
+                                    saved_layout_differences)
 from t5x_lite.config import ConfigError, default_config
 from t5x_lite.errors import CheckpointsUnreadable
 
@@ -367,14 +370,32 @@ def test_checkpoints_of_examples_laid_out_otherwise_are_refused(tmp_path, config
     assert json.loads((tmp_path / BATCH_LAYOUT_FILE).read_text()) == before
 
 
-def test_run_settings_may_change_on_resume(tmp_path, config):
+def test_run_settings_may_change_on_resume_and_the_change_is_said(tmp_path, config):
+    """A resume may change what leaves the saved state's meaning alone; it says which, as the
+    saved config is replaced (a learning rate changed on resume was silent). A sweep's own
+    settings (more seeds or tasks: the same sweep) and fields added since the save are no
+    change."""
+    config.sweep = ml_collections.ConfigDict(dict(tasks=("builtin_reverse",), seeds=(0,)))
     save_steps(tmp_path, config, {1: make_state()})
     changed = config.copy_and_resolve_references()
-    changed.train.update(steps=10, learning_rate=0.5, schedule="linear")
+    changed.train.update(steps=10, learning_rate=0.5)
     changed.model.dtype = "bfloat16"
     changed.mesh.shape = (2, 4)
-    with Checkpointer(tmp_path, every=1, keep=5, config=changed, require_existing=True) as ckpt:
-        assert ckpt.latest_step() == 1
+    with pytest.warns(UserWarning, match=(
+            rf"^resuming from {tmp_path} with settings changed since it was saved: mesh.shape: "
+            r"saved \[-1, 1\] != now \[2, 4\]; model.dtype: saved 'float32' != now 'bfloat16'; "
+            r"train.learning_rate: saved 1.0 != now 0.5; train.steps: saved 524288 != now "
+            r"10$")):
+        with Checkpointer(tmp_path, every=1, keep=5, config=changed,
+                          require_existing=True) as ckpt:
+            assert ckpt.latest_step() == 1
+    assert read_saved_config(tmp_path)["train"]["learning_rate"] == 0.5
+    extended = changed.copy_and_resolve_references()
+    extended.sweep.update(tasks=("builtin_reverse", "builtin_module"), seeds=(0, 1))
+    extended.train.added_since = 3  # as a field a later version adds
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Checkpointer(tmp_path, every=1, keep=5, config=extended).close()
 
 
 def test_checkpoints_without_saved_config_open_with_a_warning(tmp_path, config):

@@ -3,9 +3,8 @@ a second process loads what the first compiled, and that JAX's own variables ove
 
 Each case runs in a child process: the cache is process-wide JAX state, and this session's
 processes already use the test suite's own cache (conftest.py), which the children are given
-without (`xla_env.user_env`); the one case in this process checks that `t5x-lite bench`
-leaves the setting as it found it. That bench compiles everything is checked in
-test_bench.py."""
+without (`xla_env.user_env`). That `t5x-lite bench` compiles everything is checked in
+test_bench.py, that it gives the cache back to its process here."""
 from __future__ import annotations
 
 import json
@@ -119,18 +118,39 @@ def test_the_commands_turn_the_cache_on_and_pass_it_to_the_processes_they_start(
     assert any((folder.parent / "local_files").glob("python_docs-*"))
 
 
-def test_bench_turns_the_cache_off_while_it_runs_and_back_on_after(monkeypatch):
-    """`t5x-lite bench` compiles everything (its compile times are measurements), but run
-    through `cli.main` in a process that goes on (a notebook, a test file) it left the cache
-    off for good, so everything that process compiled later was compiled again."""
-    import jax
+# Compiles a program before, inside and after `turned_off` (bench's) with the cache on, and
+# prints how many entries the cache folder holds after each.
+TURNED_OFF_CHILD = """
+import json, os, sys
+import jax
+from t5x_lite import compilation_cache
 
-    from t5x_lite import cli
+folder = compilation_cache.use_default()
+counts = []
 
-    seen = []
-    monkeypatch.setitem(cli.COMMANDS, "bench", cli.COMMANDS["bench"]._replace(
-        run=lambda args: seen.append(jax.config.jax_enable_compilation_cache)))
-    before = jax.config.jax_enable_compilation_cache
-    assert before  # the suite's session cache (conftest.py)
-    cli.main(["t5x-lite", "bench"])
-    assert seen == [False] and jax.config.jax_enable_compilation_cache == before
+def compile_one(scale):
+    jax.jit(lambda x: x * scale + 1.0)(jax.numpy.arange(3.0)).block_until_ready()
+    counts.append(len(os.listdir(folder)))
+
+first = sys.argv[1] == "bench_first"
+if not first:
+    compile_one(2.0)
+with compilation_cache.turned_off():
+    compile_one(3.0)
+compile_one(4.0)
+print(json.dumps(counts))
+"""
+
+
+def test_bench_s_cache_is_off_while_it_runs_and_on_again_after(tmp_path):
+    """`t5x-lite bench` compiles everything (its compile times are measurements), in a process
+    that goes on too (a notebook calling `cli.main`): JAX decides once per process whether to
+    use its cache, so the setting alone left a process that had used it using it in bench, and
+    one whose first compile was bench's without it for good."""
+    for order in ("cache_first", "bench_first"):
+        done = subprocess.run([sys.executable, "-c", TURNED_OFF_CHILD, order],
+                              env=user_env(1, str(tmp_path / order)), capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        *before, inside, after = [0] + json.loads(done.stdout.splitlines()[-1])
+        assert inside == before[-1] < after, (order, before, inside, after)

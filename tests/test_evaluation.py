@@ -470,7 +470,15 @@ def test_a_fine_tuning_pointed_at_a_pre_training_run_is_refused_and_leaves_it(da
     assert run_folders.held_kind(tmp_path / "ft") == ("fine-tuning", "init_from.json")
     (tmp_path / "ft" / checkpointing.FINETUNE_SOURCE_FILE).unlink()
     assert run_folders.held_kind(tmp_path / "ft") == ("fine-tuning", "checkpoints/config.json")
+    # Its kind only suggested (a pre-training could share its settings): resumed, not deleted.
+    with pytest.raises(ConfigError, match=rf"^{tmp_path / 'ft'} holds checkpoints saved before "
+                       r"a fine-tuning recorded its start \(init_from.json\): they may be a "
+                       r"pre-training's, which --restart would delete"):
+        finetune.finetune(config, tmp_path / "ft", init_from=str(source), restart=True,
+                          progress=False)
     assert run_folders.held_kind(tmp_path / "nothing") is None
+    (source / "checkpoints" / checkpointing.CONFIG_FILE).write_text("{")  # damaged: unknown
+    assert run_folders.held_kind(source) is None
 
 
 def test_a_resumed_run_keeps_its_validation_history_and_best_scores(data, pretrained, tmp_path):

@@ -877,6 +877,12 @@ def test_work_made_under_an_earlier_definition_of_its_objective_is_refused(
     # Under the definition it was made with, the whole workdir is current again.
     monkeypatch.undo()
     sweep_workdir.require_current(lines, grid.expand(experiment, "demo"), copy / "results.jsonl")
+    # A record of a newer t5x_lite's definition is said to be one.
+    newer = [{**line, objective_registry.REVISION_FIELD: 2} for line in lines]
+    with pytest.raises(ConfigError, match=f"used revision 2 of objective '{name}', which this "
+                                          "t5x_lite knows only up to revision 1"):
+        sweep_workdir.require_current(newer, grid.expand(experiment, "demo"),
+                                      copy / "results.jsonl")
 
 
 def test_a_sweep_and_a_training_run_keep_out_of_each_other_s_folders(experiment, uninterrupted):
