@@ -87,6 +87,7 @@ ADDED_FIELDS = {
     "model.attention_dropout": False,  # 2026-12-05: the attention weights were never dropped
     "finetune.eval_selection": "first",  # 2026-12-05: eval_examples kept a split's first N
     "finetune.optimizer_state": "fresh",  # 2026-12-05: fine-tuning began a new optimiser state
+    "finetune.task_lengths": False,  # 2026-12-06: every task was cut to finetune.targets_length
 }
 
 

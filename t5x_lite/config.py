@@ -211,9 +211,11 @@ def finetune_config() -> ml_collections.ConfigDict:
             steps=2**18,  # the paper fine-tunes for 2^18 steps
             batch_size=128,
             inputs_length=512,
-            # None: each run's tasks' own, the longest of them (T5's per-task lengths, e.g.
-            # 84 for GLUE's, 512 for CNN/DM's and WMT's: `evaluation.with_task_lengths`).
             targets_length=128,
+            # True: each run's targets length is the longest of its tasks' own (T5's: 84 for
+            # GLUE's, 97 for SQuAD, 512 for CNN/DM's and WMT's), targets_length for a task
+            # without one (`evaluation.with_task_lengths`).
+            task_lengths=False,
             pack=True,
             optimizer="adafactor",
             schedule="constant",

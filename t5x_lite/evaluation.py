@@ -101,22 +101,18 @@ def require_slot_decoding(arch: str, finetune: Finetune) -> None:
 
 def with_task_lengths(config: ml_collections.ConfigDict,
                       task_list: Sequence[tasks.Task]) -> ml_collections.ConfigDict:
-    """`config` as a run of `task_list` reads it: itself when `finetune.targets_length` is
-    set; with None, a copy whose `finetune.targets_length` is the longest of the tasks' own
+    """`config` as a run of `task_list` reads it: itself unless `finetune.task_lengths`; with
+    it, a copy whose `finetune.targets_length` is the longest of the tasks' own
     (`Task.targets_length`, T5's per-task lengths: a run of GLUE's tasks 84, of CNN/DM or a
-    WMT pair 512), as T5 fine-tunes each task at its own length instead of cutting CNN/DM's
-    summaries and WMT's sentences to one length, or padding GLUE's labels to theirs. A task
-    without a length of its own is a one-line `ConfigError` naming the field."""
-    if config.finetune.targets_length is not None:
+    WMT pair 512; `finetune.targets_length` for a task without one), as T5 fine-tunes each
+    task at its own length instead of cutting CNN/DM's summaries and WMT's sentences to one
+    length, or padding GLUE's labels to theirs."""
+    ft = config.finetune
+    if not ft.task_lengths:
         return config
-    missing = [task.name for task in task_list if task.targets_length is None]
-    if missing:
-        raise ConfigError(f"finetune.targets_length=None reads each task's own targets length "
-                          f"(T5's), which {', '.join(missing)} "
-                          f"{'has' if len(missing) == 1 else 'have'} not: set "
-                          "finetune.targets_length")
     resolved = copy.deepcopy(config)
-    resolved.finetune.targets_length = max(task.targets_length for task in task_list)
+    resolved.finetune.targets_length = max(task.targets_length or ft.targets_length
+                                           for task in task_list)
     return resolved
 
 

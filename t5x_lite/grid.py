@@ -395,8 +395,8 @@ def _validate(config: ml_collections.ConfigDict, where: str) -> None:
             raise ConfigError(
                 f"sweep.zero_shot=True needs a task with label options (a classification task, "
                 f"e.g. builtin_module); sweep.tasks={list(settings.sweep.tasks)} has none")
-        # Each fine-tuning run as it will read its config (finetune.targets_length=None: its
-        # tasks' own lengths, which a task without one would fail every run on).
+        # Each fine-tuning run as it will read its config (finetune.task_lengths: at its
+        # tasks' own targets length).
         for run in finetune_runs(settings.sweep.tasks, settings.sweep.glue_as_one_task):
             run_config = evaluation.with_task_lengths(config, [tasks.TASKS[name] for name in run])
             evaluation.require_slot_decoding(settings.model.arch,

@@ -177,18 +177,18 @@ class _Sweep:
 
 # The paper fine-tunes for 2^18 steps with batch 128 and a constant learning rate of 1e-3
 # (Adafactor, its state and update count carried on from the pre-training, as T5's code does),
-# GLUE's tasks as one, each task with T5's targets length for it (targets_length=None: 84 for
-# GLUE, 97 for SQuAD, 512 for CNN/DM and WMT; `tasks.T5_TARGETS_LENGTHS`); `small` does too
-# (scaled down; its local stand-ins have no T5 length, so 128 for each). `cpu` fine-tunes each task
-# alone, as its measured tables (experiments/README.md) were made, and 200 steps on sst2 and
-# stsb mixed would give stsb under a twelfth of them; `tiny` and `demo` have no GLUE task. The
-# smaller presets scale steps and lengths down with their pre-training, and
+# GLUE's tasks as one; `small` does too (scaled down). `paper` fine-tunes each task at T5's
+# targets length for it (task_lengths: 84 for GLUE, 97 for SQuAD, 512 for CNN/DM and WMT;
+# `tasks.T5_TARGETS_LENGTHS`), which `small`'s local stand-ins do not have. `cpu` fine-tunes
+# each task alone, as its measured tables (experiments/README.md) were made, and 200 steps on
+# sst2 and stsb mixed would give stsb under a twelfth of them; `tiny` and `demo` have no GLUE
+# task. The smaller presets scale steps and lengths down with their pre-training, and
 # `tiny` / `demo` / `cpu` fine-tune with AdamW like their pre-training (in a few hundred steps
 # it learns where Adafactor at 1e-3 barely moves).
 _SWEEPS = {
     "paper": _Sweep(PAPER_TASKS, dict(
-        steps=2**18, batch_size=128, inputs_length=512, targets_length=None, eval_every=5000,
-        optimizer_state="continue"), glue_as_one_task=True),
+        steps=2**18, batch_size=128, inputs_length=512, targets_length=128, task_lengths=True,
+        eval_every=5000, optimizer_state="continue"), glue_as_one_task=True),
     "small": _Sweep(LOCAL_TASKS, dict(
         steps=2**13, batch_size=64, inputs_length=512, targets_length=128, eval_every=1000,
         optimizer_state="continue"), glue_as_one_task=True),

@@ -448,7 +448,8 @@ class Finetune(_Section):
     steps: int
     batch_size: int
     inputs_length: int
-    targets_length: int | None  # None: its tasks' own (`evaluation.with_task_lengths`)
+    targets_length: int
+    task_lengths: bool  # each run: its tasks' own targets lengths (`evaluation.with_task_lengths`)
     pack: bool
     optimizer: str
     schedule: str
@@ -472,8 +473,8 @@ class Finetune(_Section):
             require_integer(f"finetune.{field}", getattr(self, field), 1)
         for field in ("inputs_length", "targets_length"):  # a token and EOS at least: at 1,
             # every example is cut to its EOS alone
-            if getattr(self, field) is not None or field == "inputs_length":
-                require_integer(f"finetune.{field}", getattr(self, field), 2)
+            require_integer(f"finetune.{field}", getattr(self, field), 2)
+        require_bool("finetune.task_lengths", self.task_lengths)
         require_integer("finetune.warmup_steps", self.warmup_steps, 0)
         if self.eval_examples is not None:
             require_integer("finetune.eval_examples", self.eval_examples, 1)

@@ -377,7 +377,7 @@ def test_decoding_settings_it_cannot_validate_with_are_one_line_before_any_work(
                                           r"finetune.decode.method='beam' is not allowed"):
         grid.expand("families", "demo", ["finetune.decode.method=beam"])
     # ...judging each fine-tuning run at the length it reads: under the paper preset's
-    # finetune.targets_length=None, GLUE's tasks' own 84 (it compared with None).
+    # finetune.task_lengths, GLUE's tasks' own 84 (it compared with the preset's 128).
     glue = "sweep.tasks=glue_cola,glue_rte"
     grid.expand("families", "paper", ["finetune.decode.max_length=84", glue])
     with pytest.raises(ConfigError, match=r"max_length=100 is not allowed for "

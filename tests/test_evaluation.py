@@ -567,28 +567,29 @@ def test_continuing_an_optimiser_state_there_is_none_of_is_refused_before_any_wo
     assert not (tmp_path / "run").exists()
 
 
-def test_targets_length_none_gives_each_run_its_tasks_own_length(data, pretrained, tmp_path,
-                                                                monkeypatch):
-    """finetune.targets_length=None (the paper preset's) reads each task's own length, as T5
+def test_task_lengths_give_each_run_its_tasks_own_targets_length(data, pretrained, tmp_path,
+                                                                 monkeypatch):
+    """finetune.task_lengths (the paper preset's) reads each task's own targets length, as T5
     fine-tunes CNN/DM and WMT at 512 target tokens and GLUE at 84: a run takes the longest of
-    its tasks'; a task without one stops the run in one line, before any work."""
+    its tasks', finetune.targets_length for a task without one."""
     short = dataclasses.replace(tasks.TASKS["test_reverse"], targets_length=9)
     long = dataclasses.replace(short, name="test_reverse_long", targets_length=14)
     monkeypatch.setitem(tasks.TASKS, short.name, short)
     monkeypatch.setitem(tasks.TASKS, long.name, long)
-    config = config_for(data, targets_length=None, steps=2, eval_every=2, eval_examples=8)
+    config = config_for(data, task_lengths=True, steps=2, eval_every=2, eval_examples=8)
+    assert config.finetune.targets_length == 16
     assert evaluation.with_task_lengths(config, [short]).finetune.targets_length == 9
     assert evaluation.with_task_lengths(config, [short, long]).finetune.targets_length == 14
-    assert config.finetune.targets_length is None  # the caller's config is left as it was
-    with pytest.raises(ConfigError, match=r"^finetune.targets_length=None reads each task's "
-                       r"own targets length \(T5's\), which builtin_module has not: set "
-                       r"finetune.targets_length$"):
-        evaluation.with_task_lengths(config, [short, tasks.TASKS["builtin_module"]])
-    config.finetune.tasks = (short.name,)
+    builtin = tasks.TASKS["builtin_module"]  # none of its own: the config's 16
+    assert evaluation.with_task_lengths(config, [short, builtin]).finetune.targets_length == 16
+    assert config.finetune.targets_length == 16  # the caller's config is left as it was
+    config.finetune.task_lengths = False
+    assert evaluation.with_task_lengths(config, [short]) is config
+    config.finetune.update(task_lengths=True, tasks=(short.name,))
     finetune.finetune(config, tmp_path / "run", init_from=str(pretrained("encoder_decoder")))
     saved = checkpointing.read_saved_config(tmp_path / "run" / checkpointing.CHECKPOINTS_DIR)
     assert saved["finetune"]["targets_length"] == 9
-    # The same config resumes it (its saved length is what None reads).
+    # The same config resumes it (its saved length is what task_lengths reads).
     config.finetune.steps = 4
     finetune.finetune(config, tmp_path / "run", init_from=str(pretrained("encoder_decoder")))
     # The paper's tasks carry T5's lengths (its sequence_lengths gin files).
@@ -682,16 +683,22 @@ def test_a_checkpoint_of_an_architecture_not_registered_here_says_so(pretrained,
         evaluation.config_from_checkpoint(presets.finetune_preset("tiny"), tmp_path, {})
 
 
-def test_fine_tuning_into_the_pre_training_s_own_workdir_is_refused(data, pretrained):
+def test_fine_tuning_into_the_pre_training_s_own_workdir_is_refused(data, pretrained, tmp_path):
     """Its checkpoints would be the pre-training's: the resume check then suggested
     --restart, which deleted the pre-training."""
     run = pretrained("encoder_decoder")
     before = sorted(path.name for path in (run / "checkpoints").iterdir())
-    for source in (run, run / "checkpoints"):
-        with pytest.raises(ConfigError, match=rf"^--init_from {source} is this run's own "
-                                              rf"workdir {run}: fine-tune into a workdir"):
+    for source in (run, run / "checkpoints"):  # refused as a pre-training's folder
+        with pytest.raises(ConfigError, match=rf"^{run} holds a pre-training run .*\(--init_from "
+                                              rf"{run} fine-tunes from it\)"):
             finetune.finetune(config_for(data), run, init_from=str(source), restart=True)
     assert sorted(path.name for path in (run / "checkpoints").iterdir()) == before
+    # A fine-tuning run fine-tuned on from itself: its own workdir.
+    finetune.finetune(config_for(data), tmp_path / "ft", init_from=str(run), progress=False)
+    with pytest.raises(ConfigError, match=rf"^--init_from {tmp_path / 'ft'} is this run's own "
+                                          rf"workdir {tmp_path / 'ft'}: fine-tune into a workdir"):
+        finetune.finetune(config_for(data), tmp_path / "ft", init_from=str(tmp_path / "ft"),
+                          restart=True)
 
 
 def test_eval_command_reads_the_model_and_vocabulary_from_the_checkpoint(

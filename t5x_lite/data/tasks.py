@@ -182,7 +182,7 @@ class Task:
       (`t5x_lite.zero_shot`) ranks these.
     targets_length: T5's fine-tuning targets length for the task (the paper's tasks: its
       code's `sequence_lengths` gin files, `T5_TARGETS_LENGTHS`), which
-      `finetune.targets_length=None` reads (`evaluation.with_task_lengths`); None: it has none.
+      `finetune.task_lengths` reads (`evaluation.with_task_lengths`); None: it has none.
     """
 
     name: str
