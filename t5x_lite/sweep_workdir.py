@@ -32,8 +32,6 @@ from t5x_lite.grid import OBSERVING_FIELDS, GridPoint, config_hash, user_overrid
 from t5x_lite.results import is_writer, run_key, write_json
 from t5x_lite.run_folders import SWEEP_FILE
 
-
-
 _NOT_ADDED = object()  # a field not in ADDED_FIELDS (whose values may be None)
 
 
@@ -154,10 +152,9 @@ def require_current(records: Sequence[dict], points: Sequence[GridPoint], path: 
     """Refuse records of a point whose config has changed since they were written (e.g. a grid
     row moved to another objective) or whose objective now reads other raw tokens per example
     (`GridPoint.pretrain_tokens`) or is defined otherwise (`GridPoint.objective_revision`), and
-    fine-tuned records whose fine-tuning run had other
-    tasks than the point's run of that task now (a GLUE task added to `sweep.tasks` of a sweep
-    that fine-tunes GLUE's tasks as one): skipping them as finished would mix two experiments
-    in one table."""
+    fine-tuned records whose fine-tuning run had other tasks than the point's run of that task
+    now (a GLUE task added to `sweep.tasks` of a sweep that fine-tunes GLUE's tasks as one):
+    skipping them as finished would mix two experiments in one table."""
     by_key = {(p.point, p.seed): p for p in points}
     hashes = {key: config_hash(point.config) for key, point in by_key.items()}
     run_of = {key: {task: run for run in point.finetune_runs() for task in run}
@@ -232,10 +229,9 @@ def require_current_folders(points: Sequence[GridPoint], workdir: Path) -> None:
     (`checkpointing.BATCH_LAYOUT_FILE`) differ while steps are left to train, or whose
     objective's revision differs at all, or a finished task's record (`GridPoint.record_path`)
     of another config_hash, raw tokens read (`GridPoint.pretrain_tokens`) or objective
-    revision. A point whose results.jsonl lines were deleted, to run it
-    again after its grid row changed, is such a point: its pre-training would stop on the
-    checkpoints (the point recorded as failed), and a stale task record would pass for a
-    finished task."""
+    revision. A point whose results.jsonl lines were deleted, to run it again after its grid
+    row changed, is such a point: its pre-training would stop on the checkpoints (the point
+    recorded as failed), and a stale task record would pass for a finished task."""
     for point in points:
         why = _stale_work(point, workdir)
         if why:
