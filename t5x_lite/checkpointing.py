@@ -73,6 +73,9 @@ RESUME_FIELDS = (
     # before 2026-12-05) resumes only as it began (`in_effect`: not where it drops nothing).
     "model.attention_dropout",
 )
+# Fields that change what a run measures, not what it computes: left out of `grid.config_hash`
+# and of the settings a resume says it changed.
+OBSERVING_FIELDS = ("train.eval_every", "train.eval_batches")
 # Fields inside `model` that leave the parameters unchanged: the saved float32 parameters
 # restore under any compute dtype, attention kernel or dropout.
 PARAMETER_NEUTRAL_FIELDS = ("model.dtype", "model.attention_impl", "model.dropout_rate",
@@ -382,6 +385,7 @@ class Checkpointer:
         self._resume_fields = tuple(resume_fields)
         self._batch_layout = batch_layout
         self._layout_differences: list[str] = []  # the saved layout's from batch_layout
+        self._changed_settings: list[str] = []  # the saved config's from config, on resume
         if restart:
             self._wipe()
         self._manager = ocp.CheckpointManager(
@@ -441,14 +445,22 @@ class Checkpointer:
         if self._batch_layout is not None:
             self._layout_differences = saved_batch_layout_differences(self.directory,
                                                                       self._batch_layout)
-        # What may change on resume (a learning rate, the steps, the mesh) is said, as the
-        # saved config is about to be replaced by this one. Not a sweep's own settings (more
-        # seeds or tasks are the same sweep), nor fields added since the save.
-        changed = config_differences(saved, self._config, [
-            field for field in flat_fields(saved) if not field.startswith("sweep.")])
-        if changed:
-            warnings.warn(f"resuming from {self.directory} with settings changed since it was "
-                          f"saved: {'; '.join(changed)}", stacklevel=2)
+        # What may change on resume (a learning rate, the steps, the mesh), said once the
+        # run knows it trains on (`note_changed_settings`), as the saved config is replaced by
+        # this one. Not a sweep's own settings (more seeds or tasks are the same sweep), nor
+        # what only observes, nor fields added since the save.
+        self._changed_settings = config_differences(saved, self._config, [
+            field for field in flat_fields(saved)
+            if not field.startswith("sweep.") and field not in OBSERVING_FIELDS])
+
+    def note_changed_settings(self, restored_step: int | None, total: int) -> None:
+        """Warn, in one line naming them, of the settings changed since the checkpoints were
+        saved, when the run trains on from `restored_step` up to `total` (a finished run,
+        scored or fine-tuned, trains with none of them)."""
+        if self._changed_settings and restored_step is not None and restored_step < total:
+            warnings.warn(f"resuming from {self.directory} at step {restored_step} with settings "
+                          f"changed since it was saved: {'; '.join(self._changed_settings)}",
+                          stacklevel=2)
 
     def require_same_examples(self, restored_step: int | None, total: int) -> None:
         """Refuse (`ConfigError`) to train on from `restored_step` (None: the newest saved) up

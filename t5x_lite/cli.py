@@ -348,13 +348,13 @@ def _bench(argv: list[str]) -> None:
         print(json.dumps(result))
         return
     for key, value in result.items():
-        if key != "config":  # 4 significant digits: the timings vary more than that
+        if key != "config":  # rounded: the timings vary more than their last digits
             print(f"{key:>28}: {_four_digits(value) if isinstance(value, float) else value}")
 
 
 def _four_digits(value: float) -> str:
-    """`value` to 4 significant digits, without an exponent where it has 5 or more:
-    '0.0123', '12.35', '123,457'."""
+    """`value` to 4 significant digits, or, from 10,000 on, to a whole number without an
+    exponent: '0.01235', '12.35', '123,457'."""
     return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
 
 

@@ -128,6 +128,7 @@ def check_finetune_settings(
     model = Model.from_config(config.model)
     task_list = check_task_names(task_names, field)
     require_applicable(model.arch, task_list)
+    Finetune.from_config(config.finetune)  # a missing or bad field, before it is read
     config = with_task_lengths(config, task_list)
     finetune = Finetune.from_config(config.finetune)
     require_slot_decoding(model.arch, finetune)

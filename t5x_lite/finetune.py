@@ -46,9 +46,11 @@ from t5x_lite.run_setup import RunPlan, set_up
 # `checkpointing.RESUME_FIELDS`: they fix which examples the step-indexed batches hold, which
 # examples validation scores and how it decodes them (the best scores are chosen among
 # every validation of the run, eval.jsonl's earlier ones included, so all must compare), and
-# what the optimiser began from.
+# what the optimiser began from. `task_lengths` sets targets_length: a run saved before it existed
+# is refused naming --config.finetune.task_lengths=False, which resumes it.
 _FINETUNE_RESUME_FIELDS = ("finetune.tasks", "finetune.mixing_limit", "finetune.pack",
                            "finetune.inputs_length", "finetune.targets_length",
+                           "finetune.task_lengths",
                            "finetune.eval_examples", "finetune.eval_selection",
                            "finetune.decode", "finetune.optimizer_state")
 

@@ -50,7 +50,8 @@ import ml_collections
 
 from t5x_lite import (accounting, architectures, objective_registry, objectives, partitioning,
                       presets)
-from t5x_lite.checkpointing import ADDED_FIELDS, acting_added_fields, config_as_json
+from t5x_lite.checkpointing import (ADDED_FIELDS, OBSERVING_FIELDS, acting_added_fields,
+                                    config_as_json)
 from t5x_lite.config import (BUDGETS, ConfigError, apply_overrides, call_get_config,
                              drop_unread_objective_fields, flat_fields, parse_overrides,
                              require_override_list, run_user_file)
@@ -293,10 +294,6 @@ def _check_rows(path: Path, grid: Sequence[Any]) -> None:
         rows[label] = row["point"]
 
 
-# Fields that change what a run measures, not what it computes: left out of `config_hash`.
-OBSERVING_FIELDS = ("train.eval_every", "train.eval_batches")
-
-
 def _computed_fields(config: ml_collections.ConfigDict) -> dict[str, Any]:
     """What a run computes, as JSON data: the config less its `sweep` section (the seeds,
     tasks and progress setting of the whole sweep, which a user may extend and resume), the
@@ -395,12 +392,20 @@ def _validate(config: ml_collections.ConfigDict, where: str) -> None:
             raise ConfigError(
                 f"sweep.zero_shot=True needs a task with label options (a classification task, "
                 f"e.g. builtin_module); sweep.tasks={list(settings.sweep.tasks)} has none")
-        # Each fine-tuning run as it will read its config (finetune.task_lengths: at its
-        # tasks' own targets length).
+        # Each fine-tuning run the point makes, as it will read its config
+        # (finetune.task_lengths: at its tasks' own targets length).
+        arch = settings.model.arch
         for run in finetune_runs(settings.sweep.tasks, settings.sweep.glue_as_one_task):
-            run_config = evaluation.with_task_lengths(config, [tasks.TASKS[name] for name in run])
-            evaluation.require_slot_decoding(settings.model.arch,
-                                             Finetune.from_config(run_config.finetune))
+            run_tasks = [tasks.TASKS[name] for name in run
+                         if not evaluation.not_applicable(arch, tasks.TASKS[name])]
+            if not run_tasks:  # recorded as not applicable, never fine-tuned
+                continue
+            run_settings = Finetune.from_config(
+                evaluation.with_task_lengths(config, run_tasks).finetune)
+            try:
+                evaluation.require_slot_decoding(arch, run_settings)
+            except ConfigError as error:
+                raise ConfigError(f"fine-tuning on {' + '.join(run)}: {error}") from None
         # The point fine-tunes from its own pre-training, whose config is this one.
         finetune.require_optimizer_state_source(config, config_as_json(config))
         if settings.data.vocab and not os.path.isfile(settings.data.vocab):

@@ -164,6 +164,7 @@ def set_up(plan: RunPlan, *, steps: int | None = None, progress: bool = True,
         state, start = _initial_state(plan, checkpointers, mesh)
         for checkpointer in checkpointers:  # a damaged newest step may have fallen back
             checkpointer.require_same_examples(start, total)
+            checkpointer.note_changed_settings(start, total)
         points = []
         for workdir, checkpointer in zip(plan.workdirs, checkpointers):
             writer = MetricsWriter(workdir, start)

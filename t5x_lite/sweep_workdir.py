@@ -257,7 +257,8 @@ def _pretrained_otherwise(record: dict, point: GridPoint | None) -> str | None:
     revision = record.get(objective_registry.REVISION_FIELD, 1)
     if revision > point.objective_revision:  # a newer t5x_lite made it
         return (f"used revision {revision} of objective {point.config.objective.name!r}, "
-                f"which this t5x_lite knows only up to revision {point.objective_revision}")
+                f"which this t5x_lite knows only up to revision {point.objective_revision} "
+                "(a newer t5x_lite made it: resume the sweep with that one)")
     if revision != point.objective_revision:
         changes = objective_registry.get(point.config.objective.name).changes
         return (f"used revision {revision} of objective {point.config.objective.name!r}, "

@@ -151,8 +151,8 @@ def evaluate(config: ml_collections.ConfigDict, params_or_checkpoint: object,
     Model.from_config(config.model)
     task_list = check_task_names(task_names, "tasks")
     require_label_options(task_list, "tasks")
+    Finetune.from_config(config.finetune)  # a missing or bad field, before it is read
     config = with_task_lengths(config, task_list)
-    Finetune.from_config(config.finetune)
     mesh = partitioning.make_mesh(config.mesh)
     partitioning.validate_batch_split(config.finetune.batch_size, 1, mesh,
                                       partitioning.normalize_rules(config.mesh.rules),

@@ -381,21 +381,26 @@ def test_run_settings_may_change_on_resume_and_the_change_is_said(tmp_path, conf
     changed.train.update(steps=10, learning_rate=0.5)
     changed.model.dtype = "bfloat16"
     changed.mesh.shape = (2, 4)
-    with pytest.warns(UserWarning, match=(
-            rf"^resuming from {tmp_path} with settings changed since it was saved: mesh.shape: "
-            r"saved \[-1, 1\] != now \[2, 4\]; model.dtype: saved 'float32' != now 'bfloat16'; "
-            r"train.learning_rate: saved 1.0 != now 0.5; train.steps: saved 524288 != now "
-            r"10$")):
-        with Checkpointer(tmp_path, every=1, keep=5, config=changed,
-                          require_existing=True) as ckpt:
-            assert ckpt.latest_step() == 1
+    changed.train.eval_every = 5  # observes only: no change
+    with Checkpointer(tmp_path, every=1, keep=5, config=changed, require_existing=True) as ckpt:
+        assert ckpt.latest_step() == 1
+        with warnings.catch_warnings():  # a finished run trains with none of them
+            warnings.simplefilter("error")
+            ckpt.note_changed_settings(10, 10)
+        with pytest.warns(UserWarning, match=(
+                rf"^resuming from {tmp_path} at step 1 with settings changed since it was "
+                r"saved: mesh.shape: saved \[-1, 1\] != now \[2, 4\]; model.dtype: saved "
+                r"'float32' != now 'bfloat16'; train.learning_rate: saved 1.0 != now 0.5; "
+                r"train.steps: saved 524288 != now 10$")):
+            ckpt.note_changed_settings(1, 10)
     assert read_saved_config(tmp_path)["train"]["learning_rate"] == 0.5
     extended = changed.copy_and_resolve_references()
     extended.sweep.update(tasks=("builtin_reverse", "builtin_module"), seeds=(0, 1))
     extended.train.added_since = 3  # as a field a later version adds
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        Checkpointer(tmp_path, every=1, keep=5, config=extended).close()
+    with Checkpointer(tmp_path, every=1, keep=5, config=extended) as ckpt:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ckpt.note_changed_settings(1, 10)
 
 
 def test_checkpoints_without_saved_config_open_with_a_warning(tmp_path, config):

@@ -373,16 +373,21 @@ def test_decoding_settings_it_cannot_validate_with_are_one_line_before_any_work(
     beam.finetune.decode.method = "beam"  # an architecture with a decoder may search
     evaluation.check_finetune_settings(beam, ["builtin_module"])
     # A sweep stops at expansion, naming the point, not at each point's first validation.
-    with pytest.raises(ConfigError, match=r"^families point 'encoder_only/natural': "
-                                          r"finetune.decode.method='beam' is not allowed"):
+    with pytest.raises(ConfigError, match=r"^families point 'encoder_only/natural': fine-tuning "
+                                          r"on builtin_reverse: finetune.decode.method='beam' "
+                                          r"is not allowed"):
         grid.expand("families", "demo", ["finetune.decode.method=beam"])
     # ...judging each fine-tuning run at the length it reads: under the paper preset's
     # finetune.task_lengths, GLUE's tasks' own 84 (it compared with the preset's 128).
     glue = "sweep.tasks=glue_cola,glue_rte"
     grid.expand("families", "paper", ["finetune.decode.max_length=84", glue])
-    with pytest.raises(ConfigError, match=r"max_length=100 is not allowed for "
+    with pytest.raises(ConfigError, match=r"fine-tuning on glue_cola \+ glue_rte: "
+                       r"finetune.decode.max_length=100 is not allowed for "
                        r"model.arch='encoder_only': it predicts the finetune.targets_length=84 "):
         grid.expand("families", "paper", ["finetune.decode.max_length=100", glue])
+    # A run of tasks it cannot fine-tune (free text: recorded as not applicable) is not judged.
+    grid.expand("families", "paper", ["finetune.decode.max_length=84",
+                                      "sweep.tasks=glue_cola,squad"])
 
 
 # --- (f) bad objective; preview ---------------------------------------------------------------

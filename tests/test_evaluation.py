@@ -470,12 +470,14 @@ def test_a_fine_tuning_pointed_at_a_pre_training_run_is_refused_and_leaves_it(da
     assert run_folders.held_kind(tmp_path / "ft") == ("fine-tuning", "init_from.json")
     (tmp_path / "ft" / checkpointing.FINETUNE_SOURCE_FILE).unlink()
     assert run_folders.held_kind(tmp_path / "ft") == ("fine-tuning", "checkpoints/config.json")
-    # Its kind only suggested (a pre-training could share its settings): resumed, not deleted.
+    # Its kind only suggested (a pre-training could share its settings): not deleted.
+    saved = sorted(path.name for path in (tmp_path / "ft" / "checkpoints").iterdir())
     with pytest.raises(ConfigError, match=rf"^{tmp_path / 'ft'} holds checkpoints saved before "
                        r"a fine-tuning recorded its start \(init_from.json\): they may be a "
                        r"pre-training's, which --restart would delete"):
         finetune.finetune(config, tmp_path / "ft", init_from=str(source), restart=True,
                           progress=False)
+    assert sorted(path.name for path in (tmp_path / "ft" / "checkpoints").iterdir()) == saved
     assert run_folders.held_kind(tmp_path / "nothing") is None
     (source / "checkpoints" / checkpointing.CONFIG_FILE).write_text("{")  # damaged: unknown
     assert run_folders.held_kind(source) is None
@@ -591,6 +593,19 @@ def test_task_lengths_give_each_run_its_tasks_own_targets_length(data, pretraine
     assert saved["finetune"]["targets_length"] == 9
     # The same config resumes it (its saved length is what task_lengths reads).
     config.finetune.steps = 4
+    finetune.finetune(config, tmp_path / "run", init_from=str(pretrained("encoder_decoder")))
+    # A run saved before the field existed (cut to targets_length) resumes only without it,
+    # which its refusal names.
+    saved_file = tmp_path / "run" / checkpointing.CHECKPOINTS_DIR / checkpointing.CONFIG_FILE
+    old = json.loads(saved_file.read_text())
+    old["finetune"].pop("task_lengths")
+    old["finetune"]["targets_length"] = 16
+    saved_file.write_text(json.dumps(old))
+    config.finetune.steps = 5
+    with pytest.raises(ConfigError, match=r"(?s)finetune.targets_length: saved 16 != now 9\n.*"
+                       r"resume with the saved settings \(--config.finetune.task_lengths=False\)"):
+        finetune.finetune(config, tmp_path / "run", init_from=str(pretrained("encoder_decoder")))
+    config.finetune.task_lengths = False
     finetune.finetune(config, tmp_path / "run", init_from=str(pretrained("encoder_decoder")))
     # The paper's tasks carry T5's lengths (its sequence_lengths gin files).
     assert {name: tasks.TASKS[name].targets_length for name in presets.PAPER_TASKS} == {
