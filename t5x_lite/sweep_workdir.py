@@ -254,17 +254,15 @@ def _pretrained_otherwise(record: dict, point: GridPoint | None) -> str | None:
     if made is not None and made != point.pretrain_tokens:
         return (f"read {made} raw tokens and would read {point.pretrain_tokens} now (its "
                 "objective's raw tokens per example changed)")
-    revision = record.get(objective_registry.REVISION_FIELD, 1)
-    if revision > point.objective_revision:  # a newer t5x_lite made it
-        return (f"used revision {revision} of objective {point.config.objective.name!r}, "
-                f"which this t5x_lite knows only up to revision {point.objective_revision} "
-                "(a newer t5x_lite made it: resume the sweep with that one)")
-    if revision != point.objective_revision:
-        changes = objective_registry.get(point.config.objective.name).changes
-        return (f"used revision {revision} of objective {point.config.objective.name!r}, "
-                f"which is at revision {point.objective_revision} now ("
-                + "; ".join(changes[revision - 1:]) + ")")
-    return None
+    revision, now = record.get(objective_registry.REVISION_FIELD, 1), point.objective_revision
+    if revision == now:
+        return None
+    objective = objective_registry.get(point.config.objective.name)
+    used = f"used revision {revision} of objective {objective.name!r}, which "
+    if revision > now:  # a newer t5x_lite made it
+        return (used + f"this t5x_lite knows only up to revision {now} (a newer t5x_lite made "
+                "it: resume the sweep with that one)")
+    return used + f"is at revision {now} now ({'; '.join(objective.changes[revision - 1:])})"
 
 
 def _first_of(differences: Sequence[str]) -> str:
