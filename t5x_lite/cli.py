@@ -297,7 +297,6 @@ def _eval(argv: list[str]) -> None:
                         "scoring, as a sweep's zero_shot stage does); tasks without label "
                         "options are skipped with a note, and none with them is an error")
     args, overrides = _parse(parser, argv)
-    initialize_distributed()
     config = _config(args, overrides, presets.finetune_preset)
     tasks = args.tasks or list(config.finetune.tasks)
     if not tasks:
@@ -310,6 +309,7 @@ def _eval(argv: list[str]) -> None:
     if params is None:
         config = config_from_checkpoint(config, args.checkpoint,
                                         parse_overrides(config, overrides))
+    initialize_distributed()
     score = zero_shot.evaluate if args.zero_shot else evaluate
     scores = score(config, args.checkpoint if params is None else params, tasks, args.split)
     print(json.dumps(scores, indent=2))
@@ -433,7 +433,7 @@ def _misused_launcher_flag(args: argparse.Namespace) -> str | None:
 
 
 def _sweep(argv: list[str]) -> None:
-    from t5x_lite import launchers, sweep
+    from t5x_lite import grid, launchers, sweep
     from t5x_lite.distributed import initialize_distributed
 
     parser = _sweep_parser()
@@ -452,6 +452,8 @@ def _sweep(argv: list[str]) -> None:
         _output_folder(args.workdir)
     except argparse.ArgumentTypeError as error:
         parser.error(f"argument --workdir: {error}")
+    # The overrides read before the join (the rest of the grid's checks need its processes).
+    grid.user_overrides(args.experiment, args.preset, overrides)
     initialize_distributed()  # a TPU pod's hosts / a SLURM task's processes join one run
     try:  # a bad or silent Ray address, or Ray not installed: say so, no traceback
         launcher = launchers.make_launcher(args.launcher, workers=args.workers,

@@ -419,8 +419,10 @@ def test_compare_torch_without_torch_is_a_usage_error_before_any_work(monkeypatc
 
 @pytest.mark.parametrize("command", ["train", "finetune", "eval", "bench", "sweep", "demo",
                                      "preview"])
-def test_a_bad_override_is_one_line_naming_the_field(command, tmp_path):
-    """Every command reads overrides alike: an unknown field stops it with one line."""
+def test_a_bad_override_is_one_line_naming_the_field(command, tmp_path, monkeypatch):
+    """Every command reads overrides alike: an unknown field stops it with one line, before it
+    joins a multi-host run (a half-described one here, whose join would fail otherwise)."""
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "localhost:1")
     args = {"train": [f"--workdir={tmp_path}"], "finetune": [f"--workdir={tmp_path}"],
             "sweep": ["table2", f"--workdir={tmp_path}"], "preview": ["table6", "--point=rate_50"],
             "eval": ["--checkpoint=x", "--tasks=builtin_reverse"]}.get(command, [])
