@@ -39,9 +39,11 @@ with a full stop '.' and the next token's piece starts a word ('▁'). That is e
 "a whitespace-separated word ending in '.' ends a sentence, and so does the document's end",
 as SentencePiece pieces never span whitespace and mark the word after it (byte-fallback pieces
 count as their byte). Like fairseq's `permute_sentences` (which splits on the full-stop token,
-'.' of GPT-2's BPE, or on EOS), '!' and '?' end no sentence, abbreviations ("e.g. the") split,
-and a full stop inside a word ("os.path", "3.14") or before a closing quote does not; the part
-after the chunk's last end is a sentence too (fairseq: "pretend it ends with a full stop").
+'.' of GPT-2's BPE, or on EOS), '!' and '?' end no sentence and an abbreviation followed by a
+word ("e.g. the") splits; unlike it, a full stop inside a word ("os.path", "3.14", the "e." of
+"e.g.") ends none, where GPT-2's pre-tokenizer makes that '.' a token of its own and fairseq
+splits there; the part after the chunk's last end is a sentence too (fairseq: "pretend it
+ends with a full stop").
 (Until 2026-12-05 '!' and '?' ended sentences too.) The S
 sentences are put in a uniformly random order (`sentence_destinations`; fairseq's ratio 1: all
 of them, the identity among the S! orders).
@@ -103,15 +105,27 @@ def rotation_start(uniform: jax.Array, valid_length: Any) -> jax.Array:
     return _uniform_index(uniform, jnp.maximum(jnp.asarray(valid_length, jnp.int32), 1))
 
 
-def poisson_lengths(uniform: jax.Array, poisson_lambda: Any, most: int) -> jax.Array:
-    """int32 Poisson(poisson_lambda) draws, one per uniform draw (inverse CDF), capped at
-    `most`: every value >= most is `most`. Exact for text infilling with most >= its num_to_mask,
-    as a span that long ends the drawing and is cut to the budget anyway."""
-    k = jnp.arange(most, dtype=jnp.float32)
+def poisson_lengths(uniform: jax.Array, poisson_lambda: Any, most: int,
+                    at_least: int = 0) -> jax.Array:
+    """int32 Poisson(poisson_lambda) draws conditioned on >= `at_least` (GLM's spans: 1), one
+    per uniform draw in [0, 1) (inverse CDF), at most `most` (the law's mass beyond it left
+    out). Exact for text infilling with most >= its num_to_mask, as a span that long ends the
+    drawing and is cut to the budget anyway.
+
+    Drawn against the survival function P(X > k), summed from the tail: a float32 CDF summed
+    from 0 stops 6e-7 short of 1, which sent that share of draws to `most` (a GLM span of the
+    whole text) where Poisson(3) puts 1e-8 beyond 16."""
+    k = jnp.arange(most + 1, dtype=jnp.float32)
     lam = jnp.asarray(poisson_lambda, jnp.float32)
-    cdf = jnp.cumsum(jnp.exp(k * jnp.log(lam) - lam - jax.scipy.special.gammaln(k + 1)))
-    # The value is the number of CDF points at or below u: min {k : u < cdf[k]}, else `most`.
-    return jnp.searchsorted(cdf, uniform, side="right").astype(jnp.int32)
+    pmf = jnp.where(k < at_least, 0.0,
+                    jnp.exp(k * jnp.log(lam) - lam - jax.scipy.special.gammaln(k + 1)))
+    tail = jnp.cumsum(pmf[::-1])[::-1]  # P(X >= k), up to the total mass tail[0]
+    # P(X > k), falling from 1 to 0; exactly 1 below at_least (XLA may divide by multiplying
+    # with the reciprocal, which leaves tail[0] / tail[0] a rounding short of 1).
+    survival = jnp.where(k < at_least, 1.0, (tail - pmf) / tail[0])
+    # The value is the number of k with P(X > k) >= 1 - u (1 - u is exact in float32 for
+    # u >= 1/2), found by searchsorted on the rising -survival.
+    return jnp.searchsorted(-survival, uniform - 1, side="right").astype(jnp.int32)
 
 
 class InfillingPlan(NamedTuple):

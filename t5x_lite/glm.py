@@ -121,10 +121,8 @@ def span_lengths(uniform: jax.Array, noise_density: Any, poisson_lambda: Any,
     the longest prefix that fits the text with a clean token between spans (sum + count - 1 <=
     n)."""
     n = jnp.asarray(valid_length, jnp.int32)
-    lam = jnp.asarray(poisson_lambda, jnp.float32)
-    zero = jnp.exp(-lam)  # P(0), which the truncation leaves out
-    drawn = poisson_lengths(zero + uniform * (1 - zero), lam, uniform.shape[0])
-    drawn = jnp.clip(drawn, 1, jnp.maximum(n, 1))
+    drawn = poisson_lengths(uniform, poisson_lambda, uniform.shape[0], at_least=1)
+    drawn = jnp.minimum(drawn, jnp.maximum(n, 1))
     total = jnp.cumsum(drawn)
     count = jnp.arange(1, uniform.shape[0] + 1)
     budget = num_to_mask(n, noise_density)

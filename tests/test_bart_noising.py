@@ -318,6 +318,26 @@ def test_span_lengths_are_poisson_with_mean_lambda():
         assert abs(np.mean(draws == k) - pmf) < 4 * math.sqrt(pmf * (1 - pmf) / count), k
 
 
+@pytest.mark.parametrize("at_least", [0, 1])
+def test_span_lengths_are_the_inverse_cdf_into_the_far_tail(at_least):
+    """Each draw is the law's quantile of its uniform (scipy's, in float64), the float32
+    uniforms closest to 1 included: a CDF summed from 0 in float32 stops 6e-7 short of 1 and
+    sent those to the cap (a GLM span of the whole text, where Poisson(3) puts 1e-8 past 16)."""
+    lam, most = 3.0, 511
+    top = 1 - np.arange(1, 200, dtype=np.float64) * 2.0 ** -24  # the largest float32 below 1
+    uniform = np.concatenate([np.linspace(0, 0.999, 5000), top]).astype(np.float32)
+    drawn = np.asarray(bart_noising.poisson_lengths(jnp.asarray(uniform), lam, most, at_least))
+    u = uniform.astype(np.float64)
+    if at_least:  # the law given X >= 1: u maps to the unconditioned P(X = 0) + u P(X >= 1)
+        u = stats.poisson.cdf(0, lam) + u * stats.poisson.sf(0, lam)
+    cdf = stats.poisson.cdf(np.arange(most + 1), lam)
+    quantile = np.searchsorted(cdf, u, side="right")  # min {k : P(X <= k) > u}
+    # Where u sits within float32 rounding of a CDF step, either side is the quantile.
+    near_step = np.abs(cdf[np.maximum(quantile - 1, 0)] - u) < 1e-6
+    assert ((drawn == quantile) | near_step).all()
+    assert drawn.min() == at_least and drawn.max() <= stats.poisson.isf(2.0 ** -24, lam) + 1
+
+
 def test_spans_are_drawn_until_they_cover_the_budget():
     # 512 documents of 128 tokens at 30%: a budget of ceil(38.4) = 39 tokens. The number K of
     # Poisson(3) spans drawn until their lengths cover it has E[K] = sum_t P(K > t) =

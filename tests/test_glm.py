@@ -177,6 +177,66 @@ def test_spans_draw_zero_truncated_poisson_lengths_until_the_threshold():
     assert chi2 < stats.chi2.ppf(1 - 1e-4, len(support)), (observed, expected)
 
 
+def glm_reference_spans(rng, n, density, lam):
+    """GLM's own span layout for one document of n tokens (THUDM/GLM `blocklm_utils.py`,
+    `ConstructBlockStrategy`), transcribed: Poisson(lam) lengths given >= 1 drawn while their
+    sum is below ceil(n density), shuffled, then K places drawn uniformly from
+    [0, n - S - K + 1] and sorted, span k at place_k plus the earlier spans' lengths + 1
+    (`sample_spans`). (start, length) pairs in text order; None when they cannot fit (GLM
+    drops such an example)."""
+    budget = int(np.ceil(np.float32(n) * np.float32(density)))
+    support = np.arange(1, 40)
+    weights = stats.poisson.pmf(support, lam)
+    lengths = []
+    while sum(lengths) < budget:
+        lengths.append(int(rng.choice(support, p=weights / weights.sum())))
+    rng.shuffle(lengths)
+    slack = n - sum(lengths) - len(lengths) + 1
+    if slack < 0:
+        return None
+    places = np.sort(rng.integers(0, slack + 1, len(lengths)))
+    spans, offset = [], 0
+    for place, length in zip(places, lengths):
+        spans.append((offset + int(place), length))
+        offset += length + 1
+    return spans
+
+
+def test_span_layout_matches_glms_own_code():
+    """Where the spans fall, against `glm_reference_spans` (20000 documents each): the share
+    of documents masking each position, the span count, and the length of the text's last span
+    (which, without GLM's shuffle, would be the one that ended the drawing: longer on average).
+    Each statistic is within 4.5 standard errors of the reference's."""
+    n, density, lam, count = 20, 0.2, 3.0, 20000
+    rng = np.random.default_rng(0)
+    reference = [glm_reference_spans(rng, n, density, lam) for _ in range(count)]
+    assert sum(r is None for r in reference) == 0  # at n = 20, 4 tokens' spans always fit
+    tokens = np.tile(np.arange(REAL_LOW, REAL_LOW + RAW, dtype=np.int32), (count, 1))
+    draws = jax.random.uniform(jax.random.key(2), (count, glm.UNIFORM_ROWS, RAW))
+    plan = jax.device_get(plans(tokens, jnp.full(count, n), density, jnp.full(count, lam),
+                                draws))
+    ours = [list(zip(plan.start[i][:k].tolist(), plan.length[i][:k].tolist()))
+            for i, k in enumerate(plan.num_spans)]
+
+    def masked_share(layouts):
+        masked = np.zeros((len(layouts), n))
+        for row, spans in enumerate(layouts):
+            for start, length in spans:
+                masked[row, start:start + length] = 1
+        return masked.mean(axis=0)
+
+    def within(a, b, variance_a, variance_b):
+        return np.abs(a - b) <= 4.5 * np.sqrt((variance_a + variance_b) / count)
+
+    theirs_share, our_share = masked_share(reference), masked_share(ours)
+    assert within(our_share, theirs_share, our_share * (1 - our_share),
+                  theirs_share * (1 - theirs_share)).all(), (our_share, theirs_share)
+    for statistic in (len, lambda spans: spans[-1][1]):  # span count, the last span's length
+        a = np.array([statistic(spans) for spans in ours], dtype=float)
+        b = np.array([statistic(spans) for spans in reference], dtype=float)
+        assert within(a.mean(), b.mean(), a.var(), b.var()), (a.mean(), b.mean())
+
+
 def test_part_b_order_is_uniform_over_the_spans():
     # Two-span examples (n = 11 at 40% needs 5 tokens): each of the 2 orders about half the time.
     n, count = 11, 2000
