@@ -90,7 +90,7 @@ ADDED_FIELDS = {
     "model.attention_dropout": False,  # 2026-12-05: the attention weights were never dropped
     "finetune.eval_selection": "first",  # 2026-12-05: eval_examples kept a split's first N
     "finetune.optimizer_state": "fresh",  # 2026-12-05: fine-tuning began a new optimiser state
-    "finetune.task_lengths": False,  # 2026-12-06: every task was cut to finetune.targets_length
+    "finetune.task_lengths": False,  # 2026-12-05: every task was cut to finetune.targets_length
 }
 
 
@@ -216,8 +216,9 @@ def saved_batch_layout_differences(directory: str | os.PathLike, batch_layout: d
     `batch_layout` (`objective_layout.layout_record`), among `fields` (None: all); [] when it
     has none (checkpoints saved before 2026-12-05, or of a fine-tuning run). A field the saved
     record lacks is not compared: it was saved before that field was recorded
-    (`objective_revision` before 2026-12-06, when every objective was at the revision it has
-    now). A damaged file is a one-line `ConfigError` naming it."""
+    (`objective_revision` before 70cd6ec; a prefix_lm or deshuffling pre-training saved then
+    resumes unrefused on its revision 2's document segments). A damaged file is a one-line
+    `ConfigError` naming it."""
     path = epath.Path(directory) / BATCH_LAYOUT_FILE
     if not path.exists():
         return []

@@ -13,6 +13,8 @@ each is written once, in its record:
 - `needs_prefix_attention`: it needs a decoder-only row whose inputs are attended
   bidirectionally (GLM's Part A), so only such architectures train on it;
 - `reads_sentences`: it reads sentence ends off the vocabulary (`BatchLayout.with_sentences`);
+- `within_document`: each example is one document's segment, as T5 makes its prefix LM and
+  deshuffling examples, not a window of the documents' stream (`data.pipeline.PretrainData`);
 - `explicit_positions`: its encoder gives a fifth output, the position of each target token
   (`batch_format.POSITIONS_KEY`);
 - `uniform_rows`: how many rows of uniform draws per example it reads, given the layout;
@@ -53,7 +55,7 @@ tokens read stay as they were (a change of those is caught by them already). Its
 1 + their count; a sweep's records and a pre-training's checkpoints (`batch_layout.json`) carry
 it, and a sweep refuses to count as finished, or to train on, work made under another revision
 (`sweep_workdir`), where it would put two definitions of one objective into one table. Records
-from before revisions were recorded (2026-12-06) read as revision 1.
+from before revisions were recorded (2026-12-05, 70cd6ec) read as revision 1.
 
 The built-in objectives (the T5 paper's, BART's, UL2's, GLM's) are registered by
 `t5x_lite.objectives`, in the order of their ids (an objective's id is its position in the
@@ -106,6 +108,7 @@ class Objective:
     in_place: bool = False
     needs_prefix_attention: bool = False
     reads_sentences: bool = False
+    within_document: bool = False
     explicit_positions: bool = False
     uniform_rows: Callable[[Any], int] = lambda layout: 3
     lengths: Callable[[Mapping[str, Any]], tuple[int, int, int]] = whole_text_lengths

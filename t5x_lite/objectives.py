@@ -40,6 +40,8 @@ Objectives (Raffel et al. 2020, Tables 4 to 7), for raw tokens x_1..x_n:
 - mass_style: bert_style without random tokens (every noise token becomes the mask token).
 - deshuffling: inputs are the tokens in random order; targets = original.
 - prefix_lm: a random split point; inputs = prefix, targets = continuation.
+  These two read one document's segment per example (`within_document`; T5's prefix_lm.gin
+  and all_permute.gin do not concatenate documents), the others windows of the stream.
 - lm: no inputs (an encoder-decoder's encoder gets a lone EOS); targets = the whole span.
 
 BART's noising functions (Lewis et al. 2019, arXiv 1910.13461, section 2.2 and Table 1;
@@ -523,9 +525,17 @@ register(Objective("drop_corrupted_tokens", _drop_corrupted_tokens, has_noise_ma
 register(Objective("bert_style", _bert_style, has_noise_mask=True, in_place=True,
                    reads=("noise_density", "random_token_fraction")))
 register(Objective("mass_style", _mass_style, has_noise_mask=True, in_place=True, reads=_RATE))
-register(Objective("deshuffling", _deshuffling, has_noise_mask=False))
-register(Objective("prefix_lm", _prefix_lm, has_noise_mask=False,
-                   expected_loss_tokens=host.prefix_lm_loss_tokens))
+# T5's gin files for these two leave out `reduce_concat_tokens`: one document per example.
+WITHIN_DOCUMENT_CHANGES = (
+    "2026-12-05: each example is a segment of one document (its start or the previous "
+    "segment's end, its last segment shorter), as T5's prefix_lm.gin and all_permute.gin make "
+    "them; before, a window of the documents' stream, which crossed a document's end in 59 % "
+    "of 511-token chunks of the English Wikipedia sample",)
+register(Objective("deshuffling", _deshuffling, has_noise_mask=False, within_document=True,
+                   changes=WITHIN_DOCUMENT_CHANGES))
+register(Objective("prefix_lm", _prefix_lm, has_noise_mask=False, within_document=True,
+                   expected_loss_tokens=host.prefix_lm_loss_tokens,
+                   changes=WITHIN_DOCUMENT_CHANGES))
 register(Objective("lm", _lm, has_noise_mask=False, lengths=host.lm_lengths))
 register(Objective("iid_denoising", _iid_denoising, has_noise_mask=True, reads=_RATE,
                    lengths=host.iid_corruption_lengths,

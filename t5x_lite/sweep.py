@@ -594,15 +594,16 @@ def _require_pretraining_data(points: Sequence[GridPoint]) -> None:
     more steps) failed each point as it started, after the points before it had run, and the
     failed records kept those points from ever running again. The corpus's vocabulary and
     tokens are cached on disk; the first point reads them anyway."""
-    from t5x_lite.data.pipeline import pretrain_data_from_config
+    from t5x_lite.data.pipeline import pretrain_data_from_config, segment_length
 
     sources: dict[str, Any] = {}
     for point in points:
         config = point.config
         key = json.dumps([config.data.to_dict(), config.model.vocab_size,
                           config.model.num_sentinels, point.layout.raw_length,
-                          config.train.batch_size, config.train.eval_batches,
-                          config.train.eval_every > 0], sort_keys=True)
+                          segment_length(config), config.train.batch_size,
+                          config.train.eval_batches, config.train.eval_every > 0],
+                         sort_keys=True)
         try:
             if key not in sources:
                 sources[key] = pretrain_data_from_config(config, point.layout.raw_length)[1]

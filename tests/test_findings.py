@@ -134,7 +134,7 @@ def test_better_is_judged_against_two_standard_deviations(a, b, spread, expected
 def test_no_ordering_is_supported_by_rows_that_do_not_differ(finding):
     """Every row of the paper's table at one score (rows that do not differ, with one nudged to
     the top or the bottom by 0.01, as chance puts one there): no finding that orders rows supports. Before
-    2026-12-06 `Best` called a lead of any size "best", and "span length 10 underperforms in
+    2026-12-05 `Best` called a lead of any size "best", and "span length 10 underperforms in
     some cases" supported on rows drawn alike about 70 % of the time at 3 seeds."""
     paper = findings.paper_scores(finding.experiment)
     for row in [key for predicate in finding.predicates for key in predicate.rows()]:

@@ -153,9 +153,13 @@ def test_an_objective_s_revision_counts_its_changes_and_travels_with_its_example
         point("reversal"))[objective_registry.REVISION_FIELD] == 1
     changed = {name: objective_registry.get(name).changes for name in objective_registry.names()
                if objective_registry.get(name).changes}
-    assert sorted(changed) == ["sentence_permutation", "text_infilling_permutation", "ul2"]
+    assert sorted(changed) == ["deshuffling", "prefix_lm", "sentence_permutation",
+                               "text_infilling_permutation", "ul2"]
     assert "random_prefix_noise_mask" in changed["ul2"][0]
-    assert all("full stops only" in lines[0] for name, lines in changed.items() if name != "ul2")
+    assert all("full stops only" in changed[name][0]
+               for name in ("sentence_permutation", "text_infilling_permutation"))
+    assert all("a segment of one document" in changed[name][0]
+               for name in ("deshuffling", "prefix_lm"))
     assert objective_registry.get("ul2").revision == 2
 
 

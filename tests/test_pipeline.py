@@ -120,6 +120,35 @@ def test_two_hosts_feed_the_halves_of_the_single_host_batch(vocab):
             np.concatenate([host.batch(step) for host in hosts]), single.batch(step))
 
 
+def test_a_within_document_objective_reads_each_document_in_segments(vocab):
+    """T5's prefix LM and deshuffling examples (prefix_lm.gin, all_permute.gin): each document
+    cut from its start into pieces of the objective's raw length, the last shorter, no EOS;
+    every piece once an epoch, padded to the layout's raw length."""
+    data = make(vocab, raw_length=16, segment_length=12, global_batch_size=4)
+    pieces = sorted(tuple(ids[i:i + 12]) for ids in map(vocab.encode, DOCS)
+                    for i in range(0, len(ids), 12))
+    assert data.num_chunks == len(pieces)
+    rows = np.concatenate([data.batch(step) for step in range(-(-len(pieces) // 4))])
+    epoch = rows[:len(pieces)]
+    assert sorted(tuple(row[row != 0].tolist()) for row in epoch) == pieces
+    assert not (epoch[:, 12:]).any() and EOS_ID not in epoch
+    # A piece holds the padding only at its end (the objective reads its first n tokens).
+    assert all((row[:np.count_nonzero(row)] != 0).all() for row in epoch)
+    hosts = [make(vocab, raw_length=16, segment_length=12, global_batch_size=4,
+                  process_index=p, process_count=2) for p in (0, 1)]
+    np.testing.assert_array_equal(np.concatenate([h.batch(7) for h in hosts]), data.batch(7))
+    with pytest.raises(ValueError, match=r"segment_length=17 must be in \[1, 16\]"):
+        make(vocab, raw_length=16, segment_length=17)
+
+
+@pytest.mark.parametrize("name, expected", [("prefix_lm", 63), ("deshuffling", 63),
+                                            ("span_corruption", None), ("lm", None)])
+def test_which_objectives_read_within_documents(name, expected):
+    config = default_config()
+    config.objective.name, config.objective.inputs_length = name, 64
+    assert pipeline.segment_length(config) == expected
+
+
 def test_bad_arguments_name_the_field(vocab):
     with pytest.raises(ValueError, match="global_batch_size=7 must be a positive multiple of "
                                          "process_count=2"):

@@ -118,7 +118,7 @@ def test_the_cpu_sweep_covers_table2_three_seeds_and_three_kinds_of_task(monkeyp
 # weights dropped (`small` and `paper`, dropout 0.1) and the validation examples a fixed sample
 # (`tiny` and `cpu`, which keep 200 and 500 of them); `demo` is as it was. A third, the same
 # day: `small` and `paper` fine-tune on from the pre-training's optimiser state. A fourth, on
-# 2026-12-06: `paper` fine-tunes each task at T5's targets length for it.
+# 2026-12-05: `paper` fine-tunes each task at T5's targets length for it.
 TABLE2_HASHES = {
     "tiny": ("e3a2a392e66794cc", "0998947c36621129"),
     "small": ("3c9913e3dfaf5f1f", "62dac60ada478ad0"),

@@ -6,9 +6,14 @@ targets on the device). T5 concatenates its documents' chunks with no separator
 (`reduce_concat_tokens`) and appends EOS only after an example's inputs and targets; here a
 document's end stays in the stream as EOS (GLM's [END] and BART's sentences read it), so an
 example's inputs or targets may hold an EOS before their own (README, "Where the model and its
-training differ from T5's own code"). Which chunks form the global batch of a step is a pure
-function of (seed, step), so a resumed run sees exactly the batches it would have seen, and
-each of several processes feeds its contiguous rows of it (`process_rows`).
+training differ from T5's own code"). The objectives T5 makes from one document at a time
+(`Objective.within_document`: its prefix LM and deshuffling, whose gin files leave out
+`reduce_concat_tokens`) read document segments instead: each document cut from its start into
+pieces of the objective's raw length, the last one shorter, without its EOS, padded (T5's
+`select_random_chunk` of up to 65536 tokens, then `split_tokens_to_inputs_length`). Which
+chunks form the global batch of a step is a pure function of (seed, step), so a resumed run
+sees exactly the batches it would have seen, and each of several processes feeds its
+contiguous rows of it (`process_rows`).
 
 Downstream (`pack_examples` / `pad_examples`): tokenised (inputs, targets) pairs become
 fixed-shape batches of a family's rows (`t5x_lite.batch_format`, the format pre-training
@@ -53,6 +58,22 @@ def _texts(records: Sequence[Any]) -> Iterable[str]:
         yield record if isinstance(record, str) else record["text"]
 
 
+def document_segments(tokens: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, lengths) int64 of the stream's document segments: each document (its tokens
+    before its EOS) cut from its start into pieces of `length` tokens, the last shorter;
+    empty documents have none."""
+    ends = np.flatnonzero(np.asarray(tokens) == EOS_ID)
+    if len(ends) == 0 or ends[-1] != len(tokens) - 1:  # a stream that stops mid-document
+        ends = np.append(ends, len(tokens))
+    doc_starts = np.concatenate([[0], ends[:-1] + 1])
+    doc_lengths = ends - doc_starts
+    pieces = -(-doc_lengths // length)  # ceil
+    first = np.repeat(np.cumsum(pieces) - pieces, pieces)  # each segment's document's first
+    index = np.arange(pieces.sum()) - first  # the segment's number within its document
+    starts = np.repeat(doc_starts, pieces) + index * length
+    return starts, np.minimum(length, np.repeat(ends, pieces) - starts)
+
+
 def tokenize_stream(vocab: Vocabulary, texts: Iterable[str]) -> np.ndarray:
     """All documents' ids, each followed by EOS, as one int32 stream.
 
@@ -84,6 +105,10 @@ def tokenize_stream(vocab: Vocabulary, texts: Iterable[str]) -> np.ndarray:
 class PretrainData:
     """Batches of raw token chunks `int32 [global_batch_size // process_count, raw_length]`.
 
+    The chunks are the stream's consecutive `raw_length` tokens, or with `segment_length` the
+    documents' segments of at most that many tokens (<= raw_length), each from its document's
+    start or its previous segment's end, without the document's EOS, padded with PAD_ID.
+
     The global batch of a step is the same for any number of processes: every process reads
     the whole corpus into one token stream, visits its chunks in a seeded random order that
     changes every epoch, and `batch(step)` returns process `process_index`'s contiguous rows
@@ -113,9 +138,12 @@ class PretrainData:
         cache_dir: str | None = None,
         data_dir: str | None = None,
         held_out_batches: int = 0,
+        segment_length: int | None = None,
     ):
         if raw_length <= 0:
             raise ValueError(f"raw_length={raw_length} must be positive")
+        if segment_length is not None and not 0 < segment_length <= raw_length:
+            raise ValueError(f"segment_length={segment_length} must be in [1, {raw_length}]")
         if not 0 <= process_index < process_count:
             raise ValueError(f"process_index={process_index} must be in [0, {process_count})")
         if global_batch_size <= 0 or global_batch_size % process_count:
@@ -133,7 +161,12 @@ class PretrainData:
         self.seed = seed
         self.process_index = process_index
         self.tokens = self._load_tokens(vocab, records, key, cache_dir)
-        self.num_chunks = len(self.tokens) // raw_length
+        if segment_length is None:
+            self.segments = None
+            self.num_chunks = len(self.tokens) // raw_length
+        else:
+            self.segments = document_segments(self.tokens, segment_length)
+            self.num_chunks = len(self.segments[0])
         if self.num_chunks == 0:
             raise ConfigError(f"the corpus (data.corpus) has {len(self.tokens)} tokens, fewer "
                               f"than one chunk of raw_length={raw_length} (what "
@@ -196,9 +229,15 @@ class PretrainData:
         return self._chunk_tokens(chunks)
 
     def _chunk_tokens(self, chunks: np.ndarray) -> np.ndarray:
-        """The tokens of chunks `chunks` (indices into the stream's chunks): int32 [n, raw_length]."""
-        index = chunks[:, None] * self.raw_length + np.arange(self.raw_length)
-        return np.asarray(self.tokens[index], dtype=np.int32)
+        """The tokens of chunks `chunks` (indices into the chunks): int32 [n, raw_length]."""
+        offsets = np.arange(self.raw_length)
+        if self.segments is None:
+            return np.asarray(self.tokens[chunks[:, None] * self.raw_length + offsets],
+                              dtype=np.int32)
+        starts, lengths = (part[chunks, None] for part in self.segments)
+        inside = offsets < lengths
+        tokens = np.asarray(self.tokens[np.where(inside, starts + offsets, 0)], dtype=np.int32)
+        return np.where(inside, tokens, PAD_ID).astype(np.int32)
 
     @property
     def steps_before_held_out(self) -> int:
@@ -311,7 +350,8 @@ def pretrain_data_from_config(
     """The vocabulary (`vocabulary_from_config`) and pre-training batches the config asks for.
 
     `config.data.corpus` is 'python_docs', a glob of text files or a TFDS catalog name (read
-    from `config.data.data_dir`, where it must be prepared).
+    from `config.data.data_dir`, where it must be prepared). An objective read within documents
+    gets its documents' segments of its own raw length (`segment_length`).
     """
     data_dir = config.data.data_dir or default_data_dir()
     source = _corpus_source(config)
@@ -319,8 +359,18 @@ def pretrain_data_from_config(
     held_out = config.train.eval_batches if config.train.eval_every else 0
     data = PretrainData(source, vocab, raw_length, config.train.batch_size, config.train.seed,
                         process_index, process_count, cache_dir=os.path.join(data_dir, "tokens"),
-                        data_dir=data_dir, held_out_batches=held_out)
+                        data_dir=data_dir, held_out_batches=held_out,
+                        segment_length=segment_length(config))
     return vocab, data
+
+
+def segment_length(config: ml_collections.ConfigDict) -> int | None:
+    """The document segments' length of the config's objective (its raw length), or None for
+    an objective that reads the stream's chunks (`Objective.within_document`)."""
+    from t5x_lite import objective_registry  # the registry imports JAX, the data path does not
+
+    objective = objective_registry.get(config.objective.name)
+    return objective.lengths(config.objective)[0] if objective.within_document else None
 
 
 def seconds_per_batch(data: PretrainData, num_batches: int = 200) -> float:
