@@ -527,6 +527,13 @@ class Checkpointer:
             self._set_aside(unreadable)
         return restored
 
+    def delete_steps(self) -> None:
+        """Delete every saved step (a run that starts over without --restart's wipe: its folder,
+        config and set-aside steps stay)."""
+        for step in self._manager.all_steps():
+            self._manager.delete(step)
+        self._manager.reload()
+
     def _set_aside(self, steps: list[int]) -> None:
         """Move unreadable step folders out of the way, so the resumed run can save those
         steps again. Only after an older step restored with the same target: that rules out a

@@ -41,7 +41,7 @@ from t5x_lite import compilation_cache, host_memory, presets
 from t5x_lite.config import (OVERRIDES_HELP, ConfigError, apply_overrides, load_config_file,
                              parse_overrides, split_overrides)
 from t5x_lite.errors import (CheckpointsUnreadable, CommandFailed, MachineFault,
-                             OneLineWarnings, PointBusy)
+                             OneLineWarnings, PointBusy, is_machine_fault)
 from t5x_lite.preemption import PREEMPTED_EXIT_STATUS
 from t5x_lite.results import RESULTS_FILE, ResultsError, is_writer
 
@@ -753,6 +753,14 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"t5x-lite {command}: invalid config: {error}") from None
     except _SAID_IN_ONE_LINE as error:
         raise SystemExit(f"t5x-lite {command}: {error}") from None
+    except Exception as error:  # a full disk is the machine's fault: one line, not orbax's dumps
+        if not is_machine_fault(error):
+            raise
+        first_line = str(error).splitlines()[0] if str(error) else ""
+        raise SystemExit(f"t5x-lite {command}: stopped by the machine: {type(error).__name__}: "
+                         f"{first_line[:300]}; the checkpoints saved before it are kept: fix it "
+                         "(e.g. free disk space) and run the same command again to resume"
+                         ) from None
 
 
 if __name__ == "__main__":

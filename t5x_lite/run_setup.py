@@ -111,8 +111,15 @@ def _initial_state(plan: RunPlan, checkpointers: Sequence[Checkpointer],
                   for config, checkpointer in zip(plan.configs, checkpointers)]
     steps = [int(state.step) for state in states]
     if len(set(steps)) > 1:  # a damaged newest checkpoint made one point fall back
-        raise RuntimeError(f"the points restored different steps {steps}; run again to train "
-                           "them all from step 0")
+        # As for points saved apart (`set_up`): all again from step 0, their steps deleted so
+        # that the new ones can be saved (a sweep recorded the points as failed, for good).
+        warnings.warn(f"the points of {', '.join(map(str, plan.workdirs))} restored different "
+                      f"steps {steps} (an unreadable checkpoint was set aside); pre-training all "
+                      "of them again from step 0")
+        for checkpointer in checkpointers:
+            checkpointer.delete_steps()
+        states = [plan.fresh_state(config, mesh) for config in plan.configs]
+        steps = [0] * len(states)
     state = stack_states(states, plan.configs[0], mesh) if plan.vmapped else states[0]
     return state, steps[0]
 

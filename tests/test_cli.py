@@ -290,6 +290,31 @@ def test_errors_that_say_what_to_do_end_a_command_in_one_line(error, monkeypatch
     assert exit_info.value.code == f"t5x-lite report: {error}"
 
 
+def test_a_full_disk_ends_a_command_in_one_line_and_other_errors_keep_their_traceback(
+        monkeypatch):
+    """orbax reports a full disk inside a ValueError (tensorstore's os_error_code), which ended
+    `train` with ~480 lines of orbax's dumps; a sweep said it in one line already."""
+    def fails(error):
+        def run(argv):
+            raise error
+        return run
+
+    full = ValueError("RESOURCE_EXHAUSTED: Error writing local file "
+                      "\"/w/checkpoints/8/d\": No space left on device [os_error_code=28]\nmore")
+    monkeypatch.setitem(cli.COMMANDS, "train", cli.COMMANDS["train"]._replace(run=fails(full)))
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["t5x-lite", "train"])
+    assert exit_info.value.code == (
+        "t5x-lite train: stopped by the machine: ValueError: RESOURCE_EXHAUSTED: Error writing "
+        "local file \"/w/checkpoints/8/d\": No space left on device [os_error_code=28]; the "
+        "checkpoints saved before it are kept: fix it (e.g. free disk space) and run the same "
+        "command again to resume")
+    other = ValueError("a bug")
+    monkeypatch.setitem(cli.COMMANDS, "train", cli.COMMANDS["train"]._replace(run=fails(other)))
+    with pytest.raises(ValueError, match="a bug"):
+        cli.main(["t5x-lite", "train"])
+
+
 def test_help_lists_every_command_in_one_line_each(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["t5x-lite", "--help"])
