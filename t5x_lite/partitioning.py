@@ -13,9 +13,11 @@ layers: it reads the metadata that `nnx.eval_shape` leaves on the abstract state
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Iterable, Mapping, Sequence
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 from jax.experimental import mesh_utils
@@ -167,18 +169,34 @@ def logical_to_spec(
 ) -> PartitionSpec:
     """PartitionSpec for an array whose dimensions have the given logical names.
 
-    A mesh axis is used at most once per array (the first dimension claiming it wins), and when
-    `shape` is given a dimension that the mesh axes do not divide evenly stays replicated.
+    A mesh axis is used at most once per array (the first dimension claiming it wins). When
+    `shape` is given, a dimension keeps the longest run of its rule's mesh axes, from the first,
+    whose sizes divide it, and stays replicated when none does (`replicated_dimensions` names
+    those).
     """
+    return _spec_and_replicated(logical_axes, rules, mesh, shape)[0]
+
+
+def _spec_and_replicated(
+    logical_axes: Sequence[str | None], rules: Rules, mesh: Mesh, shape: Sequence[int] | None
+) -> tuple[PartitionSpec, list[str]]:
+    """`logical_to_spec`'s spec, and 'heads 12 over model 8' per dimension whose rule's mesh
+    axes did not all divide it."""
     used: set[str] = set()
     entries: list[str | tuple[str, ...] | None] = []
+    dropped = []
     for dim, name in enumerate(logical_axes):
         axes = tuple(a for a in rules.get(name, ()) if a in mesh.axis_names and a not in used)
-        if shape is not None and shape[dim] % math.prod(mesh.shape[a] for a in axes):
-            axes = ()
+        if shape is not None:
+            wanted = axes
+            while axes and shape[dim] % math.prod(mesh.shape[a] for a in axes):
+                axes = axes[:-1]
+            if axes != wanted:
+                dropped.append(f"{name} {shape[dim]} over "
+                               + " x ".join(f"{a} {mesh.shape[a]}" for a in wanted[len(axes):]))
         used.update(axes)
         entries.append(None if not axes else axes[0] if len(axes) == 1 else axes)
-    return PartitionSpec(*entries)
+    return PartitionSpec(*entries), dropped
 
 
 def _key_name(key: Any) -> Any:
@@ -232,6 +250,7 @@ def state_shardings(abstract_state: Any, mesh: Mesh, rules: Rules) -> Any:
     """
     table = _param_table(abstract_state.params)
     suffix_lengths = sorted({len(p) for p in table}, reverse=True)
+    replicated: dict[str, int] = {}  # 'heads 12 over model 8' -> the state's bytes it leaves whole
 
     def sharding_for(path, leaf) -> NamedSharding:
         keys = tuple(_key_name(k) for k in path)
@@ -240,11 +259,28 @@ def state_shardings(abstract_state: Any, mesh: Mesh, rules: Rules) -> Any:
                 param_shape, axes = table[keys[-n:]]
                 leaf_axes = _axes_for_leaf(tuple(leaf.shape), param_shape, axes)
                 if leaf_axes is not None:
-                    return NamedSharding(mesh, logical_to_spec(leaf_axes, rules, mesh, leaf.shape))
+                    spec, dropped = _spec_and_replicated(leaf_axes, rules, mesh, leaf.shape)
+                    for what in dropped:
+                        replicated[what] = replicated.get(what, 0) + _nbytes(leaf)
+                    return NamedSharding(mesh, spec)
                 break
         return NamedSharding(mesh, PartitionSpec())
 
-    return jax.tree_util.tree_map_with_path(sharding_for, abstract_state)
+    shardings = jax.tree_util.tree_map_with_path(sharding_for, abstract_state)
+    if replicated:  # the rule table asked for more than the mesh can give: say what it costs
+        total = sum(_nbytes(leaf) for leaf in jax.tree_util.tree_leaves(abstract_state))
+        warnings.warn(
+            "the mesh's axes do not divide some dimensions the mesh.rules shard, so those "
+            "stay whole on every device: " + "; ".join(
+                f"{what} ({size / 2**20:.1f} MiB of the state)"
+                for what, size in sorted(replicated.items())) + f", of {total / 2**20:.1f} MiB "
+            "in all; choose mesh.shape axes that divide them (e.g. model.num_heads)",
+            stacklevel=2)
+    return shardings
+
+
+def _nbytes(leaf: Any) -> int:
+    return math.prod(leaf.shape) * jnp.dtype(leaf.dtype).itemsize
 
 
 def batch_sharding(mesh: Mesh, rules: Rules) -> NamedSharding:
