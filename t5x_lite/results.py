@@ -156,13 +156,17 @@ class ResultsFile:
 
     def append(self, record: dict) -> None:
         """One write of one line, then fsync: a crash leaves the line whole or cut short,
-        never interleaved with another."""
+        never interleaved with another. A line another job's short write (a full disk) left
+        without its newline is ended first, so that this record does not join it."""
         if not is_writer():
             return
         line = (json.dumps(record) + "\n").encode()
         created = not self.path.exists()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                line = b"\n" + line
             if os.write(fd, line) != len(line):
                 raise OSError(f"{self.path}: short write of a record")
             os.fsync(fd)

@@ -39,6 +39,23 @@ def test_a_cut_off_last_line_is_skipped_with_a_warning_then_cut(tmp_path):
     assert [r["point"] for r in file.records()] == ["a", "c"]  # no warning: the file is whole
 
 
+def test_an_append_after_another_job_s_short_write_starts_a_line_of_its_own(tmp_path):
+    """A SLURM array task whose write fell short (a full disk) leaves a fragment; another task,
+    running since before it, appended right after it: its finished record was glued to the
+    fragment, and deleting the damaged line that every read then named deleted that record."""
+    file = results.ResultsFile(tmp_path)
+    file.append({"point": "a"})
+    with open(file.path, "a") as f:
+        f.write('{"point": "b", "met')  # the other task's short write
+    file.append({"point": "c"})
+    lines = file.path.read_text().splitlines()
+    assert lines == ['{"point": "a"}', '{"point": "b", "met', '{"point": "c"}']
+    with pytest.raises(results.ResultsError, match="line 2 is not JSON"):
+        file.records()
+    file.path.write_text("\n".join(lines[:1] + lines[2:]) + "\n")  # the advice taken
+    assert [r["point"] for r in file.records()] == ["a", "c"]
+
+
 def test_a_whole_record_without_its_newline_is_kept(tmp_path):
     file = results.ResultsFile(tmp_path)
     file.path.write_text('{"point": "a"}\n\n{"point": "b"}')  # blank lines hold no record
