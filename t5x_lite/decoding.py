@@ -57,7 +57,9 @@ class DecodeResult:
     """What `decode` returns, one row per input row."""
 
     tokens: jax.Array  # int32 [B, max_length]: target ids, EOS included, 0 after EOS
-    scores: jax.Array  # float32 [B]: sum of the tokens' log-probs (beam: / length penalty)
+    # float32 [B]: sum of the tokens' log-probs (beam: / length penalty, but the raw sum for a
+    # row that finished no sequence)
+    scores: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,8 +109,9 @@ def decode(
     `method`: 'greedy'; 'sample' from the model's distribution divided by `temperature`
     (0 = greedy), cut to the `top_k` most likely tokens (0 = all) and to the smallest set
     holding probability `top_p` (nucleus), with the key `rng`; or 'beam' search over
-    `num_beams` beams, ranking finished sequences by log-prob / ((5 + length) / 6) ** alpha
-    (T5X's length penalty). Scores are log-probs under the model itself (temperature 1).
+    `num_beams` beams as T5X's beam search (`_beam_search`): finished sequences ranked by
+    log-prob / ((5 + length) / 6) ** alpha, T5X's length penalty, whose length counts a
+    decoder-only model's prompt. Scores are log-probs under the model itself (temperature 1).
     The pad id 0 is never generated: in the outputs it means "no token", and training never
     has it as a target.
     """
@@ -331,28 +334,33 @@ def _choose(log_probs: jax.Array, settings: _Settings, key: jax.Array) -> jax.Ar
 
 
 def _beam_search(model: nnx.Module, prompt: _Prompt, settings: _Settings) -> DecodeResult:
-    """Beam search with `num_beams` live beams and the `num_beams` best finished sequences.
+    """Beam search as T5X's `decoding.beam_search`: `num_beams` live beams and the `num_beams`
+    best finished sequences.
 
-    Each step extends every live beam by every token and keeps the 2k best candidates. One
-    that ends (EOS, or max_length reached) joins the finished set if it ranks among the k
-    best candidates, as in greedy decoding (so one beam is greedy decoding, up to the length
-    penalty); the k best that do not end stay live. A row is done when no live beam can
-    still beat its worst finished score: log-probs only fall, and the length penalty is at
-    most that of max_length.
+    Each step extends every live beam by every token and keeps the 2k most likely candidates.
+    Every one of the 2k that ends in EOS joins the finished set, scored by its log-probability
+    over the length penalty ((5 + length) / 6) ** alpha, where for a decoder-only model the
+    length counts its prompt too (T5X's `initial_index`); the k most likely that do not end
+    stay live. A row is done when no live beam can still beat its worst finished score
+    (log-probs only fall, and the length penalty is at most that of max_length). A row with no
+    finished sequence after max_length steps returns its most likely live one and that raw
+    log-probability, as T5X does.
     """
     k, max_length = settings.num_beams, settings.max_length
     batch_size = prompt.end.shape[0]
     copies = jnp.repeat(jnp.arange(batch_size), k)  # row b * k + beam
     beams = jax.tree.map(lambda x: x[copies], prompt.replace(cache=None)).replace(
         cache=select_cache_rows(prompt.cache, copies))
+    # Tokens before the first generated one: 0 for an encoder-decoder's decoder.
+    prompt_length = prompt.end.astype(jnp.float32)[:, None]
 
     def length_penalty(length):
-        return ((5.0 + length) / 6.0) ** settings.alpha
+        return ((5.0 + prompt_length + length) / 6.0) ** settings.alpha
 
     def unfinished(carry):
         t, _, live_log_probs, _, finished_scores, _, _ = carry
-        best_reachable = live_log_probs[:, 0] / length_penalty(max_length)
-        return (t < max_length) & jnp.any(best_reachable > finished_scores[:, -1])
+        best_reachable = live_log_probs[:, :1] / length_penalty(max_length)
+        return (t < max_length) & jnp.any(best_reachable[:, 0] > finished_scores[:, -1])
 
     def step(carry):
         t, live_tokens, live_log_probs, finished_tokens, finished_scores, last, cache = carry
@@ -364,13 +372,13 @@ def _beam_search(model: nnx.Module, prompt: _Prompt, settings: _Settings) -> Dec
         parent, token = top_index // vocab, top_index % vocab
         top_tokens = _take_rows(live_tokens, parent).at[:, :, t].set(token)
 
-        ends = ((token == EOS_ID) | (t == max_length - 1)) & (jnp.arange(2 * k) < k)
+        ends = token == EOS_ID
         ended_scores = jnp.where(ends, top_log_probs / length_penalty(t + 1), -jnp.inf)
         finished_scores, (finished_tokens,) = _keep_best(
             jnp.concatenate([finished_scores, ended_scores], axis=1), k,
             jnp.concatenate([finished_tokens, top_tokens], axis=1))
 
-        continuing = jnp.where(token == EOS_ID, -jnp.inf, top_log_probs)
+        continuing = jnp.where(ends, -jnp.inf, top_log_probs)
         live_log_probs, (live_tokens, parent, token) = _keep_best(
             continuing, k, top_tokens, parent, token)
         rows = (jnp.arange(batch_size)[:, None] * k + parent).reshape(-1)
@@ -385,8 +393,11 @@ def _beam_search(model: nnx.Module, prompt: _Prompt, settings: _Settings) -> Dec
     no_scores = jnp.full((batch_size, k), -jnp.inf)
     carry = (jnp.int32(0), no_tokens, live_log_probs, no_tokens, no_scores, beams.token,
              beams.cache)
-    _, _, _, finished_tokens, finished_scores, _, _ = jax.lax.while_loop(unfinished, step, carry)
-    return DecodeResult(finished_tokens[:, 0], finished_scores[:, 0])
+    _, live_tokens, live_log_probs, finished_tokens, finished_scores, _, _ = jax.lax.while_loop(
+        unfinished, step, carry)
+    any_finished = finished_scores[:, 0] > -jnp.inf
+    return DecodeResult(jnp.where(any_finished[:, None], finished_tokens[:, 0], live_tokens[:, 0]),
+                        jnp.where(any_finished, finished_scores[:, 0], live_log_probs[:, 0]))
 
 
 def _take_rows(x: jax.Array, index: jax.Array) -> jax.Array:
