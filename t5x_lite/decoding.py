@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import flax
 import jax
@@ -119,6 +120,8 @@ def decode(
                                top_k, top_p)
     if method == "sample" and rng is None:
         raise ValueError("method='sample' needs rng (a jax.random key)")
+    if isinstance(inputs, np.ndarray):  # host rows: checked here, where it costs no transfer
+        _check_host_inputs(inputs, model.vocab_size)
     inputs = jnp.asarray(inputs)
     if inputs.ndim != 2 or not jnp.issubdtype(inputs.dtype, jnp.integer):
         raise ValueError(f"inputs must be an integer array [batch, length]; got "
@@ -137,7 +140,9 @@ def score(model: nnx.Module, batch: dict[str, np.ndarray], *,
     `batch` is laid out as `data.pipeline.pad_examples` makes it (the batch format of the
     architecture's family); ranking label words by this score classifies (`t5x_lite.zero_shot`).
     Its arrays may be global arrays whose rows are spread over several processes; every
-    process then gets all `B` scores.
+    process then gets all `B` scores. `arch` (default `model.arch`) as `decode` takes it: a
+    `language_model` run's model is built as 'prefix_lm' and is scored causally only when told
+    arch='language_model'.
     """
     arch = _check_arch(model, arch)
     required = batch_format.row_keys(architectures.get(arch).family)
@@ -178,6 +183,21 @@ def _check_arch(model: nnx.Module, arch: str | None) -> str:
     return arch
 
 
+def _check_host_inputs(inputs: np.ndarray, vocab_size: int) -> None:
+    """Ids outside the vocabulary gave NaN scores, and a row padded at its front decoded from
+    the wrong prompt (the prompt ends at its count of real tokens)."""
+    if inputs.ndim != 2 or not np.issubdtype(inputs.dtype, np.integer):
+        return  # said below, for every kind of array
+    if inputs.size and not 0 <= inputs.min() <= inputs.max() < vocab_size:
+        raise ValueError(f"inputs hold ids from {inputs.min()} to {inputs.max()}; the model's "
+                         f"are 0 to {vocab_size - 1}")
+    real = inputs != PAD_ID
+    if (real[:, 1:] & ~real[:, :-1]).any():
+        row = int(np.flatnonzero((real[:, 1:] & ~real[:, :-1]).any(axis=1))[0])
+        raise ValueError(f"inputs row {row} has padding (0) before a token; rows must be the "
+                         "encoded inputs first, right-padded with 0")
+
+
 def _check_settings(model: nnx.Module, arch: str | None, method: str, max_length: int,
                     num_beams: int, alpha: float, temperature: float, top_k: int,
                     top_p: float) -> _Settings:
@@ -196,10 +216,10 @@ def _check_settings(model: nnx.Module, arch: str | None, method: str, max_length
     require_integer("top_k", top_k, 0)
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p={top_p!r} must be in (0, 1]")
-    if not temperature >= 0.0:
-        raise ValueError(f"temperature={temperature!r} must be >= 0 (0 = greedy)")
-    if not alpha >= 0.0:
-        raise ValueError(f"alpha={alpha!r} must be >= 0 (0 = no length penalty)")
+    if not 0.0 <= temperature < math.inf:
+        raise ValueError(f"temperature={temperature!r} must be finite and >= 0 (0 = greedy)")
+    if not 0.0 <= alpha < math.inf:
+        raise ValueError(f"alpha={alpha!r} must be finite and >= 0 (0 = no length penalty)")
     return _Settings(_check_arch(model, arch), method, max_length, num_beams, float(alpha),
                      float(temperature), top_k, float(top_p))
 

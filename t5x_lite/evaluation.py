@@ -251,6 +251,11 @@ class TaskSplit:
                                         ft.eval_selection)
         if not self.examples:
             raise ValueError(f"task {task.name!r} has no labeled {split} examples")
+        unlabeled = sum(ex.targets is None for ex in self.examples)
+        if unlabeled:  # a benchmark's hidden test labels: nothing to score against
+            raise ConfigError(f"the {split} split of task {task.name!r} is unlabeled "
+                              f"({unlabeled} of {len(self.examples)} examples have no targets); "
+                              "score a labeled split, e.g. --split validation")
         encoded = pipeline.encode_examples(vocab, ((ex.inputs, ex.targets)
                                                    for ex in self.examples))
         self.encoded, self.truncated = pipeline.truncate_examples(
@@ -364,19 +369,27 @@ def evaluate(config: ml_collections.ConfigDict, params_or_checkpoint: Any,
     at most `finetune.eval_examples` examples per task.
     """
     config, task_list = check_finetune_settings(config, task_names, "tasks")
+    mesh, vocab, splits = scoring_set_up(config, task_list, split)
+    params = params_of(config, params_or_checkpoint, mesh)
+    evaluator = Evaluator(config, splits, vocab, mesh)
+    with scoring_note(splits, f"decoding at most {evaluator.max_length} tokens each"):
+        results = evaluator(params)
+    return {name: result["metrics"] for name, result in results.items()}
+
+
+def scoring_set_up(config: ml_collections.ConfigDict, task_list: Sequence[tasks.Task],
+                   split: str) -> tuple[Any, Vocabulary, list[TaskSplit]]:
+    """(mesh, vocabulary, each task's `split` as a `TaskSplit`) that `evaluate` and
+    `zero_shot.evaluate` score, read before the parameters: a bad batch split or an unlabeled
+    split is a one-line error before a checkpoint is read."""
     mesh = partitioning.make_mesh(config.mesh)
     # Fine-tuning checks its batch split in the run set-up; evaluation has no micro-batches.
     partitioning.validate_batch_split(config.finetune.batch_size, 1, mesh,
                                       partitioning.normalize_rules(config.mesh.rules),
                                       "finetune.batch_size")
-    params = params_of(config, params_or_checkpoint, mesh)
     vocab = pipeline.vocabulary_from_config(config)
-    splits = [TaskSplit(task, split, config, vocab, config.finetune.eval_examples)
-              for task in task_list]
-    evaluator = Evaluator(config, splits, vocab, mesh)
-    with scoring_note(splits, f"decoding at most {evaluator.max_length} tokens each"):
-        results = evaluator(params)
-    return {name: result["metrics"] for name, result in results.items()}
+    return mesh, vocab, [TaskSplit(task, split, config, vocab, config.finetune.eval_examples)
+                         for task in task_list]
 
 
 @contextlib.contextmanager

@@ -44,7 +44,7 @@ from t5x_lite.config import EOS_ID, ConfigError
 from t5x_lite.data import pipeline, tasks
 from t5x_lite.data.vocabulary import Vocabulary
 from t5x_lite.evaluation import (TaskSplit, check_task_names, params_of, scoring_note,
-                                 with_task_lengths)
+                                 scoring_set_up, with_task_lengths)
 from t5x_lite.settings import Finetune, Model
 
 
@@ -153,13 +153,7 @@ def evaluate(config: ml_collections.ConfigDict, params_or_checkpoint: object,
     require_label_options(task_list, "tasks")
     Finetune.from_config(config.finetune)  # a missing or bad field, before it is read
     config = with_task_lengths(config, task_list)
-    mesh = partitioning.make_mesh(config.mesh)
-    partitioning.validate_batch_split(config.finetune.batch_size, 1, mesh,
-                                      partitioning.normalize_rules(config.mesh.rules),
-                                      "finetune.batch_size")
-    vocab = pipeline.vocabulary_from_config(config)
-    splits = [TaskSplit(task, split, config, vocab, config.finetune.eval_examples)
-              for task in task_list]
+    mesh, vocab, splits = scoring_set_up(config, task_list, split)
     scorer = ZeroShotScorer(config, splits, vocab, mesh)  # checks the options' lengths
     params = params_of(config, params_or_checkpoint, mesh)
     with scoring_note(splits, "zero-shot: ranking each task's label options"):

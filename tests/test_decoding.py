@@ -326,7 +326,10 @@ def test_numpy_integers_are_integers():
     (dict(method="beam", num_beams=0), "num_beams=0 must be an integer >= 1"),
     (dict(method="sample", top_p=0.0), r"top_p=0.0 must be in \(0, 1\]"),
     (dict(method="sample", top_p=1.5), r"top_p=1.5 must be in \(0, 1\]"),
-    (dict(method="sample", temperature=-1.0), "temperature=-1.0 must be >= 0"),
+    (dict(method="sample", temperature=-1.0), "temperature=-1.0 must be finite and >= 0"),
+    # Infinite: every logit -inf/inf, so pad ids with -inf scores came back.
+    (dict(method="sample", temperature=float("inf")), "temperature=inf must be finite"),
+    (dict(method="beam", alpha=float("nan")), "alpha=nan must be finite and >= 0"),
     (dict(method="sample"), "method='sample' needs rng"),
     (dict(arch="prefix_lm"), "arch='prefix_lm' is not allowed for this EncoderDecoder; "
                              "choose one of encoder_decoder, encoder_decoder_shared"),
@@ -335,6 +338,19 @@ def test_bad_arguments_name_what_is_wrong(kwargs, message):
     kwargs = {"max_length": MAX_LENGTH, **kwargs}
     with pytest.raises(ValueError, match=message):
         decode(tiny_model("encoder_decoder"), INPUTS, **kwargs)
+
+
+@pytest.mark.parametrize("inputs, message", [
+    # An id past the vocabulary gave a NaN score.
+    ([[7, VOCAB, 1]], f"inputs hold ids from 1 to {VOCAB}; the model's are 0 to {VOCAB - 1}"),
+    ([[7, -2, 1]], "inputs hold ids from -2 to 7"),
+    # Left padding decoded from the wrong prompt (it ends at the count of real tokens).
+    ([[7, 9, 1], [0, 5, 1]], "inputs row 1 has padding \\(0\\) before a token; rows must be "
+                             "the encoded inputs first, right-padded with 0"),
+])
+def test_host_inputs_outside_the_vocabulary_or_padded_in_front_are_refused(inputs, message):
+    with pytest.raises(ValueError, match=message):
+        decode(tiny_model("prefix_lm"), np.array(inputs, np.int32), max_length=MAX_LENGTH)
 
 
 def test_score_names_missing_batch_keys():

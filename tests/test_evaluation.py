@@ -792,3 +792,24 @@ def test_evaluate_scores_a_model_converted_from_hugging_face_as_it_predicts(data
         assert evaluation.evaluate(config, model, [echo.name]) == {echo.name: {"accuracy": 100.0}}
     finally:
         del tasks.TASKS[echo.name]
+
+
+@pytest.mark.parametrize("score", ["evaluate", "zero_shot"])
+def test_an_unlabeled_split_is_one_line_before_the_checkpoint_is_read(score, data, tmp_path,
+                                                                      monkeypatch):
+    """GLUE's test splits hide their labels: `eval --split test` read the checkpoint, then died
+    in SentencePiece with a TypeError on the missing targets."""
+    from t5x_lite import zero_shot
+
+    def unlabeled(record):
+        return tasks.Example(f"reverse: {record['letters']}", None, ())
+
+    task = tasks.Task("test_unlabeled", reverse_records, unlabeled, ("accuracy",),
+                      {"train": "train", "validation": "validation", "test": "validation"},
+                      label_options=("a", "b"))
+    monkeypatch.setitem(tasks.TASKS, task.name, task)
+    run = evaluation.evaluate if score == "evaluate" else zero_shot.evaluate
+    with pytest.raises(ConfigError, match=r"^the test split of task 'test_unlabeled' is "
+                       r"unlabeled \(16 of 16 examples have no targets\); score a labeled "
+                       r"split, e\.g\. --split validation$"):
+        run(config_for(data), str(tmp_path / "no_checkpoint_here"), [task.name], "test")
