@@ -80,6 +80,10 @@ def _pretrain_plan(configs: Sequence[ml_collections.ConfigDict],
         for config, source in zip(configs, sources):
             if config.train.eval_every:  # before the run writes (or --restart deletes) anything
                 held_out.require_room(config, layout, source, steps or config.train.steps)
+        passes = sources[0].passes(steps or configs[0].train.steps)
+        if passes > 1:  # the `small` preset reads the shared sample some 200 times: say so
+            print(f"pre-training reads the corpus {passes:.1f} times ({sources[0].num_chunks} "
+                  f"chunks of at most {layout.raw_length} tokens)", file=sys.stderr, flush=True)
         return _RawBatches(sources, vmapped)
 
     def make_step(mesh: jax.sharding.Mesh) -> TrainStep:

@@ -403,8 +403,9 @@ def test_missing_input_is_one_line_naming_the_path(tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["t5x-lite", "train", "--preset=demo", f"--workdir={tmp_path / 'run'}",
                   f"--config.data.vocab={tmp_path / 'none.model'}"])
-    assert exit_info.value.code == (f"t5x-lite train: vocabulary path "
-                                    f"'{tmp_path / 'none.model'}' is not a file")
+    assert exit_info.value.code == (
+        f"t5x-lite train: invalid config: data.vocab='{tmp_path / 'none.model'}' is not a "
+        "file: give a SentencePiece .model path, or '' to train one on data.corpus")
 
 
 def test_a_damaged_saved_config_or_an_unknown_split_is_one_line_naming_it(tmp_path):

@@ -77,6 +77,12 @@ def test_each_epoch_visits_every_chunk_once_in_a_new_order(vocab):
     assert not np.array_equal(first, second)
 
 
+def test_passes_count_the_corpus_read_by_a_run_s_steps(vocab):
+    data = make(vocab, global_batch_size=5)
+    assert data.passes(data.num_chunks) == 5.0  # 5 rows a step
+    assert data.passes(1) == 5 / data.num_chunks
+
+
 def _chunk_numbers(rows: np.ndarray) -> set[int]:
     """The chunks `rows` are, for data whose stream was replaced by np.arange (chunk c holds
     c * 16 ... c * 16 + 15)."""
@@ -247,6 +253,9 @@ def test_a_vocabulary_file_sentencepiece_cannot_read_is_a_config_error(tmp_path)
     config.data.update(vocab=str(tmp_path / "vocab.model"), data_dir=str(tmp_path / "dd"))
     with pytest.raises(ConfigError, match=r"^data\.vocab='.*/vocab\.model' is not a "
                                           r"SentencePiece model file"):
+        pipeline.vocabulary_from_config(config)
+    config.data.vocab = str(tmp_path / "missing.model")  # named by its field, as the others
+    with pytest.raises(ConfigError, match=r"^data\.vocab='.*/missing\.model' is not a file"):
         pipeline.vocabulary_from_config(config)
 
 

@@ -494,6 +494,7 @@ def test_train_writes_metrics_checkpoints_and_resumes(tmp_path, capsys, monkeypa
         assert saved == ["2", "4"]
         logged = capsys.readouterr().err
         assert "step 2/4 loss" in logged and "step 4/4 loss" in logged and "eta" in logged
+        assert "reads the corpus" not in logged  # 32 rows of its chunks: less than one pass
         # The wait for the first step's compile is announced, and its length told after.
         assert logged.count("the first step waits for its program") == 1
         assert f"step 1: the step program was ready in {records[0]['compile_s']:.1f} s" in logged

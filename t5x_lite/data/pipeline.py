@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import socket
 import time
 from typing import Any, Iterable, Sequence
 
@@ -195,10 +196,16 @@ class PretrainData:
         path = os.path.join(cache_dir, f"tokens-{digest.hexdigest()[:20]}.npy")
         if not os.path.isfile(path):
             os.makedirs(cache_dir, exist_ok=True)
-            tmp = f"{path}.tmp{os.getpid()}.npy"
+            # Named per host and process: hosts sharing data_dir may run under equal pids.
+            tmp = f"{path}.tmp{socket.gethostname()}-{os.getpid()}.npy"
             np.save(tmp, tokenize_stream(vocab, texts()))
             os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
         return np.load(path, mmap_mode="r")
+
+    def passes(self, steps: int) -> float:
+        """How many times `steps` steps read the corpus's chunks (T5's section 3.4.2: repeated
+        text hurts past a few passes)."""
+        return steps * self.global_batch_size / self.num_chunks
 
     @property
     def steps_per_epoch(self) -> int:
@@ -272,6 +279,10 @@ def vocabulary_from_config(config: ml_collections.ConfigDict) -> Vocabulary:
     if config.data.vocab:
         try:
             vocab = load_vocabulary(config.data.vocab, config.model.num_sentinels)
+        except FileNotFoundError:
+            raise ConfigError(f"data.vocab={config.data.vocab!r} is not a file: give a "
+                              "SentencePiece .model path, or '' to train one on data.corpus"
+                              ) from None
         except RuntimeError:  # SentencePiece's, from C++: "[model_proto->ParseFromArray(...)]"
             raise ConfigError(f"data.vocab={config.data.vocab!r} is not a SentencePiece model "
                               "file: give a .model path, or '' to train one on data.corpus"
@@ -284,7 +295,9 @@ def vocabulary_from_config(config: ml_collections.ConfigDict) -> Vocabulary:
                                      cache_dir=os.path.join(data_dir, "vocab"))
         except ValueError as error:  # e.g. more ids than the corpus has pieces for
             raise ConfigError(f"model.vocab_size={config.model.vocab_size} on data.corpus="
-                              f"{config.data.corpus!r}: {error}") from None
+                              f"{config.data.corpus!r}: {error}; give data.vocab (a "
+                              "SentencePiece .model, e.g. T5's public 32,000-piece one for "
+                              "the paper preset) or a data.corpus with more text") from None
     if vocab.vocab_size != config.model.vocab_size:
         raise ConfigError(f"model.vocab_size={config.model.vocab_size} but the vocabulary "
                           f"data.vocab={config.data.vocab!r} has {vocab.vocab_size} ids")

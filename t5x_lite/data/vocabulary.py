@@ -11,6 +11,7 @@ import hashlib
 import io
 import json
 import os
+import socket
 from typing import Iterable, Sequence
 
 import sentencepiece as spm
@@ -170,7 +171,7 @@ def train_vocabulary(
                          f"(num_extra_ids={num_extra_ids}) on this text: {e}") from e
     if path:
         os.makedirs(cache_dir, exist_ok=True)
-        tmp = f"{path}.tmp{os.getpid()}"
+        tmp = f"{path}.tmp{socket.gethostname()}-{os.getpid()}"  # hosts may share the folder
         with open(tmp, "wb") as f:
             f.write(model.getvalue())
         os.replace(tmp, path)  # atomic: concurrent processes never read half a model
