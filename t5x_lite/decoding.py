@@ -42,7 +42,7 @@ from t5x_lite import architectures, attention, batch_format
 from t5x_lite.config import EOS_ID, PAD_ID
 from t5x_lite.errors import require_integer
 from t5x_lite.layers import Cache, cache_slots, select_cache_rows
-from t5x_lite.models import make_masks
+from t5x_lite.models import decoding_mask, make_masks
 
 METHODS = ("greedy", "sample", "beam")
 
@@ -278,9 +278,8 @@ def _prefill(model: nnx.Module, inputs: jax.Array, settings: _Settings) -> _Prom
     end = jnp.sum(inputs > 0, axis=1, dtype=jnp.int32)  # the input's EOS sits here
     cache = model.init_cache(batch_size, tokens.shape[1] + settings.max_length - 1)
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-    prefix_length = (jnp.sum(prompt["inputs_mask"], axis=1, dtype=jnp.int32)
-                     if architecture.prefix_attention else None)
-    mask = attention.cache_mask(positions, cache_slots(cache), prefix_length)
+    mask = decoding_mask(settings.arch, positions, cache_slots(cache),
+                         jnp.sum(prompt["inputs_mask"], axis=1, dtype=jnp.int32))
     # Slots past a row's prompt get padding's keys here; each is overwritten by the step that
     # first makes it visible. The first step recomputes slot `end` (the same keys / values:
     # that position sees the same slots either way) and gives the first target's logits.
@@ -292,7 +291,7 @@ def _step(model: nnx.Module, prompt: _Prompt, cache: Cache, tokens: jax.Array,
           positions: jax.Array, arch: str) -> tuple[jax.Array, Cache]:
     """Feed `tokens [N]` at `positions [N]`: logits `[N, vocab]` for the next ones, new cache
     (positions read as `arch` reads them)."""
-    mask = attention.cache_mask(positions[:, None], cache_slots(cache))
+    mask = decoding_mask(arch, positions[:, None], cache_slots(cache))
     logits, cache = model.extend(tokens[:, None], positions[:, None], mask, cache,
                                  prompt.cross_mask, arch=arch)
     return logits[:, 0], cache

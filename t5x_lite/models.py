@@ -7,7 +7,8 @@ of Table 2) or `OneStack`, the LM head on a single stack: a decoder (`language_m
 (`encoder_only`).
 
 `make_masks(batch, arch)` is the only place where the architecture decides what a position
-may see; a model called without masks calls it. (The train step builds an architecture as the
+may see (`decoding_mask`, beside it, gives its decoder's rule over a decoding cache); a model
+called without masks calls it. (The train step builds an architecture as the
 one whose program it shares, `language_model` as `prefix_lm`, and ANDs `inputs_mask` with a
 traced flag, so they share one compilation; with the flag off, the prefix mask is the causal
 mask.) `model(batch)` returns float32 logits `[B, target_len, vocab]` for encoder-decoders and
@@ -91,6 +92,16 @@ def make_masks(batch: Batch, arch: str,
             masks["cross_mask"] = attention.cross_attention_mask(
                 valid[role], valid["encoder"], segments[role], segments["encoder"])
     return masks
+
+
+def decoding_mask(arch: str, query_positions: jax.Array, cache_length: int,
+                  prefix_length: jax.Array | None = None) -> jax.Array:
+    """`bool [B, 1, Lq, cache_length]`: `make_masks`' decoder rule over the slots of a decoding
+    cache (slot j holds position j) for queries at `query_positions [B, Lq]`: causal, and for
+    an architecture with prefix attention, the prompt's `prefix_length [B]` positions seen
+    whole by the queries inside it (None: queries past every prefix, a decoding step)."""
+    prefix = prefix_length if architectures.get(arch).prefix_attention else None
+    return attention.cache_mask(query_positions, cache_length, prefix)
 
 
 def _padding_and_segments(valid: jax.Array, segments: jax.Array | None) -> jax.Array:
