@@ -1,4 +1,4 @@
-"""`t5x-lite COMMAND [flags]`: the command line. Parses flags and calls the library; no logic.
+"""`t5x-lite COMMAND [flags]`: the command line. Parses and checks flags, then calls the library.
 
 `t5x-lite --help` lists the commands (`COMMANDS`); `t5x-lite COMMAND --help` prints that
 command's flags, how `--config.FIELD=VALUE` overrides work and an example. Every command is an

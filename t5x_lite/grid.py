@@ -56,6 +56,7 @@ from t5x_lite.config import (BUDGETS, ConfigError, apply_overrides, call_get_con
                              drop_unread_objective_fields, flat_fields, parse_overrides,
                              require_override_list, run_user_file)
 from t5x_lite.errors import require_choice
+from t5x_lite.results import Budget
 from t5x_lite.settings import (SCHEDULES_ENDING_AT_STEPS, Finetune, Settings, Sweep, Train,
                                require_trainable)
 
@@ -97,17 +98,6 @@ class StepCost:
     def of_budget(self, kind: str) -> float:
         """The cost of one step in the unit of `sweep.budget=kind` ("tokens" or "flops")."""
         return float(self.tokens if kind == "tokens" else self.flops)
-
-
-@dataclasses.dataclass(frozen=True)
-class Budget:
-    """A compute-matched sweep's budget: `kind` ("tokens" or "flops") of `reference`'s
-    pre-training in its `reference_steps` configured steps, `total` in that unit."""
-
-    kind: str
-    reference: str
-    reference_steps: int
-    total: float
 
 
 @dataclasses.dataclass(frozen=True)

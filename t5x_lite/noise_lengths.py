@@ -104,12 +104,6 @@ def length_distributions(objective: str, num_tokens: int,
             for name, count in COUNTS[objective].items()}
 
 
-def tail_probability(pmf: np.ndarray, bound: int) -> float:
-    """P(length > bound) for a distribution float64[max + 1] (summed directly, not as 1 - cdf,
-    so that tails far below float64's epsilon keep their precision)."""
-    return float(np.sum(pmf[bound + 1:]))
-
-
 def smallest_bound(pmf: np.ndarray, probability: float = OVERFLOW_PROBABILITY) -> int:
     """The smallest t with P(length > t) <= probability."""
     # exceeds[t] = P(length > t), accumulated from the top so that small tails stay exact.

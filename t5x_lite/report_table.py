@@ -63,7 +63,7 @@ import scipy.stats
 
 from t5x_lite import findings, paper_results
 from t5x_lite.paper_results import PaperRow, PaperTable
-from t5x_lite.results import latest_records, numbered_records
+from t5x_lite.results import Budget, latest_records, numbered_records
 
 # not_applicable: a task the architecture cannot be scored on (a generation task for
 # encoder_only, `evaluation.not_applicable`); the cell shows "n/a", never a number.
@@ -219,17 +219,6 @@ class Compute:
     tokens_per_step: int
     loss_tokens_per_step: float
     pretrain_flops: float
-
-
-@dataclasses.dataclass(frozen=True)
-class Budget:
-    """What matched the points: `kind` ("tokens" or "flops") of `reference`'s pre-training in
-    its `reference_steps` configured steps, `total` in that unit."""
-
-    kind: str
-    reference: str
-    reference_steps: int
-    total: float
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,6 +22,7 @@ it raises, naming the file and the line: silently dropping a record would change
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import uuid
@@ -30,6 +31,18 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 RESULTS_FILE = "results.jsonl"
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """A compute-matched sweep's budget, as its grid derives it and its records carry it
+    (`budget*` fields): `kind` ("tokens" or "flops") of `reference`'s pre-training in its
+    `reference_steps` configured steps, `total` in that unit."""
+
+    kind: str
+    reference: str
+    reference_steps: int
+    total: float
 
 
 class ResultsError(ValueError):

@@ -15,9 +15,10 @@ again with `zero_shot` (the last record of a key counts, `results.latest_records
 on the workdir is a zero-shot sweep, which is not resumed without the stage.
 
 Held-out loss: with `train.eval_every` > 0 each point's records carry its pre-training
-held-out loss (`t5x_lite.held_out`). It observes and computes nothing, so switching it on
-keeps the workdir's sweep; a re-run with it scores every finished point that lacks it from its
-final checkpoint (nothing is trained again) and appends its records again with it.
+held-out loss (`t5x_lite.held_out`). It observes and changes nothing a point computes, so
+switching it on keeps the workdir's sweep; a re-run with it scores every finished point that
+lacks it from its final checkpoint (nothing is trained again) and appends its records again
+with it.
 
 Points sharing a layout (`t5x_lite.grid`) share one compiled pre-training step; with
 `run_sweep(..., vmap=K)` up to K of them (differing only in objective and seed) pre-train
@@ -164,15 +165,18 @@ def _failure(stage: str, error: Exception) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def _failed_record(base: dict[str, Any], task: str, error_text: str) -> dict[str, Any]:
-    """`task`'s record of a point whose stage failed with `error_text` (`_failure`'s)."""
+def _unscored_record(base: dict[str, Any], task: str, error_text: str,
+                     status: str = "failed") -> dict[str, Any]:
+    """`task`'s record without scores: of a point whose stage failed with `error_text`
+    (`_failure`'s), or of a task the architecture cannot be scored on (status
+    "not_applicable", `error_text` its reason)."""
     return {"wall_s": None, "compile_s": None, "compiles": None, **base, "task": task,
-            "metrics": {}, "status": "failed", "error": error_text}
+            "metrics": {}, "status": status, "error": error_text}
 
 
 def _pretraining_failed(point: GridPoint, error: Exception) -> list[dict]:
     error_text = _failure(f"{point.point} (seed {point.seed})", error)
-    return [_failed_record(base_record(point), task, error_text)
+    return [_unscored_record(base_record(point), task, error_text)
             for task in point.config.sweep.tasks]
 
 
@@ -328,9 +332,7 @@ def _finetune_tasks(point: GridPoint, workdir: str, started: float,
     for task in pending:
         reason = evaluation.not_applicable(config.model.arch, tasks.TASKS[task])
         if reason:  # e.g. a generation task for encoder_only: recorded, not run, not failed
-            records[task] = {"wall_s": None, "compile_s": None, "compiles": None,
-                             **stages.pop(task), "task": task, "metrics": {},
-                             "status": "not_applicable", "error": reason}
+            records[task] = _unscored_record(stages.pop(task), task, reason, "not_applicable")
             write_json(point.record_path(workdir, task), records[task])
     # A run trains on all its tasks, recorded ones too, so that a resumed run's mixture is the
     # one it began with (`sweep_workdir.require_current` refuses records of another mixture).
@@ -352,7 +354,7 @@ def _finetune_tasks(point: GridPoint, workdir: str, started: float,
         except Exception as error:  # recorded as failed; the other runs still run
             error_text = _failure(f"{point.point} (seed {point.seed}) {' + '.join(run_tasks)}",
                                   error)
-            records.update({task: _failed_record(task_stages, task, error_text)
+            records.update({task: _unscored_record(task_stages, task, error_text)
                             for task, task_stages in run_stages.items()})
             continue
         for task, task_stages in run_stages.items():
@@ -431,8 +433,8 @@ def _add_to_finished(points: Sequence[GridPoint], latest: dict[tuple, dict], wor
     checkpoint. Each amended record is appended to results.jsonl (the last record of a key
     counts), rewrites the point's saved record and replaces its entry in `latest`, so that a
     stage after this one amends it and keeps these fields; nothing is trained or fine-tuned.
-    A signal `watch` received stops it (`Preempted`) before the next point: it went on to the
-    last point and exited 0 (the held-out loss) or died with 143 (zero-shot scores)."""
+    A signal `watch` received stops it (`Preempted`) before the next point (it used to go on
+    to the last point and exit 0, or die with 143)."""
     for point in points:
         keys = [key for key, record in latest.items()
                 if key[:2] == (point.point, point.seed) and stage.lacks(record)]

@@ -54,8 +54,7 @@ class PlannedRun:
     program: int
     checkpoint_step: int | None
     tasks_left: int
-    finetunes: int  # its fine-tuning runs (`GridPoint.finetune_runs`)
-    finetunes_left: int  # of which with a task left
+    finetunes_left: int  # its fine-tuning runs (`GridPoint.finetune_runs`) with a task left
     stages_left: tuple[str, ...]  # what `sweep.LATER_STAGES` would add to its records
 
     @property
@@ -131,8 +130,7 @@ def plan_sweep(experiment: str, preset: str, workdir: str, overrides: Sequence[s
             program,
             newest_step(point.pretrain_directory(workdir_path) / CHECKPOINTS_DIR)
             if state != "new" else None,
-            len(left), len(point_finetunes),
-            sum(not left.isdisjoint(run) for run in point_finetunes),
+            len(left), sum(not left.isdisjoint(run) for run in point_finetunes),
             tuple(stage.what for stage in LATER_STAGES
                   if stage.on(point.config) and any(map(stage.lacks, latest)))))
     todo = [point for point, run in zip(points, runs) if run.tasks_left]
