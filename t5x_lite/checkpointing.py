@@ -389,6 +389,8 @@ class Checkpointer:
         self._changed_settings: list[str] = []  # the saved config's from config, on resume
         if restart:
             self._wipe()
+        if require_existing and not self.directory.exists():  # before orbax makes the folder
+            self._refuse_missing()
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
@@ -417,13 +419,14 @@ class Checkpointer:
                 self.directory.rmtree()
         ocp.multihost.sync_global_processes("t5x_lite_checkpoint_wipe")
 
+    def _refuse_missing(self) -> None:
+        raise ConfigError(f"resume requested but {self.directory} holds no checkpoint; start a "
+                          "new run without --resume, or point --workdir at an existing run")
+
     def _check_resumable(self, require_existing: bool) -> None:
         if self.latest_step() is None:
             if require_existing:
-                raise ConfigError(
-                    f"resume requested but {self.directory} holds no checkpoint; start a new "
-                    "run without the resume flag, or point --workdir at an existing run"
-                )
+                self._refuse_missing()
             return
         saved = read_saved_config(self.directory)
         if saved is None:

@@ -234,12 +234,17 @@ def _train(argv: list[str]) -> None:
                         "(default: config.train.steps)")
     parser.add_argument("--init_from_hf", metavar="DIR", help=f"{_HF_HELP}; pre-training "
                         "continues from its parameters (default: random parameters)")
+    parser.add_argument("--resume", action="store_true", help="only resume: an error if "
+                        "--workdir holds no checkpoint (a requeued job given a mistyped "
+                        "--workdir would otherwise start over there)")
     args, overrides = _parse(parser, argv)
+    if args.resume and args.restart:
+        parser.error("--resume and --restart contradict each other: give one")
     config, params = _hf_start(_config(args, overrides), args.init_from_hf, overrides)
     # Joins a multi-host run when the JAX_* / SLURM / TPU VM environment describes one.
     initialize_distributed()
     summary = train(config, args.workdir, steps=args.steps, restart=args.restart,
-                    init_params=params)
+                    resume=args.resume, init_params=params)
     print(json.dumps(summary, indent=2))
 
 

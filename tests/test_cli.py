@@ -168,7 +168,9 @@ def test_flags_that_cannot_work_are_refused_before_any_work(capsys):
             (["sweep", "table2", "--workdir", "w", "--launcher", "parallel", "--address", "h:1"],
              "--address is for --launcher ray; this sweep's launcher is parallel"),
             (["sweep", "table2", "--workdir", "w", "--dry_run", "--launcher", "ray", "--vmap",
-              "2"], "--vmap is for --launcher local or parallel; this sweep's launcher is ray")):
+              "2"], "--vmap is for --launcher local or parallel; this sweep's launcher is ray"),
+            (["train", "--workdir", "w", "--resume", "--restart"],
+             "--resume and --restart contradict each other: give one")):
         with pytest.raises(SystemExit):
             cli.main(["t5x-lite", *argv])
         assert message in capsys.readouterr().err, argv
@@ -395,6 +397,17 @@ def test_a_diverged_run_ends_with_one_line_naming_the_step_and_its_checkpoint(mo
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["t5x-lite", "train", "--preset=demo", f"--workdir={tmp_path}"])
     assert exit_info.value.code == f"t5x-lite train: {message}"
+
+
+def test_train_resume_without_a_checkpoint_is_one_line_and_makes_no_run(tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["t5x-lite", "train", "--preset=demo", f"--workdir={tmp_path / 'typo'}",
+                  "--resume"])
+    assert exit_info.value.code == (
+        f"t5x-lite train: invalid config: resume requested but {tmp_path / 'typo' / 'checkpoints'}"
+        " holds no checkpoint; start a new run without --resume, or point --workdir at an "
+        "existing run")
+    assert not (tmp_path / "typo" / "checkpoints").exists()
 
 
 def test_missing_input_is_one_line_naming_the_path(tmp_path):
