@@ -26,8 +26,8 @@ import numpy as np
 from flax import nnx
 
 from t5x_lite import (accounting, architectures, batch_format, compile_events, convert, decoding,
-                      host_memory, loop, objectives, partitioning, programs, train_state,
-                      train_step)
+                      export, host_memory, loop, objectives, partitioning, programs,
+                      train_state, train_step)
 from t5x_lite.config import EOS_ID, NUM_RESERVED_IDS, ConfigError, sentinel_id
 from t5x_lite.models import build_model, make_masks
 from t5x_lite.settings import Settings, require_trainable
@@ -179,15 +179,10 @@ def torch_t5(config: ml_collections.ConfigDict) -> tuple[Any, Any, Any, Any]:
     require_torch_comparable(config)
     torch.manual_seed(0)
     torch.set_num_threads(os.cpu_count() or 1)
-    hf_config = transformers.T5Config(
-        vocab_size=model_cfg.num_embeddings, d_model=model_cfg.d_model, d_kv=model_cfg.d_kv,
-        d_ff=model_cfg.d_ff, num_layers=model_cfg.num_layers, num_heads=model_cfg.num_heads,
-        num_decoder_layers=model_cfg.num_decoder_layers,
-        relative_attention_num_buckets=model_cfg.relpos_buckets,
-        relative_attention_max_distance=model_cfg.relpos_max_distance,
-        dropout_rate=model_cfg.dropout_rate, feed_forward_proj=model_cfg.mlp,
-        tie_word_embeddings=model_cfg.tie_embeddings, decoder_start_token_id=0, pad_token_id=0,
-    )
+    # The config `t5x-lite export` writes for this model (one mapping of our fields to HF's).
+    depths = {stack.role: stack.num_layers(model_cfg)
+              for stack in architectures.get(model_cfg.arch).stacks}
+    hf_config = transformers.T5Config(**export.hf_t5_config(model_cfg, depths))
     model = transformers.T5ForConditionalGeneration(hf_config).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.learning_rate, weight_decay=0.0)
     rng = np.random.default_rng(0)

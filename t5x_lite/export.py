@@ -72,19 +72,10 @@ def require_exportable(arch: str) -> None:
             f"{', '.join(exportable)}")
 
 
-def to_hf_t5(config: ml_collections.ConfigDict,
-             model: nnx.Module) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """(HF `config.json` contents, {HF weight name: float32 array}) of `model`, a network of
-    `config.model` (as `models.build_model`, `convert.from_hf_t5` or a checkpoint give it).
-
-    `T5ForConditionalGeneration(T5Config(**hf_config))` holding these weights returns the
-    logits `model` returns. A `ConfigError` naming `model.arch` refuses the architectures
-    transformers has no T5 class for (decoder-only, encoder-only), before any array is read.
-    """
-    cfg = Model.from_config(config.model)
-    require_exportable(cfg.arch)
-    depths = {role: getattr(model, role).num_layers for role in ("encoder", "decoder")}
-    hf_config = {
+def hf_t5_config(cfg: Model, depths: dict[str, int]) -> dict[str, Any]:
+    """The HF `config.json` contents (`transformers.T5Config` keyword arguments) of a model of
+    `cfg` whose stacks have `depths` {"encoder": layers, "decoder": layers}."""
+    return {
         "architectures": ["T5ForConditionalGeneration"],
         "model_type": "t5",
         "vocab_size": cfg.num_embeddings,  # the rows; padding past the tokenizer's ids included
@@ -101,6 +92,21 @@ def to_hf_t5(config: ml_collections.ConfigDict,
         "initializer_factor": 1.0,
         "dtype": "float32",
     }
+
+
+def to_hf_t5(config: ml_collections.ConfigDict,
+             model: nnx.Module) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """(HF `config.json` contents, {HF weight name: float32 array}) of `model`, a network of
+    `config.model` (as `models.build_model`, `convert.from_hf_t5` or a checkpoint give it).
+
+    `T5ForConditionalGeneration(T5Config(**hf_config))` holding these weights returns the
+    logits `model` returns. A `ConfigError` naming `model.arch` refuses the architectures
+    transformers has no T5 class for (decoder-only, encoder-only), before any array is read.
+    """
+    cfg = Model.from_config(config.model)
+    require_exportable(cfg.arch)
+    depths = {role: getattr(model, role).num_layers for role in ("encoder", "decoder")}
+    hf_config = hf_t5_config(cfg, depths)
     weights: dict[str, np.ndarray] = {}
     stacked: dict[tuple[Any, ...], np.ndarray] = {}
     for hf_name, path, linear_inputs in hf_t5_weights(depths, cfg.mlp, tied=cfg.tie_embeddings):
