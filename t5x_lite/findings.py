@@ -328,7 +328,11 @@ EXPLANATION = (
     "lead of more than 2σ over the rest supports, a row more than 2σ behind the top "
     "contradicts, a tie cannot be separated. 'Similar' means a range within "
     f"{SIMILAR_FRACTION:.1%} of the score, 2σ included (scores averaging under "
-    f"{SIMILAR_FLOOR:g} point cannot be separated). In parentheses: "
+    f"{SIMILAR_FLOOR:g} point cannot be separated). A finding judged in many columns or "
+    "against many rows contradicts by chance more often than one check does: on made-up tables "
+    "whose rows do not differ, with 3 seeds, none supports, but Table 2's 'best on every task' "
+    "and 'language model worst' contradict in about a third of them "
+    "(benchmarks/findings_null.py); read the checks behind such a verdict. In parentheses: "
     "the same comparison on the paper's numbers, whose spread is its baseline's over 10 runs.")
 
 

@@ -244,3 +244,15 @@ def test_describe_shows_our_numbers_and_the_papers():
     headline, lines = findings.describe(ours, paper)
     assert headline == "a claim (nowhere)."
     assert lines == ["x: A at 12.00 vs B at 10.00: +2.00 (paper +0.50), 2σ 1.00: supports."]
+
+
+def test_the_false_alarm_benchmark_runs_every_finding_through_the_report(benchmark_script):
+    """benchmarks/findings_null.py, whose numbers the README and the report's explanation
+    quote: every finding of every table is judged, on the report's own path, and on rows that
+    do not differ (3 seeds) none supports in more than a few of 30 trials."""
+    shares = benchmark_script("findings_null").false_alarms(seeds=3, trials=30)
+    assert {table: len(claims) for table, claims in shares.items()} == {
+        table: sum(f.experiment == table for f in FINDINGS) for table in shares}
+    assert all(0 <= v["contradicts"] <= 1 and v["supports"] <= 0.1
+               for claims in shares.values() for v in claims.values())
+    assert max(v["contradicts"] for v in shares["table2"].values()) > 0  # the multiplicity
