@@ -13,7 +13,8 @@ runtime (`jax.distributed` + XLA SPMD); a sweep's points are spread by something
 - `slurm_script(...)`: an sbatch job array, one array task per grid point, one process per GPU.
 
 A launcher only moves points and records: `sweep.run_sweep` calls `launcher.map(run_point,
-points, workdir)` and stays the one writer of results.jsonl, appending records as they arrive.
+points, workdir)` (`sweep_point`'s; `run_chunk` over chunks of points under --vmap) and stays
+the one writer of results.jsonl, appending records as they arrive.
 A point preempted where it runs raises `preemption.Preempted`, which comes back through `map`
 (from a worker process too) and stops the sweep with its exit status, the point unrecorded,
 so a re-run resumes it; the SLURM script requeues its array task on that status.

@@ -27,8 +27,9 @@ from t5x_lite.evaluation import with_task_lengths
 from t5x_lite.grid import StepCost, expand, finetune_runs
 from t5x_lite.results import ResultsFile, latest_records, record_key, results_path, run_key
 from t5x_lite.step_settings import step_settings
-from t5x_lite.sweep import (LATER_STAGES, base_record, budget_line, require_vmap, select_point,
-                            unrecorded_tasks, vmap_chunks)
+from t5x_lite.sweep import (budget_line, require_vmap, select_point, unrecorded_tasks,
+                            vmap_chunks)
+from t5x_lite.sweep_point import LATER_STAGES, base_record
 from t5x_lite.sweep_workdir import (check_workdir, require_current, require_current_folders,
                                      sweep_identity)
 
@@ -55,7 +56,7 @@ class PlannedRun:
     checkpoint_step: int | None
     tasks_left: int
     finetunes_left: int  # its fine-tuning runs (`GridPoint.finetune_runs`) with a task left
-    stages_left: tuple[str, ...]  # what `sweep.LATER_STAGES` would add to its records
+    stages_left: tuple[str, ...]  # what `sweep_point.LATER_STAGES` would add to its records
 
     @property
     def status(self) -> str:

@@ -24,7 +24,8 @@ import pytest
 from flax import nnx
 
 from t5x_lite import (batch_format, decoding, evaluation, finetune, grid, layers, loop, objectives,
-                      partitioning, preview, report_render, report_table, sweep, train, train_state)
+                      partitioning, preview, report_render, report_table, sweep_point, train,
+                      train_state)
 from t5x_lite.config import EOS_ID, PAD_ID, ConfigError, model_config
 from t5x_lite.data import pipeline, tasks
 from t5x_lite.data.pipeline import pack_examples, pad_examples
@@ -333,7 +334,7 @@ def test_a_generation_task_is_refused_for_a_run_and_na_in_a_sweep(pretrained, tm
     (point.directory(tmp_path) / "pretrain").mkdir(parents=True)
     (point.directory(tmp_path) / "pretrain" / "metrics.jsonl").write_text(
         (workdir / "metrics.jsonl").read_text())
-    [record] = sweep._finetune_tasks(point, str(tmp_path), time.perf_counter(), 1,
+    [record] = sweep_point._finetune_tasks(point, str(tmp_path), time.perf_counter(), 1,
                                      loop.PreemptionWatch())
     assert (record["status"], record["metrics"], record["task"]) == (
         "not_applicable", {}, "wmt_ende")

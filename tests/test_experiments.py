@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from t5x_lite import grid, objectives, presets, sweep
+from t5x_lite import grid, objectives, presets, sweep_point
 from t5x_lite.config import UL2_DENOISERS, ConfigError
 
 # (point, model.arch, objective.name, the kinds of its ul2 denoisers: () for other objectives),
@@ -44,7 +44,7 @@ def test_the_ul2_grid_expands_and_each_point_runs_what_it_says(preset, tmp_path)
     for p in points:
         # Every point's record fields are known before it runs (the encoder-decoder's causal
         # LM, whose encoder reads a lone EOS, included).
-        assert sweep.base_record(p)["params"] > 0
+        assert sweep_point.base_record(p)["params"] > 0
         if p.config.objective.name != "ul2":
             assert p.layout.denoisers == ()
             continue
@@ -88,7 +88,7 @@ def test_the_bart_grid_expands_and_each_point_runs_its_noising(preset, tmp_path)
     assert [(p.point, p.row) for p in points] == [
         pair for pair in zip(BART_POINTS, BART_ROWS) for _ in range(seeds)]
     for p in points:
-        assert sweep.base_record(p)["params_label"] == "2P"
+        assert sweep_point.base_record(p)["params_label"] == "2P"
         assert p.config.model.arch == "encoder_decoder"
         assert p.config.objective.name == p.point
         if p.point in ("token_masking", "token_deletion", "text_infilling",

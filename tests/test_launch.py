@@ -474,10 +474,10 @@ def two_point_experiment(tmp_path_factory):
 
 
 def _comparable(records: list[dict]) -> list[dict]:
-    from t5x_lite import sweep
+    from t5x_lite import sweep_point
 
-    return sorted(({k: v for k, v in r.items() if k not in sweep.TIMING_FIELDS} for r in records),
-                  key=lambda r: r["point"])
+    return sorted(({k: v for k, v in r.items() if k not in sweep_point.TIMING_FIELDS}
+                   for r in records), key=lambda r: r["point"])
 
 
 def _sweep(experiment: str, workdir: Path, launcher) -> list[dict]:

@@ -175,7 +175,7 @@ def test_a_sweep_through_the_cli_on_two_processes_resumes_and_gives_the_single_p
     seed 0 (a partial sweep): they run seed 1 alone, to the one-process record, and process 0
     is the one writer. Run again, they find everything done and exit. Two processes that see
     different workdirs (each host its own) are refused on both, instead of hanging."""
-    from t5x_lite import sweep
+    from t5x_lite import sweep_point
     from t5x_lite.results import RESULTS_FILE
 
     experiment = tmp_path / "one_point.py"
@@ -205,7 +205,7 @@ def test_a_sweep_through_the_cli_on_two_processes_resumes_and_gives_the_single_p
     assert len(lines) == 2 and lines[0] == seed0_line, lines  # one writer; seed 0 untouched
 
     def without_timing(line):
-        return {k: v for k, v in json.loads(line).items() if k not in sweep.TIMING_FIELDS}
+        return {k: v for k, v in json.loads(line).items() if k not in sweep_point.TIMING_FIELDS}
 
     def eval_log(workdir):
         log = workdir / "points/denoising/seed1/finetune/builtin_reverse/eval.jsonl"

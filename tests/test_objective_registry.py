@@ -168,7 +168,7 @@ def test_a_registered_objective_s_arithmetic_reads_every_field_of_its_config(own
     """Its `lengths` and `expected_loss_tokens` get the objective config itself wherever the
     library asks (the layout, a sweep's records, the step cost), so one that reads
     random_token_fraction (a field its record may read) works in a sweep as in training."""
-    from t5x_lite import grid, sweep
+    from t5x_lite import grid, sweep_point
 
     experiment = tmp_path / "share_experiment.py"
     experiment.write_text(REVERSAL + '''
@@ -192,7 +192,7 @@ get_config = presets.sweep_preset
     raw = point.config.objective.inputs_length - 3
     assert point.layout.raw_length == raw
     train = point.config.train
-    assert sweep.base_record(point)["pretrain_tokens"] == train.steps * train.batch_size * raw
+    assert sweep_point.base_record(point)["pretrain_tokens"] == train.steps * train.batch_size * raw
     assert grid.StepCost.of(point.config, point.layout).loss_tokens == (
         point.config.train.batch_size * (raw + 1))
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from t5x_lite import (cli, distributed, evaluation, finetune, grid, presets, sweep, sweep_workdir,
-                      train)
+from t5x_lite import (cli, distributed, evaluation, finetune, grid, presets, sweep_point,
+                      sweep_workdir, train)
 from t5x_lite.config import ConfigError, apply_overrides
 from t5x_lite.data import pipeline, tasks
 
@@ -89,10 +89,10 @@ def test_the_preset_corpus_is_the_shared_english_text(monkeypatch, shared_data):
 def test_every_sweep_record_names_its_corpus(tmp_path):
     write_pretrain_text(tmp_path)
     points = grid.expand("table2", "cpu", [f"data.data_root={tmp_path}"])
-    assert {sweep.base_record(p)["corpus"] for p in points} == {
+    assert {sweep_point.base_record(p)["corpus"] for p in points} == {
         f"{tmp_path}/pretrain/*/part-*.txt"}
     tiny = grid.expand("table2", "tiny")[0]
-    assert sweep.base_record(tiny)["corpus"] == "python_docs"
+    assert sweep_point.base_record(tiny)["corpus"] == "python_docs"
 
 
 def test_the_cpu_sweep_covers_table2_three_seeds_and_three_kinds_of_task(monkeypatch,

@@ -13,7 +13,7 @@ import scipy.stats
 from matplotlib.figure import Figure
 
 from t5x_lite import (accounting, grid, paper_results, report, report_plots, report_render,
-                      report_table, sweep)
+                      report_table, sweep_point)
 from t5x_lite.architectures import names as architecture_names
 from t5x_lite.config import ConfigError, model_config
 from t5x_lite.report_table import Cell
@@ -360,7 +360,7 @@ def _record(**fields):
 
 
 def _matched(point, row, steps, flops_per_step, **fields):
-    """A record of a flops-matched sweep (the fields `sweep._budget_fields` adds)."""
+    """A record of a flops-matched sweep (the fields `sweep_point._budget_fields` adds)."""
     return _record(point=point, row=row, budget="flops", budget_reference="rate_10",
                    budget_reference_steps=100, budget_total=100 * 3e9, pretrain_steps=steps,
                    flops_per_step=flops_per_step, tokens_per_step=512,
@@ -659,7 +659,7 @@ def test_a_seed_whose_score_is_not_a_number_makes_the_cell_undefined(tmp_path):
 
 
 def test_params_and_cost_are_the_papers_labels_with_our_measured_ratios():
-    records = [{**sweep.base_record(point), "task": "builtin_reverse", "status": "ok",
+    records = [{**sweep_point.base_record(point), "task": "builtin_reverse", "status": "ok",
                 "metrics": {"accuracy": 50.0}} for point in grid.expand("table2", "demo")]
     labels = {(row.label, row.objective): (row.params_label, row.cost_label)
               for row in report_table.build_table(records).rows}

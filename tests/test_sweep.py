@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from t5x_lite import (accounting, cli, grid, launchers, noise_lengths, objective_registry,
-                      report, results, sweep, sweep_plan, sweep_workdir, train)
+                      report, results, sweep, sweep_plan, sweep_point, sweep_workdir, train)
 from t5x_lite.checkpointing import BATCH_LAYOUT_FILE, CHECKPOINTS_DIR, newest_step
 from t5x_lite.config import ConfigError
 from t5x_lite.data import tasks
@@ -75,7 +75,7 @@ ROW_OBJECTIVES = {
 
 def _without_timing(records):
     return sorted(
-        ({k: v for k, v in r.items() if k not in sweep.TIMING_FIELDS} for r in records),
+        ({k: v for k, v in r.items() if k not in sweep_point.TIMING_FIELDS} for r in records),
         key=lambda r: (r["point"], r["seed"], r["task"]),
     )
 
@@ -118,7 +118,7 @@ def test_grids_have_the_paper_rows_and_one_layout_per_family(experiment_name):
         assert objective_names[("language_model", "LM")] == "lm"
         assert objective_names[("prefix_lm", "LM")] == "prefix_lm"
         assert objective_names[("language_model", "Denoising")] == "iid_denoising"
-        paper = {p.point: sweep.base_record(p) for p in points}
+        paper = {p.point: sweep_point.base_record(p) for p in points}
         assert paper["encoder_decoder/denoising"]["params_label"] == "2P"
         assert paper["encoder_decoder_half/lm"]["cost_label"] == "M/2"
 
@@ -451,7 +451,7 @@ def test_a_signal_between_a_point_s_runs_stops_the_sweep_as_preempted(
     and one that came as a run ended was ignored until the sweep ended. The point now stops
     before its next stage as preempted, saying so (it exited 75 without a word), records
     nothing, and a re-run completes it."""
-    real = sweep._pretrain_history
+    real = sweep_point._pretrain_history
 
     def signalled(*args):
         os.kill(os.getpid(), signal.SIGTERM)  # taken by the point's watch, no run's
@@ -460,7 +460,7 @@ def test_a_signal_between_a_point_s_runs_stops_the_sweep_as_preempted(
     copy, records = tmp_path / "sweep", uninterrupted[1]
     lines, first, _ = _first_record_lost(uninterrupted[0], copy)
     with monkeypatch.context() as patch:
-        patch.setattr(sweep, "_pretrain_history", signalled)
+        patch.setattr(sweep_point, "_pretrain_history", signalled)
         with pytest.raises(Preempted) as stop:
             sweep.run_sweep(experiment, "demo", str(copy))
     assert (stop.value.cause, stop.value.code) == ("SIGTERM", 75)
@@ -487,11 +487,11 @@ def test_a_signal_in_a_later_stage_stops_the_sweep_before_the_next_point(
         os.kill(os.getpid(), signal.SIGTERM)  # as the first point is amended
         return {record["task"]: {"added": 1} for record in records}
 
-    stage = sweep.LaterStage("a field", lambda config: True, lambda record: True, signalled,
+    stage = sweep_point.LaterStage("a field", lambda config: True, lambda record: True, signalled,
                              lambda fields: "1")
     file = results.ResultsFile(tmp_path)
     with sweep.PreemptionWatch() as watch, pytest.raises(Preempted) as stop:
-        sweep._add_to_finished(points, latest, tmp_path, file, stage, watch)
+        sweep_point.add_to_finished(points, latest, tmp_path, file, stage, watch)
     assert (stop.value.step, stop.value.cause, stop.value.code) == (None, "SIGTERM", 75)
     assert amended == ["denoising"]
     assert [(r["point"], r["added"]) for r in file.records()] == [("denoising", 1)]
@@ -678,7 +678,7 @@ def test_a_fault_in_a_point_s_record_fields_stops_the_sweep_before_any_run(
     def broken(model, *lengths):
         raise ValueError("no FLOP count for this model")
 
-    monkeypatch.setattr(sweep.accounting, "table2_columns", broken)
+    monkeypatch.setattr(sweep_point.accounting, "table2_columns", broken)
     with pytest.raises(ValueError, match="no FLOP count"):
         sweep.run_sweep(experiment, "demo", str(tmp_path))
     assert not (tmp_path / "points").exists()
@@ -1146,7 +1146,7 @@ def test_table2_points_spend_the_reference_budget(kind):
         before = configured[point.point].train
         assert train.warmup_steps == max(1, round(before.warmup_steps * train.steps
                                                   / before.steps))
-        record = sweep.base_record(point)
+        record = sweep_point.base_record(point)
         assert record["pretrain_steps"] == train.steps
         assert (record["budget"], record["budget_reference"]) == (kind, reference.point)
         assert record["pretrain_flops"] == pytest.approx(
@@ -1206,7 +1206,7 @@ def test_a_steps_budget_leaves_the_configs_and_records_as_they_were():
     assert [p.config.to_dict() for p in explicit] == [p.config.to_dict() for p in default]
     assert {p.config.train.steps for p in default} == {200}
     assert all(p.budget is None for p in explicit)
-    record = sweep.base_record(explicit[3])
+    record = sweep_point.base_record(explicit[3])
     assert not {"budget", "flops_per_step", "pretrain_flops"} & record.keys()
     assert RECORD_FIELDS - {"task", "wall_s", "compile_s", "compiles", "metrics", "status",
                             "error"} <= record.keys()

@@ -15,8 +15,8 @@ import pytest
 from flax import nnx
 
 from t5x_lite import (architectures, batch_format, cli, decoding, distributed, finetune, grid,
-                      models, partitioning, report, report_render, results, sweep, sweep_workdir,
-                      train, train_state, zero_shot)
+                      models, partitioning, report, report_render, results, sweep, sweep_point,
+                      sweep_workdir, train, train_state, zero_shot)
 from t5x_lite.config import ConfigError, EOS_ID
 from t5x_lite.data import pipeline, tasks
 from t5x_lite.evaluation import TaskSplit, params_of
@@ -274,7 +274,7 @@ def test_a_sweep_made_without_the_stage_gets_it_later_without_training_again(
     # `zero_shot`, no zero_shot.json, sweep.json without the switch.
     without = [o for o in ZERO_SHOT_SWEEP if "zero_shot" not in o]
     rundir = copy / "points" / "lm" / "seed0"
-    (rundir / sweep.ZERO_SHOT_FILE).unlink()
+    (rundir / sweep_point.ZERO_SHOT_FILE).unlink()
     for path in [*(rundir / "records").glob("*.json")]:
         path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items()
                                     if k != "zero_shot"}))
@@ -322,7 +322,7 @@ def test_a_failed_zero_shot_scoring_is_tried_again_by_the_next_run(zero_shot_swe
     copy = tmp_path / "sweep"
     shutil.copytree(workdir, copy)
     rundir = copy / "points" / "lm" / "seed0"
-    (rundir / sweep.ZERO_SHOT_FILE).unlink()
+    (rundir / sweep_point.ZERO_SHOT_FILE).unlink()
     failed = {"status": "failed", "metrics": {}, "error": "lm (seed 0) zero-shot: OSError: flaky"}
     broken = [{**r, "zero_shot": failed if r["task"] == "builtin_module" else r["zero_shot"]}
               for r in records]
@@ -352,7 +352,7 @@ def test_both_later_stages_given_at_once_keep_each_other_s_fields(zero_shot_swee
     copy = tmp_path / "sweep"
     shutil.copytree(workdir, copy)
     rundir = copy / "points" / "lm" / "seed0"
-    (rundir / sweep.ZERO_SHOT_FILE).unlink()
+    (rundir / sweep_point.ZERO_SHOT_FILE).unlink()
     (rundir / "pretrain" / "eval.jsonl").unlink()
 
     def stripped(record):
