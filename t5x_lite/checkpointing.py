@@ -42,6 +42,7 @@ from etils import epath
 from orbax.checkpoint import checkpoint_managers as policies
 
 from t5x_lite.config import ConfigError, drop_unread_objective_fields, flat_fields
+from t5x_lite.objective_registry import REVISION_FIELD
 from t5x_lite.errors import CheckpointsUnreadable, require_integer
 from t5x_lite.optim import has_decay_stage
 from t5x_lite.results import write_atomically
@@ -215,10 +216,12 @@ def saved_batch_layout_differences(directory: str | os.PathLike, batch_layout: d
     with the pre-training checkpoints in `directory` (its BATCH_LAYOUT_FILE) differs from
     `batch_layout` (`objective_layout.layout_record`), among `fields` (None: all); [] when it
     has none (checkpoints saved before 2026-12-05, or of a fine-tuning run). A field the saved
-    record lacks is not compared: it was saved before that field was recorded
-    (`objective_revision` before 70cd6ec; a prefix_lm or deshuffling pre-training saved then
-    resumes unrefused on its revision 2's document segments). A damaged file is a one-line
-    `ConfigError` naming it."""
+    record lacks is not compared (it was saved before that field was recorded), but for the
+    objective's revision, recorded since 70cd6ec: a record without it reads as revision 1, as a
+    sweep's records do (so a prefix_lm pre-training made before its revision 2's document
+    segments is refused, not resumed on them; a ul2 or sentence one made between their
+    revision 2 and 70cd6ec is refused too, though it read the current definition). A damaged
+    file is a one-line `ConfigError` naming it."""
     path = epath.Path(directory) / BATCH_LAYOUT_FILE
     if not path.exists():
         return []
@@ -227,6 +230,7 @@ def saved_batch_layout_differences(directory: str | os.PathLike, batch_layout: d
     except json.JSONDecodeError as error:
         raise ConfigError(f"{path} is damaged ({error}); delete it to resume without checking "
                           "what the checkpoints' examples read") from None
+    saved.setdefault(REVISION_FIELD, 1)
     return _difference_lines(saved, batch_layout, sorted(
         key for key in saved if fields is None or key in fields))
 
@@ -308,10 +312,11 @@ def _drop_failed_read_leftovers() -> None:
 
 
 def _restore_newest(
-    manager: ocp.CheckpointManager, args: ocp.args.PyTreeRestore, way_on: str = ""
+    manager: ocp.CheckpointManager, args: ocp.args.PyTreeRestore, way_on: str = "",
+    at_most: int | None = None,
 ) -> tuple[Any, int, list[int]]:
-    """Restore the newest checkpoint that reads back; return it, its step and the newer
-    unreadable steps.
+    """Restore the newest checkpoint (of those at or before step `at_most`, when given) that
+    reads back; return it, its step and the newer unreadable steps.
 
     A truncated or damaged step (a crash while the disk filled up, a bad copy) raises from deep
     inside orbax / tensorstore with unrelated exception types (ValueError, JSONDecodeError, bare
@@ -319,7 +324,8 @@ def _restore_newest(
     step and the next older step is tried. If none reads back, `CheckpointsUnreadable` chained
     to the newest step's error is raised, ending with `way_on` (what the caller can do).
     """
-    steps = sorted(manager.all_steps(), reverse=True)
+    steps = sorted((step for step in manager.all_steps() if at_most is None or step <= at_most),
+                   reverse=True)
     if not steps:
         raise FileNotFoundError(f"{manager.directory} holds no saved step to restore (its run "
                                 "stopped before its first checkpoint)")
@@ -515,8 +521,9 @@ class Checkpointer:
             return False
         return self._manager.save(step, args=ocp.args.PyTreeSave(state), force=force)
 
-    def restore(self, abstract_state: Any) -> Any:
-        """The newest readable checkpoint, restored into `abstract_state`'s shardings.
+    def restore(self, abstract_state: Any, at_most: int | None = None) -> Any:
+        """The newest readable checkpoint (at or before step `at_most`, when given), restored
+        into `abstract_state`'s shardings.
 
         `abstract_state` is the train state's pytree of `jax.ShapeDtypeStruct`s with
         `.sharding` set (from `jax.eval_shape` and the partitioning rules). A damaged newest
@@ -525,16 +532,18 @@ class Checkpointer:
         """
         restored, _, unreadable = _restore_newest(
             self._manager, _restore_args(abstract_state),
-            "; the run starts over with --restart, which deletes them")
+            "; the run starts over with --restart, which deletes them", at_most)
         if unreadable:
             self._set_aside(unreadable)
         return restored
 
-    def delete_steps(self) -> None:
-        """Delete every saved step (a run that starts over without --restart's wipe: its folder,
-        config and set-aside steps stay)."""
+    def delete_steps(self, after: int = -1) -> None:
+        """Delete the saved steps after step `after` (default: all of them), so that the run
+        can save those steps anew (without --restart's wipe: its folder, config and set-aside
+        steps stay)."""
         for step in self._manager.all_steps():
-            self._manager.delete(step)
+            if step > after:
+                self._manager.delete(step)
         self._manager.reload()
 
     def _set_aside(self, steps: list[int]) -> None:

@@ -208,7 +208,8 @@ _HF_HELP = ("a local Hugging Face T5 checkpoint directory (config.json, model.sa
 def _hf_start(config: ml_collections.ConfigDict, hf_dir: str | None,
               overrides: list[str]) -> tuple[ml_collections.ConfigDict, Any]:
     """(config, parameters) for `--init_from_hf hf_dir` (`convert.with_hf_t5`), checked
-    before any run starts; (config, None) without it."""
+    before any run starts; (config, None) without it. Called after a multi-host run is
+    joined: building the model starts JAX, after which `jax.distributed` cannot be joined."""
     if hf_dir is None:
         return config, None
     from t5x_lite.convert import with_hf_t5
@@ -240,9 +241,10 @@ def _train(argv: list[str]) -> None:
     args, overrides = _parse(parser, argv)
     if args.resume and args.restart:
         parser.error("--resume and --restart contradict each other: give one")
-    config, params = _hf_start(_config(args, overrides), args.init_from_hf, overrides)
+    config = _config(args, overrides)
     # Joins a multi-host run when the JAX_* / SLURM / TPU VM environment describes one.
     initialize_distributed()
+    config, params = _hf_start(config, args.init_from_hf, overrides)
     summary = train(config, args.workdir, steps=args.steps, restart=args.restart,
                     resume=args.resume, init_params=params)
     print(json.dumps(summary, indent=2))
@@ -267,13 +269,13 @@ def _finetune(argv: list[str]) -> None:
     config = _config(args, overrides, presets.finetune_preset)
     if args.init_from is None:  # refused before a Hugging Face checkpoint is loaded
         require_optimizer_state_source(config, None)
+    initialize_distributed()
     config, params = _hf_start(config, args.init_from_hf, overrides)
     if args.init_from is not None:  # the model it fine-tunes is the source's, as eval scores it
         config = config_from_checkpoint(config, args.init_from, parse_overrides(config, overrides),
                                         keep_neutral=True)
     if args.tasks:
         config.finetune.tasks = tuple(args.tasks)
-    initialize_distributed()
     if args.init_from is None and params is None:
         print("finetune: no --init_from or --init_from_hf given, so fine-tuning starts from "
               "random parameters.", file=sys.stderr)
@@ -310,11 +312,11 @@ def _eval(argv: list[str]) -> None:
         tasks, skipped = zero_shot.scorable(tasks, "--tasks" if args.tasks else "finetune.tasks")
         for reason in skipped:
             print(f"eval --zero_shot: skipped, {reason}", file=sys.stderr)
+    initialize_distributed()
     config, params = _hf_start(config, args.init_from_hf, overrides)
     if params is None:
         config = config_from_checkpoint(config, args.checkpoint,
                                         parse_overrides(config, overrides))
-    initialize_distributed()
     score = zero_shot.evaluate if args.zero_shot else evaluate
     scores = score(config, args.checkpoint if params is None else params, tasks, args.split)
     print(json.dumps(scores, indent=2))
@@ -762,10 +764,13 @@ def main(argv: list[str] | None = None) -> None:
         if not is_machine_fault(error):
             raise
         first_line = str(error).splitlines()[0] if str(error) else ""
+        resumes = command in ("train", "finetune", "sweep", "demo")
         raise SystemExit(f"t5x-lite {command}: stopped by the machine: {type(error).__name__}: "
-                         f"{first_line[:300]}; the checkpoints saved before it are kept: fix it "
-                         "(e.g. free disk space) and run the same command again to resume"
-                         ) from None
+                         f"{first_line[:300]}; "
+                         + ("the checkpoints saved before it are kept: " if resumes else "")
+                         + "fix it (e.g. free disk space, or a folder's permissions) and run "
+                         + ("the same command again to resume" if resumes
+                            else "the same command again")) from None
 
 
 if __name__ == "__main__":

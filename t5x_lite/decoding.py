@@ -120,7 +120,8 @@ def decode(
                                top_k, top_p)
     if method == "sample" and rng is None:
         raise ValueError("method='sample' needs rng (a jax.random key)")
-    if isinstance(inputs, np.ndarray):  # host rows: checked here, where it costs no transfer
+    if not isinstance(inputs, jax.Array):  # host rows: checked here, where it costs no transfer
+        inputs = np.asarray(inputs)
         _check_host_inputs(inputs, model.vocab_size)
     inputs = jnp.asarray(inputs)
     if inputs.ndim != 2 or not jnp.issubdtype(inputs.dtype, jnp.integer):

@@ -22,7 +22,8 @@ verdict says so. The predicates:
 - `Similar(rows)`: the rows' scores lie within `SIMILAR_FRACTION` of their mean of each other.
   Supports when the range plus 2 sigma is within that tolerance, contradicts when the range
   minus 2 sigma exceeds it. A tolerance relative to the score says nothing of scores near 0,
-  so rows averaging under `SIMILAR_FLOOR` (nothing learnt) cannot be separated.
+  so rows whose scores average under `SIMILAR_FLOOR` in size (nothing learnt) cannot be
+  separated.
 A finding's verdict over its checks (one per predicate and column that ran): `EVERY` supports
 when all support and contradicts when one contradicts; `MOST` supports when more than half
 support and contradicts when that is no longer possible; `SOME` supports when one supports and
@@ -220,10 +221,11 @@ class Similar:
             return _not_run(self, column, missing)
         low, high = min(values.values()), max(values.values())
         spread = high - low
-        mean = abs(sum(values.values()) / len(values))
-        tolerance = SIMILAR_FRACTION * mean
+        tolerance = SIMILAR_FRACTION * abs(sum(values.values()) / len(values))
         threshold = scores.threshold(column)
-        if mean < SIMILAR_FLOOR:  # nothing learnt: judges nothing
+        # Nothing learnt: judges nothing (by the scores' size, so that correlations of -20 and
+        # +20, which average 0, still differ).
+        if sum(abs(value) for value in values.values()) / len(values) < SIMILAR_FLOOR:
             verdict = CANNOT_SEPARATE
         elif spread + threshold <= tolerance:
             verdict = SUPPORTS

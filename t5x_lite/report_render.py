@@ -175,7 +175,9 @@ def _compute_notes(table: Table) -> list[str]:
             "accounting module's training FLOPs (3 x forward matmuls, attention and logits "
             "included) of a step's rows at the sweep's shared layout; tokens: the row positions "
             "a step processes (batch x (inputs + targets lengths)); loss tokens: the expected "
-            "target tokens with a loss weight (objectives.expected_loss_tokens)."]
+            "target tokens with a loss weight (objectives.expected_loss_tokens) of an example "
+            "that fills its raw length, which prefix_lm's and deshuffling's document segments "
+            "often do not (a document's last one is shorter)."]
 
 
 HELD_OUT_DIFFERENCES_TITLE = "Held-out loss, paired by seed"

@@ -27,6 +27,7 @@ from jax.sharding import Mesh
 from t5x_lite import attention, partitioning, train_step
 from t5x_lite.checkpointing import CHECKPOINTS_DIR, RESUME_FIELDS, Checkpointer
 from t5x_lite.config import ConfigError
+from t5x_lite.errors import CheckpointsUnreadable
 from t5x_lite.loop import MetricsWriter, Point, PreemptionWatch, Progress, Run, Throughput
 from t5x_lite.settings import Settings, require_trainable
 from t5x_lite.train_state import TrainState, abstract_state, init_state, stack_states
@@ -111,17 +112,34 @@ def _initial_state(plan: RunPlan, checkpointers: Sequence[Checkpointer],
                   for config, checkpointer in zip(plan.configs, checkpointers)]
     steps = [int(state.step) for state in states]
     if len(set(steps)) > 1:  # a damaged newest checkpoint made one point fall back
-        # As for points saved apart (`set_up`): all again from step 0, their steps deleted so
-        # that the new ones can be saved (a sweep recorded the points as failed, for good).
+        # Every point from the step the fallen-back one reached, where all still hold it, else
+        # all from step 0 as points saved apart (`set_up`); the later steps are deleted so that
+        # they can be saved anew (a sweep recorded every point of the chunk as failed, for good).
+        common = min(steps)
+        states = [state if step == common else _restored_at_most(checkpointer, config, mesh,
+                                                                  common)
+                  for state, step, config, checkpointer
+                  in zip(states, steps, plan.configs, checkpointers)]
+        if any(state is None or int(state.step) != common for state in states):
+            common = 0
+            states = [plan.fresh_state(config, mesh) for config in plan.configs]
         warnings.warn(f"the points of {', '.join(map(str, plan.workdirs))} restored different "
                       f"steps {steps} (an unreadable checkpoint was set aside); pre-training all "
-                      "of them again from step 0")
+                      f"of them on from step {common}")
         for checkpointer in checkpointers:
-            checkpointer.delete_steps()
-        states = [plan.fresh_state(config, mesh) for config in plan.configs]
-        steps = [0] * len(states)
+            checkpointer.delete_steps(after=common)
+        steps = [common] * len(states)
     state = stack_states(states, plan.configs[0], mesh) if plan.vmapped else states[0]
     return state, steps[0]
+
+
+def _restored_at_most(checkpointer: Checkpointer, config: Any, mesh: Mesh,
+                      step: int) -> TrainState | None:
+    """The point's newest readable state at or before `step`; None when it holds none."""
+    try:
+        return checkpointer.restore(abstract_state(config, mesh), at_most=step)
+    except (FileNotFoundError, CheckpointsUnreadable):
+        return None
 
 
 @contextlib.contextmanager

@@ -309,8 +309,15 @@ def test_a_full_disk_ends_a_command_in_one_line_and_other_errors_keep_their_trac
     assert exit_info.value.code == (
         "t5x-lite train: stopped by the machine: ValueError: RESOURCE_EXHAUSTED: Error writing "
         "local file \"/w/checkpoints/8/d\": No space left on device [os_error_code=28]; the "
-        "checkpoints saved before it are kept: fix it (e.g. free disk space) and run the same "
-        "command again to resume")
+        "checkpoints saved before it are kept: fix it (e.g. free disk space, or a folder's "
+        "permissions) and run the same command again to resume")
+    # A command that keeps no checkpoints says nothing of them.
+    monkeypatch.setitem(cli.COMMANDS, "report", cli.COMMANDS["report"]._replace(run=fails(full)))
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["t5x-lite", "report", "/w"])
+    assert str(exit_info.value.code).endswith(
+        "[os_error_code=28]; fix it (e.g. free disk space, or a folder's permissions) and run "
+        "the same command again")
     other = ValueError("a bug")
     monkeypatch.setitem(cli.COMMANDS, "train", cli.COMMANDS["train"]._replace(run=fails(other)))
     with pytest.raises(ValueError, match="a bug"):
@@ -475,6 +482,30 @@ def test_a_bad_override_is_one_line_naming_the_field(command, tmp_path, monkeypa
     assert message.startswith(f"t5x-lite {command}: invalid config: override train.stepz='3': "
                               "the config has no field 'train.stepz'; train has batch_size, ")
     assert "\n" not in message
+
+
+@pytest.mark.parametrize("command", ["train", "finetune", "eval"])
+def test_a_hugging_face_start_is_built_after_the_multi_host_join(command, tmp_path,
+                                                                 monkeypatch):
+    """Building the HF model starts JAX, after which jax.distributed refuses to be joined:
+    `eval --init_from_hf` (and train's and finetune's) failed on every multi-host run."""
+    from t5x_lite import distributed
+
+    order = []
+
+    class Built(Exception):
+        pass
+
+    def hf_start(config, hf_dir, overrides):
+        order.append("hf")
+        raise Built
+
+    monkeypatch.setattr(distributed, "initialize_distributed", lambda: order.append("join"))
+    monkeypatch.setattr(cli, "_hf_start", hf_start)
+    args = {"eval": ["--tasks=builtin_reverse"]}.get(command, [f"--workdir={tmp_path}"])
+    with pytest.raises(Built):
+        cli.main(["t5x-lite", command, "--preset=demo", f"--init_from_hf={tmp_path}", *args])
+    assert order == ["join", "hf"]
 
 
 def test_a_bad_demo_value_stops_it_before_its_header(tmp_path, capsys):

@@ -349,8 +349,9 @@ def test_bad_arguments_name_what_is_wrong(kwargs, message):
                              "the encoded inputs first, right-padded with 0"),
 ])
 def test_host_inputs_outside_the_vocabulary_or_padded_in_front_are_refused(inputs, message):
-    with pytest.raises(ValueError, match=message):
-        decode(tiny_model("prefix_lm"), np.array(inputs, np.int32), max_length=MAX_LENGTH)
+    for given in (np.array(inputs, np.int32), inputs):  # a NumPy array, Python lists
+        with pytest.raises(ValueError, match=message):
+            decode(tiny_model("prefix_lm"), given, max_length=MAX_LENGTH)
 
 
 def test_score_names_missing_batch_keys():

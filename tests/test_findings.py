@@ -194,6 +194,9 @@ def test_rows_that_all_scored_zero_are_not_called_similar():
     assert _verdict(Similar((A, B)), near_zero, 0.0).verdict == CANNOT_SEPARATE
     assert _verdict(Similar((A, B)), {A: {"x": 1.2}, B: {"x": 0.8}}, 0.0).verdict == (
         CONTRADICTS)  # at a mean of 1 point the tolerance applies again
+    # Scores of opposite sign (correlations) average 0 but are not near 0: they differ.
+    assert _verdict(Similar((A, B)), {A: {"x": -20.0}, B: {"x": 20.0}}, 0.5).verdict == (
+        CONTRADICTS)
 
 
 def test_the_average_and_its_spread():

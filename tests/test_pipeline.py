@@ -181,6 +181,13 @@ def test_from_config_trains_the_vocabulary_and_reads_the_corpus(tmp_path):
     vocab, data = pretrain_data_from_config(config, raw_length=32)
     assert vocab.vocab_size == VOCAB_SIZE and data.batch(3).shape == (4, 32)
     assert vocab.sentinel_id(0) == config.model.vocab_size - 1
+    assert data.segments is None and EOS_ID in data.batch(0)  # the default span corruption
+    # A prefix LM reads one document per example (its raw length 15 of the layout's 32).
+    config.objective.update(name="prefix_lm", inputs_length=16)
+    _, segmented = pretrain_data_from_config(config, raw_length=32)
+    rows = segmented.batch(0)
+    assert segmented.segments is not None and EOS_ID not in rows
+    assert not rows[:, 15:].any() and rows[:, 0].all()
     config.model.vocab_size = 5000  # more pieces than this corpus can give
     with pytest.raises(ValueError, match="cannot train a vocabulary with vocab_size=5000"):
         pretrain_data_from_config(config, raw_length=32)

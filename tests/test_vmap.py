@@ -5,6 +5,7 @@ pre-train 3 steps each through `train.train`, then together through `train.train
 the losses per step and the final parameters agree to float32 tolerance.
 """
 import json
+import shutil
 
 import jax
 import numpy as np
@@ -123,24 +124,29 @@ def test_points_at_different_steps_restart_together(configs, layout, sequential,
         np.testing.assert_allclose(_losses(together), _losses(alone), rtol=1e-5)
 
 
-def test_a_point_whose_newest_checkpoint_is_unreadable_restarts_the_chunk(
+def test_a_point_whose_newest_checkpoint_is_unreadable_resumes_the_chunk_where_all_can(
         configs, layout, sequential, tmp_path):
     """One point falling back past a damaged newest step (set aside) while the others restore
-    theirs: the chunk trains again from step 0, as points saved apart do. It raised, and a
-    sweep recorded every point of the chunk as failed for good."""
+    theirs: the chunk trains on from the step it fell back to where every point holds it, else
+    from step 0, as points saved apart do. It raised, and a sweep recorded every point of the
+    chunk as failed for good."""
     kept = [config.copy_and_resolve_references() for config in configs]
     for config in kept:
         config.checkpoint.keep = 2  # steps 2 and 3: a step to fall back to
-    workdirs = [tmp_path / f"point{k}" for k in range(len(kept))]
-    train.train_vmapped(kept, workdirs, layout=layout, progress=False)
-    (workdirs[1] / "checkpoints" / str(STEPS) / "default" / "manifest.ocdbt").unlink()
-    with pytest.warns(UserWarning, match=r"restored different steps \[3, 2, 3\] \(an "
-                      "unreadable checkpoint was set aside\); pre-training all of them again"):
-        summaries = train.train_vmapped(kept, workdirs, layout=layout, progress=False)
-    assert [s["start_step"] for s in summaries] == [0] * len(kept)
-    for alone, together in zip(sequential, workdirs):
-        np.testing.assert_allclose(_losses(together), _losses(alone), rtol=1e-5)
-    assert (workdirs[1] / "checkpoints" / "unreadable").is_dir()
+    for lost_by_another, resumed_from in ((False, 2), (True, 0)):
+        workdirs = [tmp_path / f"{resumed_from}_point{k}" for k in range(len(kept))]
+        train.train_vmapped(kept, workdirs, layout=layout, progress=False)
+        (workdirs[1] / "checkpoints" / str(STEPS) / "default" / "manifest.ocdbt").unlink()
+        if lost_by_another:  # the step point 1 falls back to is gone from point 0
+            shutil.rmtree(workdirs[0] / "checkpoints" / str(STEPS - 1))
+        with pytest.warns(UserWarning, match=r"restored different steps \[3, 2, 3\] \(an "
+                          r"unreadable checkpoint was set aside\); pre-training all of them on "
+                          rf"from step {resumed_from}"):
+            summaries = train.train_vmapped(kept, workdirs, layout=layout, progress=False)
+        assert [s["start_step"] for s in summaries] == [resumed_from] * len(kept)
+        for alone, together in zip(sequential, workdirs):
+            np.testing.assert_allclose(_losses(together), _losses(alone), rtol=1e-5)
+        assert (workdirs[1] / "checkpoints" / "unreadable").is_dir()
 
 
 def test_configs_that_cannot_share_a_step_are_rejected(configs, layout, tmp_path):
