@@ -54,7 +54,7 @@ UL2_DENOISERS = (
 )
 # Objective fields only one objective reads, added after runs had been written without them:
 # a run of another objective leaves them out of its identity (`grid.config_hash`) and of the
-# fields its checkpoints must match (`checkpointing.config_differences`).
+# fields its checkpoints must match (`saved_config.config_differences`).
 OBJECTIVE_ONLY_FIELDS = {"ul2_denoisers": "ul2"}
 
 

@@ -42,12 +42,12 @@ import numpy as np
 from flax import nnx
 
 from t5x_lite import architectures, run_folders
-from t5x_lite.checkpointing import PARAMETER_NEUTRAL_FIELDS
 from t5x_lite.config import (DEFAULT_NUM_SENTINELS, MLP_KINDS, NUM_RESERVED_IDS, ConfigError,
                              default_config)
 from t5x_lite.data.hf_tokenizer import SPIECE_FILE, TOKENIZER_CONFIG_FILE
 from t5x_lite.data.vocabulary import load_vocabulary
 from t5x_lite.models import build_model, scan_layers
+from t5x_lite.saved_config import PARAMETER_NEUTRAL_FIELDS
 from t5x_lite.settings import MODEL_FIELD_DEFAULTS, Model
 
 # (HF projection name, our projection name) per sub-block kind.
@@ -390,7 +390,7 @@ def from_hf_t5_dir(path: str | FilePath) -> tuple[ml_collections.ConfigDict, nnx
 
 
 # Model fields a checkpoint directory does not describe (how to compute or train, not what):
-# they stay the user's config's. Not checkpointing.PARAMETER_NEUTRAL_FIELDS (what a checkpoint
+# they stay the user's config's. Not saved_config.PARAMETER_NEUTRAL_FIELDS (what a checkpoint
 # restores under any value of), though dtype, attention_impl, attention_dropout and remat are
 # both: config.json sets dropout_rate, which is neutral (so the user's override of it wins), and
 # no HF checkpoint has scan_layers, which is not (it stacks the parameters).

@@ -31,7 +31,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from t5x_lite import (architectures, batch_format, checkpointing, decoding, partitioning, programs,
-                      run_folders, train_state, train_step)
+                      run_folders, saved_config, train_state, train_step)
 from t5x_lite.config import EVAL_SELECTIONS, ConfigError
 from t5x_lite.data import pipeline, tasks
 from t5x_lite.data.vocabulary import Vocabulary
@@ -142,16 +142,16 @@ def checkpoint_dir(path: str | Path) -> Path:
     """The checkpoint folder of `path`: a workdir of `train.train` / `finetune.finetune` (its
     `checkpoints/`), or that folder itself."""
     path = Path(path)
-    if (path / checkpointing.CHECKPOINTS_DIR / checkpointing.CONFIG_FILE).exists():
+    if (path / checkpointing.CHECKPOINTS_DIR / saved_config.CONFIG_FILE).exists():
         return path / checkpointing.CHECKPOINTS_DIR
-    if (path / checkpointing.CONFIG_FILE).exists():
+    if (path / saved_config.CONFIG_FILE).exists():
         return path
     held = run_folders.held_kind(path)
     if held is not None and held[0] == run_folders.SWEEP:
         raise ConfigError(f"{path} holds a sweep ({held[1]}), not a run's checkpoints: give "
                           "the folder of one of its runs (its pre-training or a fine-tuning, "
                           "each in a folder of its own below it)")
-    raise ConfigError(f"{path} holds no t5x_lite checkpoints (no {checkpointing.CONFIG_FILE} "
+    raise ConfigError(f"{path} holds no t5x_lite checkpoints (no {saved_config.CONFIG_FILE} "
                       f"in it or in its {checkpointing.CHECKPOINTS_DIR}/ folder)")
 
 
@@ -164,14 +164,14 @@ def config_from_checkpoint(config: ml_collections.ConfigDict, checkpoint: str | 
 
     `overrides` are the user's ({dotted field: value}, as `config.parse_overrides` reads them,
     already applied to `config`). One of a parameter-neutral model field (dtype, attention
-    kernel, dropout, remat: `checkpointing.PARAMETER_NEUTRAL_FIELDS`) wins over the saved
+    kernel, dropout, remat: `saved_config.PARAMETER_NEUTRAL_FIELDS`) wins over the saved
     value; one of any other of those fields must agree with the checkpoint, else a one-line
     `ConfigError` names the field and both values. `keep_neutral` keeps `config`'s value of
     every parameter-neutral field (`finetune --init_from`: the fine-tuning's own dtype,
     kernel and dropout, as `--init_from_hf` keeps them; eval takes the run's).
     """
     directory = checkpoint_dir(checkpoint)
-    path, saved = directory / checkpointing.CONFIG_FILE, checkpointing.read_saved_config(directory)
+    path, saved = directory / saved_config.CONFIG_FILE, saved_config.read_saved_config(directory)
     arch = saved["model"].get("arch")
     if arch not in architectures.names():  # one a file registered in the run's own process
         raise ConfigError(
@@ -183,7 +183,7 @@ def config_from_checkpoint(config: ml_collections.ConfigDict, checkpoint: str | 
                          for field in PARAMETER_FIELDS if field.startswith("data.")})
     derived = copy.deepcopy(config)
     for field, value in saved_fields.items():
-        if field in checkpointing.PARAMETER_NEUTRAL_FIELDS and (keep_neutral or field in overrides):
+        if field in saved_config.PARAMETER_NEUTRAL_FIELDS and (keep_neutral or field in overrides):
             continue  # a choice that leaves the parameters alone, e.g. scoring in bfloat16
         if field in overrides and _json_value(overrides[field]) != value:
             raise ConfigError(
@@ -207,8 +207,8 @@ def require_same(directory: Path, config: ml_collections.ConfigDict, fields: Seq
                  what: str) -> None:
     """Raise `ConfigError` listing the `fields` in which the config saved in `directory`
     differs from `config`."""
-    saved = checkpointing.read_saved_config(directory)
-    differences = checkpointing.config_differences(saved, checkpointing.config_as_json(config),
+    saved = saved_config.read_saved_config(directory)
+    differences = saved_config.config_differences(saved, saved_config.config_as_json(config),
                                                    fields)
     if differences:
         raise ConfigError(f"the checkpoints in {directory} {what}:\n  " + "\n  ".join(differences))

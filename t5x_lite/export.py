@@ -42,7 +42,7 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
-from t5x_lite import architectures, checkpointing, evaluation, partitioning, train_state
+from t5x_lite import architectures, evaluation, partitioning, saved_config, train_state
 from t5x_lite.config import EOS_ID, PAD_ID, ConfigError, default_config
 from t5x_lite.convert import HF_CONFIG_FIELDS, HF_CONFIG_FILE, WEIGHTS_FILE, hf_t5_weights
 from t5x_lite.data import hf_tokenizer, pipeline
@@ -211,7 +211,7 @@ def _saved_config(directory: Path) -> ml_collections.ConfigDict:
     """`default_config()` with the model and data sections of the config saved in the
     checkpoint folder `directory`."""
     config = evaluation.config_from_checkpoint(default_config(), directory, {})
-    saved = checkpointing.read_saved_config(directory)["data"]
+    saved = saved_config.read_saved_config(directory)["data"]
     # Where the run found (or cached) its vocabulary and the data its corpus names.
     config.data.update(data_dir=saved["data_dir"], data_root=saved["data_root"])
     return config

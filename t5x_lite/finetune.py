@@ -33,7 +33,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from t5x_lite import (architectures, attention, batch_format, checkpointing, run_folders,
-                      train_state, train_step)
+                      saved_config, train_state, train_step)
 from t5x_lite.config import ConfigError
 from t5x_lite.data import pipeline, tasks
 from t5x_lite.evaluation import (PARAMETER_FIELDS, Evaluator, TaskSplit, check_finetune_settings,
@@ -43,7 +43,7 @@ from t5x_lite.results import write_json
 from t5x_lite.run_setup import RunPlan, set_up
 
 # Fields a resumed fine-tuning run must share with the run that wrote its checkpoints, besides
-# `checkpointing.RESUME_FIELDS`: they fix which examples the step-indexed batches hold, which
+# `saved_config.RESUME_FIELDS`: they fix which examples the step-indexed batches hold, which
 # examples validation scores and how it decodes them (the best scores are chosen among
 # every validation of the run, eval.jsonl's earlier ones included, so all must compare), and
 # what the optimiser began from. `task_lengths` sets targets_length: a run saved before it existed
@@ -78,8 +78,8 @@ def require_optimizer_state_source(config: ml_collections.ConfigDict,
             "finetune.optimizer_state='continue' carries on the optimiser state of the "
             "pre-training run that --init_from names; a start from --init_from_hf or from "
             "random parameters has none: set --config.finetune.optimizer_state=fresh")
-    differences = checkpointing.config_differences(
-        pretraining, checkpointing.config_as_json(finetune_train_config(config)),
+    differences = saved_config.config_differences(
+        pretraining, saved_config.config_as_json(finetune_train_config(config)),
         ("train.optimizer",))
     if differences:
         raise ConfigError(
@@ -131,7 +131,7 @@ def _source_record(workdir: Path, source: Path, resuming: bool) -> dict[str, Any
     pre-training source has changed since it started, which would return the old run's scores
     as the new model's: its newest step is another (the pre-training was continued), or the
     same step saved anew (the pre-training was run again, e.g. with --restart). Else the
-    record of the source to write once the run starts (`checkpointing.FINETUNE_SOURCE_FILE`;
+    record of the source to write once the run starts (`saved_config.FINETUNE_SOURCE_FILE`;
     None when `resuming`: it is written). Its folder is recorded but not compared: a sweep's
     workdir may be moved or copied whole, which keeps the saves' times. Warn when the source
     stopped before its own `train.steps` (e.g. a preempted pre-training)."""
@@ -145,7 +145,7 @@ def _source_record(workdir: Path, source: Path, resuming: bool) -> dict[str, Any
     if saved_steps is not None:
         warnings.warn(f"fine-tuning from {source} at step {step} of its {saved_steps}: its "
                       "pre-training has not finished", stacklevel=3)
-    record = workdir / checkpointing.FINETUNE_SOURCE_FILE
+    record = workdir / saved_config.FINETUNE_SOURCE_FILE
     if resuming and record.is_file():
         before = json.loads(record.read_text())
         if before.get("path") is None:
@@ -210,7 +210,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
             raise ConfigError(f"--init_from {init_from} is this run's own workdir {workdir}: "
                               "fine-tune into a workdir of its own")
         require_same(source, config, PARAMETER_FIELDS, "hold another model or vocabulary")
-        require_optimizer_state_source(config, checkpointing.read_saved_config(source))
+        require_optimizer_state_source(config, saved_config.read_saved_config(source))
         if ft.optimizer_state == "continue":
             _require_saved_layout(source, ft_config)
         source_record = _source_record(workdir, source, resuming)
@@ -241,11 +241,11 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
         step_args=(train_state.step_key(config.train.seed),),
         lengths=(ft.inputs_length, ft.targets_length), fresh_state=fresh_state,
         batch_field="finetune.batch_size",
-        resume_fields=checkpointing.RESUME_FIELDS + _FINETUNE_RESUME_FIELDS)
+        resume_fields=saved_config.RESUME_FIELDS + _FINETUNE_RESUME_FIELDS)
     with set_up(plan, progress=progress, restart=restart) as run:
         if source_record is not None:
             source_record["restored_step"] = restored_step
-            write_json(workdir / checkpointing.FINETUNE_SOURCE_FILE, source_record)
+            write_json(workdir / saved_config.FINETUNE_SOURCE_FILE, source_record)
             if ft.optimizer_state == "continue":
                 run.progress.note(f"fine-tuning carries on the optimiser state saved at step "
                                   f"{restored_step} of {source}, its update count too")

@@ -50,13 +50,13 @@ import ml_collections
 
 from t5x_lite import (accounting, architectures, objective_registry, objectives, partitioning,
                       presets)
-from t5x_lite.checkpointing import (ADDED_FIELDS, OBSERVING_FIELDS, acting_added_fields,
-                                    config_as_json)
 from t5x_lite.config import (BUDGETS, ConfigError, apply_overrides, call_get_config,
                              drop_unread_objective_fields, flat_fields, parse_overrides,
                              require_override_list, run_user_file)
 from t5x_lite.errors import require_choice
 from t5x_lite.results import Budget
+from t5x_lite.saved_config import (ADDED_FIELDS, OBSERVING_FIELDS, acting_added_fields,
+                                   config_as_json)
 from t5x_lite.settings import (SCHEDULES_ENDING_AT_STEPS, Finetune, Settings, Sweep, Train,
                                require_trainable)
 

@@ -555,7 +555,7 @@ def layout_record(layout: BatchLayout, objective_cfg: Mapping[str, Any]) -> dict
     tokens each reads, and the revision of its objective's definition
     (`objective_registry.Objective.revision`). The config fixes these only together with the
     code and the grid's other rows, so they are saved with the checkpoints
-    (`checkpointing.BATCH_LAYOUT_FILE`): a resume after either changed them is refused instead
+    (`saved_config.BATCH_LAYOUT_FILE`): a resume after either changed them is refused instead
     of continuing on other examples."""
     return {"raw_length": layout.raw_length,
             "objective_lengths": list(objective_lengths(objective_cfg)),

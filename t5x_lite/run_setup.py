@@ -25,10 +25,11 @@ import ml_collections
 from jax.sharding import Mesh
 
 from t5x_lite import attention, partitioning, train_step
-from t5x_lite.checkpointing import CHECKPOINTS_DIR, RESUME_FIELDS, Checkpointer
+from t5x_lite.checkpointing import CHECKPOINTS_DIR, Checkpointer
 from t5x_lite.config import ConfigError
 from t5x_lite.errors import CheckpointsUnreadable
 from t5x_lite.loop import MetricsWriter, Point, PreemptionWatch, Progress, Run, Throughput
+from t5x_lite.saved_config import RESUME_FIELDS
 from t5x_lite.settings import Settings, require_trainable
 from t5x_lite.train_state import TrainState, abstract_state, init_state, stack_states
 from t5x_lite.train_step import FinetuneStep, TrainStep, require_one_group

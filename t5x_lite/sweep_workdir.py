@@ -22,15 +22,15 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from t5x_lite import objective_registry, objectives, run_folders
-from t5x_lite.checkpointing import (ADDED_FIELDS, CHECKPOINTS_DIR, RESUME_FIELDS,
-                                    acting_added_fields, config_as_json, config_differences,
-                                    newest_step, read_saved_config,
-                                    saved_batch_layout_differences)
+from t5x_lite.checkpointing import CHECKPOINTS_DIR, newest_step
 from t5x_lite.config import ConfigError, flat_fields
 from t5x_lite.errors import PointBusy
 from t5x_lite.grid import OBSERVING_FIELDS, GridPoint, config_hash, user_overrides
 from t5x_lite.results import is_writer, run_key, write_json
 from t5x_lite.run_folders import SWEEP_FILE
+from t5x_lite.saved_config import (ADDED_FIELDS, RESUME_FIELDS, acting_added_fields, config_as_json,
+                                   config_differences, read_saved_config,
+                                   saved_batch_layout_differences)
 
 _NOT_ADDED = object()  # a field not in ADDED_FIELDS (whose values may be None)
 
@@ -44,7 +44,7 @@ def without_sweep_settings(identity: dict[str, Any]) -> dict[str, Any]:
     so does `sweep.zero_shot=True` (what the records hold; False is the default, the same
     sweep as none). The held-out evaluation's fields (`grid.OBSERVING_FIELDS`) go too: they
     change what a point measures, not what it computes. So does an override that sets a field
-    added later to the value its absence means (`checkpointing.ADDED_FIELDS`): it says how a
+    added later to the value its absence means (`saved_config.ADDED_FIELDS`): it says how a
     workdir begun before the field existed was run, which resumes with it or without it (its
     points' config hashes decide). And `train.seed`, which changed no point (each point's seed
     is one of sweep.seeds; refused since 2026-12-05): a workdir begun with it resumes without
@@ -225,8 +225,8 @@ def point_lock(points: Sequence[GridPoint], workdir: str | Path) -> Iterator[Non
 
 def require_current_folders(points: Sequence[GridPoint], workdir: Path) -> None:
     """Refuse to run a point whose folder holds the work of another config: pre-training
-    checkpoints whose `checkpointing.RESUME_FIELDS` differ, or whose examples
-    (`checkpointing.BATCH_LAYOUT_FILE`) differ while steps are left to train, or whose
+    checkpoints whose `saved_config.RESUME_FIELDS` differ, or whose examples
+    (`saved_config.BATCH_LAYOUT_FILE`) differ while steps are left to train, or whose
     objective's revision differs at all, or a finished task's record (`GridPoint.record_path`)
     of another config_hash, raw tokens read (`GridPoint.pretrain_tokens`) or objective
     revision. A point whose results.jsonl lines were deleted, to run it again after its grid

@@ -22,12 +22,12 @@ from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from t5x_lite import finetune
-from t5x_lite.checkpointing import (BATCH_LAYOUT_FILE, RESUME_FIELDS, STEP_METADATA_FILE,
-                                    Checkpointer, config_as_json, config_differences,
-                                    read_saved_config, restore_params_only, save_began_ns,
-                                    saved_layout_differences)
+from t5x_lite.checkpointing import (STEP_METADATA_FILE, Checkpointer, restore_params_only,
+                                    save_began_ns, saved_layout_differences)
 from t5x_lite.config import ConfigError, default_config
 from t5x_lite.errors import CheckpointsUnreadable
+from t5x_lite.saved_config import (BATCH_LAYOUT_FILE, RESUME_FIELDS, config_as_json,
+                                   config_differences, read_saved_config)
 
 # A failed tensorstore read (the damaged-checkpoint tests) can leave a callback for orbax's
 # already closed event loop, reported whenever it is garbage-collected: noise, not ours.
@@ -497,7 +497,7 @@ def test_a_scanned_run_does_not_resume_an_unscanned_checkpoint(tmp_path, config)
 def test_a_saved_config_without_the_later_model_fields_reads_as_their_none():
     """Checkpoints written before model.num_decoder_layers / embedding_rows existed resume
     under a config that leaves them None, and only under such a config."""
-    from t5x_lite.checkpointing import config_differences
+    from t5x_lite.saved_config import config_differences
 
     current = default_config()
     saved = current.to_dict()
@@ -515,7 +515,7 @@ def test_switching_adafactor_s_weight_decay_on_or_off_is_refused_as_the_state_di
     with it switched on or off: that is named before the restore, not after every saved step
     has failed to read."""
     from t5x_lite import optim
-    from t5x_lite.checkpointing import config_differences
+    from t5x_lite.saved_config import config_differences
     from t5x_lite.settings import Train
 
     def state_structure(weight_decay):
@@ -541,7 +541,7 @@ def test_switching_adafactor_s_weight_decay_on_or_off_is_refused_as_the_state_di
 def test_a_saved_config_without_the_ul2_mixture_resumes_unless_the_run_is_ul2():
     """Checkpoints written before objective.ul2_denoisers existed resume under any objective
     that does not read it; a ul2 run compares its mixture."""
-    from t5x_lite.checkpointing import config_differences
+    from t5x_lite.saved_config import config_differences
 
     current = default_config()
     saved = json.loads(current.to_json_best_effort())

@@ -14,7 +14,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from t5x_lite import checkpointing, cli, convert, decoding, partitioning, presets, train_state
+from t5x_lite import cli, convert, decoding, partitioning, presets, saved_config, train_state
 from t5x_lite.config import ConfigError, sentinel_id
 from t5x_lite.data.vocabulary import load_vocabulary, train_vocabulary
 from tests.test_convert import V1_0, V1_1, _hf_logits, _hf_t5, _logits, _padded_batch
@@ -191,7 +191,7 @@ def test_a_run_started_from_a_checkpoint_directory_fine_tunes_under_the_preset(v
     assert json.loads(capsys.readouterr().out)["steps"] == 1
     source, saved = (json.loads((path / "checkpoints" / "config.json").read_text())
                      for path in (run, tuned))
-    neutral = {field.removeprefix("model.") for field in checkpointing.PARAMETER_NEUTRAL_FIELDS}
+    neutral = {field.removeprefix("model.") for field in saved_config.PARAMETER_NEUTRAL_FIELDS}
     assert {k: v for k, v in saved["model"].items() if k not in neutral} == {
         k: v for k, v in source["model"].items() if k not in neutral}
     assert saved["data"]["vocab"] == str(directory / "spiece.model")

@@ -19,7 +19,7 @@ import pytest
 from flax import nnx
 
 from t5x_lite import (checkpointing, cli, decoding, distributed, evaluation, finetune, models,
-                      optim, presets, run_folders, train, train_state)
+                      optim, presets, run_folders, saved_config, train, train_state)
 from t5x_lite.architectures import names as architecture_names
 from t5x_lite.config import ConfigError, apply_overrides, parse_overrides
 from t5x_lite.data import pipeline, tasks
@@ -414,7 +414,7 @@ def test_a_source_whose_newest_step_is_unreadable_is_recorded_with_the_step_it_g
     run.checkpoint.every = 1
     with pytest.warns(UserWarning, match="checkpoint at step 2 .* is unreadable"):
         finetune.finetune(run, tmp_path / "ft", init_from=str(source), progress=False)
-    record = json.loads((tmp_path / "ft" / checkpointing.FINETUNE_SOURCE_FILE).read_text())
+    record = json.loads((tmp_path / "ft" / saved_config.FINETUNE_SOURCE_FILE).read_text())
     assert (record["step"], record["restored_step"]) == (2, 1)
     assert record["save_began_ns"] == checkpointing.save_began_ns(source / "checkpoints", 2)
     run.finetune.steps = 2  # resumed from its own step 1
@@ -436,7 +436,7 @@ def test_a_fine_tuning_from_given_or_random_parameters_is_marked_and_kept_from_t
     records its start, and resuming it from a checkpoint instead is refused."""
     config = config_for(data, steps=1)
     finetune.finetune(config, tmp_path / "ft", init_from=None, progress=False)
-    record = json.loads((tmp_path / "ft" / checkpointing.FINETUNE_SOURCE_FILE).read_text())
+    record = json.loads((tmp_path / "ft" / saved_config.FINETUNE_SOURCE_FILE).read_text())
     assert (record["path"], record["parameters"]) == (None, "random")
     with pytest.raises(ConfigError, match="holds a fine-tuning run"):
         train.train(config, tmp_path / "ft", progress=False)
@@ -464,11 +464,11 @@ def test_a_fine_tuning_pointed_at_a_pre_training_run_is_refused_and_leaves_it(da
                 r"fine-tunes from it\): give another --workdir$")):
             finetune.finetune(config, source, init_from=None, restart=restart, progress=False)
     assert sorted(str(path.relative_to(source)) for path in source.rglob("*")) == kept
-    (source / "checkpoints" / checkpointing.BATCH_LAYOUT_FILE).unlink()  # as before 2026-12-05
+    (source / "checkpoints" / saved_config.BATCH_LAYOUT_FILE).unlink()  # as before 2026-12-05
     assert run_folders.held_kind(source) == ("pre-training", "checkpoints/config.json")
     finetune.finetune(config, tmp_path / "ft", init_from=str(source), progress=False)
     assert run_folders.held_kind(tmp_path / "ft") == ("fine-tuning", "init_from.json")
-    (tmp_path / "ft" / checkpointing.FINETUNE_SOURCE_FILE).unlink()
+    (tmp_path / "ft" / saved_config.FINETUNE_SOURCE_FILE).unlink()
     assert run_folders.held_kind(tmp_path / "ft") == ("fine-tuning", "checkpoints/config.json")
     # Its kind only suggested (a pre-training could share its settings): not deleted.
     saved = sorted(path.name for path in (tmp_path / "ft" / "checkpoints").iterdir())
@@ -479,7 +479,7 @@ def test_a_fine_tuning_pointed_at_a_pre_training_run_is_refused_and_leaves_it(da
                           progress=False)
     assert sorted(path.name for path in (tmp_path / "ft" / "checkpoints").iterdir()) == saved
     assert run_folders.held_kind(tmp_path / "nothing") is None
-    (source / "checkpoints" / checkpointing.CONFIG_FILE).write_text("{")  # damaged: unknown
+    (source / "checkpoints" / saved_config.CONFIG_FILE).write_text("{")  # damaged: unknown
     assert run_folders.held_kind(source) is None
 
 
@@ -589,14 +589,14 @@ def test_task_lengths_give_each_run_its_tasks_own_targets_length(data, pretraine
     assert evaluation.with_task_lengths(config, [short]) is config
     config.finetune.update(task_lengths=True, tasks=(short.name,))
     finetune.finetune(config, tmp_path / "run", init_from=str(pretrained("encoder_decoder")))
-    saved = checkpointing.read_saved_config(tmp_path / "run" / checkpointing.CHECKPOINTS_DIR)
+    saved = saved_config.read_saved_config(tmp_path / "run" / checkpointing.CHECKPOINTS_DIR)
     assert saved["finetune"]["targets_length"] == 9
     # The same config resumes it (its saved length is what task_lengths reads).
     config.finetune.steps = 4
     finetune.finetune(config, tmp_path / "run", init_from=str(pretrained("encoder_decoder")))
     # A run saved before the field existed (cut to targets_length) resumes only without it,
     # which its refusal names.
-    saved_file = tmp_path / "run" / checkpointing.CHECKPOINTS_DIR / checkpointing.CONFIG_FILE
+    saved_file = tmp_path / "run" / checkpointing.CHECKPOINTS_DIR / saved_config.CONFIG_FILE
     old = json.loads(saved_file.read_text())
     old["finetune"].pop("task_lengths")
     old["finetune"]["targets_length"] = 16
@@ -647,7 +647,7 @@ def test_resuming_a_fine_tuning_whose_pre_training_moved_on_is_refused(data, pre
     shutil.copytree(pretrained("encoder_decoder"), source)
     config, workdir = config_for(data), tmp_path / "finetune"
     finetune.finetune(config, workdir, init_from=str(source), progress=False)
-    first = json.loads((workdir / checkpointing.FINETUNE_SOURCE_FILE).read_text())
+    first = json.loads((workdir / saved_config.FINETUNE_SOURCE_FILE).read_text())
     assert first == {"path": str(source / "checkpoints"), "step": config.train.steps,
                      "save_began_ns": first["save_began_ns"],
                      "restored_step": config.train.steps}
@@ -661,7 +661,7 @@ def test_resuming_a_fine_tuning_whose_pre_training_moved_on_is_refused(data, pre
             r"--restart to fine-tune again from it")):
         finetune.finetune(config, workdir, init_from=str(source), progress=False)
     finetune.finetune(config, workdir, init_from=str(source), progress=False, restart=True)
-    assert json.loads((workdir / checkpointing.FINETUNE_SOURCE_FILE).read_text())["step"] == longer.train.steps
+    assert json.loads((workdir / saved_config.FINETUNE_SOURCE_FILE).read_text())["step"] == longer.train.steps
 
 
 def test_resuming_a_fine_tuning_whose_pre_training_ran_again_is_refused(data, pretrained,
@@ -735,7 +735,7 @@ def test_eval_command_reads_the_model_and_vocabulary_from_the_checkpoint(
                                                           "model.dtype": "bfloat16"}
     apply_overrides(preset, overrides)  # as the command does before reading the checkpoint
     derived = evaluation.config_from_checkpoint(preset, run, overrides)
-    saved = json.loads((run / "checkpoints" / checkpointing.CONFIG_FILE).read_text())
+    saved = json.loads((run / "checkpoints" / saved_config.CONFIG_FILE).read_text())
     assert {**derived.model.to_dict(), "dtype": "float32"} == saved["model"]
     assert derived.model.dtype == "bfloat16"  # parameter-neutral: the override wins
     assert (derived.data.corpus, derived.data.vocab) == (str(data[0]), "")
