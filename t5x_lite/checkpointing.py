@@ -52,9 +52,7 @@ from t5x_lite.saved_config import (BATCH_LAYOUT_FILE, CONFIG_FILE, OBSERVING_FIE
 
 log = logging.getLogger(__name__)
 
-# The folder of a run's workdir that holds its checkpoints (`run_setup` opens it there).
-CHECKPOINTS_DIR = "checkpoints"
-UNREADABLE_DIR = "unreadable"
+UNREADABLE_DIR = "unreadable"  # in a run's checkpoints folder: the steps that did not restore
 
 
 def _one_item() -> ocp.PyTreeCheckpointHandler:

@@ -142,8 +142,8 @@ def checkpoint_dir(path: str | Path) -> Path:
     """The checkpoint folder of `path`: a workdir of `train.train` / `finetune.finetune` (its
     `checkpoints/`), or that folder itself."""
     path = Path(path)
-    if (path / checkpointing.CHECKPOINTS_DIR / saved_config.CONFIG_FILE).exists():
-        return path / checkpointing.CHECKPOINTS_DIR
+    if (path / saved_config.CHECKPOINTS_DIR / saved_config.CONFIG_FILE).exists():
+        return path / saved_config.CHECKPOINTS_DIR
     if (path / saved_config.CONFIG_FILE).exists():
         return path
     held = run_folders.held_kind(path)
@@ -152,7 +152,7 @@ def checkpoint_dir(path: str | Path) -> Path:
                           "the folder of one of its runs (its pre-training or a fine-tuning, "
                           "each in a folder of its own below it)")
     raise ConfigError(f"{path} holds no t5x_lite checkpoints (no {saved_config.CONFIG_FILE} "
-                      f"in it or in its {checkpointing.CHECKPOINTS_DIR}/ folder)")
+                      f"in it or in its {saved_config.CHECKPOINTS_DIR}/ folder)")
 
 
 def config_from_checkpoint(config: ml_collections.ConfigDict, checkpoint: str | Path,

@@ -332,8 +332,8 @@ EXPLANATION = (
     f"{SIMILAR_FRACTION:.1%} of the score, 2σ included (scores averaging under "
     f"{SIMILAR_FLOOR:g} point cannot be separated). A finding judged in many columns or "
     "against many rows contradicts by chance more often than one check does: on made-up tables "
-    "whose rows do not differ, with 3 seeds, none supports, but Table 2's 'best on every task' "
-    "and 'language model worst' contradict in about a third of them "
+    "whose rows do not differ, with 3 seeds, none that orders rows supports, but Table 2's "
+    "'best on every task' and 'language model worst' contradict in about a third of them "
     "(benchmarks/findings_null.py); read the checks behind such a verdict. In parentheses: "
     "the same comparison on the paper's numbers, whose spread is its baseline's over 10 runs.")
 

@@ -203,9 +203,9 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
     source = init_from if init_from is None or isinstance(init_from, nnx.State) else (
         checkpoint_dir(init_from))
     resuming = not restart and checkpointing.newest_step(
-        workdir / checkpointing.CHECKPOINTS_DIR) is not None
+        workdir / saved_config.CHECKPOINTS_DIR) is not None
     if isinstance(source, Path):
-        own = (workdir / checkpointing.CHECKPOINTS_DIR).resolve()
+        own = (workdir / saved_config.CHECKPOINTS_DIR).resolve()
         if source.resolve() in (own, *own.parents):  # its --restart would delete the source
             raise ConfigError(f"--init_from {init_from} is this run's own workdir {workdir}: "
                               "fine-tune into a workdir of its own")

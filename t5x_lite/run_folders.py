@@ -16,9 +16,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from t5x_lite.checkpointing import CHECKPOINTS_DIR
 from t5x_lite.config import ConfigError
 from t5x_lite.results import RESULTS_FILE
+from t5x_lite.saved_config import CHECKPOINTS_DIR
 from t5x_lite.saved_config import (BATCH_LAYOUT_FILE, CONFIG_FILE, FINETUNE_SOURCE_FILE,
                                    read_saved_config)
 

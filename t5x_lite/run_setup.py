@@ -25,10 +25,11 @@ import ml_collections
 from jax.sharding import Mesh
 
 from t5x_lite import attention, partitioning, train_step
-from t5x_lite.checkpointing import CHECKPOINTS_DIR, Checkpointer
+from t5x_lite.checkpointing import Checkpointer
 from t5x_lite.config import ConfigError
 from t5x_lite.errors import CheckpointsUnreadable
 from t5x_lite.loop import MetricsWriter, Point, PreemptionWatch, Progress, Run, Throughput
+from t5x_lite.saved_config import CHECKPOINTS_DIR
 from t5x_lite.saved_config import RESUME_FIELDS
 from t5x_lite.settings import Settings, require_trainable
 from t5x_lite.train_state import TrainState, abstract_state, init_state, stack_states
@@ -115,7 +116,8 @@ def _initial_state(plan: RunPlan, checkpointers: Sequence[Checkpointer],
     if len(set(steps)) > 1:  # a damaged newest checkpoint made one point fall back
         # Every point from the step the fallen-back one reached, where all still hold it, else
         # all from step 0 as points saved apart (`set_up`); the later steps are deleted so that
-        # they can be saved anew (a sweep recorded every point of the chunk as failed, for good).
+        # they can be saved anew. (This raised before, and a sweep recorded every point of the
+        # chunk as failed, for good.)
         common = min(steps)
         states = [state if step == common else _restored_at_most(checkpointer, config, mesh,
                                                                   common)
@@ -155,7 +157,9 @@ def set_up(plan: RunPlan, *, steps: int | None = None, progress: bool = True,
 
     Every point resumes from its newest checkpoint (see `checkpointing.Checkpointer`). A
     vmapped run whose points hold different newest steps (a crash between their saves, or
-    points started apart) pre-trains them all again from step 0, with a warning.
+    points started apart) pre-trains them all again from step 0, with a warning; one whose
+    point fell back past an unreadable newest step trains on from that step where every point
+    holds it (`_initial_state`).
     """
     config = plan.configs[0]
     # Every point's config, typed and validated before JAX does anything (a bad value is

@@ -23,6 +23,9 @@ from t5x_lite.config import ConfigError, drop_unread_objective_fields, flat_fiel
 from t5x_lite.objective_registry import REVISION_FIELD
 from t5x_lite.optim import has_decay_stage
 
+# The folder of a run's workdir that holds its checkpoints and CONFIG_FILE (`run_setup` opens
+# it there; `checkpointing` writes it).
+CHECKPOINTS_DIR = "checkpoints"
 CONFIG_FILE = "config.json"
 # In a fine-tuning workdir: the pre-training checkpoints it started from, {"path", "step",
 # "save_began_ns", "restored_step"}: the source's newest step when it began and

@@ -56,12 +56,13 @@ from typing import Any, Sequence
 import jax
 
 from t5x_lite import attention, held_out, launchers, partitioning, presets
-from t5x_lite.checkpointing import CHECKPOINTS_DIR, newest_step
+from t5x_lite.checkpointing import newest_step
 from t5x_lite.config import ConfigError, apply_overrides, parse_overrides
 from t5x_lite.grid import SWEEP_SPLITS, GridPoint, expand
 from t5x_lite.loop import PreemptionWatch
 from t5x_lite.preemption import Preempted
 from t5x_lite.results import ResultsFile, latest_records, record_key, run_key
+from t5x_lite.saved_config import CHECKPOINTS_DIR
 from t5x_lite.sweep_point import (LATER_STAGES, add_to_finished, base_record, log, run_chunk,
                                   run_point, stop)
 from t5x_lite.sweep_workdir import (check_workdir, claim_workdir, require_current,

@@ -21,11 +21,12 @@ from typing import Sequence
 import ml_collections
 
 from t5x_lite import accounting
-from t5x_lite.checkpointing import CHECKPOINTS_DIR, newest_step
+from t5x_lite.checkpointing import newest_step
 from t5x_lite.data import tasks
 from t5x_lite.evaluation import with_task_lengths
 from t5x_lite.grid import StepCost, expand, finetune_runs
 from t5x_lite.results import ResultsFile, latest_records, record_key, results_path, run_key
+from t5x_lite.saved_config import CHECKPOINTS_DIR
 from t5x_lite.step_settings import step_settings
 from t5x_lite.sweep import (budget_line, require_vmap, select_point, unrecorded_tasks,
                             vmap_chunks)

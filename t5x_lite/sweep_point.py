@@ -24,12 +24,13 @@ import jax
 from jax.experimental import multihost_utils
 
 from t5x_lite import accounting, batch_format, held_out, objective_registry, objectives
-from t5x_lite.checkpointing import CHECKPOINTS_DIR, newest_step
+from t5x_lite.checkpointing import newest_step
 from t5x_lite.errors import MachineFault, is_machine_fault
 from t5x_lite.grid import GridPoint, StepCost, config_hash, load_experiment
 from t5x_lite.loop import METRICS_FILE, PreemptionWatch
 from t5x_lite.preemption import Preempted
 from t5x_lite.results import ResultsFile, write_json
+from t5x_lite.saved_config import CHECKPOINTS_DIR
 from t5x_lite.sweep_workdir import point_lock
 
 
@@ -247,7 +248,7 @@ def _zero_shot_stage(point: GridPoint, workdir: str, task_names: Sequence[str]
 
 
 def _stop_if_signalled(watch: PreemptionWatch, point: GridPoint, workdir: str) -> None:
-    """Stop the sweep (`_stop`: the line saying why, then `Preempted`) if SIGTERM / SIGINT came
+    """Stop the sweep (`stop`: the line saying why, then `Preempted`) if SIGTERM / SIGINT came
     since the point started, outside a run's loop (which stops on its own) or as a run ended:
     before the point's next stage."""
     if watch.signal is not None:
@@ -367,7 +368,7 @@ def _held_out_fields(point: GridPoint, workdir: str, records: Sequence[dict]
 @dataclasses.dataclass(frozen=True)
 class LaterStage:
     """A stage that a sweep gives finished points' records after its runs, from their
-    pre-trained checkpoints (`_add_to_finished`): `what` it adds, whether the config switches
+    pre-trained checkpoints (`add_to_finished`): `what` it adds, whether the config switches
     it `on`, which records `lacks` it, `fields_of(point, workdir, records)` -> {task: the
     fields it adds}, and a few words of them for the log (`shown`)."""
 

@@ -22,12 +22,13 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from t5x_lite import objective_registry, objectives, run_folders
-from t5x_lite.checkpointing import CHECKPOINTS_DIR, newest_step
+from t5x_lite.checkpointing import newest_step
 from t5x_lite.config import ConfigError, flat_fields
 from t5x_lite.errors import PointBusy
 from t5x_lite.grid import OBSERVING_FIELDS, GridPoint, config_hash, user_overrides
 from t5x_lite.results import is_writer, run_key, write_json
 from t5x_lite.run_folders import SWEEP_FILE
+from t5x_lite.saved_config import CHECKPOINTS_DIR
 from t5x_lite.saved_config import (ADDED_FIELDS, RESUME_FIELDS, acting_added_fields, config_as_json,
                                    config_differences, read_saved_config,
                                    saved_batch_layout_differences)

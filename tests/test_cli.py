@@ -431,9 +431,9 @@ def test_missing_input_is_one_line_naming_the_path(tmp_path):
 def test_a_damaged_saved_config_or_an_unknown_split_is_one_line_naming_it(tmp_path):
     """eval reads the run's saved config.json before anything else: a damaged one was a
     JSONDecodeError or KeyError traceback, and an unknown --split a ValueError traceback."""
-    from t5x_lite import checkpointing, saved_config
+    from t5x_lite import saved_config
 
-    run = tmp_path / "run" / checkpointing.CHECKPOINTS_DIR
+    run = tmp_path / "run" / saved_config.CHECKPOINTS_DIR
     run.mkdir(parents=True)
     config_file = run / saved_config.CONFIG_FILE
     for text, message in [("{", "is damaged"), ('{"model": {}}', "has no data section")]:

@@ -589,14 +589,14 @@ def test_task_lengths_give_each_run_its_tasks_own_targets_length(data, pretraine
     assert evaluation.with_task_lengths(config, [short]) is config
     config.finetune.update(task_lengths=True, tasks=(short.name,))
     finetune.finetune(config, tmp_path / "run", init_from=str(pretrained("encoder_decoder")))
-    saved = saved_config.read_saved_config(tmp_path / "run" / checkpointing.CHECKPOINTS_DIR)
+    saved = saved_config.read_saved_config(tmp_path / "run" / saved_config.CHECKPOINTS_DIR)
     assert saved["finetune"]["targets_length"] == 9
     # The same config resumes it (its saved length is what task_lengths reads).
     config.finetune.steps = 4
     finetune.finetune(config, tmp_path / "run", init_from=str(pretrained("encoder_decoder")))
     # A run saved before the field existed (cut to targets_length) resumes only without it,
     # which its refusal names.
-    saved_file = tmp_path / "run" / checkpointing.CHECKPOINTS_DIR / saved_config.CONFIG_FILE
+    saved_file = tmp_path / "run" / saved_config.CHECKPOINTS_DIR / saved_config.CONFIG_FILE
     old = json.loads(saved_file.read_text())
     old["finetune"].pop("task_lengths")
     old["finetune"]["targets_length"] = 16

@@ -17,10 +17,11 @@ import pytest
 
 from t5x_lite import (accounting, cli, grid, launchers, noise_lengths, objective_registry,
                       report, results, sweep, sweep_plan, sweep_point, sweep_workdir, train)
-from t5x_lite.checkpointing import CHECKPOINTS_DIR, newest_step
+from t5x_lite.checkpointing import newest_step
 from t5x_lite.config import ConfigError
 from t5x_lite.data import tasks
 from t5x_lite.preemption import Preempted
+from t5x_lite.saved_config import CHECKPOINTS_DIR
 from t5x_lite.saved_config import BATCH_LAYOUT_FILE
 
 from compile_events import cold_program_cache
