@@ -357,10 +357,10 @@ class Checkpointer:
             self._set_aside(unreadable)
         return restored
 
-    def delete_steps(self, after: int = -1) -> None:
-        """Delete the saved steps after step `after` (default: all of them), so that the run
-        can save those steps anew (without --restart's wipe: its folder, config and set-aside
-        steps stay)."""
+    def delete_steps(self, after: int) -> None:
+        """Delete the saved steps after step `after` (0: all but a step 0, which is never
+        saved), so that the run can save those steps anew (without --restart's wipe: its
+        folder, config and set-aside steps stay)."""
         for step in self._manager.all_steps():
             if step > after:
                 self._manager.delete(step)

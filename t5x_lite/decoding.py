@@ -193,8 +193,9 @@ def _check_host_inputs(inputs: np.ndarray, vocab_size: int) -> None:
         raise ValueError(f"inputs hold ids from {inputs.min()} to {inputs.max()}; the model's "
                          f"are 0 to {vocab_size - 1}")
     real = inputs != PAD_ID
-    if (real[:, 1:] & ~real[:, :-1]).any():
-        row = int(np.flatnonzero((real[:, 1:] & ~real[:, :-1]).any(axis=1))[0])
+    padded_in_front = (real[:, 1:] & ~real[:, :-1]).any(axis=1)
+    if padded_in_front.any():
+        row = int(np.flatnonzero(padded_in_front)[0])
         raise ValueError(f"inputs row {row} has padding (0) before a token; rows must be the "
                          "encoded inputs first, right-padded with 0")
 
@@ -379,8 +380,8 @@ def _beam_search(model: nnx.Module, prompt: _Prompt, settings: _Settings) -> Dec
 
     def unfinished(carry):
         t, _, live_log_probs, _, finished_scores, _, _ = carry
-        best_reachable = live_log_probs[:, :1] / length_penalty(max_length)
-        return (t < max_length) & jnp.any(best_reachable[:, 0] > finished_scores[:, -1])
+        best_reachable = live_log_probs[:, :1] / length_penalty(max_length)  # [B, 1]
+        return (t < max_length) & jnp.any(best_reachable > finished_scores[:, -1:])
 
     def step(carry):
         t, live_tokens, live_log_probs, finished_tokens, finished_scores, last, cache = carry

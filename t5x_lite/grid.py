@@ -161,17 +161,8 @@ class GridPoint:
         return self.directory(workdir) / "pretrain"
 
     def finetune_runs(self) -> tuple[tuple[str, ...], ...]:
-        """The fine-tuning runs the point makes (`finetune_runs` of its `sweep.tasks`), each
-        without the tasks its architecture cannot fine-tune (`evaluation.not_applicable`: they
-        are recorded as such, not run); a run left with none goes."""
-        from t5x_lite import evaluation
-        from t5x_lite.data import tasks
-
-        sweep, arch = self.config.sweep, self.config.model.arch
-        runs = (tuple(name for name in run
-                      if not evaluation.not_applicable(arch, tasks.TASKS[name]))
-                for run in finetune_runs(sweep.tasks, sweep.glue_as_one_task))
-        return tuple(run for run in runs if run)
+        """The fine-tuning runs the point makes (`point_finetune_runs` of its config)."""
+        return point_finetune_runs(self.config)
 
     def finetune_directory(self, workdir: str | os.PathLike, run_tasks: tuple[str, ...]) -> Path:
         """The run's fine-tuning workdir for its fine-tuning run of `run_tasks` (one of
@@ -345,6 +336,20 @@ def finetune_runs(task_names: Sequence[str], glue_as_one_task: bool
     return tuple(runs)
 
 
+def point_finetune_runs(config: ml_collections.ConfigDict) -> tuple[tuple[str, ...], ...]:
+    """The fine-tuning runs a grid point of `config` makes (`finetune_runs` of its
+    `sweep.tasks`), each without the tasks its architecture cannot fine-tune
+    (`evaluation.not_applicable`: they are recorded as such, not run); a run left with none
+    goes."""
+    from t5x_lite import evaluation
+    from t5x_lite.data import tasks
+
+    sweep, arch = config.sweep, config.model.arch
+    runs = (tuple(name for name in run if not evaluation.not_applicable(arch, tasks.TASKS[name]))
+            for run in finetune_runs(sweep.tasks, sweep.glue_as_one_task))
+    return tuple(run for run in runs if run)
+
+
 def require_sweep_splits(task_names: Sequence[str]) -> None:
     """Raise a one-line `ConfigError` naming the first of `task_names` that is not a
     registered task, or that lacks one of `SWEEP_SPLITS` (e.g. glue_mnli_matched, which holds
@@ -386,16 +391,11 @@ def _validate(config: ml_collections.ConfigDict, where: str) -> None:
                 f"e.g. builtin_module); sweep.tasks={list(settings.sweep.tasks)} has none")
         # Each fine-tuning run the point makes, as it will read its config
         # (finetune.task_lengths: at its tasks' own targets length).
-        arch = settings.model.arch
-        for run in finetune_runs(settings.sweep.tasks, settings.sweep.glue_as_one_task):
-            run_tasks = [tasks.TASKS[name] for name in run
-                         if not evaluation.not_applicable(arch, tasks.TASKS[name])]
-            if not run_tasks:  # recorded as not applicable, never fine-tuned
-                continue
-            run_settings = Finetune.from_config(
-                evaluation.with_task_lengths(config, run_tasks).finetune)
+        for run in point_finetune_runs(config):
+            run_settings = Finetune.from_config(evaluation.with_task_lengths(
+                config, [tasks.TASKS[name] for name in run]).finetune)
             try:
-                evaluation.require_slot_decoding(arch, run_settings)
+                evaluation.require_slot_decoding(settings.model.arch, run_settings)
             except ConfigError as error:
                 raise ConfigError(f"fine-tuning on {' + '.join(run)}: {error}") from None
         # The point fine-tunes from its own pre-training, whose config is this one.

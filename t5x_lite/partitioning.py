@@ -171,8 +171,8 @@ def logical_to_spec(
 
     A mesh axis is used at most once per array (the first dimension claiming it wins). When
     `shape` is given, a dimension keeps the longest run of its rule's mesh axes, from the first,
-    whose sizes divide it, and stays replicated when none does (`replicated_dimensions` names
-    those).
+    whose sizes divide it, and stays replicated when none does (`state_shardings` warns of
+    those, with what they cost).
     """
     return _spec_and_replicated(logical_axes, rules, mesh, shape)[0]
 

@@ -18,9 +18,8 @@ from typing import Any
 
 from t5x_lite.config import ConfigError
 from t5x_lite.results import RESULTS_FILE
-from t5x_lite.saved_config import CHECKPOINTS_DIR
-from t5x_lite.saved_config import (BATCH_LAYOUT_FILE, CONFIG_FILE, FINETUNE_SOURCE_FILE,
-                                   read_saved_config)
+from t5x_lite.saved_config import (BATCH_LAYOUT_FILE, CHECKPOINTS_DIR, CONFIG_FILE,
+                                   FINETUNE_SOURCE_FILE, read_saved_config)
 
 SWEEP_FILE = "sweep.json"  # a sweep's identity (`sweep_workdir`)
 # The `train` fields a fine-tuning run sets from its `finetune` section

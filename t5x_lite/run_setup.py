@@ -29,8 +29,7 @@ from t5x_lite.checkpointing import Checkpointer
 from t5x_lite.config import ConfigError
 from t5x_lite.errors import CheckpointsUnreadable
 from t5x_lite.loop import MetricsWriter, Point, PreemptionWatch, Progress, Run, Throughput
-from t5x_lite.saved_config import CHECKPOINTS_DIR
-from t5x_lite.saved_config import RESUME_FIELDS
+from t5x_lite.saved_config import CHECKPOINTS_DIR, RESUME_FIELDS
 from t5x_lite.settings import Settings, require_trainable
 from t5x_lite.train_state import TrainState, abstract_state, init_state, stack_states
 from t5x_lite.train_step import FinetuneStep, TrainStep, require_one_group

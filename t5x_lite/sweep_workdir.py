@@ -28,10 +28,9 @@ from t5x_lite.errors import PointBusy
 from t5x_lite.grid import OBSERVING_FIELDS, GridPoint, config_hash, user_overrides
 from t5x_lite.results import is_writer, run_key, write_json
 from t5x_lite.run_folders import SWEEP_FILE
-from t5x_lite.saved_config import CHECKPOINTS_DIR
-from t5x_lite.saved_config import (ADDED_FIELDS, RESUME_FIELDS, acting_added_fields, config_as_json,
-                                   config_differences, read_saved_config,
-                                   saved_batch_layout_differences)
+from t5x_lite.saved_config import (ADDED_FIELDS, CHECKPOINTS_DIR, RESUME_FIELDS,
+                                   acting_added_fields, config_as_json, config_differences,
+                                   read_saved_config, saved_batch_layout_differences)
 
 _NOT_ADDED = object()  # a field not in ADDED_FIELDS (whose values may be None)
 

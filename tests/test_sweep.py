@@ -21,8 +21,7 @@ from t5x_lite.checkpointing import newest_step
 from t5x_lite.config import ConfigError
 from t5x_lite.data import tasks
 from t5x_lite.preemption import Preempted
-from t5x_lite.saved_config import CHECKPOINTS_DIR
-from t5x_lite.saved_config import BATCH_LAYOUT_FILE
+from t5x_lite.saved_config import BATCH_LAYOUT_FILE, CHECKPOINTS_DIR
 
 from compile_events import cold_program_cache
 
