@@ -23,7 +23,7 @@ from t5x_lite import (checkpointing, cli, decoding, distributed, evaluation, fin
 from t5x_lite.architectures import names as architecture_names
 from t5x_lite.config import ConfigError, apply_overrides, parse_overrides
 from t5x_lite.data import pipeline, tasks
-from tiny_configs import tiny_finetune_config, write_letter_corpus
+from tiny_configs import random_model, tiny_finetune_config, write_letter_corpus
 
 LETTERS = "abcdef"
 # Every sequence of 2 to 4 of the letters (36 + 216 + 1296 = 1548), in one fixed shuffled
@@ -253,15 +253,9 @@ def test_evaluate_scores_a_model_of_every_other_architecture_as_it_predicts(arch
         config = config_for(data, arch, eval_examples=8, targets_length=4)
     else:
         config = config_for(data, arch, eval_examples=8, decode={"max_length": 4})
-    model = models.build_model(config.model, nnx.Rngs(0))
-    # Large random weights: outputs that depend on the inputs. Seed 1: with seed 0, the
-    # language model's attention saturates on a position every input shares, and it decodes
-    # one answer for all eight (the assertion below says so if a seed does).
-    rng = np.random.default_rng(1)
-    nnx.update(model, jax.tree_util.tree_map_with_path(
-        lambda path, x: (rng.uniform(0.5, 1.5, x.shape) if "norm" in jax.tree_util.keystr(path)
-                         else rng.normal(0.0, 1.0, x.shape)).astype(x.dtype),
-        nnx.state(model, nnx.Param)))
+    # Seed 1: with seed 0, the language model's attention saturates on a position every input
+    # shares, and it decodes one answer for all eight (the assertion below says so if a seed does).
+    model = random_model(config, seed=1)
     vocab = pipeline.vocabulary_from_config(config)
     inputs = [ex.inputs for ex in tasks.TASKS["test_reverse"].examples("validation")[:8]]
     ids = np.zeros((8, config.finetune.inputs_length), np.int32)

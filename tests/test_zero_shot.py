@@ -21,7 +21,7 @@ from t5x_lite.config import ConfigError, EOS_ID
 from t5x_lite.data import pipeline, tasks
 from t5x_lite.evaluation import TaskSplit, params_of
 from t5x_lite.settings import Sweep
-from tiny_configs import tiny_finetune_config, write_letter_corpus
+from tiny_configs import random_model, tiny_finetune_config, write_letter_corpus
 
 OPTIONS = ("a", "b", "e f")
 INPUTS = ["pick: a b", "pick: c", "pick: f f e", "pick: d a c", "pick: e", "pick: b b b"]
@@ -41,17 +41,6 @@ def data(tmp_path_factory):
     """(corpus glob, data dir): made-up words, and letter lines that make each letter a piece."""
     return write_letter_corpus(tmp_path_factory.mktemp("data"), "pick", "abcdef",
                                per_line=6)
-
-
-def random_model(config):
-    """A model of `config` with large random weights: its rankings depend on the inputs."""
-    model = models.build_model(config.model, nnx.Rngs(0))
-    rng = np.random.default_rng(0)
-    nnx.update(model, jax.tree_util.tree_map_with_path(
-        lambda path, x: (rng.uniform(0.5, 1.5, x.shape) if "norm" in jax.tree_util.keystr(path)
-                         else rng.normal(0.0, 1.0, x.shape)).astype(x.dtype),
-        nnx.state(model, nnx.Param)))
-    return model
 
 
 def option_by_option(config, model):

@@ -4,7 +4,11 @@ and the sharding check the training tests share.
 A plain module (not a fixture) so `tests/test_multihost.py` can import it when it runs as a
 worker process; the tests directory is on `sys.path` both under pytest and as a script.
 """
-from t5x_lite import architectures, presets
+import jax
+import numpy as np
+from flax import nnx
+
+from t5x_lite import architectures, models, presets
 from t5x_lite.config import default_config
 
 INPUTS_LENGTH = 32
@@ -93,3 +97,15 @@ def assert_params_follow_default_rules(params, mesh):
         axes = param.get_metadata()["logical_axes"]
         expected = NamedSharding(mesh, PartitionSpec(*(EXPECTED_MESH_AXIS.get(a) for a in axes)))
         assert param.get_value().sharding.is_equivalent_to(expected, len(axes)), path
+
+
+def random_model(config, seed=0):
+    """A model of `config` with large random weights (norm scales in [0.5, 1.5], the rest
+    N(0, 1)), so its outputs and rankings depend on the inputs, unlike a fresh init's."""
+    model = models.build_model(config.model, nnx.Rngs(0))
+    rng = np.random.default_rng(seed)
+    nnx.update(model, jax.tree_util.tree_map_with_path(
+        lambda path, x: (rng.uniform(0.5, 1.5, x.shape) if "norm" in jax.tree_util.keystr(path)
+                         else rng.normal(0.0, 1.0, x.shape)).astype(x.dtype),
+        nnx.state(model, nnx.Param)))
+    return model
