@@ -8,8 +8,13 @@ comparison is this sweep's mean over seeds and its difference from the other swe
 pre-training loss where both scored the same examples (the records' `held_out_examples`: a
 change of the objective's settings changes them, and then the losses do not compare).
 
-A difference is told apart from the seed noise in one of two ways. Where both cells ran the
-same two or more seeds, by a paired t-test over those seeds, p < `P_VALUE` two-sided: a seed
+Where both cells have scores but of different seeds (one sweep ran more, or lost one), the
+cell compares the two means over the seeds both ran, marked `[k shared seeds]`: a seed only
+one side has would otherwise show as a change. Cells that share no seed compare their whole
+means (independent runs).
+
+A difference is told apart from the seed noise in one of two ways. Where both cells have
+two or more seeds in common, by a paired t-test over those seeds, p < `P_VALUE` two-sided: a seed
 draws the same data order, held-out text and noise in both sweeps, so its two runs share that
 part of the noise, as the report's paired held-out losses do (with 2 seeds the test needs the
 two differences nearly equal; a fixed "twice the deviation of the differences" would mark one
@@ -43,7 +48,9 @@ class Change:
     """One cell: this sweep's mean, the other sweep's, and whether their difference is
     told apart from the seed noise (None: nothing to judge by, or a side without a number).
     paired: the seeds a paired t-test ran over, with its two-sided `p_value` (0 and None: the
-    column's pooled `spread` judged, by twice it)."""
+    column's pooled `spread` judged, by twice it). shared_seeds: where the two cells ran
+    different seeds, the number both ran, over which `ours` and `theirs` are taken (0: the
+    cells' own means)."""
 
     ours: float | None
     theirs: float | None
@@ -51,6 +58,7 @@ class Change:
     paired: int = 0
     p_value: float | None = None
     spread: float | None = None
+    shared_seeds: int = 0
 
     @property
     def difference(self) -> float | None:
@@ -84,10 +92,9 @@ def _held_out_mean(row: Row) -> float | None:
     return _mean(row.held_out)
 
 
-def _average(row: Row, columns: list[str]) -> float | None:
-    """The mean of the row's scores over the shared `columns` (a sweep with more tasks than
-    the other averages only those), or None unless each has one."""
-    means = [_mean(row.cells[column]) for column in columns]
+def _average(means: list[float | None]) -> float | None:
+    """The mean of a row's compared means over the shared columns (a sweep with more tasks
+    than the other averages only those), or None unless each has one."""
     return None if None in means else sum(means) / len(means)
 
 
@@ -103,15 +110,21 @@ def paired_p_value(differences: list[float]) -> float:
 
 
 def _change(mine: Cell, other: Cell, pooled: float) -> Change:
-    """Two cells of one row and column -> their change, judged by a paired t-test when they
-    ran the same two or more seeds, else by twice `pooled`."""
+    """Two cells of one row and column -> their change over the seeds both ran (all of each
+    where they share none), judged by a paired t-test over two or more shared seeds, else by
+    twice `pooled`."""
     change = Change(_mean(mine), _mean(other), None)
     if change.difference is None:
         return change
     ours, theirs = dict(mine.per_seed), dict(other.per_seed)
-    if len(ours) > 1 and ours.keys() == theirs.keys():
-        p_value = paired_p_value([ours[seed] - theirs[seed] for seed in ours])
-        return dataclasses.replace(change, told_apart=p_value < P_VALUE, paired=len(ours),
+    shared = sorted(ours.keys() & theirs.keys())
+    if shared and ours.keys() != theirs.keys():
+        change = Change(statistics.mean(ours[seed] for seed in shared),
+                        statistics.mean(theirs[seed] for seed in shared), None,
+                        shared_seeds=len(shared))
+    if len(shared) > 1:
+        p_value = paired_p_value([ours[seed] - theirs[seed] for seed in shared])
+        return dataclasses.replace(change, told_apart=p_value < P_VALUE, paired=len(shared),
                                    p_value=p_value)
     if pooled > 0:
         return dataclasses.replace(change, told_apart=abs(change.difference) > 2 * pooled,
@@ -144,8 +157,10 @@ def compare(table: Table, other: Table, other_name: str) -> Comparison:
             rows[name][column] = _change(mine[name].cells[column], theirs[name].cells[column],
                                          spreads[column])
     for name in names:
-        rows[name][AVERAGE] = Change(_average(mine[name], columns), _average(theirs[name], columns),
-                                     None)
+        changes = [rows[name][column] for column in columns]
+        rows[name][AVERAGE] = Change(_average([change.ours for change in changes]),
+                                     _average([change.theirs for change in changes]), None,
+                                     shared_seeds=max(change.shared_seeds for change in changes))
     # Comparable: the same examples, known by their fingerprints (records made before the
     # fingerprints existed say nothing of which examples they scored).
     comparable = [n for n in names if mine[n].held_out_examples
@@ -185,7 +200,8 @@ def _cell(change: Change, told_apart: Callable[[str], str]) -> str:
     if change.difference is None:
         return f"{change.ours:.2f} (–)"
     text = f"{change.ours:.2f} ({change.difference:+.2f})"
-    return told_apart(text) if change.told_apart else text
+    text = told_apart(text) if change.told_apart else text
+    return f"{text} [{change.shared_seeds} shared seeds]" if change.shared_seeds else text
 
 
 def _grid(comparison: Comparison, told_apart: Callable[[str], str]) -> list[list[str]]:
@@ -198,10 +214,15 @@ def _notes(comparison: Comparison, mark: str) -> list[str]:
     spreads = ", ".join(f"{column} {spread:.2f}" for column, spread in comparison.spreads.items())
     notes = [f"Each cell: this sweep's mean over seeds and, in parentheses, this minus "
              f"{comparison.other}'s. {mark}: told apart from the seed noise, by a paired t-test "
-             f"(p < {P_VALUE}, two-sided) where both sweeps ran the same two or more seeds, else "
+             f"(p < {P_VALUE}, two-sided) where both sweeps ran two or more seeds in common, else "
              "by a difference beyond twice the column's spread over seeds pooled over both "
              f"sweeps ({spreads}); with one seed nothing is judged. Each cell is judged alone. "
              f"{AVERAGE}: the mean of the row's columns above, not judged."]
+    if any(change.shared_seeds for changes in comparison.rows.values()
+           for change in changes.values()):
+        notes.append("[k shared seeds]: the two sweeps ran different seeds for this cell; both "
+                     "means are over the k seeds both ran (an Average, over its columns' "
+                     "shared seeds).")
     if HELD_OUT in comparison.columns:
         notes.append(f"{HELD_OUT}: compared only where both sweeps scored the same examples"
                      + (f"; not comparable (other examples: the objective's settings or the "
@@ -240,14 +261,15 @@ def to_markdown(comparison: Comparison) -> str:
 def to_csv(comparison: Comparison) -> str:
     """comparison.csv: a line per (row, column) with both means, the difference, whether it
     is told apart (empty where not judged), the seeds a paired t-test ran over (0: none) and
-    its p-value, or the pooled spread that judged it."""
+    its p-value, or the pooled spread that judged it, and the shared seeds the means are over
+    where the sweeps ran different ones (0: each cell's own)."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["row", "column", "this", "other", "difference", "told_apart",
-                     "paired_seeds", "p_value", "spread"])
+                     "paired_seeds", "p_value", "spread", "shared_seeds"])
     for name, changes in comparison.rows.items():
         for column, change in changes.items():
             writer.writerow([name, column, *("" if v is None else v for v in (
                 change.ours, change.theirs, change.difference, change.told_apart,
-                change.paired, change.p_value, change.spread))])
+                change.paired, change.p_value, change.spread, change.shared_seeds))])
     return out.getvalue()

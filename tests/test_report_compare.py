@@ -59,14 +59,15 @@ def test_each_shared_row_gets_its_mean_and_change_judged_paired_by_seed_or_poole
     assert fifteen["builtin_reverse"] == report_compare.Change(61.0, 60.0, False, paired=2,
                                                                p_value=pytest.approx(p_value))
     assert p_value == pytest.approx(0.705, abs=1e-3)
-    # 25%: the seeds differ, so the column's spread judges: root mean variance over every cell
-    # of both sweeps with two or more seeds, shared rows or not.
+    # 25%: one seed in common (seed 1 only after), so the means are seed 0's and the column's
+    # spread judges: root mean variance over every cell of both sweeps with two or more seeds,
+    # shared rows or not.
     scores = [[50, 52], [60, 62], [70, 71], [40, 42], [61, 59], [30, 30.5]]
     pooled = math.sqrt(statistics.mean(statistics.variance(s) for s in scores))
     assert comparison.spreads["builtin_reverse"] == pytest.approx(pooled)
     assert twenty_five["builtin_reverse"] == report_compare.Change(
-        70.5, 69.0, False, paired=0, spread=pytest.approx(pooled))
-    assert 1.5 < 2 * pooled
+        70.0, 69.0, False, paired=0, spread=pytest.approx(pooled), shared_seeds=1)
+    assert 1.0 < 2 * pooled
     assert ten["Average"] == report_compare.Change(51.0, 41.0, None)  # never judged
     # Held-out losses compare where both scored the same examples: 10% only (25%'s seeds and
     # 15%'s examples differ); -0.5 in both seeds.
@@ -94,8 +95,36 @@ def test_the_comparison_is_printed_and_written_as_markdown_and_csv(sweeps, tmp_p
     rows = list(csv.DictReader(io.StringIO((tmp_path / "out" / "comparison.csv").read_text())))
     assert rows[0] == {"row": "10%", "column": "builtin_reverse", "this": "51.0",
                        "other": "41.0", "difference": "10.0", "told_apart": "True",
-                       "paired_seeds": "2", "p_value": "0.0", "spread": ""}
+                       "paired_seeds": "2", "p_value": "0.0", "spread": "",
+                       "shared_seeds": "0"}
     assert {(r["row"], r["column"]): r["told_apart"] for r in rows}[("15%", "Average")] == ""
+
+
+def test_cells_of_different_seeds_compare_over_the_seeds_both_ran(tmp_path, capsys):
+    """A seed only one sweep ran showed as a change: 2 seeds (50, 52) against 3 (50, 52, 60)
+    read -3.00 where the change on the seeds both ran is 0. Seeds with nothing in common
+    compare whole means."""
+    this = _write(tmp_path / "this", [*_records("10%", [50.0, 52.0]),
+                                      *_records("15%", [70.0])])
+    other = _write(tmp_path / "other", [
+        *_records("10%", [50.0, 52.0, 60.0]),
+        *[{**record, "seed": 5} for record in _records("15%", [66.0])]])
+    comparison = report.report(this, against=other).comparison
+    ten = comparison.rows["10%"]
+    assert ten["builtin_reverse"] == report_compare.Change(
+        51.0, 51.0, False, paired=2, p_value=1.0, shared_seeds=2)
+    assert ten["Average"] == report_compare.Change(51.0, 51.0, None, shared_seeds=2)
+    pooled = math.sqrt(statistics.mean([statistics.variance([50, 52]),
+                                        statistics.variance([50, 52, 60])]))
+    assert comparison.rows["15%"]["builtin_reverse"] == report_compare.Change(
+        70.0, 66.0, False, spread=pytest.approx(pooled))
+    cli.main(["t5x-lite", "report", this, "--against", other, "--out", str(tmp_path / "out")])
+    text = capsys.readouterr().out
+    section = text[text.index(f"Against {other}"):]
+    row = next(line for line in section.splitlines() if line.startswith("10%"))
+    assert row.split() == ["10%", "51.00", "(+0.00)", "[2", "shared", "seeds]", "51.00", "(+0.00)",
+                           "[2", "shared", "seeds]"]
+    assert "[k shared seeds]: the two sweeps ran different seeds" in text
 
 
 def test_the_average_is_over_the_columns_both_sweeps_have(tmp_path):
