@@ -435,6 +435,9 @@ def _held_out(keys: Sequence[tuple[str, str | None]],
     the group's first row. Within a group of two or more, the paper's rule bolds the lowest
     losses (`bold_flags` on the negated means, the group's `pooled_std`); a row alone, or one
     of a sweep run before the records named their examples, has nothing to be compared with.
+    A row with a loss that is not finite (a held-out pass that overflowed) is 'undefined',
+    like a score that is not a number, and in no group: its NaN would have made the group's
+    spread, bold and differences NaN.
     ({}, {}, ()) when no record has a loss (a sweep without `train.eval_every`)."""
     scored = {key: [r for r in by_row[key] if _is_number(r.get("held_out_loss"))]
               for key in keys}
@@ -442,10 +445,13 @@ def _held_out(keys: Sequence[tuple[str, str | None]],
               for key, records in scored.items()}
     if not any(losses.values()):
         return {}, {}, ()
-    cells = {key: _over_seeds(by_seed) if by_seed else Cell("missing")
+    undefined = {key for key, by_seed in losses.items()
+                 if not all(map(math.isfinite, by_seed.values()))}
+    cells = {key: Cell("undefined") if key in undefined
+             else _over_seeds(by_seed) if by_seed else Cell("missing")
              for key, by_seed in losses.items()}
     groups: dict[tuple, list[tuple[str, str | None]]] = {}
-    for key in keys:
+    for key in (key for key in keys if key not in undefined):
         examples = _held_out_examples(by_row[key])
         if examples and all(fingerprint for _, fingerprint in examples):
             groups.setdefault(examples, []).append(key)

@@ -470,6 +470,27 @@ def test_the_held_out_loss_is_a_column_beside_the_scores_over_seeds(tmp_path):
     assert "Held-out loss" not in report.report(str(plain)).text
 
 
+def test_a_held_out_loss_that_is_not_finite_makes_its_row_undefined_not_its_group(tmp_path):
+    """One NaN loss (a held-out pass that overflowed) made its row nan ± nan, the group's
+    spread NaN (so no row bold, not even the lowest) and every paired difference NaN."""
+    losses = {"10%": (3.0, 3.2), "15%": (3.1, float("nan")), "25%": (4.0, 4.2), "50%": (3.05, 3.25)}
+    _write(tmp_path / "results.jsonl", [
+        _record(point=f"rate_{row[:-1]}", row=row, seed=seed, held_out_loss=loss,
+                held_out_examples=f"x{seed}")
+        for row, pair in losses.items() for seed, loss in enumerate(pair)])
+    result = report.report(str(tmp_path))
+    cells = {row.label: row.held_out for row in result.table.rows}
+    assert cells["15%"].status == "undefined"
+    assert [(cells[r].mean, cells[r].bold) for r in ("10%", "25%", "50%")] == [
+        (pytest.approx(3.1), True), (pytest.approx(4.1), False), (pytest.approx(3.15), True)]
+    assert {row.label: row.held_out_group for row in result.table.rows} == {
+        "10%": 1, "15%": None, "25%": 1, "50%": 1}
+    differences = {d.label: d.difference.mean for d in result.table.held_out_differences}
+    assert differences == {"25%": pytest.approx(1.0), "50%": pytest.approx(0.05)}
+    assert "| undefined |" in (tmp_path / "report" / "table.md").read_text()
+    assert "nan" not in result.text
+
+
 def test_held_out_losses_are_compared_only_among_rows_that_scored_the_same_examples(tmp_path):
     """Table 2's rows: the denoising rows scored one set of examples per seed, the LM rows of
     the encoder-decoders and the prefix LM another (the prefix LM objective), the language
