@@ -106,7 +106,9 @@ class GridPoint:
 
     point: the row's id ("encoder_decoder/denoising"), unique within the experiment; with
     `seed`, it names the run. row / objective: the paper's row label and (Table 2) objective
-    label. index: position in `expand`'s list of `num_points`. layout: the batch layout shared
+    label. index: position in `expand`'s list of `num_points` (rows x seeds); num_rows: the
+    grid's rows, each point's record carries it so a report can say which are still to run.
+    layout: the batch layout shared
     by every point of its batch family and vocabulary (see the module docstring). budget: the
     budget its steps were derived from, None under `sweep.budget="steps"`.
     """
@@ -124,6 +126,7 @@ class GridPoint:
     seed: int
     index: int
     num_points: int
+    num_rows: int
     layout: objectives.BatchLayout
     budget: Budget | None = None
 
@@ -585,6 +588,7 @@ def expand(experiment: str, preset: str, overrides: Sequence[str] = ()) -> list[
         GridPoint(experiment=name, source=experiment, preset=preset, point=row["point"],
                   row=row["row"], objective=row.get("objective"), config=config,
                   seed=config.train.seed, index=index, num_points=len(rows),
+                  num_rows=len(module.GRID),
                   layout=layouts[_layout_group(config)])
         for index, (row, config) in enumerate(rows)
     ]

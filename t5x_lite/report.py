@@ -25,13 +25,17 @@ from t5x_lite.results import results_path, write_atomically
 
 def _sweep_records(workdir: str) -> list[dict]:
     """The usable records of the sweep in `workdir` (`read_results`); a folder of a training
-    run is named as such."""
+    run is named as such, and a sweep that has started but recorded nothing yet too."""
     held = run_folders.held_kind(workdir)
     if held is not None and held[0] != run_folders.SWEEP:
         raise FileNotFoundError(f"{workdir} holds {run_folders.DESCRIBED[held[0]]} "
                                 f"({held[1]}), not a sweep; `t5x-lite eval --checkpoint "
                                 f"{workdir}` scores it")
-    return read_results(str(results_path(workdir)))
+    path = results_path(workdir)
+    if held is not None and not path.exists():
+        raise FileNotFoundError(f"the sweep in {workdir} has recorded no point yet (no "
+                                f"{path.name}); report it once its first point has finished")
+    return read_results(str(path))
 
 
 @dataclasses.dataclass(frozen=True)

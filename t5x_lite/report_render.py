@@ -315,9 +315,14 @@ def _notes(table: Table, bold_name: str = "Bold") -> list[str]:
 
 def _partial_note(table: Table) -> list[str]:
     """A line naming the paper's rows that have no records (a sweep not finished, or a grid of
-    some of them): the tau and the findings are then over the others only."""
+    some of them): the tau and the findings are then over the others only. For another
+    experiment, a line counting its grid's rows that have records, when some have none."""
     if table.paper is None:
-        return []
+        if table.grid_rows is None or len(table.rows) >= table.grid_rows:
+            return []
+        return [f"Partial: {len(table.rows)} of the grid's {table.grid_rows} rows have records "
+                "(the sweep is not finished; `t5x-lite sweep ... --dry_run` lists what is "
+                "left); its bold and findings are over those rows only."]
     ours = {id(row.paper) for row in table.rows if row.paper is not None}
     missing = [row_name(row.row, row.objective) for row in table.paper.rows
                if id(row) not in ours]

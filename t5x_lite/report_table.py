@@ -103,9 +103,10 @@ def _problem(record: Any) -> str | None:
     # Optional fields the table sorts or groups by (a hand edit made them tracebacks).
     if not isinstance(record.get("held_out_examples"), (str, type(None))):
         return "'held_out_examples' is not a string (the held-out text's fingerprint)"
-    if record.get("grid_index") is not None and not (
-            isinstance(record["grid_index"], int) and not isinstance(record["grid_index"], bool)):
-        return "'grid_index' is not an integer"
+    for field in ("grid_index", "grid_rows"):
+        if record.get(field) is not None and not (
+                isinstance(record[field], int) and not isinstance(record[field], bool)):
+            return f"{field!r} is not an integer"
     return None
 
 
@@ -254,6 +255,9 @@ class Table:
     # (`_identical_pretraining`); `grid.identical_rows` warns of them before a sweep runs.
     identical_pretraining: tuple[tuple[str, ...], ...] = ()
     seeds: int = 0  # the seeds the sweep ran or asked for (`_sweep_seeds`); fewer are marked
+    # The rows of the sweep's grid (the records' `grid_rows`; None for records made before
+    # they carried it): more than `rows` while a sweep is unfinished.
+    grid_rows: int | None = None
 
 
 def kendall_tau(ours: Sequence[float], paper: Sequence[float]) -> float | None:
@@ -362,6 +366,16 @@ def build_table(records: Sequence[dict]) -> Table:
         if len(points) > 1:
             raise ValueError(f"points {', '.join(points)} share the row {row_name(*key)!r}: a "
                              "row of the table holds one point; give each its own row label")
+    labels: dict[str, set[str]] = {}  # point -> its row names (a label renamed between runs)
+    for key, rows in by_row.items():
+        for record in rows:
+            labels.setdefault(str(record["point"]), set()).add(row_name(*key))
+    for point, names in labels.items():
+        if len(names) > 1:
+            raise ValueError(f"point {point!r} is recorded under the rows "
+                             f"{', '.join(map(repr, sorted(names)))} (its label changed between "
+                             "runs): a point is one row; give its records in results.jsonl one "
+                             "label")
     published = {key: paper.find(*key) if paper else None for key in by_row}
     # The paper's order; rows it does not have come last, in the grid's order (records made
     # before they carried `grid_index`: first seen; a stable sort).
@@ -386,7 +400,9 @@ def build_table(records: Sequence[dict]) -> Table:
     budget, compute = _compute(keys, by_row)
     return Table(experiment, preset, paper, columns, tuple(rows), _taus(rows, columns), failures,
                  budget, compute, _zero_shot_rows(keys, by_row), differences,
-                 _identical_pretraining(keys, by_row), _sweep_seeds(records))
+                 _identical_pretraining(keys, by_row), _sweep_seeds(records),
+                 max((r["grid_rows"] for r in records if r.get("grid_rows") is not None),
+                     default=None))
 
 
 def _sweep_seeds(records: Sequence[dict]) -> int:

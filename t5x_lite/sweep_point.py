@@ -83,6 +83,7 @@ def base_record(point: GridPoint) -> dict[str, Any]:
     return {
         "experiment": point.experiment, "preset": point.preset, "point": point.point,
         "grid_index": point.index,  # its place in the grid: the report's row order
+        "grid_rows": point.num_rows,  # the report says when rows have no record yet
         "row": point.row, "objective": point.objective, "config_hash": config_hash(config),
         "seed": point.seed, "params": columns.params, "params_label": columns.params_label,
         "cost_label": columns.cost_label, "params_ratio": columns.params_ratio,

@@ -329,7 +329,7 @@ def test_a_generation_task_is_refused_for_a_run_and_na_in_a_sweep(pretrained, tm
                                                       glue_as_one_task=True))
     point = grid.GridPoint(experiment="x", source="x.py", preset="tiny",
                            point="encoder_only/bert", row="EO", objective="BERT-style",
-                           config=generation, seed=0, index=0, num_points=1,
+                           config=generation, seed=0, index=0, num_points=1, num_rows=1,
                            layout=objectives.layout_from_config(generation))
     (point.directory(tmp_path) / "pretrain").mkdir(parents=True)
     (point.directory(tmp_path) / "pretrain" / "metrics.jsonl").write_text(

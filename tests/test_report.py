@@ -599,6 +599,11 @@ def test_records_of_two_experiments_are_an_error(tmp_path):
 def test_missing_or_empty_results(tmp_path):
     with pytest.raises(FileNotFoundError, match="results.jsonl does not exist"):
         report.report(str(tmp_path))
+    started = tmp_path / "started"  # a sweep that has claimed its workdir, recorded nothing
+    started.mkdir()
+    (started / "sweep.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="has recorded no point yet"):
+        report.report(str(started))
     (tmp_path / "results.jsonl").write_text("[1, 2]\n")
     with pytest.warns(UserWarning, match="line 1: not a JSON object"):
         with pytest.raises(ValueError, match="holds no usable records"):
@@ -637,6 +642,35 @@ def test_other_experiments_have_no_paper_column_or_tau(tmp_path):
     assert text[2].split() == ["Row", "Params", "Cost", "builtin_reverse", "builtin_sort"]
     assert not any("Kendall" in line for line in text)
     assert "Failed: a seed 0 builtin_sort: boom\n" in text
+
+
+def test_a_point_recorded_under_two_row_labels_is_an_error(tmp_path):
+    """An experiment file's row renamed between two runs of its sweep split the point's seeds
+    into two rows of one seed each."""
+    _write(tmp_path / "results.jsonl", [
+        _record(experiment="mine", point="p", row="Old label", seed=0),
+        _record(experiment="mine", point="p", row="New label", seed=1)])
+    with pytest.raises(ValueError, match="point 'p' is recorded under the rows 'New label', "
+                                         "'Old label' \\(its label changed between runs\\)"):
+        report.report(str(tmp_path))
+
+
+def test_a_grid_the_paper_lacks_says_how_many_of_its_rows_have_records(tmp_path):
+    """A half-finished ul2 / bart / own-file sweep read as a finished table of fewer rows: the
+    records carry their grid's row count, and the report counts the rows still to come."""
+    _write(tmp_path / "results.jsonl", [
+        _record(experiment="mine", point="a", row="A", grid_index=0, grid_rows=3),
+        _record(experiment="mine", point="b", row="B", grid_index=1, grid_rows=3)])
+    result = report.report(str(tmp_path))
+    assert result.table.grid_rows == 3
+    assert "Partial: 2 of the grid's 3 rows have records" in result.text
+    assert "Partial: 2 of the grid's 3 rows" in (tmp_path / "report" / "table.md").read_text()
+    whole = tmp_path / "whole"  # every row recorded, or records made before the field: no note
+    whole.mkdir()
+    _write(whole / "results.jsonl", [
+        _record(experiment="mine", point="a", row="A", grid_rows=1),
+        _record(experiment="mine", point="b", row="B")])
+    assert "Partial" not in report.report(str(whole)).text
 
 
 def test_rows_the_paper_lacks_follow_the_grid_and_a_failure_shows_whole(tmp_path):

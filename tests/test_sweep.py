@@ -122,6 +122,7 @@ def test_grids_have_the_paper_rows_and_one_layout_per_family(experiment_name):
         paper = {p.point: sweep_point.base_record(p) for p in points}
         assert paper["encoder_decoder/denoising"]["params_label"] == "2P"
         assert paper["encoder_decoder_half/lm"]["cost_label"] == "M/2"
+        assert {record["grid_rows"] for record in paper.values()} == {10}  # 5 archs x 2 objectives
 
 
 @pytest.mark.parametrize("preset, sentinels", [("demo", 100), ("tiny", 100), ("paper", 156)])
