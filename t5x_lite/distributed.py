@@ -1,14 +1,18 @@
 """Joining a multi-process run (several hosts, or several processes on one host) before JAX
-starts: `initialize_distributed`, which the CLI's commands call first.
+starts: `initialize_distributed`, which the CLI's commands call first. JAX is imported where
+it is used, so that `launchers` reads `TPU_POD_ENV` without importing it.
 """
 
 from __future__ import annotations
 
 import os
 
-import jax
-
 from t5x_lite.config import ConfigError
+
+# Set by `launch tpu`'s command on every host of a TPU pod slice: join with JAX's own cluster
+# detection. A TPU VM describes its slice in the metadata server, which JAX reads once asked
+# to join; its shell environment need not name the other hosts (TPU_WORKER_HOSTNAMES is GKE's).
+TPU_POD_ENV = "T5X_LITE_TPU_POD"
 
 
 def _env_int(name: str) -> int | None:
@@ -31,6 +35,8 @@ def _use_gloo_on_cpu() -> None:
     unset or names cpu first; with it unset on an accelerator host, the setting only concerns
     the CPU client, which then trains nothing.
     """
+    import jax
+
     platforms = (jax.config.jax_platforms or "cpu").split(",")
     chosen = jax.config.jax_cpu_collectives_implementation
     if platforms[0].strip() == "cpu" and chosen in (None, "none"):
@@ -43,11 +49,15 @@ def initialize_distributed(
     """Join a multi-process run; call before any other JAX call. Returns whether one was joined.
 
     Arguments win over the environment variables JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES /
-    JAX_PROCESS_ID. With none of them, SLURM (SLURM_NTASKS > 1) and multi-host TPU VMs
-    (TPU_WORKER_HOSTNAMES lists several hosts) are left to `jax.distributed.initialize()`'s own
-    cluster detection; anything else is a single-process run. Several processes on CPU (e.g.
-    on localhost) exchange collectives through gloo (`_use_gloo_on_cpu`).
+    JAX_PROCESS_ID. With none of them, SLURM (SLURM_NTASKS > 1), a TPU pod slice started by
+    `t5x-lite launch tpu` (`T5X_LITE_TPU_POD=1`, set by hand to run one on a slice otherwise)
+    and GKE's multi-host TPUs (TPU_WORKER_HOSTNAMES lists several hosts) are left to
+    `jax.distributed.initialize()`'s own cluster detection; anything else is a single-process
+    run. Several processes on CPU (e.g. on localhost) exchange collectives through gloo
+    (`_use_gloo_on_cpu`).
     """
+    import jax
+
     given = {
         "coordinator": coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS"),
         "num_processes": (
@@ -78,7 +88,8 @@ def initialize_distributed(
         _use_gloo_on_cpu()
         jax.distributed.initialize()
         return True
-    if "," in os.environ.get("TPU_WORKER_HOSTNAMES", ""):
+    if os.environ.get(TPU_POD_ENV, "") not in ("", "0") or "," in os.environ.get(
+            "TPU_WORKER_HOSTNAMES", ""):
         jax.distributed.initialize()
         return True
     return False

@@ -48,6 +48,7 @@ import ml_collections
 from absl import logging as absl_logging
 
 from t5x_lite import host_memory
+from t5x_lite.distributed import TPU_POD_ENV
 from t5x_lite.errors import CommandFailed, OneLineWarnings
 from t5x_lite.preemption import PREEMPTED_EXIT_STATUS, Preempted
 
@@ -407,7 +408,8 @@ def tpu_commands(
     on every host, clone (or update) the git repository `repo` into ~/t5x_lite and install it
     with JAX for TPUs; then start the same sweep there on every host. A checkout, not a wheel,
     because the sweep reads its grids from the repository's experiments/. Each host joins
-    `jax.distributed` by itself (TPU VMs describe the slice in their environment).
+    `jax.distributed` by itself, told to by `distributed.TPU_POD_ENV` (JAX finds the slice's
+    hosts in the TPU VMs' metadata).
     """
     for name, value in (("tpu", tpu), ("zone", zone), ("repo", repo)):
         if not value:
@@ -424,7 +426,8 @@ def tpu_commands(
     )
     return [
         ssh + [f"--command={install}"],
-        ssh + [f"--command=cd ~/t5x_lite && {shell_join(sweep_command(sweep_args))}"],
+        ssh + [f"--command=cd ~/t5x_lite && {TPU_POD_ENV}=1 "
+               f"{shell_join(sweep_command(sweep_args))}"],
     ]
 
 

@@ -236,6 +236,7 @@ def test_initialize_distributed_needs_all_three_settings(monkeypatch):
         "JAX_PROCESS_ID",
         "SLURM_NTASKS",
         "TPU_WORKER_HOSTNAMES",
+        distributed.TPU_POD_ENV,
     ):
         monkeypatch.delenv(name, raising=False)
     assert distributed.initialize_distributed() is False  # single process: nothing to join
@@ -246,6 +247,27 @@ def test_initialize_distributed_needs_all_three_settings(monkeypatch):
         distributed.initialize_distributed()
     with pytest.raises(ConfigError, match=r"process_id=2 must be in \[0, num_processes=2\)"):
         distributed.initialize_distributed("localhost:1234", 2, 2)
+
+
+def test_a_tpu_pod_slice_joins_by_jax_cluster_detection_when_asked(monkeypatch):
+    """A TPU VM's shell need not name the slice's hosts (JAX reads them from the metadata
+    server once asked to join), so the TPU_WORKER_HOSTNAMES check alone never joined a pod
+    started by `launch tpu`: its command sets TPU_POD_ENV, which joins with no arguments."""
+    import jax
+
+    from t5x_lite import distributed, launchers
+
+    for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID",
+                 "SLURM_NTASKS", "TPU_WORKER_HOSTNAMES"):
+        monkeypatch.delenv(name, raising=False)
+    joined = []
+    monkeypatch.setattr(jax.distributed, "initialize", lambda *args: joined.append(args))
+    monkeypatch.setenv(distributed.TPU_POD_ENV, "0")
+    assert distributed.initialize_distributed() is False and joined == []
+    monkeypatch.setenv(distributed.TPU_POD_ENV, "1")
+    assert distributed.initialize_distributed() is True and joined == [()]
+    _, start = launchers.tpu_commands(["table2"], tpu="t", zone="z", repo="r")
+    assert f"&& {distributed.TPU_POD_ENV}=1 python3 -m t5x_lite.cli sweep table2" in start[-1]
 
 
 def test_several_cpu_processes_get_gloo_collectives_by_themselves(monkeypatch):
