@@ -238,7 +238,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str | Path, *,
         configs=[ft_config], workdirs=[workdir],
         make_data=lambda: _TaskData(config, task_list),
         make_step=lambda mesh: train_step.make_finetune_step(ft_config, mesh),
-        step_args=(train_state.step_key(config.train.seed),),
+        step_args=(train_state.finetune_key(config.train.seed),),
         lengths=(ft.inputs_length, ft.targets_length), fresh_state=fresh_state,
         batch_field="finetune.batch_size",
         resume_fields=saved_config.RESUME_FIELDS + _FINETUNE_RESUME_FIELDS)

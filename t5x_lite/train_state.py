@@ -4,6 +4,7 @@ K vmapped points and unstacked again.
 
     seed --init (compiled once per program)--> TrainState(step, params, opt_state), sharded
     seed --step_key--> the key every train step folds its own number into
+    seed --finetune_key--> the same for a fine-tuning run's steps
     seed --held_out_key--> the keys of the held-out batches' corruption
 
 The compiled inits are keyed by the program's `step_settings.StepSettings` and mesh, as the
@@ -48,14 +49,22 @@ class TrainState:
 # The run's random streams
 
 
-# Parameter initialisation, the train steps and the held-out batches' corruption draw from
-# separate streams of the seed key, so no noise is derived from the key that drew a parameter.
-_INIT_STREAM, _STEP_STREAM, _HELD_OUT_STREAM = 0, 1, 2
+# Parameter initialisation, the pre-training and fine-tuning steps and the held-out batches'
+# corruption draw from separate streams of the seed key, so no noise is derived from the key
+# that drew a parameter, and fine-tuning step n does not repeat pre-training step n's dropout
+# (both count their steps from 0).
+_INIT_STREAM, _STEP_STREAM, _HELD_OUT_STREAM, _FINETUNE_STREAM = 0, 1, 2, 3
 
 
 def step_key(seed: int) -> jax.Array:
-    """The key a run passes to its train steps (each step folds in its own number)."""
+    """The key a pre-training run passes to its train steps (each step folds in its own
+    number)."""
     return jax.random.fold_in(jax.random.key(seed), _STEP_STREAM)
+
+
+def finetune_key(seed: int) -> jax.Array:
+    """The key a fine-tuning run passes to its train steps, as `step_key` for pre-training."""
+    return jax.random.fold_in(jax.random.key(seed), _FINETUNE_STREAM)
 
 
 def held_out_key(seed: int, index: int) -> jax.Array:

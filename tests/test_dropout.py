@@ -1,5 +1,6 @@
 """layers.dropout and the random bits behind it: Threefry-2x32 against JAX's and a published
-known-answer vector, the drop rate and scaling, and masks that do not depend on sharding."""
+known-answer vector, the drop rate and scaling, masks that do not depend on sharding, and a
+fine-tuning run's steps keyed apart from pre-training's."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,7 +8,9 @@ import pytest
 from jax.extend.random import threefry_2x32 as jax_threefry_2x32
 from jax.sharding import NamedSharding, PartitionSpec
 
+from t5x_lite import finetune, train_state
 from t5x_lite.layers import dropout, random_bits, threefry_2x32
+from tiny_configs import tiny_train_config
 
 
 def test_threefry_matches_jax_and_the_random123_known_answer():
@@ -57,3 +60,28 @@ def test_random_bits_do_not_depend_on_sharding():
 def test_random_bits_refuses_more_than_its_counter_can_index():
     with pytest.raises(ValueError, match=r"fewer than 2\^32 values; shape \(65536, 65536\)"):
         random_bits(jax.random.key(0), (2**16, 2**16))
+
+
+def test_fine_tuning_steps_draw_a_stream_of_their_own(tmp_path, monkeypatch):
+    """Both runs count their steps from 0, and fine-tuning was given pre-training's step key:
+    its step n drew pre-training step n's dropout masks (T5's are shared along the length,
+    so the same [batch, 1, d] mask wherever the batch and width agree, as in `paper`)."""
+    planned = []
+
+    def stop_at_set_up(plan, **_):
+        planned.append(plan)
+        raise RuntimeError("planned")
+
+    monkeypatch.setattr(finetune, "set_up", stop_at_set_up)
+    config = tiny_train_config()
+    config.finetune.tasks = ("builtin_reverse",)
+    with pytest.raises(RuntimeError, match="planned"):
+        finetune.finetune(config, tmp_path / "ft", init_from=None, progress=False)
+    (key,) = planned[0].step_args
+    seed = config.train.seed
+    pretrain_dropout = train_state.batch_and_dropout_keys(train_state.step_key(seed), 0)[1]
+    finetune_dropout = train_state.batch_and_dropout_keys(key, 0)[1]
+    assert not np.array_equal(jax.random.key_data(finetune_dropout),
+                              jax.random.key_data(pretrain_dropout))
+    assert np.array_equal(jax.random.key_data(key),
+                          jax.random.key_data(train_state.finetune_key(seed)))
