@@ -260,7 +260,10 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
 
     vmap=K > 1: the unfinished points are grouped by `vmap_chunks` and the launcher maps
     `run_chunk` over the chunks: up to K points pre-train together in one vmapped step, then
-    each is fine-tuned alone; records are as with vmap=1 (to float tolerance). Resuming a
+    each is fine-tuned alone; records are as with vmap=1 but for rounding (the same random
+    streams; the vmapped program's other reduction order differs in the last bits, which
+    training amplifies: about 1e-5 relative in loss over tens of steps at `tiny`, so a
+    decoded answer may flip). Resuming a
     chunk: its points continue from their checkpoints when all hold the same newest step,
     else the chunk pre-trains again from step 0 (see `train.train_vmapped`). Ray sizes its
     tasks per point, so vmap needs the local or parallel launcher.

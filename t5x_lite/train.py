@@ -160,8 +160,10 @@ def train_vmapped(
     configs: K configs that agree under `vmap_group_key`; workdirs: one per point, each laid
     out as `train`'s (checkpoints/, metrics.jsonl), so a point can be fine-tuned from
     (`finetune.finetune(init_from=...)`) or continued like a run of its own. Point k's
-    initial parameters, data and step keys are those of `train(configs[k], ...)`, so its
-    results equal that run's to float tolerance. The speed fields of the records (tokens/s,
+    initial parameters, data and step keys are those of `train(configs[k], ...)`: its first
+    step's loss is that run's to the bit, later ones differ by rounding that training
+    amplifies (the vmapped program reduces in another order; about 1e-5 relative in loss over
+    tens of steps at `tiny`), not bit-identical. The speed fields of the records (tokens/s,
     MFU, step_s) are the whole step's, all K points together.
 
     Resume: the points resume from their checkpoints when all hold the same newest step;

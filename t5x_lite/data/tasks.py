@@ -103,9 +103,9 @@ def format_squad(record: Record) -> Example:
 
     As in the paper's appendix D example, runs of whitespace (SQuAD contexts contain newlines)
     become one space and punctuation is left alone. T5's code differs: from its first release
-    its `squad` preprocessor puts spaces around every non-word character of the question, the
-    context and the answers (so its targets, and the gold answers it scores against, are
-    padded too: "1,000" -> "1 , 000"); after SQuAD's normalisation that leaves exact match
+    its `squad` preprocessor puts spaces around every ASCII punctuation character of the
+    question, the context and the answers (so its targets, and the gold answers it scores
+    against, are padded too: "1,000" -> "1 , 000"); after SQuAD's normalisation that leaves exact match
     as it is and moves F1 by ~0.3 (the gold answers of SQuAD's dev set scored against each
     other: 92.51 here, 92.82 padded).
     """
