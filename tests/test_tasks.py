@@ -533,12 +533,34 @@ def _first_rows_by_hand(root: str, name: str, split: str) -> tuple[int, str, str
         "local_rosts_enro": ("en-ro_ro-sts", "ro", "Romanian", "dev"),
     }[name]
     stem = stem if split == "validation" else "train"
-    lines = {}
-    for code in ("en", target):
+    def read(stem, code):
         with open(os.path.join(root, "translation", directory, f"{stem}.{code}"),
                   encoding="utf-8") as f:
-            lines[code] = f.read().splitlines()
-    return len(lines["en"]), f"translate English to {language}: {lines['en'][0]}", lines[target][0]
+            return f.read().splitlines()
+
+    pairs = list(zip(read(stem, "en"), read(stem, target)))
+    if name == "local_rosts_enro" and split == "train":  # without validation's or test's sources
+        held_out = {*read("dev", "en"), *read("test", "en")}
+        pairs = [(en, other) for en, other in pairs if en not in held_out]
+    return len(pairs), f"translate English to {language}: {pairs[0][0]}", pairs[0][1]
+
+
+def test_ro_sts_trains_on_no_sentence_it_validates_or_tests_on(tmp_path):
+    """RO-STS translates STS-B's sentences, which STS-B reuses across its splits: 306 of its
+    3,000 validation sources were in train too. Train leaves out every pair whose English
+    side is a validation or test source; validation and test keep all of theirs."""
+    directory = tmp_path / "root" / "translation" / "en-ro_ro-sts"
+    directory.mkdir(parents=True)
+    splits = {"train": ["a", "b", "c", "d"], "dev": ["b", "e"], "test": ["d", "f"]}
+    for stem, sources in splits.items():
+        (directory / f"{stem}.en").write_text("".join(f"{s}\n" for s in sources))
+        (directory / f"{stem}.ro").write_text("".join(f"{s} ro\n" for s in sources))
+    task = tasks.get_task("local_rosts_enro")
+    read = {split: [ex.targets for ex in task.examples(split, str(tmp_path / "build"),
+                                                        str(tmp_path / "root"))]
+            for split in ("train", "validation", "test")}
+    assert read == {"train": ["a ro", "c ro"], "validation": ["b ro", "e ro"],
+                    "test": ["d ro", "f ro"]}
 
 
 @pytest.fixture(scope="module")
