@@ -368,3 +368,37 @@ def test_cudnn_gets_even_lengths_except_one_query_at_a_time(monkeypatch, lq, lk,
     out = dot_product_attention(q, k, k, None, bias, implementation="cudnn")
     assert seen == [sees] and out.shape == q.shape
     np.testing.assert_allclose(out, xla(q, k, k, None, bias), rtol=1e-5, atol=1e-5)
+
+
+def test_the_settings_refuse_exactly_the_bucket_tables_that_break_t5s_rule():
+    """Every (buckets, max distance) pair the model settings accept maps each distance of
+    either direction to a bucket in range that no nearer distance's bucket exceeds (buckets
+    grow with distance); each pair they refuse breaks that in some direction (NaN ids at
+    max distance = max exact, a division by zero below 4 buckets, log-spaced buckets falling
+    back into the exact ones below it)."""
+    from t5x_lite import presets
+    from t5x_lite.settings import Model
+
+    distances = np.arange(0, 400)
+    for buckets in range(2, 19):
+        for max_distance in range(1, 24):
+            model = presets.tiny().model
+            model.update(relpos_buckets=buckets, relpos_max_distance=max_distance)
+            try:
+                Model.from_config(model)
+                accepted = True
+            except ConfigError:
+                accepted = False
+            sound = True
+            for bidirectional in (True, False):
+                try:
+                    ids = np.asarray(relative_position_bucket(
+                        jnp.asarray(-distances), bidirectional=bidirectional,
+                        num_buckets=buckets, max_distance=max_distance))
+                except ZeroDivisionError:
+                    sound = False
+                    continue
+                half = buckets // 2 if bidirectional else buckets
+                sound &= bool((ids >= 0).all() and (ids < half).all()
+                              and (np.diff(ids) >= 0).all())
+            assert accepted == sound, (buckets, max_distance)

@@ -136,7 +136,7 @@ MODELS = {
     # the decoder reuses the encoder's layers (copied into both stacks), scanned
     "shared-v1.1-scanned": ("encoder_decoder_shared", SHARED_V1_1),
     "half": ("encoder_decoder_half", dict(num_layers=4, tie_embeddings=False,
-                                          relpos_max_distance=9)),
+                                          relpos_max_distance=40)),
     "v1.1-scanned": ("encoder_decoder", dict(mlp="gated-gelu", tie_embeddings=False, d_kv=12,
                                              relpos_buckets=16, scan_layers=True)),
 }
