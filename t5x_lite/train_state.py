@@ -14,6 +14,7 @@ compile.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable, Sequence
 
@@ -118,8 +119,11 @@ def graphdef(model: ModelSettings) -> nnx.GraphDef:
 
 
 def model_graphdef(config: ml_collections.ConfigDict) -> nnx.GraphDef:
-    """The static structure (no arrays allocated) of the model the program builds for `config`."""
-    return graphdef(step_settings(config).model)
+    """The static structure (no arrays allocated) of `config`'s model, to merge its parameters
+    into: the program's (architectures sharing a program have the same parameters) under the
+    config's own `arch`, so the network's defaults are its own (a `language_model` merged into
+    the program's `prefix_lm` structure masked and decoded as a prefix LM when not told)."""
+    return graphdef(dataclasses.replace(step_settings(config).model, arch=config.model.arch))
 
 
 @functools.lru_cache(maxsize=None)

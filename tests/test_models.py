@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from t5x_lite import architectures, models
-from t5x_lite.config import ConfigError, model_config
+from t5x_lite import architectures, models, train_state
+from t5x_lite.config import ConfigError, default_config, model_config
 from t5x_lite.models import build_model, make_masks
 
 ARCHS = architectures.names()
@@ -197,6 +197,21 @@ def test_language_model_and_prefix_lm_differ_only_in_the_mask_and_the_bucket_rul
     # Without a prefix the masks are equal; the bucket rule alone still changes the outputs.
     batch["inputs_mask"] = jnp.zeros((2, LENGTH), bool)
     assert np.abs(np.asarray(forward(prefix, batch) - forward(lm, batch))).max() > 1e-4
+
+
+def test_a_language_model_s_parameters_merged_from_its_config_make_a_language_model():
+    """Evaluation, zero-shot and export merge a run's parameters into
+    `train_state.model_graphdef(config)`. It gave the language model's program's network, a
+    prefix LM, so `model(batch)` and `decode` / `score` without `arch=` masked and read
+    positions as a prefix LM (logits off by up to 2)."""
+    config = default_config()
+    config.model = tiny_config("language_model")
+    lm = tiny_model("language_model")
+    merged = nnx.merge(train_state.model_graphdef(config), nnx.state(lm, nnx.Param))
+    assert merged.arch == "language_model"
+    batch = {"decoder_input_tokens": tokens(15, (2, LENGTH)),
+             "inputs_mask": jnp.arange(LENGTH)[None].repeat(2, 0) < PREFIX}
+    np.testing.assert_array_equal(forward(merged, batch), forward(lm, batch))
 
 
 def test_a_language_model_reads_positions_with_t5_s_causal_buckets():
