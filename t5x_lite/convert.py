@@ -349,10 +349,12 @@ def _load_weights(files: list[FilePath]) -> dict[str, np.ndarray]:
     return weights
 
 
-def from_hf_t5_dir(path: str | FilePath) -> tuple[ml_collections.ConfigDict, nnx.Module]:
+def from_hf_t5_dir(path: str | FilePath, vocab: str | None = None
+                   ) -> tuple[ml_collections.ConfigDict, nnx.Module]:
     """`from_hf_t5` of a local checkpoint directory, read without transformers: its
     config.json, its weights (`WEIGHT_FILES`, float16 / bfloat16 read as float32) and, when
-    there, its SentencePiece model (`SPIECE_FILE`).
+    there, its SentencePiece model (`SPIECE_FILE`); else `vocab`'s, when given (a directory
+    shipped without `spiece.model`, its model's tokenizer kept elsewhere).
 
     With a SentencePiece model, `config.data.vocab` is that file, `model.vocab_size` its
     pieces plus `extra_ids` sentinels (`TOKENIZER_CONFIG_FILE`, default `DEFAULT_NUM_SENTINELS`;
@@ -367,6 +369,11 @@ def from_hf_t5_dir(path: str | FilePath) -> tuple[ml_collections.ConfigDict, nnx
     fields = {**_T5_CONFIG_DEFAULTS, **_read_hf_config(directory)}
     vocab_size = num_sentinels = None
     spiece = directory / SPIECE_FILE
+    if not spiece.is_file() and vocab:
+        spiece = FilePath(vocab)
+        if not spiece.is_file():
+            raise ConfigError(f"data.vocab={vocab!r} does not exist ({directory} has no "
+                              f"{SPIECE_FILE}, so its tokenizer is read from there)")
     if spiece.is_file():
         tokenizer = directory / TOKENIZER_CONFIG_FILE
         tokenizer_config = _read_json(tokenizer) if tokenizer.is_file() else {}
@@ -401,7 +408,8 @@ _COMPUTE_FIELDS = ("model.dtype", "model.attention_impl", "model.attention_dropo
 def with_hf_t5(config: ml_collections.ConfigDict, path: str | FilePath,
                overrides: Mapping[str, Any]) -> tuple[ml_collections.ConfigDict, nnx.State]:
     """`--init_from_hf`: a copy of `config` with the model and vocabulary of the checkpoint
-    directory `path` (`from_hf_t5_dir`), and its parameters in that config's layout (stacked
+    directory `path` (`from_hf_t5_dir`; a directory without a SentencePiece model reads the
+    user's `data.vocab` as its own), and its parameters in that config's layout (stacked
     when `model.scan_layers`).
 
     The compute settings (`model.dtype`, `attention_impl`, `attention_dropout`, `remat`,
@@ -410,14 +418,17 @@ def with_hf_t5(config: ml_collections.ConfigDict, path: str | FilePath,
     model field, or of data.vocab when the checkpoint has a tokenizer, that differs from the
     checkpoint's is a one-line `ConfigError`.
     """
-    hf_config, model = from_hf_t5_dir(path)
+    hf_config, model = from_hf_t5_dir(path, overrides.get("data.vocab"))
     derived = copy.deepcopy(config)
     taken = {f"model.{name}": value for name, value in hf_config.model.items()
              if f"model.{name}" not in _COMPUTE_FIELDS}
     if hf_config.data.vocab:
         taken["data.vocab"] = hf_config.data.vocab
     def resolved(field: str, value: Any) -> Any:
-        """A model field's value, its None read as the value it stands for (the taken one)."""
+        """A model field's value, its None read as the value it stands for (the taken one);
+        a vocabulary's path as an absolute one."""
+        if field == "data.vocab":
+            return str(FilePath(value).resolve())
         standing_for = MODEL_FIELD_DEFAULTS.get(field.removeprefix("model."))
         return taken[f"model.{standing_for}"] if value is None and standing_for else value
 

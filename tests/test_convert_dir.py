@@ -230,3 +230,22 @@ def test_init_from_hf_gives_the_run_its_model_and_parameters_in_the_run_layout(v
     with pytest.raises(ConfigError, match=r"^--config.model.num_decoder_layers=3 contradicts "
                        r".*'s model.num_decoder_layers=2; "):
         convert.with_hf_t5(config, directory, {"model.num_decoder_layers": 3})
+
+
+def test_a_directory_without_its_tokenizer_takes_the_one_data_vocab_names(vocab, tmp_path,
+                                                                          monkeypatch):
+    """A directory of config.json and weights alone (common for fine-tuned models) got
+    vocab_size = its embedding rows, so the model's own spiece.model given as data.vocab was
+    always refused (50 ids against 64), and no override could say otherwise."""
+    directory = _write(_hf_t5(**dict(V1_1, vocab_size=ROWS)), tmp_path / "hf")
+    (directory / "tokenizer_config.json").write_text(json.dumps({"extra_ids": SENTINELS}))
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "spiece.model").write_bytes(vocab.model_proto)
+    monkeypatch.chdir(tmp_path)
+    derived, _ = convert.with_hf_t5(presets.tiny(), directory,
+                                    {"data.vocab": "elsewhere/spiece.model"})
+    assert derived.data.vocab == str((tmp_path / "elsewhere" / "spiece.model").resolve())
+    assert (derived.model.vocab_size, derived.model.embedding_rows) == (PIECES + SENTINELS, ROWS)
+    assert derived.model.num_sentinels == SENTINELS
+    with pytest.raises(ConfigError, match=r"^data.vocab='nowhere.model' does not exist \("):
+        convert.with_hf_t5(presets.tiny(), directory, {"data.vocab": "nowhere.model"})
