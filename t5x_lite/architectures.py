@@ -35,7 +35,7 @@ import dataclasses
 from typing import Any
 
 from t5x_lite import batch_format, objective_registry
-from t5x_lite.errors import ConfigError, require_choice
+from t5x_lite.errors import OWN_RECORD_HINT, ConfigError, require_choice
 
 # The stacks a model can have: the model attribute each is built as, and the prefix of the
 # batch keys it reads (encoder_input_tokens; decoder_input_tokens, decoder_target_tokens, ...).
@@ -199,7 +199,7 @@ def register(architecture: Architecture) -> Architecture:
 def get(name: str) -> Architecture:
     """The architecture `model.arch=name`; a `ConfigError` listing the registered names if
     there is none."""
-    require_choice("model.arch", name, _REGISTRY)
+    require_choice("model.arch", name, _REGISTRY, OWN_RECORD_HINT)
     return _REGISTRY[name]
 
 

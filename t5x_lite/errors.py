@@ -84,11 +84,19 @@ def require_number(field: str, value: Any, ok: Callable[[Any], bool], allowed: s
         raise ConfigError(f"{field}={value!r} is not allowed; it must be {allowed}")
 
 
-def require_choice(field: str, value: Any, allowed: Iterable[str]) -> None:
-    """Raise `ConfigError` unless `value` is one of `allowed`; the message lists them."""
+# What an unknown name of a registry (`model.arch`, `objective.name`) may be: one a file of the
+# user's registers, which this process has not run.
+OWN_RECORD_HINT = ("one of your own is registered by the file that defines it: pass "
+                   "--config=FILE, or the experiment file to sweep and preview")
+
+
+def require_choice(field: str, value: Any, allowed: Iterable[str], hint: str = "") -> None:
+    """Raise `ConfigError` unless `value` is one of `allowed`; the message lists them, then
+    `hint` when given."""
     allowed = tuple(allowed)
     if value not in allowed:
-        raise ConfigError(f"{field}={value!r} is not allowed; choose one of {', '.join(allowed)}")
+        raise ConfigError(f"{field}={value!r} is not allowed; choose one of {', '.join(allowed)}"
+                          + (f" ({hint})" if hint else ""))
 
 
 _PACKAGE = str(Path(__file__).parent)

@@ -194,6 +194,9 @@ def save_hf_t5(config: ml_collections.ConfigDict, model: nnx.Module, vocab: Voca
             (staging / name).write_bytes(data)
         # transformers reads only safetensors files whose metadata names their framework.
         save_file(weights, staging / WEIGHTS_FILE, metadata={"format": "pt"})
+        # safetensors writes its file readable by its owner alone, whatever the umask: give it
+        # the mode the other files got, so an export into a shared folder is readable there.
+        (staging / WEIGHTS_FILE).chmod((staging / HF_CONFIG_FILE).stat().st_mode & 0o777)
         staging.rename(out)  # also replaces an empty `out`
     except BaseException:  # nothing half-written stays behind; re-raised
         shutil.rmtree(staging, ignore_errors=True)

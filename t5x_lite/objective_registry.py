@@ -69,7 +69,7 @@ import dataclasses
 import importlib
 from typing import Any, Callable, Mapping
 
-from t5x_lite.errors import require_choice
+from t5x_lite.errors import OWN_RECORD_HINT, require_choice
 
 # The objective fields an objective's corruption may read besides name and inputs_length.
 READABLE_FIELDS = ("noise_density", "mean_noise_span_length", "random_token_fraction")
@@ -168,7 +168,7 @@ def names() -> tuple[str, ...]:
 def get(name: str) -> Objective:
     """The objective `objective.name=name`; a `ConfigError` listing the registered names if
     there is none."""
-    require_choice("objective.name", name, _registered())
+    require_choice("objective.name", name, _registered(), OWN_RECORD_HINT)
     return _REGISTRY[name]
 
 

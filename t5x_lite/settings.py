@@ -31,7 +31,8 @@ from t5x_lite import architectures, objective_registry, partitioning, ul2
 from t5x_lite.config import (ATTENTION_IMPLS, BUDGETS, DECODE_METHODS, DTYPES, EVAL_SELECTIONS,
                              FUSED_ATTENTION, MIN_INPUTS_LENGTH, MLP_KINDS, NUM_RESERVED_IDS,
                              OPTIMIZER_STATES, OPTIMIZERS, SCHEDULES, UL2_DENOISERS, ConfigError)
-from t5x_lite.errors import require_choice, require_integer, require_number, require_positive
+from t5x_lite.errors import (OWN_RECORD_HINT, require_choice, require_integer, require_number,
+                             require_positive)
 
 # ---------------------------------------------------------------------------------------------
 # The checks of one value of the config's own (the generic ones are `t5x_lite.errors`'), shared
@@ -122,7 +123,7 @@ def check_objective(point: Mapping[str, Any]) -> None:
     that no objective can run: an unknown name, noise_density outside (0, 1),
     mean_noise_span_length < 1, random_token_fraction outside [0, 1], inputs_length <
     MIN_INPUTS_LENGTH or a ul2 mixture that `ul2.check_denoisers` refuses."""
-    require_choice("objective.name", point["name"], objective_registry.names())
+    require_choice("objective.name", point["name"], objective_registry.names(), OWN_RECORD_HINT)
     require_number("objective.noise_density", point["noise_density"], lambda v: 0 < v < 1,
                    "a number in (0, 1)")
     require_number("objective.mean_noise_span_length", point["mean_noise_span_length"],

@@ -2,11 +2,13 @@
 refuses records that could not be built or could not share their program, and names
 model.arch (and objective.name) in its errors."""
 import dataclasses
+import pathlib
+import re
 import types
 
 import pytest
 
-from t5x_lite import architectures, batch_format, models, objectives
+from t5x_lite import accounting, architectures, batch_format, models, objectives
 from t5x_lite.architectures import Architecture, Stack
 from t5x_lite.config import ConfigError
 
@@ -69,7 +71,9 @@ def test_an_unknown_name_is_one_line_naming_model_arch_and_the_choices():
     with pytest.raises(ConfigError) as error:
         architectures.get("rnn")
     assert str(error.value) == ("model.arch='rnn' is not allowed; choose one of "
-                                + ", ".join(REGISTERED))
+                                + ", ".join(REGISTERED) + " (one of your own is registered by "
+                                "the file that defines it: pass --config=FILE, or the "
+                                "experiment file to sweep and preview)")
 
 
 def test_a_depth_that_does_not_divide_names_the_field():
@@ -144,3 +148,24 @@ def test_a_new_record_s_objectives_follow_its_family_and_prefix_attention():
     assert prefix.objectives == objectives.names()
     for name in objectives.names():
         prefix.require_objective(name)
+
+
+def test_the_readme_s_architecture_file_registers_a_model_with_its_own_table_2_labels(
+        monkeypatch):
+    """The README's "Adding an architecture" block, run as written in a registry of this
+    test's own: a whole config file whose model has half the encoder and its own labels (it
+    copied the encoder-decoder's 2P / M, which a sweep then showed for a 1.4x model)."""
+    monkeypatch.setattr(architectures, "_REGISTRY", dict(architectures._REGISTRY))
+    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+    block = next(block for block in re.findall(r"```python\n(.*?)```", readme, re.S)
+                 if 'name="deep_decoder"' in block)
+    namespace: dict = {}
+    exec(block, namespace)  # as `--config=FILE` runs it
+    config = namespace["get_config"]()
+    assert config.model.arch == "deep_decoder"
+    ours = accounting.table2_columns(config.model, 64, 16)
+    config.model.arch = "encoder_decoder"
+    theirs = accounting.table2_columns(config.model, 64, 16)
+    assert (ours.params_label, ours.cost_label) == ("1.5P", "< M")
+    assert 1.0 < ours.params_ratio < theirs.params_ratio
+    assert ours.flops_ratio < theirs.flops_ratio

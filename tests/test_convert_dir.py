@@ -17,7 +17,7 @@ import torch
 from t5x_lite import cli, convert, decoding, partitioning, presets, saved_config, train_state
 from t5x_lite.config import ConfigError, sentinel_id
 from t5x_lite.data.vocabulary import load_vocabulary, train_vocabulary
-from tests.test_convert import V1_0, V1_1, _hf_logits, _hf_t5, _logits, _padded_batch
+from test_convert import V1_0, V1_1, _hf_logits, _hf_t5, _logits, _padded_batch
 
 # 40 pieces + 10 sentinels = 50 ids under 64 embedding rows: 14 padding rows.
 PIECES, SENTINELS, ROWS = 40, 10, 64

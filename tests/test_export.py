@@ -298,6 +298,8 @@ def test_the_command_exports_a_trained_checkpoint(run, tmp_path):
     tokenizer = transformers.AutoTokenizer.from_pretrained(out)
     assert tokenizer(CORPUS[1]).input_ids == vocab.encode(CORPUS[1]) + [EOS_ID]
     assert [p.name for p in out.parent.iterdir()] == ["hf"]  # no staging folder left
+    # Every file has one mode (safetensors made its weights readable by their owner alone).
+    assert len({p.stat().st_mode for p in out.iterdir()}) == 1
 
     # Exporting again into the now full directory is refused, and leaves it as it was.
     before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}

@@ -28,7 +28,8 @@ VOCAB, SENTINELS, INPUTS_LENGTH = 128, 8, 16
 
 def readme_objective() -> str:
     """The README's example of a researcher's objective ("Adding an architecture or an
-    objective"): the code block that registers `reversal`, which these tests run as written."""
+    objective"): the code block that registers `reversal`, which these tests run as written; a
+    whole config file (`train --config`, `preview --config`), which trains on it."""
     blocks = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)
     return next(block for block in blocks if 'objectives.Objective("reversal"' in block)
 
@@ -48,17 +49,6 @@ def transcription(text: list[int]) -> tuple[list[int], list[int]]:
     return text + [EOS_ID], text[::-1] + [EOS_ID]
 
 
-# A config file as `train --config` and `preview --config` read it: the objective, and a config
-# that trains on it.
-CONFIG_FILE = REVERSAL + '''
-from t5x_lite import presets
-
-
-def get_config():
-    config = presets.get_preset("demo")
-    config.objective.name = "reversal"
-    return config
-'''
 
 
 @pytest.fixture
@@ -127,7 +117,9 @@ def test_a_registered_objective_is_validated_laid_out_and_given_the_next_id(regi
     assert objectives.objective_id("reversal") == len(builtin)
     check_objective(point("reversal"))  # the settings accept the name
     with pytest.raises(ConfigError, match=r"^objective.name='reversed' is not allowed; choose "
-                       r"one of span_corruption, .*, reversal$"):
+                       r"one of span_corruption, .*, reversal \(one of your own is registered "
+                       r"by the file that defines it: pass --config=FILE, or the experiment "
+                       r"file to sweep and preview\)$"):
         check_objective(point("reversed"))
     # Its lengths are the default: raw = inputs_length - 1, inputs and targets raw + EOS.
     assert objectives.lengths_for("reversal", INPUTS_LENGTH, 0.15, 3.0) == (15, 16, 16)
@@ -231,7 +223,7 @@ def test_a_config_file_s_objective_previews_as_train_would_run_it(own_registry, 
     registers the objective (here in a registry of the test's own) and sets it; the preview
     names the file and shows the definition at work on the corpus."""
     config_file = tmp_path / "reversal_config.py"
-    config_file.write_text(CONFIG_FILE)
+    config_file.write_text(REVERSAL)
     run = preview.previewed_run(None, None, config_file=str(config_file))
     assert (run.preset, run.config_file, run.config.objective.name) == (
         None, str(config_file), "reversal")
@@ -248,7 +240,7 @@ def test_train_runs_a_config_file_s_objective_and_resumes_it(tmp_path):
     """`t5x-lite train --config FILE` in a child process: the file registers the objective and
     trains on it; a second command with the same file resumes from the checkpoint."""
     config_file = tmp_path / "reversal_config.py"
-    config_file.write_text(CONFIG_FILE)
+    config_file.write_text(REVERSAL)
     tiny = ["--config.model.d_model=32", "--config.model.d_ff=64", "--config.model.num_heads=2",
             "--config.model.d_kv=16", "--config.train.warmup_steps=1",
             "--config.train.log_every=2", "--config.checkpoint.every=2",
