@@ -21,11 +21,15 @@ matches. "steps" (the default): each point runs its configured `train.steps`. "t
 point id; None: the grid's first point) spends in its configured `train.steps`, counted in
 row positions processed or in training FLOPs (`StepCost`), and every point runs
 max(1, round(budget / its cost per step)) steps (`match_budget`, at expansion, so each
-point's config and records carry their derived steps).
+point's config and records carry their derived steps). A grid row other than the reference
+may not set `train.steps` then. Under a matched budget each point's rows are its own
+objective's lengths (below), so what it is charged for is what it needs, not the padding to
+another row's lengths: a point's steps do not depend on which other rows the grid has.
 
 Compile sharing: every point gets the one `BatchLayout` of all points with its batch family
-and vocabulary (`objectives.layout_for` over their objective configs), so points with the same
-parameter structure have equal train-step program keys and share one compiled pre-train step.
+and vocabulary (`objectives.layout_for` over their objective configs; under a matched budget,
+of those whose objective has its lengths too), so points with the same parameter structure
+have equal train-step program keys and share one compiled pre-train step.
 A layout holds one ul2 mixture, so the ul2 points of a grid with several mixtures
 (experiments/ul2.py) get a layout per mixture, padded to the lengths of the family's others
 (`_shared_layouts`): a step compiles per mixture, and every row keeps the same size.
@@ -412,26 +416,30 @@ def _validate(config: ml_collections.ConfigDict, where: str) -> None:
         raise ConfigError(f"{where}: {error}") from None
 
 
-def _layout_group(config: ml_collections.ConfigDict) -> tuple[str, int, int, tuple]:
-    """What `objectives.layout_for` needs besides the objectives (the first three), and a ul2
-    point's mixture (empty for other objectives): points agreeing on it share a layout (and,
-    with equal model and train settings, one compiled step). A layout holds one mixture
-    (`BatchLayout.denoisers`), so each mixture of a grid (e.g. experiments/ul2.py's R, S and
-    X only) gets a layout of its own."""
+def _layout_group(config: ml_collections.ConfigDict, matched: bool
+                  ) -> tuple[str, int, int, tuple, tuple]:
+    """What `objectives.layout_for` needs besides the objectives (the first three); under a
+    matched budget (`matched`), the objective's own lengths (`objectives.objective_lengths`),
+    else (); and a ul2 point's mixture (empty for other objectives): points agreeing on it
+    share a layout (and, with equal model and train settings, one compiled step). A layout
+    holds one mixture (`BatchLayout.denoisers`), so each mixture of a grid (e.g.
+    experiments/ul2.py's R, S and X only) gets a layout of its own."""
     model, objective = config.model, config.objective
+    own = tuple(objectives.objective_lengths(objective)) if matched else ()
     mixture = tuple(map(tuple, objective.ul2_denoisers)) if objective.name == "ul2" else ()
-    return architectures.get(model.arch).family, model.vocab_size, model.num_sentinels, mixture
+    family = architectures.get(model.arch).family
+    return family, model.vocab_size, model.num_sentinels, own, mixture
 
 
 def _shared_layouts(groups: Mapping[tuple, Sequence[Any]]) -> dict[tuple, objectives.BatchLayout]:
     """`_layout_group` key -> the layout of its points' objective configs (`layout_for`, which
-    validates each). The layouts of one family and vocabulary (several only where ul2 points
-    differ in their mixture) get the longest raw, inputs and targets lengths of them all, so
-    every point of a family trains on rows of the same size."""
+    validates each). The layouts of one family, vocabulary and (under a matched budget) own
+    lengths, several only where ul2 points differ in their mixture, get the longest raw,
+    inputs and targets lengths of them all, so those points train on rows of one size."""
     layouts = {key: objectives.layout_for(objs, *key[:3]) for key, objs in groups.items()}
     shared = {}
     for key, layout in layouts.items():
-        family = [other for other_key, other in layouts.items() if other_key[:3] == key[:3]]
+        family = [other for other_key, other in layouts.items() if other_key[:4] == key[:4]]
         shared[key] = dataclasses.replace(
             layout, **{field: max(getattr(other, field) for other in family)
                        for field in ("raw_length", "inputs_length", "targets_length")})
@@ -456,18 +464,37 @@ def _budget_settings(config: ml_collections.ConfigDict,
 
 
 def _match_steps(train: ml_collections.ConfigDict, steps: int) -> None:
-    """Set `train.steps` to `steps` and scale `train.warmup_steps` by the same factor (rounded;
-    at least 1 when the configured warm-up is, at most the steps for linear and cosine), so the
-    warm-up keeps its share of training. The schedules read no other step count: linear and
-    cosine decay to 0 at `train.steps`, rsqrt is `lr / sqrt(max(step, warmup_steps))` (its
-    constant phase scales with the rest), constant reads neither. Step cadences that do not
-    change what is computed (`train.log_every`, `checkpoint.every`) stay."""
-    warmup = round(train.warmup_steps * steps / train.steps)
-    if train.warmup_steps > 0:
-        warmup = max(warmup, 1)
+    """Set `train.steps` to `steps`. The schedules that end at `train.steps` (linear and cosine
+    decay to 0 there) get `train.warmup_steps` scaled by the same factor (rounded, at least 1
+    when the configured warm-up is, at most the steps), so the warm-up keeps its share of
+    training. rsqrt, `lr / sqrt(max(step, warmup_steps))`, keeps its warm-up: scaled, it moved
+    the peak rate (the encoder-only point of `families` at `paper` peaked at 0.0069, not 0.01),
+    and T5 fixes it ("set to 10^4 in all of our experiments") because its step counts vary;
+    constant reads neither. Step cadences that do not change what is computed
+    (`train.log_every`, `checkpoint.every`) stay."""
+    warmup = train.warmup_steps
     if train.schedule in SCHEDULES_ENDING_AT_STEPS:
-        warmup = min(warmup, steps)
+        warmup = min(max(round(warmup * steps / train.steps), 1 if warmup > 0 else 0), steps)
     train.update(steps=steps, warmup_steps=warmup)
+
+
+def _refuse_rows_setting_steps(experiment: str, grid: Sequence[Mapping[str, Any]],
+                               reference: str | None) -> None:
+    """A matched budget derives every point's steps, so a grid row other than the reference
+    that sets `train.steps` (a T5 Table 13 "4x steps" row) would lose its setting without a
+    word: a one-line `ConfigError` naming the rows."""
+    wanted = reference or grid[0]["point"]
+    setting = [row["point"] for row in grid
+               if row["point"] != wanted and "train.steps" in row["overrides"]]
+    if setting:
+        raise ConfigError(
+            f"{experiment} rows {', '.join(map(repr, setting))} set train.steps, which a matched "
+            f"sweep.budget derives for every point from the reference {wanted!r}: leave it to "
+            "the budget, or run the grid with sweep.budget='steps'")
+
+
+# A matched point's rounding to whole steps is warned of beyond this share of the budget.
+BUDGET_TOLERANCE = 0.05
 
 
 def match_budget(points: Sequence[GridPoint], kind: str,
@@ -496,7 +523,14 @@ def match_budget(points: Sequence[GridPoint], kind: str,
     for point in points:
         config = copy.deepcopy(point.config)
         per_step = StepCost.of(config, point.layout).of_budget(kind)
-        _match_steps(config.train, max(1, round(budget.total / per_step)))
+        steps = max(1, round(budget.total / per_step))
+        if abs(steps * per_step / budget.total - 1) > BUDGET_TOLERANCE:
+            warnings.warn(f"{point.experiment} point {point.point!r} spends "
+                          f"{steps * per_step / budget.total:.2f}x the sweep.budget={kind!r} "
+                          f"budget in its {steps} steps (each {per_step:.3g}, the budget "
+                          f"{budget.total:.3g}): give the reference more train.steps to match "
+                          "it closer", stacklevel=2)
+        _match_steps(config.train, steps)
         try:
             Train.from_config(config.train)
         except ConfigError as error:
@@ -579,9 +613,10 @@ def expand(experiment: str, preset: str, overrides: Sequence[str] = ()) -> list[
             seeded.train.seed = seed
             _validate(seeded, f"{experiment} point {row['point']!r}")
             rows.append((row, seeded))
+    matched = budget[0] != "steps"
     groups: dict[tuple, list] = {}
     for _, config in rows:
-        groups.setdefault(_layout_group(config), []).append(config.objective)
+        groups.setdefault(_layout_group(config, matched), []).append(config.objective)
     layouts = _shared_layouts(groups)
     name = Path(experiment).stem
     points = [
@@ -589,9 +624,11 @@ def expand(experiment: str, preset: str, overrides: Sequence[str] = ()) -> list[
                   row=row["row"], objective=row.get("objective"), config=config,
                   seed=config.train.seed, index=index, num_points=len(rows),
                   num_rows=len(module.GRID),
-                  layout=layouts[_layout_group(config)])
+                  layout=layouts[_layout_group(config, matched)])
         for index, (row, config) in enumerate(rows)
     ]
+    if matched:
+        _refuse_rows_setting_steps(name, module.GRID, budget[1])
     points = match_budget(points, *budget)
     for rows_alike in identical_rows(points):
         warnings.warn(_identical_rows_message(name, preset, rows_alike), stacklevel=2)

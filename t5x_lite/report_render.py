@@ -162,10 +162,11 @@ def _compute_grid(table: Table) -> list[list[str]]:
     with_objective = any(row.objective for row in table.compute)
     header = [table.paper.row_header if table.paper else "Row",
               *(["Objective"] if with_objective else []), "Steps", "FLOPs/step", "Tokens/step",
-              "Loss tokens/step", "Pre-training FLOPs"]
+              "Loss tokens/step", "Pre-training FLOPs", "Of budget"]
     body = [[row.label, *([row.objective or ""] if with_objective else []), str(row.steps),
              f"{row.flops_per_step:.4g}", str(row.tokens_per_step),
-             f"{row.loss_tokens_per_step:.1f}", f"{row.pretrain_flops:.4g}"]
+             f"{row.loss_tokens_per_step:.1f}", f"{row.pretrain_flops:.4g}",
+             f"{row.spent(table.budget):.3f}"]
             for row in table.compute]
     return [header, *body]
 
@@ -173,8 +174,9 @@ def _compute_grid(table: Table) -> list[list[str]]:
 def _compute_notes(table: Table) -> list[str]:
     return [f"{COMPUTE_TITLE}, matched by sweep.budget={table.budget.kind}. FLOPs: the "
             "accounting module's training FLOPs (3 x forward matmuls, attention and logits "
-            "included) of a step's rows at the sweep's shared layout; tokens: the row positions "
-            "a step processes (batch x (inputs + targets lengths)); loss tokens: the expected "
+            "included) of a step's rows, each point's own objective's lengths; tokens: the row "
+            "positions a step processes (batch x (inputs + targets lengths)); Of budget: what "
+            "its pre-training spent of the budget, in its unit; loss tokens: the expected "
             "target tokens with a loss weight (objectives.expected_loss_tokens) of an example "
             "that fills its raw length, which prefix_lm's and deshuffling's document segments "
             "often do not (a document's last one is shorter)."]
@@ -446,12 +448,13 @@ def compute_csv(table: Table) -> str:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["experiment", "preset", "budget", "budget_reference", "row", "objective",
                      "steps", "flops_per_step", "tokens_per_step", "loss_tokens_per_step",
-                     "pretrain_flops"])
+                     "pretrain_flops", "budget_spent"])
     for row in table.compute:
         writer.writerow([table.experiment, table.preset, table.budget.kind,
                          table.budget.reference, row.label, row.objective or "", row.steps,
                          f"{row.flops_per_step:.6g}", row.tokens_per_step,
-                         f"{row.loss_tokens_per_step:.4f}", f"{row.pretrain_flops:.6g}"])
+                         f"{row.loss_tokens_per_step:.4f}", f"{row.pretrain_flops:.6g}",
+                         f"{row.spent(table.budget):.6f}"])
     return out.getvalue()
 
 

@@ -221,6 +221,13 @@ class Compute:
     loss_tokens_per_step: float
     pretrain_flops: float
 
+    def spent(self, budget: Budget) -> float:
+        """The share of `budget` its pre-training spent (1.0: all of it; a step's rounding, or
+        one step at least, moves it)."""
+        total = (self.pretrain_flops if budget.kind == "flops"
+                 else self.steps * self.tokens_per_step)
+        return total / budget.total
+
 
 @dataclasses.dataclass(frozen=True)
 class ZeroShotRow:

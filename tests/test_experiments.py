@@ -166,7 +166,13 @@ def test_families_expands_at_every_preset_to_one_flop_budget(preset, tmp_path):
     for point in points:  # each spends the one budget to within half of its own step
         per_step = grid.StepCost.of(point.config, point.layout).flops
         assert abs(point.config.train.steps * per_step - budget.total) <= per_step / 2
-    assert len({p.config.train.steps for p in points}) == 3  # enc-dec, decoders, encoder-only
+        # ... on rows of its own objective's lengths, not padded to the family's widest (the
+        # language model's steps halved when a prefix LM row joined its family).
+        own = objectives.layout_for([point.config.objective], point.layout.family,
+                                    point.config.model.vocab_size,
+                                    point.config.model.num_sentinels)
+        assert (point.layout.inputs_length, point.layout.targets_length) == (
+            own.inputs_length, own.targets_length)
 
 
 def test_an_experiment_file_runs_once_per_process_and_again_once_edited(tmp_path):

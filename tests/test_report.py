@@ -412,16 +412,21 @@ def test_a_compute_matched_sweep_gets_a_compute_table_in_every_rendering(tmp_pat
     markdown = (tmp_path / "report" / "table.md").read_text()
     assert markdown.startswith("## Table 6: ") and "compute-matched: sweep.budget=flops" in \
         markdown.splitlines()[0]
-    assert "| 15% | 120 | 2.5e+09 | 512 | 40.5 | 3e+11 |" in markdown
+    assert "| 15% | 120 | 2.5e+09 | 512 | 40.5 | 3e+11 | 1.000 |" in markdown
     assert "spend what rate_10 spends in its 100 configured steps, 3e+11 training FLOPs" in markdown
     compute = result.text[result.text.index("Pre-training compute per point"):].splitlines()
     assert next(line for line in compute if line.startswith("15%")).split() == [
-        "15%", "120", "2.5e+09", "512", "40.5", "3e+11"]
+        "15%", "120", "2.5e+09", "512", "40.5", "3e+11", "1.000"]
     latex = (tmp_path / "report" / "table.tex").read_text()
     assert latex.count(r"\begin{tabular}") == 2 and r"15\% & 120 & 2.5e+09 & 512" in latex
     rows = list(csv.DictReader(io.StringIO((tmp_path / "report" / "compute.csv").read_text())))
-    assert [(r["row"], r["steps"], r["budget"]) for r in rows] == [
-        ("10%", "100", "flops"), ("15%", "120", "flops")]
+    assert [(r["row"], r["steps"], r["budget"], r["budget_spent"]) for r in rows] == [
+        ("10%", "100", "flops", "1.000000"), ("15%", "120", "flops", "1.000000")]
+    # A point that rounded to more than it was given says so, in the budget's own unit.
+    tokens = report_table.Compute("25%", None, 7, 1e9, 512, 40.0, 7e9)
+    assert tokens.spent(report_table.Budget("tokens", "rate_10", 6, 6 * 512)) == pytest.approx(
+        7 / 6)
+    assert tokens.spent(report_table.Budget("flops", "rate_10", 5, 5e9)) == pytest.approx(1.4)
     # Records of a sweep with the default budget have none of it.
     default = tmp_path / "default"
     default.mkdir()
