@@ -16,7 +16,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -39,9 +39,10 @@ def report_phase(what: str, seconds: float) -> None:
     print(f"bench: {what} in {seconds:.1f} s", file=sys.stderr, flush=True)
 
 
-def median_seconds(*fns: Callable[[], Any], steps: int, warmup: int) -> list[float]:
-    """Median wall time of each of `fns`, timed in turns (f1, f2, f1, f2, ...) so that drift in
-    the machine's speed during the run affects every one of them alike."""
+def seconds_in_turns(*fns: Callable[[], Any], steps: int, warmup: int) -> list[list[float]]:
+    """The `steps` wall times of each of `fns` after `warmup` untimed calls, each call waited
+    on, timed in turns (f1, f2, f1, f2, ...) so that drift in the machine's speed during the
+    run affects every one of them alike."""
     for fn in fns:
         for _ in range(warmup):
             jax.block_until_ready(fn())
@@ -51,7 +52,18 @@ def median_seconds(*fns: Callable[[], Any], steps: int, warmup: int) -> list[flo
             start = time.perf_counter()
             jax.block_until_ready(fn())
             fn_times.append(time.perf_counter() - start)
-    return [statistics.median(t) for t in times]
+    return times
+
+
+def median_seconds(*fns: Callable[[], Any], steps: int, warmup: int) -> list[float]:
+    """The median of each of `fns`' `seconds_in_turns`."""
+    return [statistics.median(t) for t in seconds_in_turns(*fns, steps=steps, warmup=warmup)]
+
+
+def range_ms(times: Sequence[float]) -> list[float]:
+    """[fastest, slowest] of timed calls, in milliseconds: the spread a median comes from
+    (one run cannot tell a change within it from noise)."""
+    return [min(times) * 1e3, max(times) * 1e3]
 
 
 def pipelined_seconds(fn: Callable[[], Any], steps: int) -> float:
@@ -156,12 +168,17 @@ def corruption_only(config: ml_collections.ConfigDict) -> Callable[[], Any]:
 
 def require_torch_comparable(config: ml_collections.ConfigDict) -> None:
     """A `ConfigError` unless the PyTorch T5 step can be the same step as `config`'s (see
-    `torch_t5`)."""
-    if config.model.arch != convert.HF_T5_ARCH or config.train.optimizer != "adamw":
+    `torch_t5`: float32 on the CPU, so a bfloat16 step, or one on an accelerator, would be
+    timed against other work)."""
+    platform = jax.default_backend()
+    if (config.model.arch != convert.HF_T5_ARCH or config.train.optimizer != "adamw"
+            or config.model.dtype != "float32" or platform != "cpu"):
         raise ConfigError(
-            f"--compare_torch needs model.arch={convert.HF_T5_ARCH!r} and "
-            f"train.optimizer='adamw' (the PyTorch T5 step); this config has "
-            f"model.arch={config.model.arch!r}, train.optimizer={config.train.optimizer!r}")
+            f"--compare_torch needs model.arch={convert.HF_T5_ARCH!r}, "
+            f"train.optimizer='adamw' and model.dtype='float32' on the CPU (the PyTorch T5 "
+            f"step it times); this run has model.arch={config.model.arch!r}, "
+            f"train.optimizer={config.train.optimizer!r}, model.dtype={config.model.dtype!r} "
+            f"on {platform}")
 
 
 def torch_t5(config: ml_collections.ConfigDict) -> tuple[Any, Any, Any, Any]:
@@ -256,7 +273,8 @@ def run_benchmarks(config: ml_collections.ConfigDict, *, steps: int = 10, warmup
     # Every call waited on, in turns: at a large preset, minutes with nothing else to show.
     print(f"bench: timing {', '.join(runs)} in turns, {warmup} + {steps} calls each",
           file=sys.stderr, flush=True)
-    seconds = dict(zip(runs, median_seconds(*runs.values(), steps=steps, warmup=warmup)))
+    times = dict(zip(runs, seconds_in_turns(*runs.values(), steps=steps, warmup=warmup)))
+    seconds = {name: statistics.median(t) for name, t in times.items()}
     step_s, corrupt_s = seconds["step"], seconds["corruption"]
     # Back to back only on an accelerator: on a CPU the host is the device (XLA:CPU also runs
     # slower with steps queued), so there is nothing to overlap.
@@ -269,6 +287,8 @@ def run_benchmarks(config: ml_collections.ConfigDict, *, steps: int = 10, warmup
     result = {
         "tokens_per_second": speed["tokens_per_s"],
         "step_ms": step_s * 1e3,
+        "step_ms_range": range_ms(times["step"]),  # of the `timed_calls` the median is of
+        "timed_calls": steps,
         "tflops_per_second": speed["tflops_per_s"],
         "peak_tflops_per_second": None if throughput.peak is None else throughput.peak / 1e12,
         "mfu": speed["mfu"],
@@ -294,8 +314,10 @@ def run_benchmarks(config: ml_collections.ConfigDict, *, steps: int = 10, warmup
         import torch
 
         torch_s = seconds["torch"]
-        result["torch"] = {"tokens_per_second": throughput.tokens_per_step / torch_s, "step_ms": torch_s * 1e3,
-                           "version": torch.__version__, "threads": torch.get_num_threads()}
+        result["torch"] = {"tokens_per_second": throughput.tokens_per_step / torch_s,
+                           "step_ms": torch_s * 1e3, "step_ms_range": range_ms(times["torch"]),
+                           "version": torch.__version__, "threads": torch.get_num_threads(),
+                           "dtype": "float32", "device": "cpu"}
         result["speedup_vs_torch"] = torch_s / step_s
     if pipeline:
         batch_s = pipeline_seconds(config)
@@ -367,8 +389,9 @@ def decode_benchmark(config: ml_collections.ConfigDict, new_tokens: int = 64, *,
     tokens = np.asarray(cached())
     cached_compile_s = time.perf_counter() - start
 
-    cached_s, recompute_s = median_seconds(cached, lambda: baseline(state, inputs),
-                                            steps=steps, warmup=warmup)
+    cached_times, recompute_times = seconds_in_turns(
+        cached, lambda: baseline(state, inputs), steps=steps, warmup=warmup)
+    cached_s, recompute_s = map(statistics.median, (cached_times, recompute_times))
     ended = tokens == EOS_ID
     lengths = np.where(ended.any(axis=1), ended.argmax(axis=1) + 1, new_tokens)
     return {
@@ -378,6 +401,9 @@ def decode_benchmark(config: ml_collections.ConfigDict, new_tokens: int = 64, *,
         "new_tokens": new_tokens,
         "cached_s": cached_s,
         "recompute_s": recompute_s,
+        "cached_ms_range": range_ms(cached_times),  # of the `timed_calls` the medians are of
+        "recompute_ms_range": range_ms(recompute_times),
+        "timed_calls": steps,
         "speedup": recompute_s / cached_s,
         "cached_steps": int(lengths.max()),
         "tokens_match": all(np.array_equal(tokens[r, :n], recomputed[r, :n])

@@ -37,6 +37,9 @@ def test_bench_command_prints_one_consistent_json_object(tmp_path):
     assert result["config"]["model"] == config.model.to_dict()
     assert result["config"]["train"]["batch_size"] == 2
     layout, step_s = result["layout"], result["step_ms"] / 1e3
+    # The median of 2 timed calls, and the spread it comes from.
+    fastest, slowest = result["step_ms_range"]
+    assert result["timed_calls"] == 2 and fastest <= result["step_ms"] <= slowest
     tokens = 2 * (layout["inputs_length"] + layout["targets_length"])
     assert result["tokens_per_second"] == pytest.approx(tokens / step_s)
     flops = 2 * accounting.train_flops_per_example(
@@ -110,6 +113,8 @@ def test_cached_decoding_emits_the_tokens_of_recomputation(arch):
     assert (result["arch"], result["batch_size"], result["new_tokens"]) == (arch, 3, 6)
     assert 1 <= result["cached_steps"] <= 6
     assert result["speedup"] == pytest.approx(result["recompute_s"] / result["cached_s"])
+    assert result["timed_calls"] == 1
+    assert result["cached_ms_range"] == [result["cached_s"] * 1e3] * 2
 
 
 def test_the_decode_benchmark_s_token_check_catches_a_baseline_that_differs(monkeypatch):
@@ -139,6 +144,8 @@ def test_torch_comparison_and_pipeline_timing_at_toy_size():
     assert sum(p.numel() for p in torch_model.parameters()) == ours_count
 
     result = bench.run_benchmarks(config, steps=1, warmup=0, compare_torch=True, pipeline=True)
+    assert (result["torch"]["dtype"], result["torch"]["device"]) == ("float32", "cpu")
+    assert result["torch"]["step_ms_range"] == [result["torch"]["step_ms"]] * 2  # one call
     assert result["speedup_vs_torch"] == pytest.approx(
         result["torch"]["step_ms"] / result["step_ms"])
     assert result["torch"]["tokens_per_second"] == pytest.approx(
@@ -146,3 +153,14 @@ def test_torch_comparison_and_pipeline_timing_at_toy_size():
     assert result["pipeline_batch_ms"] > 0
     assert result["pipeline_speedup_vs_step"] == pytest.approx(
         result["step_ms"] / result["pipeline_batch_ms"])
+
+
+def test_the_torch_comparison_refuses_a_step_it_would_not_match():
+    """PyTorch's T5 step runs float32 on the CPU: a bfloat16 step was timed against it and
+    its ratio reported as a speed-up."""
+    config = tiny_train_config(mesh=(1, 1))
+    config.train.update(optimizer="adamw", batch_size=2)
+    config.model.dtype = "bfloat16"
+    with pytest.raises(ConfigError, match=r"^--compare_torch needs .*model.dtype='float32' on "
+                                          r"the CPU .*model.dtype='bfloat16' on cpu$"):
+        bench.run_benchmarks(config, steps=1, warmup=0, compare_torch=True)
