@@ -58,16 +58,20 @@ def test_parts_run_in_turn_until_the_budget_is_spent(check, tmp_path, monkeypatc
              "vmap/small/4": part("vmap/small/4", 30, status="failed"),
              "tests": part("tests", 5), "demo": part("demo", 1)}
     caps = {"paper": 60, "vmap": 100, "tests": 100, "demo": 100}
-    summary = check.run_parts(parts, list(parts), 88, caps, tmp_path / "s.json", {"toy": False})
+    # The budget counts from `started`, 2 s before the parts (the environment's probe).
+    clock[0] = 2.0
+    summary = check.run_parts(parts, list(parts), 90, caps, tmp_path / "s.json", {"toy": False},
+                              started=0.0)
     # Each part is limited by its cap or by what is left: 60 (cap), 38, then 8 s (< 10: skipped).
     assert limits == {"paper/plain": 60, "vmap/small/4": 38}
+    assert summary["wall_s"] == 82.0
     assert [summary["parts"][n]["status"] for n in parts] == ["ok", "failed", "skipped", "skipped"]
     # The summary on disk held every finished part before the next one ran.
     assert written == [{}, {"paper/plain": summary["parts"]["paper/plain"]}]
     assert json.loads((tmp_path / "s.json").read_text()) == summary
     assert summary["targets"]["paper_bf16_mfu"] == {
         "target": 0.40, "best": 0.43, "by_variant": {"paper/plain": 0.43},
-        "pipelined_by_variant": {}, "met": True}
+        "pipelined_by_variant": {}, "best_recipe_changed": None, "met": True}
     assert summary["targets"]["vmap_small_K4_speedup"]["met"] is None  # the part failed
 
 
@@ -85,6 +89,13 @@ def test_targets_compare_the_best_variant_and_the_K4_speedup(check):
     assert (found["best"], found["met"]) == (0.41, True)
     assert found["by_variant"] == {"paper/plain": 0.38, "paper/scan_layers": 0.36}
     assert found["pipelined_by_variant"] == {"paper/plain": 0.41}
+    # A step that changes the paper's recipe (a fused kernel drops no attention weights; no
+    # dropout at all) is listed, but does not meet the target for it.
+    parts["paper/plain"] = ok({"mfu": 0.30})
+    parts["paper/scan_layers+cudnn+no_dropout"] = ok({"mfu": 0.41})
+    found = check.targets(parts)["paper_bf16_mfu"]
+    assert (found["best"], found["best_recipe_changed"], found["met"]) == (0.36, 0.41, False)
+    assert found["by_variant"]["paper/scan_layers+cudnn+no_dropout"] == 0.41
 
 
 def test_a_command_past_its_limit_is_killed_with_its_children(check):
@@ -166,3 +177,22 @@ def test_the_dropout_probe_counts_threefry_calls_in_xla_s_program(check):
     # form makes a quarter of the calls unless XLA evaluates them once per element.
     assert 1.0 <= result["forms"]["layers.dropout"]["random_bit_draws_per_element"] <= 2.01
     assert 0.25 <= result["forms"]["grouped_16bit"]["random_bit_draws_per_element"] <= 2.01
+
+
+def test_a_child_that_prints_nothing_fails_its_part_and_the_check_goes_on(check, monkeypatch):
+    """A child that exits 0 with no output raised IndexError in the parent, ending the run."""
+    monkeypatch.setattr(check, "run_command", lambda *args: {
+        "status": "ok", "returncode": 0, "wall_s": 1.0, "stdout": "", "stderr": "warning"})
+    entry = check.run_child("bench", {}, 60)
+    assert entry == {"status": "failed", "wall_s": 1.0, "output_tail": "warning"}
+
+
+def test_the_plan_says_where_the_caps_pass_the_budget(check):
+    """The default plan's caps sum to far more than one call's budget: --plan says which parts
+    a call may reach before running any."""
+    text = check.schedule(["paper/plain", "vmap/small/4", "tests"], check.CAPS, 330)
+    assert text.splitlines() == [
+        "paper/plain                              cap   180 s  by    180 s",
+        "vmap/small/4                             cap   120 s  by    300 s",
+        "tests                                    cap   150 s  by    450 s  (past the budget)",
+        "3 parts, caps 450 s, budget 330 s"]
