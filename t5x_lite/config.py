@@ -371,10 +371,15 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Mapping[str, A
     naming the field."""
     for field, value in overrides.items():
         parent, name = _field(config, field, value)
+        if isinstance(parent[name], ml_collections.ConfigDict):
+            raise ConfigError(f"override {field}={value!r}: {field!r} is a config section, not a "
+                              f"field (its fields: {', '.join(parent[name])})")
         try:
             parent[name] = value
-        except TypeError as error:
-            raise ConfigError(f"override {field}={value!r}: {error}") from None
+        except TypeError:  # ml_collections' words: "... cannot be casted to type <class ...>"
+            raise ConfigError(f"override {field}={value!r}: the field holds "
+                              f"{parent.get_type(name).__name__} values, not "
+                              f"{type(value).__name__}") from None
 
 
 def user_code_error(path: str | os.PathLike, error: BaseException) -> str:

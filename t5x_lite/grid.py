@@ -244,17 +244,26 @@ def experiment_config(experiment: str, preset: str) -> ml_collections.ConfigDict
 POINT_ID = re.compile(r"(?!\.{1,2}$)[A-Za-z0-9_.\-]+")
 
 
+# The keys of a GRID row (the module docstring); `objective` may be left out.
+ROW_KEYS = ("point", "row", "objective", "overrides")
+
+
 def _check_rows(path: Path, grid: Sequence[Any]) -> None:
     """Each GRID row a dict with a `point` id (a relative folder path of `POINT_ID` parts,
     unique ignoring case: it names the row's folders and records) and a `row` label (strings;
-    unique with the row's `objective`: the report's row), and `overrides`, a dict; else a
-    one-line `ConfigError`."""
+    unique with the row's `objective`: the report's row), and `overrides`, a dict; no other
+    key (a misspelt `objective=` lost the row's label without a word); else a one-line
+    `ConfigError`."""
     seen, rows = set(), {}
     for index, row in enumerate(grid):
         where = f"experiment file {path}: GRID[{index}]"
         if not isinstance(row, Mapping):
             raise ConfigError(f"{where} is {type(row).__name__}, not a dict(point=..., row=..., "
                               "overrides={...})")
+        unknown = sorted(set(row) - set(ROW_KEYS), key=str)
+        if unknown:
+            raise ConfigError(f"{where} has {', '.join(map(repr, unknown))}, not a row key; a "
+                              f"row has {', '.join(ROW_KEYS)}")
         for field in ("point", "row"):
             if not isinstance(row.get(field), str) or not row[field]:
                 raise ConfigError(f"{where} needs {field}=, a non-empty string; it has "
@@ -598,10 +607,14 @@ def expand(experiment: str, preset: str, overrides: Sequence[str] = ()) -> list[
                           "(preview: --seed)")
     _check_overrides_of_row_fields(Path(experiment).stem, module.GRID, user)
     rows, budget = [], None
-    for row in module.GRID:
+    for index, row in enumerate(module.GRID):
         config = experiment_config(experiment, preset)
         apply_overrides(config, user)
-        apply_overrides(config, row["overrides"])
+        try:
+            apply_overrides(config, row["overrides"])
+        except ConfigError as error:  # which row of which file, among maybe dozens
+            raise ConfigError(f"experiment file {module.__file__}: GRID[{index}] "
+                              f"({row['point']!r}): {error}") from None
         settings = _budget_settings(config, module.GRID)  # checked before anything else
         if budget not in (None, settings):
             raise ConfigError(f"{experiment} point {row['point']!r} sets sweep.budget / "

@@ -490,7 +490,27 @@ def slurm_script(
         "fi",
         'exit "$status"',
     ]
+    _require_shell_syntax(setup)
     return "\n".join(lines) + "\n"
+
+
+def _require_shell_syntax(setup: Sequence[str]) -> None:
+    """A `--setup` line bash cannot parse (an unbalanced quote) was found on the cluster, after
+    the job had queued: a one-line `ValueError` naming it, from `bash -n` where bash is here,
+    else from the quotes alone (`shlex`)."""
+    for line in setup:
+        if shutil.which("bash"):
+            checked = subprocess.run(["bash", "-n"], input=line, text=True,
+                                     capture_output=True)
+            problem = checked.stderr.strip().splitlines()[-1] if checked.returncode else None
+        else:
+            try:
+                shlex.split(line, comments=True)
+                problem = None
+            except ValueError as error:
+                problem = str(error)
+        if problem:
+            raise ValueError(f"--setup {line!r} is not a shell line bash can run ({problem})")
 
 
 def require_program(name: str) -> None:

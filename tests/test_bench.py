@@ -164,3 +164,16 @@ def test_the_torch_comparison_refuses_a_step_it_would_not_match():
     with pytest.raises(ConfigError, match=r"^--compare_torch needs .*model.dtype='float32' on "
                                           r"the CPU .*model.dtype='bfloat16' on cpu$"):
         bench.run_benchmarks(config, steps=1, warmup=0, compare_torch=True)
+
+
+def test_a_corpus_the_pipeline_cannot_read_stops_bench_before_anything_compiles(tmp_path,
+                                                                               monkeypatch):
+    """`bench --pipeline` read its corpus last, after building, compiling and timing the step
+    (minutes at the paper preset) only to fail there."""
+    (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00 not text \x80")
+    config = tiny_train_config(mesh=(1, 1))
+    config.data.update(corpus=str(tmp_path / "binary.txt"), data_dir=str(tmp_path / "data"))
+    monkeypatch.setattr(bench, "jax_train_step",
+                        lambda config: pytest.fail("the step was built before the corpus read"))
+    with pytest.raises(ConfigError, match="holds no records"):
+        bench.run_benchmarks(config, steps=1, warmup=0, pipeline=True)

@@ -137,6 +137,21 @@ def test_a_config_file_names_what_is_wrong_with_it(tmp_path):
      "def get_config(preset):\n    return None\n",
      r"experiment file .*exp.py: GRID\[1\] \('b'\) has the row label and objective of point "
      r"'a', \('x', None\): the report would make one row of both"),
+    # A misspelt key lost the row's objective label; a bad row override named neither the row
+    # nor the file, a wrong type in ml_collections' words.
+    ("GRID = [dict(point='a', row='x', objetive='LM', overrides={})]\n"
+     "def get_config(preset):\n    return None\n",
+     r"experiment file .*exp.py: GRID\[0\] has 'objetive', not a row key; a row has point, row, "
+     r"objective, overrides$"),
+    *((f"from t5x_lite import presets\nGRID = [dict(point='a', row='x', overrides={overrides})]\n"
+       "def get_config(preset):\n    return presets.sweep_preset(preset)\n",
+       rf"experiment file .*exp.py: GRID\[0\] \('a'\): override {message}$")
+      for overrides, message in (
+          ("{'train.steps': 'abc'}", r"train.steps='abc': the field holds int values, not str"),
+          ("{'train': 3}", r"train=3: 'train' is a config section, not a field \(its fields: "
+                           r"batch_size, .*\)"),
+          ("{'model.nonexistent': 3}", r"model.nonexistent=3: the config has no field "
+                                       r"'model.nonexistent'; .*"))),
     ("GRID = [dict(point='a', row='x', overrides={})]\ndef get_config(preset):\n"
      "    raise RuntimeError('boom')\n",
      r"experiment .*exp.py's get_config\('demo'\): .*exp.py line 3: RuntimeError: boom"),

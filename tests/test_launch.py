@@ -618,6 +618,19 @@ def test_slurm_script_for_a_two_point_sweep():
     assert script == (DATA / "launch_slurm.txt").read_text()
 
 
+def test_a_setup_line_bash_cannot_parse_is_refused_before_anything_is_submitted(capsys):
+    """An unbalanced quote made a script `bash -n` rejects; `launch slurm` printed it (and
+    would have submitted it) with status 0."""
+    with pytest.raises(ValueError, match=r"""^--setup 'echo "hi' is not a shell line bash """
+                                         r"can run \("):
+        launchers.slurm_script(["table2"], num_points=1, partition="gpu", setup=['echo "hi'])
+    with pytest.raises(SystemExit):
+        cli.main(["t5x-lite", "launch", "slurm", "--partition", "gpu", "--setup", 'echo "hi',
+                  "--", "table2", "--preset", "tiny", "--workdir", "/scratch/t2"])
+    printed = capsys.readouterr()
+    assert printed.out == "" and """--setup 'echo "hi' is not a shell line""" in printed.err
+
+
 def test_launch_readme_shows_the_script_its_slurm_command_prints(capsys):
     """launch/README.md's `t5x-lite launch slurm ...` example and the script it says that
     command prints, read from the README and compared with what the command prints."""

@@ -257,7 +257,7 @@ def test_registry_has_the_paper_tasks_and_names_them_in_errors():
         tasks.get_task("glue_colaa")
 
 
-def test_bad_split_and_missing_data_root_are_explained():
+def test_bad_split_and_missing_data_root_are_explained(tmp_path):
     with pytest.raises(ValueError,
                        match="'glue_mnli_matched' has no split 'train'; its splits: validation"):
         tasks.get_task("glue_mnli_matched").examples("train")
@@ -265,6 +265,10 @@ def test_bad_split_and_missing_data_root_are_explained():
                                           r"data.data_root, which is not set: "
                                           r"--config.data.data_root=DIR"):
         tasks.get_task("local_glue_rte").examples("validation")
+    # A mistyped root was named as a builder's field (ParallelText.files['train']=...).
+    with pytest.raises(ConfigError, match=r"^data.data_root='.*nowhere' is not a directory"):
+        tasks.get_task("local_glue_rte").examples("validation", str(tmp_path),
+                                                  str(tmp_path / "nowhere"))
 
 
 def test_glue_average_as_the_paper():

@@ -323,6 +323,9 @@ def _local(make_source: Callable[[str], Any]) -> Loader:
     def load(split: str, data_dir: str | None, data_root: str | None) -> Sequence[Record]:
         if not data_root:
             raise ConfigError(_NO_DATA_ROOT)
+        if not os.path.isdir(data_root):  # else named by a builder's field, not the config's
+            raise ConfigError(f"data.data_root={data_root!r} is not a directory (the local "
+                              "tasks read their files under it, e.g. ../shared/data)")
         return builders.load_split(make_source(data_root), split, data_dir)
 
     return load

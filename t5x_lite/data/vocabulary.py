@@ -11,6 +11,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import socket
 from typing import Iterable, Sequence
 
@@ -167,8 +168,12 @@ def train_vocabulary(
                                        minloglevel=2,  # only SentencePiece's errors
                                        **options)
     except RuntimeError as e:  # e.g. "Vocabulary size too high": name our field
+        # Its "Please set it to a value <= N" counts pieces, without the sentinels, and moves
+        # with byte fallback (on from 1024 pieces): not a vocab_size to set.
+        said = re.sub(r"\s*Please set it to a value <= \d+\.?", "", str(e)).strip()
         raise ValueError(f"cannot train a vocabulary with vocab_size={vocab_size} "
-                         f"(num_extra_ids={num_extra_ids}) on this text: {e}") from e
+                         f"(num_extra_ids={num_extra_ids}) on this text ({said}): choose a "
+                         "smaller vocab_size or give it more text") from e
     if path:
         os.makedirs(cache_dir, exist_ok=True)
         tmp = f"{path}.tmp{socket.gethostname()}-{os.getpid()}"  # hosts may share the folder
