@@ -194,9 +194,10 @@ def test_flags_that_cannot_work_are_refused_before_any_work(capsys):
         cli.main(["t5x-lite", "bench", "--preset", "demo", "--compare_torch",
                   "--config.model.arch=prefix_lm"])
     assert str(stopped.value.code) == (
-        "t5x-lite bench: invalid config: --compare_torch needs model.arch='encoder_decoder' "
-        "and train.optimizer='adamw' (the PyTorch T5 step); this config has "
-        "model.arch='prefix_lm', train.optimizer='adamw'")
+        "t5x-lite bench: invalid config: --compare_torch needs model.arch='encoder_decoder', "
+        "train.optimizer='adamw' and model.dtype='float32' on the CPU (the PyTorch T5 step it "
+        "times); this run has model.arch='prefix_lm', train.optimizer='adamw', "
+        "model.dtype='float32' on cpu")
 
 
 
