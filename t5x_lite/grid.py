@@ -77,7 +77,8 @@ EXPERIMENTS_DIR = _experiments_dir()
 
 @dataclasses.dataclass(frozen=True)
 class StepCost:
-    """What one pre-training step of a point processes, with its shared layout's rows.
+    """What one pre-training step of a point processes, with its layout's rows (under a matched
+    budget, its own objective's lengths; see the module docstring).
 
     flops: `train.batch_size` x `accounting.train_flops_per_example` at the layout's inputs
     and targets lengths (attention and logits included, padding too: the step computes it);
@@ -106,7 +107,8 @@ class StepCost:
 
 @dataclasses.dataclass(frozen=True)
 class GridPoint:
-    """One run of a sweep: a grid row with one seed, its full config and its shared layout.
+    """One run of a sweep: a grid row with one seed, its full config and its layout (shared by
+    its family's points, or under a matched budget by those of its objective's lengths).
 
     point: the row's id ("encoder_decoder/denoising"), unique within the experiment; with
     `seed`, it names the run. row / objective: the paper's row label and (Table 2) objective
@@ -434,7 +436,9 @@ def _layout_group(config: ml_collections.ConfigDict, matched: bool
     holds one mixture (`BatchLayout.denoisers`), so each mixture of a grid (e.g.
     experiments/ul2.py's R, S and X only) gets a layout of its own."""
     model, objective = config.model, config.objective
-    own = tuple(objectives.objective_lengths(objective)) if matched else ()
+    # A row's own objective.targets_length widens its targets beyond its objective's lengths.
+    own = ((*objectives.objective_lengths(objective), objective.targets_length) if matched
+           else ())
     mixture = tuple(map(tuple, objective.ul2_denoisers)) if objective.name == "ul2" else ()
     family = architectures.get(model.arch).family
     return family, model.vocab_size, model.num_sentinels, own, mixture
@@ -514,7 +518,8 @@ def match_budget(points: Sequence[GridPoint], kind: str,
     `StepCost` in that unit (the reference: the first point whose id is `reference`, None: the
     first point; its seeds cost alike). Each point gets `train.steps` = max(1, round(budget /
     its cost per step)), so it spends the budget to within half a step of its own, and
-    `train.warmup_steps` scaled with it (`_match_steps`); "steps" returns `points` unchanged.
+    for linear and cosine `train.warmup_steps` scaled with it (`_match_steps`); "steps" returns
+    `points` unchanged.
     A function of the configs and layouts alone, so a resumed sweep derives the same steps.
     """
     require_choice("sweep.budget", kind, BUDGETS)

@@ -495,22 +495,17 @@ def slurm_script(
 
 
 def _require_shell_syntax(setup: Sequence[str]) -> None:
-    """A `--setup` line bash cannot parse (an unbalanced quote) was found on the cluster, after
-    the job had queued: a one-line `ValueError` naming it, from `bash -n` where bash is here,
-    else from the quotes alone (`shlex`)."""
-    for line in setup:
-        if shutil.which("bash"):
-            checked = subprocess.run(["bash", "-n"], input=line, text=True,
-                                     capture_output=True)
-            problem = checked.stderr.strip().splitlines()[-1] if checked.returncode else None
-        else:
-            try:
-                shlex.split(line, comments=True)
-                problem = None
-            except ValueError as error:
-                problem = str(error)
-        if problem:
-            raise ValueError(f"--setup {line!r} is not a shell line bash can run ({problem})")
+    """`--setup` lines bash cannot parse (an unbalanced quote) were found on the cluster, after
+    the job had queued: a one-line `ValueError` with bash's complaint, from `bash -n` over the
+    lines together (an `if` may span several), where bash is here."""
+    if not setup or shutil.which("bash") is None:
+        return
+    checked = subprocess.run(["bash", "-n"], input="\n".join(setup) + "\n", text=True,
+                             capture_output=True)
+    if checked.returncode:
+        problem = " ".join(checked.stderr.split()).replace("bash: ", "")
+        raise ValueError(f"--setup lines {list(setup)!r} are not a script bash can run "
+                         f"({problem})")
 
 
 def require_program(name: str) -> None:

@@ -277,12 +277,16 @@ class Model(_Section):
         # T5's buckets: a bidirectional stack gives each direction half, a causal one all; in
         # either, the first half of a direction's buckets are exact distances and the rest are
         # log-spaced up to max_distance, which must lie beyond them (at it, every logit was NaN;
-        # below 4 buckets, a division by zero).
-        if self.relpos_buckets < 4 or self.relpos_max_distance <= self.relpos_buckets // 2:
+        # below 4 buckets, a division by zero). A stack of no fixed direction (a prefix LM's)
+        # may read either.
+        causal = any(stack.bidirectional is not True for stack in architecture.stacks)
+        exact = self.relpos_buckets // (2 if causal else 4)
+        if self.relpos_buckets < 4 or self.relpos_max_distance <= exact:
             raise ConfigError(
                 f"model.relpos_buckets={self.relpos_buckets} and model.relpos_max_distance="
                 f"{self.relpos_max_distance}: need relpos_buckets >= 4 and relpos_max_distance > "
-                "relpos_buckets // 2 (a causal stack's exact-distance buckets; T5: 32 and 128)")
+                f"{exact}, the exact-distance buckets of a {'causal' if causal else 'bidirectional'}"
+                " stack (T5: 32 and 128)")
         require_positive("model.layer_norm_epsilon", self.layer_norm_epsilon)
         for field in ("tie_embeddings", "remat", "scan_layers", "attention_dropout"):
             require_bool(f"model.{field}", getattr(self, field))

@@ -402,3 +402,10 @@ def test_the_settings_refuse_exactly_the_bucket_tables_that_break_t5s_rule():
                 sound &= bool((ids >= 0).all() and (ids < half).all()
                               and (np.diff(ids) >= 0).all())
             assert accepted == sound, (buckets, max_distance)
+    # A model of bidirectional stacks alone reads only their buckets: 32 and 12 works there.
+    model = presets.tiny().model
+    model.update(arch="encoder_only", relpos_buckets=32, relpos_max_distance=12)
+    Model.from_config(model)
+    with pytest.raises(ConfigError, match="relpos_max_distance > 8, the exact-distance buckets "
+                                          "of a bidirectional stack"):
+        Model.from_config({**model.to_dict(), "relpos_max_distance": 8})

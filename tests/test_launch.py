@@ -621,14 +621,17 @@ def test_slurm_script_for_a_two_point_sweep():
 def test_a_setup_line_bash_cannot_parse_is_refused_before_anything_is_submitted(capsys):
     """An unbalanced quote made a script `bash -n` rejects; `launch slurm` printed it (and
     would have submitted it) with status 0."""
-    with pytest.raises(ValueError, match=r"""^--setup 'echo "hi' is not a shell line bash """
-                                         r"can run \("):
+    with pytest.raises(ValueError, match=r"""^--setup lines \['echo "hi'\] are not a script """
+                                         r"bash can run \("):
         launchers.slurm_script(["table2"], num_points=1, partition="gpu", setup=['echo "hi'])
+    # Lines are one script: an `if` may span several.
+    launchers.slurm_script(["table2"], num_points=1, partition="gpu",
+                           setup=["if [ -d ~/venv ]; then", "  . ~/venv/bin/activate", "fi"])
     with pytest.raises(SystemExit):
         cli.main(["t5x-lite", "launch", "slurm", "--partition", "gpu", "--setup", 'echo "hi',
                   "--", "table2", "--preset", "tiny", "--workdir", "/scratch/t2"])
     printed = capsys.readouterr()
-    assert printed.out == "" and """--setup 'echo "hi' is not a shell line""" in printed.err
+    assert printed.out == "" and """--setup lines ['echo "hi'] are not a script""" in printed.err
 
 
 def test_launch_readme_shows_the_script_its_slurm_command_prints(capsys):

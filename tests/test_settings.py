@@ -127,7 +127,8 @@ def test_every_field_is_annotated_with_a_type_the_checks_know():
     ("finetune.decode.alpha", float("inf"), "finetune.decode.alpha=inf must be a finite number"),
     # 32 buckets and max distance 16: the decoder's exact buckets reach 16, every logit NaN.
     ("model.relpos_max_distance", 16, r"model.relpos_buckets=32 and model.relpos_max_distance="
-                                      r"16: need relpos_buckets >= 4 and relpos_max_distance > "),
+                                      r"16: need relpos_buckets >= 4 and relpos_max_distance > "
+                                      r"16, the exact-distance buckets of a causal stack"),
 ])
 def test_a_bad_value_is_a_one_line_error_naming_the_field(path, value, message):
     # Not type-safe: as a config read back from JSON, whose fields take values of any type.

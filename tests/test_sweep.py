@@ -1241,9 +1241,11 @@ ROWS_GRID = '''
 from tiny_configs import tiny_sweep_config
 
 ROWS = {{"ref": ("encoder_decoder", "span_corruption"), "lm": ("language_model", "lm"),
-        "plm": ("prefix_lm", "prefix_lm")}}
+        "plm": ("prefix_lm", "prefix_lm"), "plm_wide": ("prefix_lm", "prefix_lm")}}
+WIDER = {{"plm_wide": {{"objective.targets_length": 96}}}}
 GRID = tuple(dict(point=point, row=point, objective="x",
-                  overrides={{"model.arch": ROWS[point][0], "objective.name": ROWS[point][1]}})
+                  overrides={{"model.arch": ROWS[point][0], "objective.name": ROWS[point][1],
+                              **WIDER.get(point, {{}})}})
              for point in {points!r})
 
 
@@ -1254,15 +1256,22 @@ def get_config(preset):
 
 def test_a_matched_point_s_steps_do_not_depend_on_the_grid_s_other_rows(tmp_path):
     """Each point was charged for its family's widest rows: a prefix LM row joining the grid
-    padded the language model's 32-position rows to 64 and halved its steps."""
+    padded the language model's 32-position rows to 64 and halved its steps; a row of the same
+    objective with wider targets of its own widened the other's."""
     steps = {}
-    for name, points in (("alone", ("ref", "lm")), ("beside", ("ref", "lm", "plm"))):
+    for name, points in (("alone", ("ref", "lm", "plm")),
+                         ("beside", ("ref", "lm", "plm", "plm_wide"))):
         path = tmp_path / f"{name}.py"
         path.write_text(ROWS_GRID.format(points=points))
         steps[name] = {p.point: p.config.train.steps
                        for p in grid.expand(str(path), "demo", ["sweep.budget=flops"])}
     assert steps["alone"]["lm"] == steps["beside"]["lm"]
+    assert steps["alone"]["plm"] == steps["beside"]["plm"] > steps["beside"]["plm_wide"]
     assert steps["beside"]["lm"] > steps["beside"]["plm"]
+    alone = tmp_path / "lm_alone.py"
+    alone.write_text(ROWS_GRID.format(points=("ref", "lm")))
+    assert {p.point: p.config.train.steps for p in grid.expand(
+        str(alone), "demo", ["sweep.budget=flops"])}["lm"] == steps["alone"]["lm"]
 
 
 def test_a_steps_budget_leaves_the_configs_and_records_as_they_were():

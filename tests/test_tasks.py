@@ -269,6 +269,9 @@ def test_bad_split_and_missing_data_root_are_explained(tmp_path):
     with pytest.raises(ConfigError, match=r"^data.data_root='.*nowhere' is not a directory"):
         tasks.get_task("local_glue_rte").examples("validation", str(tmp_path),
                                                   str(tmp_path / "nowhere"))
+    # '~' is a directory (the loaders expand it): what is missing is the task's files there.
+    with pytest.raises(FileNotFoundError, match=r"GlueTsv.directory='~/glue/RTE' holds none"):
+        tasks.get_task("local_glue_rte").examples("validation", str(tmp_path), "~")
 
 
 def test_glue_average_as_the_paper():

@@ -102,11 +102,12 @@ def format_squad(record: Record) -> Example:
     """SQuAD -> "question: <q> context: <c>", target = the first gold answer.
 
     As in the paper's appendix D example, runs of whitespace (SQuAD contexts contain newlines)
-    become one space and punctuation is left alone. T5's code differs: from its first release
-    its `squad` preprocessor puts spaces around every ASCII punctuation character of the
-    question, the context and the answers (so its targets, and the gold answers it scores
-    against, are padded too: "1,000" -> "1 , 000"); after SQuAD's normalisation that leaves exact match
-    as it is and moves F1 by ~0.3 (the gold answers of SQuAD's dev set scored against each
+    become one space and punctuation is left alone. T5's code differs: its `squad` preprocessor
+    puts spaces around every non-word character (`\\W`, its first release) or, since 2022, every
+    ASCII punctuation character (`[[:punct:]]`) of the question, the context and the answers
+    (so its targets, and the gold answers it scores against, are padded too: "1,000" ->
+    "1 , 000"); after SQuAD's normalisation that leaves exact match as it is and moves F1 by
+    ~0.3 (the gold answers of SQuAD's dev set scored against each
     other: 92.51 here, 92.82 padded).
     """
     answers = tuple(record["answers"]["text"])
@@ -323,7 +324,7 @@ def _local(make_source: Callable[[str], Any]) -> Loader:
     def load(split: str, data_dir: str | None, data_root: str | None) -> Sequence[Record]:
         if not data_root:
             raise ConfigError(_NO_DATA_ROOT)
-        if not os.path.isdir(data_root):  # else named by a builder's field, not the config's
+        if not os.path.isdir(os.path.expanduser(data_root)):  # else named by a builder's field
             raise ConfigError(f"data.data_root={data_root!r} is not a directory (the local "
                               "tasks read their files under it, e.g. ../shared/data)")
         return builders.load_split(make_source(data_root), split, data_dir)
