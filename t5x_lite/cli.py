@@ -759,6 +759,10 @@ def main(argv: list[str] | None = None) -> None:
             COMMANDS[command].run(argv[1:])
     except ConfigError as error:  # a bad setting: the message names it; no traceback needed
         raise SystemExit(f"t5x-lite {command}: invalid config: {error}") from None
+    except KeyboardInterrupt:  # a second Ctrl-C (`loop.PreemptionWatch`), or one in set-up
+        print(f"t5x-lite {command}: interrupted: stopped at once, without saving; the same "
+              "command resumes from the newest checkpoint saved before", file=sys.stderr)
+        raise SystemExit(130) from None
     except _SAID_IN_ONE_LINE as error:
         raise SystemExit(f"t5x-lite {command}: {error}") from None
     except Exception as error:  # a full disk is the machine's fault: one line, not orbax's dumps

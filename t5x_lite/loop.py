@@ -188,7 +188,10 @@ class Progress:
 
     def __init__(self, start: int, total: int, every: int, enabled: bool):
         self.total, self.every, self.enabled = total, every, enabled and jax.process_index() == 0
-        self.start_time, self.start_step = time.perf_counter(), start
+        # (time, step) of the first step shown: the rate behind the ETA leaves out the set-up
+        # and the first step's compile, which counted as step time (546 s left said, 14 s
+        # meant, early in a resumed run).
+        self.origin: tuple[float, int] | None = None
         self.bar = (
             tqdm.tqdm(initial=start, total=total, unit="step")
             if self.enabled and sys.stderr.isatty()
@@ -203,12 +206,17 @@ class Progress:
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
-        elif self.enabled and (step % self.every == 0 or step == self.total):
-            elapsed = time.perf_counter() - self.start_time
-            eta = elapsed / (step - self.start_step) * (self.total - step)
+        now = time.perf_counter()
+        if self.origin is None:
+            self.origin = (now, step)
+        if self.bar is None and self.enabled and (step % self.every == 0 or step == self.total):
+            since, first = self.origin
+            per_step = ((now - since) / (step - first) if step > first
+                        else float(np.mean(record["step_s"])))
             print(
                 f"step {step}/{self.total} loss {loss:.4f} acc {accuracy:.3f} "
-                f"lr {lr:.2e} {record['tokens_per_s']:.0f} tok/s eta {eta:.0f}s",
+                f"lr {lr:.2e} {record['tokens_per_s']:.0f} tok/s "
+                f"eta {per_step * (self.total - step):.0f}s",
                 file=sys.stderr,
                 flush=True,
             )
@@ -317,8 +325,10 @@ class PreemptionWatch:
                 raise KeyboardInterrupt
             self._interrupted = True
         self._record(signum)
-        log.warning("received %s: saving a checkpoint after the current step, then stopping",
-                    signal.Signals(signum).name)
+        print(f"received {signal.Signals(signum).name}: saving a checkpoint after the current "
+              "step, then stopping"
+              + (" (a second Ctrl-C stops at once, without saving)"
+                 if signum == signal.SIGINT else ""), file=sys.stderr, flush=True)
 
     def _record(self, signum: int) -> None:
         """Keep the first signal, and pass it on to the watch this one is nested in."""
@@ -493,9 +503,13 @@ def _loop(run: Run, hook: Every | None, compiled: list[str]) -> list[dict[str, A
         run.progress.note(f"{', '.join(str(point.workdir) for point in run.points)}: nothing to "
                           f"train: the newest checkpoint is at step {step} and the run ends at "
                           f"step {run.total}")
-    elif train_step.compiles == 0:  # its program never compiled: the first step waits
-        run.progress.note("the first step waits for its program: compiled (minutes for a large "
-                          "model), or loaded if an earlier command compiled it")
+    else:
+        if step > 0:  # without a progress bar nothing else said so
+            run.progress.note(f"{', '.join(str(point.workdir) for point in run.points)}: "
+                              f"resuming at step {step} of {run.total}, its newest checkpoint")
+        if train_step.compiles == 0:  # its program never compiled: the first step waits
+            run.progress.note("the first step waits for its program: compiled (minutes for a "
+                              "large model), or loaded if an earlier command compiled it")
     compiles_before = train_step.compiles
     records = _Records(run)
     batch = run.data.batch(step) if step < run.total else None
@@ -516,7 +530,9 @@ def _loop(run: Run, hook: Every | None, compiled: list[str]) -> list[dict[str, A
             hook.call(step, run.state)
             records.restart_clock()
         # Asked every step, on every process alike: on several processes it is a sync point.
-        if run.preemption.reached(step):
+        # At the last step the run is done: it saves below and ends as finished (exit 0, not
+        # 75, so a scheduler does not requeue it); a sweep's own watch still stops after it.
+        if run.preemption.reached(step) and step < run.total:
             records.flush()
             _save(run, step, range(len(run.points)), force=True)
             stop = Preempted(step, [point.workdir for point in run.points],

@@ -122,8 +122,8 @@ def _clock(seconds: float) -> str:
 
 def progress_line(finished_steps: Sequence[int], left_steps: Sequence[int],
                   elapsed: float, earlier: int = 0) -> str:
-    """The sweep's progress after a run finishes, from the steps (`_steps_of`) of the runs
-    finished in this invocation and of those left, and the runs `earlier` invocations finished:
+    """The sweep's progress after a run finishes, from the steps (`_steps_of`, less those a
+    resumed pre-training had saved) of the runs finished in this invocation and of those left, and the runs `earlier` invocations finished:
     runs done (and of them earlier) and left, this invocation's time so far and the time left,
     estimated as the steps left at the rate measured so far (steps differ between the points
     of a compute-matched sweep; a parallel launcher's rate includes its parallelism)."""
@@ -314,6 +314,11 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
     if starting.signal is not None:
         stop(Preempted(None, [str(workdir)], starting.cause))
     started, finished = time.perf_counter(), set()
+    # The steps each run still has to take (a resumed pre-training's saved ones are not this
+    # invocation's: counted as done now, they made "about 15m left" of 2h30m).
+    to_take = {(p.point, p.seed): _steps_of(p) - min(
+        newest_step(p.pretrain_directory(workdir_path) / CHECKPOINTS_DIR) or 0,
+        p.config.train.steps) for p in todo}
     work = (launcher.map(run_chunk, vmap_chunks(todo, vmap, workdir_path), str(workdir_path))
             if vmap > 1
             else launcher.map(run_point, todo, str(workdir_path)))
@@ -332,13 +337,13 @@ def run_sweep(experiment: str, preset: str, workdir: str, *,
                     latest[record_key(record)] = record
                 runs.setdefault(run_key(record), []).append(
                     f"{record['task']} {record['status']}")
+            finished.update(runs)  # a vmapped chunk's runs all at once: one line after them
             for (point, seed), statuses in runs.items():
-                finished.add((point, seed))
-                steps = {key: [_steps_of(p) for p in todo
-                               if ((p.point, p.seed) in finished) == key] for key in (True, False)}
                 log(f"done {point} (seed {seed}): {', '.join(statuses)}")
-                log(progress_line(steps[True], steps[False], time.perf_counter() - started,
-                                   earlier=len(points) - len(todo)))
+            steps = {key: [to_take[(p.point, p.seed)] for p in todo
+                           if ((p.point, p.seed) in finished) == key] for key in (True, False)}
+            log(progress_line(steps[True], steps[False], time.perf_counter() - started,
+                               earlier=len(points) - len(todo)))
             if local and between_points.signal is not None and len(finished) < len(todo):
                 last = [p for p in todo if (p.point, p.seed) in runs]
                 stop(Preempted(last[-1].config.train.steps,

@@ -364,6 +364,68 @@ def test_only_a_second_ctrl_c_stops_without_saving():
             os.kill(os.getpid(), signal.SIGINT)
 
 
+def _toy_run(workdir: pathlib.Path, steps: int, hook=None, progress: bool = False):
+    """The CHILD's toy run in this process, on one device: `steps` steps, then its records."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from t5x_lite import run_setup
+
+    config = default_config()
+    config.mesh.shape = (1, 1)
+
+    def fresh_state(config, mesh):
+        whole = NamedSharding(mesh, P())
+        return jax.device_put(TrainState(step=np.int32(0), params={"w": np.zeros(2, np.float32)},
+                                         opt_state=np.float32(0)), whole)
+
+    class ToyStep:
+        compiles, program = 0, types.SimpleNamespace(compile_seconds=0.0)
+        function_name = "toy_step"
+        increment = staticmethod(jax.jit(lambda state: jax.tree.map(lambda x: x + 1, state)))
+
+        def __call__(self, state, batch):
+            return self.increment(state), {"loss": 0.0, "accuracy": 0.0, "learning_rate": 0.0}
+
+    plan = run_setup.RunPlan(
+        configs=[config], workdirs=[workdir],
+        make_data=lambda: types.SimpleNamespace(batch=lambda step: None),
+        make_step=lambda mesh: ToyStep(), step_args=(), lengths=(1, 1), fresh_state=fresh_state)
+    with run_setup.set_up(plan, steps=steps, progress=progress) as run:
+        return loop.run_loop(run, hook)
+
+
+def test_a_signal_at_the_last_step_ends_the_run_as_finished(tmp_path, capsys):
+    """A signal as the last step ran (its final validation, say) made a finished run exit 75
+    ("run the same command again to resume"), which a scheduler requeues; it now saves and
+    ends."""
+    def signal_at_3(step, state):
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    records = _toy_run(tmp_path, 3, loop.Every(1, signal_at_3))
+    assert [record["step"] for record in records] == [1, 2, 3]
+    assert "received SIGTERM: saving a checkpoint after the current step" in \
+        capsys.readouterr().err
+    assert_checkpoint_at(tmp_path, 3)
+
+
+def test_the_eta_is_the_rate_since_the_first_step_shown_not_since_set_up(monkeypatch, capsys):
+    """The set-up and the first step's compile counted as step time: 'eta 546s' early in a
+    resumed run that had 14 s left."""
+    clock = [1000.0]
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: clock[0])
+    progress = loop.Progress(start=100, total=400, every=10, enabled=True)
+    clock[0] += 300.0  # set-up and compile
+    record = {"loss": 1.0, "accuracy": 0.5, "learning_rate": 1e-3, "tokens_per_s": 10.0,
+              "step_s": 0.2}
+    progress.update({**record, "step": 101})
+    for step in range(102, 111):
+        clock[0] += 0.1
+        progress.update({**record, "step": step})
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[-1].endswith("eta 29s")  # 9 steps in 0.9 s, 290 to go
+
+
 def test_multihost_preemption_notice_to_one_process_stops_all_at_one_step(tmp_path):
     with socket.socket() as probe:
         probe.bind(("localhost", 0))

@@ -123,6 +123,8 @@ def test_killed_and_preempted_run_resumes_to_match_an_uninterrupted_one(tmp_path
 
     resumed = run_child(data_dir, tmp_path / "resumed")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # It says so (only a sweep's pre-training did).
+    assert f"resuming at step {term_at} of {STEPS}, its newest checkpoint" in resumed.stderr
     summary = json.loads(resumed.stdout)
     assert summary["start_step"] == term_at and summary["step"] == STEPS
 

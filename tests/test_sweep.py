@@ -1017,7 +1017,7 @@ def _assert_close(ours, theirs, path="record"):
 
 
 def test_vmapped_sweep_gives_the_records_of_the_sequential_one(experiment, uninterrupted,
-                                                               tmp_path):
+                                                               tmp_path, capsys):
     """vmap=2: the two encoder-decoder points pre-train in one vmapped step (compiled once
     for the pair); the broken point (another learning rate: another program) cannot join them
     and runs alone."""
@@ -1039,8 +1039,12 @@ def test_vmapped_sweep_gives_the_records_of_the_sequential_one(experiment, unint
         shutil.rmtree(workdir / "points" / point / "seed0" / "records")
     assert sweep_plan.plan_sweep(experiment, "demo", str(workdir), vmap=2).vmap_groups == (
         (0,), (2,))
+    capsys.readouterr()
     with cold_program_cache():  # the pair's step compiles here, whatever ran before
         records = sweep.run_sweep(experiment, "demo", str(tmp_path), vmap=2)
+    # One progress line per chunk, after all its runs (the pair's first line counted one of
+    # them done and the other's time as to come).
+    assert re.findall(r"^sweep: (\d) of 3 runs done", capsys.readouterr().err, re.M) == ["2", "3"]
     _assert_close(_without_timing(records), _without_timing(uninterrupted[1]))
     assert {r["compiles"] for r in records if r["status"] == "ok"} == {1}
     assert {r["train_step_compiles"] for r in records if r["status"] == "ok"} == {1}
