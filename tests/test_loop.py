@@ -17,11 +17,12 @@ import types
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 from jax.sharding import SingleDeviceSharding
 
-from t5x_lite import loop, tensorboard
+from t5x_lite import loop, run_setup, tensorboard
 from t5x_lite.checkpointing import Checkpointer
 from t5x_lite.config import default_config
 from t5x_lite.preemption import PREEMPTED_EXIT_STATUS, Preempted
@@ -263,30 +264,20 @@ def test_a_damaged_metrics_line_in_the_middle_is_an_error_not_a_silent_loss(tmp_
 
 # --- preemption --------------------------------------------------------------------------------
 
-# A toy run through run_setup.set_up and loop.run_loop: its state is a step counter and a [2]
-# vector over the data axis, both +1 per step (one step per 50 ms), checkpointed every 1000
-# steps; each step's number is printed. With `port process_id` arguments it is one of 2
-# processes (one CPU device each) in a JAX cluster.
-CHILD = textwrap.dedent(
-    """
-    import sys, time, types
-    import jax
-    workdir, *cluster = sys.argv[1:]
-    if cluster:
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(f"localhost:{cluster[0]}", num_processes=2, process_id=int(cluster[1]))
-    import pathlib
-    import numpy as np
+def toy_plan(workdir: pathlib.Path, config: ml_collections.ConfigDict):
+    """A toy run for run_setup.set_up and loop.run_loop: its state is a step counter and a [2]
+    vector over the data axis, both +1 per step, checkpointed every 1000 steps."""
     from jax.sharding import NamedSharding, PartitionSpec as P
-    from t5x_lite import loop, run_setup
-    from t5x_lite.config import default_config
-    from t5x_lite.train_state import TrainState
+
+    from t5x_lite import run_setup
 
     def fresh_state(config, mesh):
         rows, whole = NamedSharding(mesh, P("data")), NamedSharding(mesh, P())
-        scalar = lambda value: jax.make_array_from_callback((), whole, lambda _: np.asarray(value))
+        scalar = lambda value: jax.make_array_from_callback(  # noqa: E731
+            (), whole, lambda _: np.asarray(value))
         w = jax.make_array_from_callback((2,), rows, lambda index: np.zeros(2, np.float32)[index])
-        return TrainState(step=scalar(np.int32(0)), params={"w": w}, opt_state=scalar(np.float32(0)))
+        return TrainState(step=scalar(np.int32(0)), params={"w": w},
+                          opt_state=scalar(np.float32(0)))
 
     class ToyStep:
         compiles, program = 0, types.SimpleNamespace(compile_seconds=0.0)
@@ -296,15 +287,34 @@ CHILD = textwrap.dedent(
         def __call__(self, state, batch):
             return self.increment(state), {"loss": 0.0, "accuracy": 0.0, "learning_rate": 0.0}
 
+    return run_setup.RunPlan(
+        configs=[config], workdirs=[workdir],
+        make_data=lambda: types.SimpleNamespace(batch=lambda step: None),
+        make_step=lambda mesh: ToyStep(), step_args=(), lengths=(1, 1), fresh_state=fresh_state)
+
+
+# `toy_plan`'s run in a child process, one step per 50 ms, each step's number printed. With
+# `port process_id` arguments it is one of 2 processes (one CPU device each) in a JAX cluster.
+CHILD = textwrap.dedent(
+    """
+    import sys, time
+    import jax
+    workdir, *cluster = sys.argv[1:]
+    if cluster:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(f"localhost:{cluster[0]}", num_processes=2, process_id=int(cluster[1]))
+    import pathlib
+    sys.path.insert(0, "tests")
+    from test_loop import toy_plan
+    from t5x_lite import loop, run_setup
+    from t5x_lite.config import default_config
+
     def show(step, state):
         print(step, flush=True)
         time.sleep(0.05)
 
-    plan = run_setup.RunPlan(
-        configs=[default_config()], workdirs=[pathlib.Path(workdir)],
-        make_data=lambda: types.SimpleNamespace(batch=lambda step: None),
-        make_step=lambda mesh: ToyStep(), step_args=(), lengths=(1, 1), fresh_state=fresh_state)
-    with run_setup.set_up(plan, steps=10_000, progress=False) as run:
+    with run_setup.set_up(toy_plan(pathlib.Path(workdir), default_config()), steps=10_000,
+                          progress=False) as run:
         loop.run_loop(run, loop.Every(1, show))
     """
 )
@@ -364,36 +374,6 @@ def test_only_a_second_ctrl_c_stops_without_saving():
             os.kill(os.getpid(), signal.SIGINT)
 
 
-def _toy_run(workdir: pathlib.Path, steps: int, hook=None, progress: bool = False):
-    """The CHILD's toy run in this process, on one device: `steps` steps, then its records."""
-    from jax.sharding import NamedSharding, PartitionSpec as P
-
-    from t5x_lite import run_setup
-
-    config = default_config()
-    config.mesh.shape = (1, 1)
-
-    def fresh_state(config, mesh):
-        whole = NamedSharding(mesh, P())
-        return jax.device_put(TrainState(step=np.int32(0), params={"w": np.zeros(2, np.float32)},
-                                         opt_state=np.float32(0)), whole)
-
-    class ToyStep:
-        compiles, program = 0, types.SimpleNamespace(compile_seconds=0.0)
-        function_name = "toy_step"
-        increment = staticmethod(jax.jit(lambda state: jax.tree.map(lambda x: x + 1, state)))
-
-        def __call__(self, state, batch):
-            return self.increment(state), {"loss": 0.0, "accuracy": 0.0, "learning_rate": 0.0}
-
-    plan = run_setup.RunPlan(
-        configs=[config], workdirs=[workdir],
-        make_data=lambda: types.SimpleNamespace(batch=lambda step: None),
-        make_step=lambda mesh: ToyStep(), step_args=(), lengths=(1, 1), fresh_state=fresh_state)
-    with run_setup.set_up(plan, steps=steps, progress=progress) as run:
-        return loop.run_loop(run, hook)
-
-
 def test_a_signal_at_the_last_step_ends_the_run_as_finished(tmp_path, capsys):
     """A signal as the last step ran (its final validation, say) made a finished run exit 75
     ("run the same command again to resume"), which a scheduler requeues; it now saves and
@@ -402,7 +382,10 @@ def test_a_signal_at_the_last_step_ends_the_run_as_finished(tmp_path, capsys):
         if step == 3:
             os.kill(os.getpid(), signal.SIGTERM)
 
-    records = _toy_run(tmp_path, 3, loop.Every(1, signal_at_3))
+    config = default_config()
+    config.mesh.shape = (1, 1)
+    with run_setup.set_up(toy_plan(tmp_path, config), steps=3, progress=False) as run:
+        records = loop.run_loop(run, loop.Every(1, signal_at_3))
     assert [record["step"] for record in records] == [1, 2, 3]
     assert "received SIGTERM: saving a checkpoint after the current step" in \
         capsys.readouterr().err

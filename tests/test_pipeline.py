@@ -242,7 +242,8 @@ def test_a_mistyped_corpus_is_a_config_error_naming_the_field(tmp_path):
 @pytest.mark.parametrize("content, refusal", [
     ("", r"^the train split of .*/corpus\.txt holds no records \(its files are empty\)$"),
     ("three short words\n", r"^model\.vocab_size=300 on data\.corpus='.*/corpus\.txt': cannot "
-                            r"train a vocabulary with vocab_size=300 .*Please set it to a value"),
+                            r"train a vocabulary with vocab_size=300 .*too high.*\): choose a "
+                            r"smaller vocab_size or give it more text; or give data\.vocab"),
 ])
 def test_a_corpus_that_cannot_train_the_vocabulary_is_a_config_error(content, refusal, tmp_path):
     """Tracebacks before: TFDS's AssertionError ("No examples were yielded"), our ValueError."""

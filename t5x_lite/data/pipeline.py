@@ -295,9 +295,9 @@ def vocabulary_from_config(config: ml_collections.ConfigDict) -> Vocabulary:
                                      cache_dir=os.path.join(data_dir, "vocab"))
         except ValueError as error:  # e.g. more ids than the corpus has pieces for
             raise ConfigError(f"model.vocab_size={config.model.vocab_size} on data.corpus="
-                              f"{config.data.corpus!r}: {error}; give data.vocab (a "
+                              f"{config.data.corpus!r}: {error}; or give data.vocab (a "
                               "SentencePiece .model, e.g. T5's public 32,000-piece one for "
-                              "the paper preset) or a data.corpus with more text") from None
+                              "the paper preset)") from None
     if vocab.vocab_size != config.model.vocab_size:
         raise ConfigError(f"model.vocab_size={config.model.vocab_size} but the vocabulary "
                           f"data.vocab={config.data.vocab!r} has {vocab.vocab_size} ids")
