@@ -717,8 +717,9 @@ def schedule(names: Sequence[str], caps: Mapping[str, float], budget_s: float) -
     cap on a device, e.g. a first compile of the paper preset's unscanned step)."""
     lines, total = [], 0.0
     for name in names:
-        total += caps[name.split("/")[0]]
-        lines.append(f"{name:40} cap {caps[name.split('/')[0]]:5.0f} s  by {total:6.0f} s"
+        cap = caps[name.split("/")[0]]
+        total += cap
+        lines.append(f"{name:40} cap {cap:5.0f} s  by {total:6.0f} s"
                      + ("  (past the budget)" if total > budget_s else ""))
     return "\n".join(lines + [f"{len(names)} parts, caps {total:.0f} s, budget {budget_s:.0f} s"])
 

@@ -538,9 +538,10 @@ def match_budget(points: Sequence[GridPoint], kind: str,
         config = copy.deepcopy(point.config)
         per_step = StepCost.of(config, point.layout).of_budget(kind)
         steps = max(1, round(budget.total / per_step))
-        if abs(steps * per_step / budget.total - 1) > BUDGET_TOLERANCE:
+        spent = steps * per_step / budget.total
+        if abs(spent - 1) > BUDGET_TOLERANCE:
             warnings.warn(f"{point.experiment} point {point.point!r} spends "
-                          f"{steps * per_step / budget.total:.2f}x the sweep.budget={kind!r} "
+                          f"{spent:.2f}x the sweep.budget={kind!r} "
                           f"budget in its {steps} steps (each {per_step:.3g}, the budget "
                           f"{budget.total:.3g}): give the reference more train.steps to match "
                           "it closer", stacklevel=2)

@@ -123,7 +123,8 @@ def _clock(seconds: float) -> str:
 def progress_line(finished_steps: Sequence[int], left_steps: Sequence[int],
                   elapsed: float, earlier: int = 0) -> str:
     """The sweep's progress after a run finishes, from the steps (`_steps_of`, less those a
-    resumed pre-training had saved) of the runs finished in this invocation and of those left, and the runs `earlier` invocations finished:
+    resumed pre-training had saved) of the runs finished in this invocation and of those left,
+    and the runs `earlier` invocations finished:
     runs done (and of them earlier) and left, this invocation's time so far and the time left,
     estimated as the steps left at the rate measured so far (steps differ between the points
     of a compute-matched sweep; a parallel launcher's rate includes its parallelism)."""
