@@ -18,6 +18,18 @@ from t5x_lite.errors import ConfigError
 IMPLEMENTATIONS = (None, "xla", "cudnn", "einsum")
 
 
+def float32_result(dtype: jnp.dtype) -> jax.lax.DotAlgorithmPreset | None:
+    """The `precision` of a matmul of `dtype` operands whose result is float32
+    (`preferred_element_type=jnp.float32`): for bfloat16, bf16 operands accumulated in float32
+    (BF16_BF16_F32), which also keeps the matmuls of its gradient on bf16 operands where
+    without it the float32 cotangent would make them float32 matmuls; None (the default)
+    for float32. Used where a rounded result would change what follows: the attention logits
+    before their float32 softmax (as `jax.nn.dot_product_attention`'s XLA kernel) and the
+    output logits, which T5X computes in float32 "for stability" (bf16 rounding makes two
+    tokens' logits tie)."""
+    return jax.lax.DotAlgorithmPreset.BF16_BF16_F32 if dtype == jnp.bfloat16 else None
+
+
 def resolve_implementation(attention_impl: str) -> str | None:
     """`config.model.attention_impl` -> the `implementation` argument below. 'auto' is None
     on GPUs: `jax.nn.dot_product_attention`'s default, which in the JAX this runs on (0.10) is
@@ -132,14 +144,16 @@ def _einsum_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array 
                       weights_dropout: Callable[[jax.Array], jax.Array] | None = None
                       ) -> jax.Array:
     """Attention as two einsums around a float32 softmax, `weights_dropout` (if given) applied
-    to the softmax weights between them. On CPU this was measured about 7% faster per train
-    step than `jax.nn.dot_product_attention`'s XLA path (`t5x-lite bench`, interleaved timing,
-    commit 887478c), whose grouped-query reshapes add copies and a slow bias-gradient
-    reduction."""
-    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k)
+    to the softmax weights between them. The logits and the bias are summed in float32 (with
+    bf16 operands, a float32 result: `float32_result`), as in `jax.nn.dot_product_attention`'s
+    XLA kernel; rounded to bf16 first, they put 6-13x its error into the output. On CPU this
+    path was measured about 7% faster per train step than that kernel (`t5x-lite bench`,
+    interleaved timing, commit 887478c), whose grouped-query reshapes add copies and a slow
+    bias-gradient reduction."""
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32,
+                        precision=float32_result(q.dtype))
     if bias is not None:
-        logits = logits + _broadcast_batch(bias, logits.shape[0])
-    logits = logits.astype(jnp.float32)
+        logits = logits + _broadcast_batch(bias, logits.shape[0]).astype(jnp.float32)
     if mask is not None:
         logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(logits, axis=-1).astype(v.dtype)

@@ -23,6 +23,7 @@ from flax import nnx
 
 from t5x_lite.attention import (
     dot_product_attention,
+    float32_result,
     relative_position_bucket,
     resolve_implementation,
 )
@@ -106,10 +107,13 @@ def random_bits(rng: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     return threefry_2x32((key[0], key[1]), (jnp.zeros_like(index), index))[0]
 
 
-def dense(x: jax.Array, kernel: jax.Array, contract: int = 1) -> jax.Array:
+def dense(x: jax.Array, kernel: jax.Array, contract: int = 1, *,
+          float32_out: bool = False) -> jax.Array:
     """`x [..., *in] @ kernel [*in, *out] -> [..., *out]`, computed as one 2-D matmul.
 
     `contract` is how many leading kernel dims (= trailing dims of `x`) are summed over.
+    `float32_out`: the result in float32, accumulated from the operands' dtype without
+    rounding to it (`attention.float32_result`); else in the operands' dtype.
     Why 2-D: for an einsum with several batch-like dims (`bld,dhk->blhk`), JAX's gradient
     rule and XLA:CPU's layouts add a transpose of the large activation gradient before the
     weight-gradient matmul; flattened to `[B*L, in] @ [in, out]`, forward and backward are
@@ -117,7 +121,12 @@ def dense(x: jax.Array, kernel: jax.Array, contract: int = 1) -> jax.Array:
     """
     in_dims, out_dims = kernel.shape[:contract], kernel.shape[contract:]
     lead = x.shape[: x.ndim - contract]
-    y = x.reshape(-1, math.prod(in_dims)) @ kernel.reshape(math.prod(in_dims), -1)
+    x2d, kernel2d = x.reshape(-1, math.prod(in_dims)), kernel.reshape(math.prod(in_dims), -1)
+    if float32_out:
+        y = jnp.matmul(x2d, kernel2d, preferred_element_type=jnp.float32,
+                       precision=float32_result(x.dtype))
+    else:
+        y = x2d @ kernel2d
     return y.reshape(*lead, *out_dims)
 
 
@@ -185,8 +194,9 @@ class Embed(nnx.Module):
         return jnp.take(self.embedding[...], tokens, axis=0).astype(self.dtype)
 
     def attend(self, x: jax.Array) -> jax.Array:
-        """`[B, L, D]` -> unscaled logits `[B, L, vocab]` against the embedding table."""
-        return dense(x, self.embedding[...].astype(self.dtype).T)
+        """`[B, L, D]` -> unscaled float32 logits `[B, L, vocab]` against the embedding
+        table."""
+        return dense(x, self.embedding[...].astype(self.dtype).T, float32_out=True)
 
 
 class LMHead(nnx.Module):
@@ -197,8 +207,8 @@ class LMHead(nnx.Module):
         self.dtype = dtype
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        """`[B, L, D]` -> logits `[B, L, vocab]`."""
-        return dense(x, self.kernel[...].astype(self.dtype))
+        """`[B, L, D]` -> float32 logits `[B, L, vocab]`."""
+        return dense(x, self.kernel[...].astype(self.dtype), float32_out=True)
 
 
 @flax.struct.dataclass

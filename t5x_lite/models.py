@@ -365,11 +365,14 @@ class _T5Model(nnx.Module):
         return architectures.get(self.arch)
 
     def logits(self, x: jax.Array) -> jax.Array:
-        """Final hidden states `[B, L, D]` -> float32 logits `[B, L, vocab]`."""
+        """Final hidden states `[B, L, D]` -> float32 logits `[B, L, vocab]` (with bf16
+        activations, accumulated in float32 and never rounded to bf16, as T5X's: rounded,
+        two tokens' logits often tie, which lifts the token accuracy and leaves greedy
+        decoding's choice to the token index)."""
         if self.lm_head is None:
             # Tied embeddings: T5 rescales so the logits do not grow with d_model.
-            return self.token_embedder.attend(x * self.d_model**-0.5).astype(jnp.float32)
-        return self.lm_head(x).astype(jnp.float32)
+            return self.token_embedder.attend(x * self.d_model**-0.5)
+        return self.lm_head(x)
 
     def run_stack(self, role: str, batch: Batch, masks: dict[str, jax.Array],
                   dropout_rng: jax.Array | None = None, **context: jax.Array) -> jax.Array:

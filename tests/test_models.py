@@ -473,6 +473,28 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
     assert np.abs(np.asarray(logits - expected)).max() < 0.05 * np.abs(np.asarray(expected)).max()
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_bfloat16_logits_are_accumulated_in_float32_not_rounded_to_bfloat16(tied):
+    """T5X computes the output logits in float32 "for stability"; rounded to bf16 (8
+    significant bits) two tokens' logits often tie, which lifts the token accuracy
+    (`label >= max`) and leaves greedy decoding's pick to the token index. The bf16 model's
+    logits must be the float32 product of its bf16 operands (the final states, the scaled
+    states when tied, and the kernel rounded to bf16)."""
+    overrides = {} if tied else V11
+    model = tiny_model("encoder_decoder", dtype="bfloat16", **overrides)
+    states = (4.0 * jax.random.normal(jax.random.key(5), (2, 7, model.d_model))).astype(
+        jnp.bfloat16)
+    if tied:
+        operand = (states * model.d_model**-0.5).astype(jnp.float32)
+        kernel = model.token_embedder.embedding[...].astype(jnp.bfloat16).T
+    else:
+        operand, kernel = states.astype(jnp.float32), model.lm_head.kernel[...].astype(jnp.bfloat16)
+    expected = np.asarray(operand) @ np.asarray(kernel.astype(jnp.float32))
+    logits = model.logits(states)
+    assert logits.dtype == jnp.float32
+    np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+
+
 # ------------------------------------------------------------------ bad configs
 
 @pytest.mark.parametrize("overrides,field", [
