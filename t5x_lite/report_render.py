@@ -16,8 +16,8 @@ from typing import Callable, Sequence
 
 from t5x_lite import findings, paper_results
 from t5x_lite.data.tasks import missing_glue_parts
-from t5x_lite.report_table import (Cell, Table, ZeroShotRow, findings_of, pooled_std,
-                                   row_name)
+from t5x_lite.report_table import (NEAR_CONSTANT_SHARE, Cell, Table, ZeroShotRow, findings_of,
+                                   pooled_std, row_name)
 
 
 def _findings_lines(table: Table, verdict: Callable[[str], str], indent: str) -> list[str]:
@@ -119,16 +119,23 @@ COMPUTE_TITLE = "Pre-training compute per point"
 ZERO_SHOT_TITLE = "Zero-shot vs fine-tuned"
 
 
+# The zero-shot table's columns per task: (regime, the row's cells of it).
+ZERO_SHOT_REGIMES: tuple[tuple[str, Callable[[ZeroShotRow], dict[str, Cell]]], ...] = (
+    ("zero-shot", lambda row: row.zero_shot),
+    ("fine-tuned ranked", lambda row: row.finetuned_ranked),
+    ("fine-tuned decoded", lambda row: row.finetuned))
+
+
 def _zero_shot_grid(table: Table, bold: Callable[[str], str]) -> list[list[str]]:
-    """Header and body of the zero-shot table: per task, a zero-shot and a fine-tuned column."""
+    """Header and body of the zero-shot table: per task, a column per `ZERO_SHOT_REGIMES`."""
     with_objective = any(row.objective for row in table.zero_shot)
     tasks = list(table.zero_shot[0].zero_shot)
     header = [table.paper.row_header if table.paper else "Row",
               *(["Objective"] if with_objective else []),
-              *(f"{task} {regime}" for task in tasks for regime in ("zero-shot", "fine-tuned"))]
+              *(f"{task} {regime}" for task in tasks for regime, _ in ZERO_SHOT_REGIMES)]
     body = [[row.label, *([row.objective or ""] if with_objective else []),
-             *(_cell_text(cells[task], bold, table.seeds) for task in tasks
-               for cells in (row.zero_shot, row.finetuned))]
+             *(_cell_text(cells_of(row)[task], bold, table.seeds) for task in tasks
+               for _, cells_of in ZERO_SHOT_REGIMES)]
             for row in table.zero_shot]
     return [header, *body]
 
@@ -146,14 +153,28 @@ def _best_rows(rows: Sequence[ZeroShotRow], cells_of: Callable[[ZeroShotRow], Ce
 def _zero_shot_notes(table: Table) -> list[str]:
     notes = [f"{ZERO_SHOT_TITLE}: zero-shot is the pre-trained model, not fine-tuned, predicting "
              "the label option with the highest summed log-likelihood (EOS included; Wang et "
-             "al. 2022, arXiv 2204.05832), scored with the task's own metrics; fine-tuned is the "
-             "same task's score after fine-tuning. Bold: within two standard deviations of the "
-             "column's best (spread over seeds)."]
+             "al. 2022, arXiv 2204.05832), scored with the task's own metrics; fine-tuned "
+             "ranked is the final fine-tuned model predicting by the same rule (Wang et al. "
+             "rank both regimes); fine-tuned decoded is the main table's score, the best "
+             "validation of the fine-tuned model's greedy output, which must spell a label "
+             "exactly (–: a record made before the fine-tuned model was ranked). Bold: "
+             "within two standard deviations of the column's best (spread over seeds)."]
+    share = f"{NEAR_CONSTANT_SHARE:.0%}"
     for task in table.zero_shot[0].zero_shot:
-        notes.append(
-            f"{task}: best zero-shot "
-            f"{_best_rows(table.zero_shot, lambda row: row.zero_shot[task])}; best fine-tuned "
-            f"{_best_rows(table.zero_shot, lambda row: row.finetuned[task])}.")
+        best = "; ".join(f"best {regime} {_best_rows(table.zero_shot, lambda r: cells_of(r)[task])}"
+                         for regime, cells_of in ZERO_SHOT_REGIMES)
+        constant = table.zero_shot_constant.get(task)
+        if constant:
+            best += ("; always predicting one option scores at most "
+                     + ", ".join(f"{metric} {value:.2f}" for metric, value in constant.items()))
+        near = [f"{row_name(row.label, row.objective)} ({regime})" for row in table.zero_shot
+                for regime, field in (("zero-shot", "zero_shot"),
+                                      ("fine-tuned ranked", "finetuned_ranked"))
+                if (row.most_predicted_share[field][task] or 0) >= NEAR_CONSTANT_SHARE]
+        if near:
+            best += (f"; ranking gave one option to at least {share} of the examples (in some "
+                     f"seed) for {', '.join(near)}: their score is about that option's")
+        notes.append(f"{task}: {best}.")
     return notes
 
 
@@ -240,7 +261,8 @@ def _sections(table: Table, bold: Callable[[str], str]) -> list[_Section]:
                                  _compute_grid(table), 5, _compute_notes(table)))
     if table.zero_shot:
         sections.append(_Section(ZERO_SHOT_TITLE, _zero_shot_grid(table, bold),
-                                 2 * len(table.zero_shot[0].zero_shot), _zero_shot_notes(table)))
+                                 len(ZERO_SHOT_REGIMES) * len(table.zero_shot[0].zero_shot),
+                                 _zero_shot_notes(table)))
     if table.held_out_differences:
         sections.append(_Section(HELD_OUT_DIFFERENCES_TITLE, _held_out_differences_grid(table),
                                  3, _held_out_differences_notes(table)))
@@ -466,8 +488,8 @@ def zero_shot_csv(table: Table) -> str:
                      "mean", "std", "seeds", "bold"])
     for row in table.zero_shot:
         for task in row.zero_shot:
-            for regime, cell in (("zero-shot", row.zero_shot[task]),
-                                 ("fine-tuned", row.finetuned[task])):
+            for regime, cells_of in ZERO_SHOT_REGIMES:
+                cell = cells_of(row)[task]
                 writer.writerow([table.experiment, table.preset, row.label, row.objective or "",
                                  task, regime, cell.status,
                                  "" if cell.mean is None else f"{cell.mean:.4f}",

@@ -42,8 +42,10 @@ FLOPs (also written to compute.csv). The default budget, "steps", leaves the out
 A sweep with zero-shot scores (`sweep.zero_shot`, records with a `zero_shot` entry) gets a
 "Zero-shot vs fine-tuned" table: for each task scored zero-shot, each row's zero-shot score
 (the pre-trained model ranking the label options, `t5x_lite.zero_shot`) beside its fine-tuned
-one, bold by the same rule per column, and a note per task naming the best row in each regime
-(Wang et al. 2022's comparison); also written to zero_shot.csv.
+model's ranked score (the `finetuned_ranked` entry: the same rule, Wang et al. 2022's
+comparison) and its decoded one (the main table's), bold by the same rule per column, and a
+note per task naming the best row in each, the best score of always predicting one option,
+and the rows whose ranking gave one option to most examples; also written to zero_shot.csv.
 
 Under the table, the Findings section judges each of the paper's conclusions about the table
 (`t5x_lite.findings`) on our numbers: supports, contradicts, cannot separate (within the spread
@@ -89,13 +91,14 @@ def _problem(record: Any) -> str | None:
     if record["status"] == "ok" and not (
             isinstance(metrics, dict) and metrics and all(map(_is_number, metrics.values()))):
         return "status 'ok' without a non-empty 'metrics' object of numbers"
-    zero_shot = record.get("zero_shot")
-    if zero_shot is not None and not (
-            isinstance(zero_shot, dict) and zero_shot.get("status") in STATUSES
-            and isinstance(zero_shot.get("metrics"), dict)
-            and all(map(_is_number, zero_shot["metrics"].values()))
-            and (zero_shot["status"] != "ok" or zero_shot["metrics"])):
-        return "'zero_shot' is not an object with a status and a 'metrics' object of numbers"
+    for field in RANKED_FIELDS:
+        entry = record.get(field)
+        if entry is not None and not (
+                isinstance(entry, dict) and entry.get("status") in STATUSES
+                and isinstance(entry.get("metrics"), dict)
+                and all(map(_is_number, entry["metrics"].values()))
+                and (entry["status"] != "ok" or entry["metrics"])):
+            return f"{field!r} is not an object with a status and a 'metrics' object of numbers"
     curve = record.get("pretrain_curve") or []
     if not (isinstance(curve, list) and all(
             isinstance(p, list) and len(p) == 2 and all(map(_is_number, p)) for p in curve)):
@@ -229,15 +232,26 @@ class Compute:
         return total / budget.total
 
 
+# A record's entries of ranked label options (`zero_shot.Ranking` with a status and an error):
+# the pre-trained model's, and the fine-tuned model's.
+RANKED_FIELDS = ("zero_shot", "finetuned_ranked")
+# A ranking that gives one option to at least this share of examples is noted as near-constant.
+NEAR_CONSTANT_SHARE = 0.9
+
+
 @dataclasses.dataclass(frozen=True)
 class ZeroShotRow:
     """A row of the zero-shot table: per task scored zero-shot, its zero-shot cell (the
-    pre-trained model, `sweep.zero_shot`) and its fine-tuned cell."""
+    pre-trained model, `sweep.zero_shot`), its fine-tuned model's ranked cell and its decoded
+    one (the record's metrics), and per regime that ranks, the largest share of examples any
+    seed's ranking gave one option (None where no seed says)."""
 
     label: str
     objective: str | None
     zero_shot: dict[str, Cell]  # task -> cell, in the table's task order
+    finetuned_ranked: dict[str, Cell]
     finetuned: dict[str, Cell]
+    most_predicted_share: dict[str, dict[str, float | None]]  # field -> task -> share
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,6 +269,8 @@ class Table:
     budget: Budget | None = None  # None: sweep.budget="steps", each point's configured steps
     compute: tuple[Compute, ...] = ()  # one per row, in the rows' order, when budget is set
     zero_shot: tuple[ZeroShotRow, ...] = ()  # one per row, when some record has zero-shot scores
+    # Per task of `zero_shot`, the best score of always predicting one option (`constant_metrics`).
+    zero_shot_constant: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
     # One per row after the first of each group of rows that scored the same held-out examples
     # in two or more seeds (`_held_out`), group by group.
     held_out_differences: tuple[HeldOutDifference, ...] = ()
@@ -405,8 +421,11 @@ def build_table(records: Sequence[dict]) -> Table:
     failures = tuple(f"{r['point']} seed {r['seed']} {r['task']}: {_one_line(r.get('error'))}"
                      for r in records if r["status"] == "failed")
     budget, compute = _compute(keys, by_row)
+    zero_shot = _zero_shot_rows(keys, by_row)
+    constant = {task: constant_metrics(by_row, task)
+                for task in (zero_shot[0].zero_shot if zero_shot else ())}
     return Table(experiment, preset, paper, columns, tuple(rows), _taus(rows, columns), failures,
-                 budget, compute, _zero_shot_rows(keys, by_row), differences,
+                 budget, compute, zero_shot, constant, differences,
                  _identical_pretraining(keys, by_row), _sweep_seeds(records),
                  max((r["grid_rows"] for r in records if r.get("grid_rows") is not None),
                      default=None))
@@ -494,13 +513,22 @@ def _held_out(keys: Sequence[tuple[str, str | None]],
     return cells, numbers, tuple(differences)
 
 
-def _as_zero_shot(record: dict) -> dict | None:
-    """`record` with its zero-shot entry as its status and metrics; a record without one is
-    failed when its pre-training failed (no stage ran), else None (a sweep without it)."""
-    entry = record.get("zero_shot")
+def _as_ranked(record: dict, field: str) -> dict | None:
+    """`record` with its `field` entry (one of `RANKED_FIELDS`) as its status and metrics; a
+    record without one is failed when its run failed (no stage ran), else None (a sweep
+    without it, or a record made before it)."""
+    entry = record.get(field)
     if entry is None:
         return {**record, "metrics": {}} if record["status"] == "failed" else None
     return {**record, "status": entry["status"], "metrics": entry["metrics"]}
+
+
+def _most_predicted_share(records: Sequence[dict], field: str, task: str) -> float | None:
+    """The largest share of examples that one seed's ranking (`field`) of `task` gave one
+    option, over `records`; None when none says (records made before it was recorded)."""
+    shares = [r[field]["most_predicted_share"] for r in records
+              if r["task"] == task and (r.get(field) or {}).get("most_predicted_share") is not None]
+    return max(shares) if shares else None
 
 
 def _with_bold(cells: dict[tuple, dict[str, Cell]], tasks: Sequence[str]) -> None:
@@ -516,16 +544,33 @@ def _zero_shot_rows(keys: Sequence[tuple[str, str | None]],
                     by_row: dict[tuple[str, str | None], list[dict]]) -> tuple[ZeroShotRow, ...]:
     """Each row's zero-shot and fine-tuned cells of the tasks some record scored zero-shot
     (those with label options); () when no record holds zero-shot scores."""
-    zero = {key: [z for z in map(_as_zero_shot, by_row[key]) if z is not None] for key in keys}
     tasks = list(dict.fromkeys(r["task"] for key in keys for r in by_row[key]
                                if (r.get("zero_shot") or {}).get("status") in ("ok", "failed")))
     if not tasks:
         return ()
-    zero_cells = {key: {t: _cell(t, (t,), zero[key], None) for t in tasks} for key in keys}
+    ranked = {field: {key: {t: _cell(t, (t,), [z for r in by_row[key]
+                                                if (z := _as_ranked(r, field)) is not None], None)
+                            for t in tasks} for key in keys} for field in RANKED_FIELDS}
     tuned_cells = {key: {t: _cell(t, (t,), by_row[key], None) for t in tasks} for key in keys}
-    _with_bold(zero_cells, tasks)
-    _with_bold(tuned_cells, tasks)
-    return tuple(ZeroShotRow(key[0], key[1], zero_cells[key], tuned_cells[key]) for key in keys)
+    for cells in (*ranked.values(), tuned_cells):
+        _with_bold(cells, tasks)
+    return tuple(ZeroShotRow(
+        key[0], key[1], ranked["zero_shot"][key], ranked["finetuned_ranked"][key],
+        tuned_cells[key], {field: {t: _most_predicted_share(by_row[key], field, t) for t in tasks}
+                           for field in RANKED_FIELDS})
+        for key in keys)
+
+
+def constant_metrics(by_row: dict[tuple[str, str | None], list[dict]], task: str
+                     ) -> dict[str, float]:
+    """The best score of always predicting one option of `task` (`zero_shot.constant_metrics`,
+    per metric), from the first record whose zero-shot entry has it; {} when none has."""
+    for records in by_row.values():
+        for record in records:
+            found = (record.get("zero_shot") or {}).get("constant_metrics")
+            if record["task"] == task and found:
+                return found
+    return {}
 
 
 _COMPUTE_FIELDS = ("pretrain_steps", "flops_per_step", "tokens_per_step", "loss_tokens_per_step",

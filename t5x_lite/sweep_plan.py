@@ -216,7 +216,7 @@ def render(plan: SweepPlan) -> str:
         amended = sum(stage.what in run.stages_left for run in runs)
         if amended:
             lines.append(f"Then {stage.what} added to the finished records of "
-                         f"{_plural(amended, 'run')}, from their pre-trained checkpoints "
+                         f"{_plural(amended, 'run')}, from their checkpoints "
                          "(nothing is trained again).")
     if plan.vmap > 1:
         groups = "; ".join(", ".join(map(str, group)) for group in plan.vmap_groups)

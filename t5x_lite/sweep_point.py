@@ -1,7 +1,8 @@
 """One grid point of a sweep (`t5x_lite.sweep`): its run, pre-train -> [zero-shot] -> fine-tune
 and evaluate each task, and its records, one per task (`base_record` holds what every record of
-the point shares); the stages a finished point can be given later from its pre-trained
-checkpoint (`LATER_STAGES`: zero-shot scores, the held-out loss).
+the point shares); the stages a finished point's records are given after the runs, from its
+checkpoints (`LATER_STAGES`: zero-shot scores and the fine-tuned models' ranked scores of a
+zero-shot sweep, the held-out loss).
 
 `run_point(point, workdir)` runs one point in `workdir/points/<point>/seed<k>/` and returns its
 records; `run_chunk` pre-trains up to K points in one vmapped step, then fine-tunes each as
@@ -235,13 +236,13 @@ def _zero_shot_stage(point: GridPoint, workdir: str, task_names: Sequence[str]
         log(f"{point.experiment} {point.run_name}: zero-shot scoring of the pre-trained model "
              f"on {', '.join(scored)}")
         try:
-            results = zero_shot.evaluate(point.config, str(point.pretrain_directory(workdir)),
-                                         scored)
+            results = zero_shot.rank(point.config, str(point.pretrain_directory(workdir)),
+                                     scored)
         except Exception as error:  # recorded as failed; fine-tuning still runs
             failed = {"status": "failed", "metrics": {},
                       "error": _failure(f"{point.point} (seed {point.seed}) zero-shot", error)}
             return {**entries, **dict.fromkeys(scored, failed)}
-        entries.update({task: {"status": "ok", "metrics": results[task], "error": None}
+        entries.update({task: {"status": "ok", **results[task].entry(), "error": None}
                         for task in scored})
     if missing:
         write_json(path, entries)
@@ -348,6 +349,49 @@ def _zero_shot_fields(point: GridPoint, workdir: str, records: Sequence[dict]
     return {task: {"zero_shot": entry} for task, entry in entries.items()}
 
 
+def _lacks_ranked_finetuning(record: dict) -> bool:
+    """A record of a task with label options whose fine-tuning finished, made without its
+    fine-tuned model's ranking (`_ranked_finetuning_fields`), or whose ranking failed."""
+    from t5x_lite import zero_shot
+    from t5x_lite.data import tasks
+
+    task = tasks.TASKS.get(record["task"])
+    return (record["status"] == "ok" and task is not None and not zero_shot.not_applicable(task)
+            and record.get("finetuned_ranked", {}).get("status", "failed") == "failed")
+
+
+def _ranked_finetuning_fields(point: GridPoint, workdir: str, records: Sequence[dict]
+                              ) -> dict[str, dict[str, Any]]:
+    """{task: {"finetuned_ranked": entry}} for `records` of a finished `point`: the final
+    model of each of its fine-tuning runs ranking the label options of its tasks, as the
+    zero-shot stage ranks the pre-trained model's (`zero_shot.rank`). Wang et al. score both
+    regimes so; a fine-tuned model's decoded score (its record's metrics) must also spell a
+    label exactly, so the two regimes' decoded and ranked scores differ in more than the
+    regime (an encoder-only model: 0.00 decoded, 52 ranked). A failure fails the entries of
+    the run's tasks (a re-run of the sweep tries again)."""
+    from t5x_lite import zero_shot
+
+    by_run: dict[tuple[str, ...], list[str]] = {}
+    for record in records:
+        by_run.setdefault(tuple(record["finetune_tasks"]), []).append(record["task"])
+    fields = {}
+    for run_tasks, task_names in by_run.items():
+        run_config = copy.deepcopy(point.config)
+        run_config.finetune.tasks = run_tasks
+        checkpoint = str(point.finetune_directory(workdir, run_tasks))
+        try:
+            rankings = zero_shot.rank(run_config, checkpoint, task_names)
+            entries = {task: {"status": "ok", **rankings[task].entry(), "error": None}
+                       for task in task_names}
+        except Exception as error:  # recorded as failed; the other runs are still ranked
+            entries = dict.fromkeys(task_names, {
+                "status": "failed", "metrics": {},
+                "error": _failure(f"{point.point} (seed {point.seed}) "
+                                  f"{' + '.join(run_tasks)} ranked", error)})
+        fields.update({task: {"finetuned_ranked": entry} for task, entry in entries.items()})
+    return fields
+
+
 def _lacks_held_out(record: dict) -> bool:
     """A record of a point whose pre-training finished made without its held-out loss."""
     return record.get("held_out_loss") is None and record.get("pretrain_loss") is not None
@@ -369,7 +413,7 @@ def _held_out_fields(point: GridPoint, workdir: str, records: Sequence[dict]
 @dataclasses.dataclass(frozen=True)
 class LaterStage:
     """A stage that a sweep gives finished points' records after its runs, from their
-    pre-trained checkpoints (`add_to_finished`): `what` it adds, whether the config switches
+    checkpoints (`add_to_finished`): `what` it adds, whether the config switches
     it `on`, which records `lacks` it, `fields_of(point, workdir, records)` -> {task: the
     fields it adds}, and a few words of them for the log (`shown`)."""
 
@@ -384,6 +428,9 @@ class LaterStage:
 LATER_STAGES = (
     LaterStage("zero-shot scores", lambda config: bool(config.sweep.zero_shot), _lacks_zero_shot,
                _zero_shot_fields, lambda fields: fields["zero_shot"]["status"]),
+    LaterStage("ranked fine-tuned scores", lambda config: bool(config.sweep.zero_shot),
+               _lacks_ranked_finetuning, _ranked_finetuning_fields,
+               lambda fields: fields["finetuned_ranked"]["status"]),
     LaterStage("held-out loss", lambda config: bool(config.train.eval_every), _lacks_held_out,
                _held_out_fields, lambda fields: f"{fields['held_out_loss']:.4f}"),
 )
@@ -392,8 +439,8 @@ LATER_STAGES = (
 def add_to_finished(points: Sequence[GridPoint], latest: dict[tuple, dict], workdir: Path,
                      results: ResultsFile, stage: LaterStage, watch: PreemptionWatch) -> None:
     """Give the points whose records were made without `stage.what` (a workdir swept without
-    it, or a point's tasks recorded before it was switched on) its fields, from the pre-trained
-    checkpoint. Each amended record is appended to results.jsonl (the last record of a key
+    it, or a point's tasks recorded before it was switched on) its fields, from the point's
+    checkpoints. Each amended record is appended to results.jsonl (the last record of a key
     counts), rewrites the point's saved record and replaces its entry in `latest`, so that a
     stage after this one amends it and keeps these fields; nothing is trained or fine-tuned.
     A signal `watch` received stops it (`Preempted`) before the next point (it used to go on

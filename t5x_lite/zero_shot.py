@@ -14,7 +14,11 @@ so the argmax is the option the model itself would most likely produce; Wang et 
 log-likelihood, and dividing by the length would favour long options whose later tokens
 follow from their first (`not_entailment` after `not`). The EOS term says that the answer
 ends there. The prediction is the best option (the first of equals), scored by the task's own
-metrics (`Task.score`), so the numbers compare with the fine-tuned ones.
+metrics (`Task.score`), so the numbers compare with the fine-tuned ones. Summed, a weak
+model's likelihoods favour the option of fewest tokens whatever the input (GLUE's
+`equivalent` is 1 piece of the demo vocabulary, `not_equivalent` 8), which scores what
+always predicting it scores: `rank` says how often the most predicted option was predicted
+and what the best such constant prediction scores (`Ranking`), and the report shows both.
 
 Every architecture scores the rows fine-tuning trains on (`data.pipeline.pad_examples`):
 encoder-decoders the option as decoder targets, decoder-only models (causal or prefix LM) the
@@ -31,7 +35,9 @@ rows of every batch and gets every row's score back, as `evaluation.Evaluator` d
 """
 from __future__ import annotations
 
-from typing import Sequence
+import collections
+import dataclasses
+from typing import Any, Sequence
 
 import jax
 import ml_collections
@@ -76,6 +82,28 @@ def scorable(task_names: Sequence[str], field: str = "tasks") -> tuple[list[str]
         raise ConfigError(f"{field}={list(task_names)} has no task with label options "
                           f"(Task.label_options) to rank zero-shot: {'; '.join(reasons)}")
     return [name for name, reason in verdicts if not reason], reasons
+
+
+@dataclasses.dataclass(frozen=True)
+class Ranking:
+    """One task's ranked predictions, scored: its `metrics` (0-100), the share of examples
+    given the option predicted most often, and per metric the best score of predicting one
+    option for every example (the score a model ignoring its inputs can reach)."""
+
+    metrics: dict[str, float]
+    most_predicted_share: float
+    constant_metrics: dict[str, float]
+
+    def entry(self) -> dict[str, Any]:
+        """The fields a sweep's record keeps of it (with "status" and "error")."""
+        return dataclasses.asdict(self)
+
+
+def constant_metrics(task: tasks.Task, examples: Sequence[Any]) -> dict[str, float]:
+    """Per metric of `task`, the best score over its label options of predicting that option
+    for every one of `examples`."""
+    scores = [task.score(examples, [option] * len(examples)) for option in task.label_options]
+    return {metric: max(score[metric] for score in scores) for metric in scores[0]}
 
 
 class ZeroShotScorer:
@@ -131,18 +159,33 @@ class ZeroShotScorer:
             out.append(np.concatenate(scores)[:count * options].reshape(count, options))
         return out
 
-    def __call__(self, params: nnx.State) -> dict[str, dict[str, float]]:
+    def rank(self, params: nnx.State) -> dict[str, Ranking]:
+        """`{task: Ranking}` of the best-ranked option of every example."""
         results = {}
         for split, likelihoods in zip(self.splits, self.log_likelihoods(params)):
             options = split.task.label_options
             predictions = [options[best] for best in np.argmax(likelihoods, axis=1)]
-            results[split.task.name] = split.task.score(split.examples, predictions)
+            most = collections.Counter(predictions).most_common(1)[0][1]
+            results[split.task.name] = Ranking(
+                split.task.score(split.examples, predictions), most / len(predictions),
+                constant_metrics(split.task, split.examples))
         return results
+
+    def __call__(self, params: nnx.State) -> dict[str, dict[str, float]]:
+        return {task: ranking.metrics for task, ranking in self.rank(params).items()}
 
 
 def evaluate(config: ml_collections.ConfigDict, params_or_checkpoint: object,
              task_names: Sequence[str], split: str = "validation") -> dict[str, dict[str, float]]:
-    """The zero-shot task metrics (0-100) of a model of `config` on `split` of each task.
+    """The zero-shot task metrics (0-100) of a model of `config` on `split` of each task
+    (`rank`'s metrics)."""
+    return {task: ranking.metrics
+            for task, ranking in rank(config, params_or_checkpoint, task_names, split).items()}
+
+
+def rank(config: ml_collections.ConfigDict, params_or_checkpoint: object,
+         task_names: Sequence[str], split: str = "validation") -> dict[str, Ranking]:
+    """`{task: Ranking}` of a model of `config` on `split` of each task.
 
     params_or_checkpoint: as `evaluation.evaluate` takes it (a checkpoint folder, an
     `nnx.Module` or its `nnx.State` of parameters). A task without label options, an unknown
@@ -157,4 +200,4 @@ def evaluate(config: ml_collections.ConfigDict, params_or_checkpoint: object,
     scorer = ZeroShotScorer(config, splits, vocab, mesh)  # checks the options' lengths
     params = params_of(config, params_or_checkpoint, mesh)
     with scoring_note(splits, "zero-shot: ranking each task's label options"):
-        return scorer(params)
+        return scorer.rank(params)

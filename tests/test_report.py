@@ -749,24 +749,30 @@ def test_at_t5_base_size_the_measured_ratios_sit_near_the_papers_labels(arch):
     assert abs(math.log2(columns.flops_ratio / nominal[columns.cost_label])) < 0.5
 
 
-def _zero_shot(accuracy=None, status="ok"):
+def _zero_shot(accuracy=None, status="ok", **ranking):
     return {"status": status, "metrics": {} if accuracy is None else {"accuracy": accuracy},
-            "error": None if status == "ok" else "no label options"}
+            "error": None if status == "ok" else "no label options", **ranking}
 
 
 def test_zero_shot_scores_get_their_table_beside_the_finetuned_ones(tmp_path):
-    """Wang et al.'s comparison: one row wins zero-shot, another after fine-tuning; a
-    generation task has no zero-shot column, and a point whose pre-training failed shows
-    'failed' in both regimes."""
+    """Wang et al.'s comparison: one row wins zero-shot, another after fine-tuning, each
+    fine-tuned model ranked as the pre-trained one is and decoded; a generation task has no
+    zero-shot column, a record made before the fine-tuned model was ranked shows 'missing'
+    there, a point whose pre-training failed shows 'failed' in every regime, and the notes
+    give the best constant prediction and the rows whose ranking was near-constant."""
     module = dict(task="builtin_module")
+    constant = dict(most_predicted_share=0.5, constant_metrics={"accuracy": 26.0})
     _write(tmp_path / "results.jsonl", [
-        _record(point="lm", row="10%", zero_shot=_zero_shot(40.0), metrics={"accuracy": 60.0},
+        _record(point="lm", row="10%", zero_shot=_zero_shot(40.0, **constant),
+                finetuned_ranked=_zero_shot(70.0, **constant), metrics={"accuracy": 60.0},
                 **module),
-        _record(point="lm", row="10%", seed=1, zero_shot=_zero_shot(42.0),
+        _record(point="lm", row="10%", seed=1, zero_shot=_zero_shot(42.0, **constant),
+                finetuned_ranked=_zero_shot(72.0, most_predicted_share=0.4),
                 metrics={"accuracy": 62.0}, **module),
         _record(point="lm", row="10%", zero_shot=_zero_shot(status="not_applicable")),
-        _record(point="dn", row="15%", zero_shot=_zero_shot(25.0), metrics={"accuracy": 90.0},
-                **module),
+        _record(point="dn", row="15%", metrics={"accuracy": 90.0}, **module,
+                zero_shot=_zero_shot(25.0, most_predicted_share=0.95,
+                                     constant_metrics={"accuracy": 26.0})),
         _record(point="dn", row="15%", zero_shot=_zero_shot(status="not_applicable")),
         _record(point="x", row="25%", status="failed", metrics={}, error="boom", **module),
     ])
@@ -775,19 +781,26 @@ def test_zero_shot_scores_get_their_table_beside_the_finetuned_ones(tmp_path):
     assert list(rows["10%"].zero_shot) == ["builtin_module"]  # builtin_reverse: no column
     assert rows["10%"].zero_shot["builtin_module"].mean == pytest.approx(41.0)
     assert rows["10%"].zero_shot["builtin_module"].bold
+    assert rows["10%"].finetuned_ranked["builtin_module"].mean == pytest.approx(71.0)
+    assert rows["15%"].finetuned_ranked["builtin_module"].status == "missing"
     assert rows["15%"].finetuned["builtin_module"].mean == 90.0
     assert not rows["15%"].zero_shot["builtin_module"].bold
     assert rows["25%"].zero_shot["builtin_module"].status == "failed"
-    assert "builtin_module: best zero-shot 10% (41.00); best fine-tuned 15% (90.00)." in \
-        result.text
+    assert rows["25%"].finetuned_ranked["builtin_module"].status == "failed"
+    assert ("builtin_module: best zero-shot 10% (41.00); best fine-tuned ranked 10% (71.00); "
+            "best fine-tuned decoded 15% (90.00); always predicting one option scores at most "
+            "accuracy 26.00; ranking gave one option to at least 90% of the examples (in some "
+            "seed) for 15% (zero-shot): their score is about that option's.") in result.text
     markdown = (tmp_path / "report" / "table.md").read_text()
     # 15% ran seed 0 only, 10% both: its cells say over how many of the sweep's seeds.
-    assert "| 15% | 25.00 [1/2 seeds] | **90.00** [1/2 seeds] |" in markdown
-    assert "| 25% | failed | failed |" in markdown
+    assert "| 15% | 25.00 [1/2 seeds] | – | **90.00** [1/2 seeds] |" in markdown
+    assert "| 25% | failed | failed | failed |" in markdown
     assert "Zero-shot vs fine-tuned" in (tmp_path / "report" / "table.tex").read_text()
     lines = (tmp_path / "report" / "zero_shot.csv").read_text().splitlines()
-    assert lines[1:3] == ["table6,tiny,10%,,builtin_module,zero-shot,ok,41.0000,1.4142,2,1",
-                          "table6,tiny,10%,,builtin_module,fine-tuned,ok,61.0000,1.4142,2,0"]
+    assert lines[1:4] == [
+        "table6,tiny,10%,,builtin_module,zero-shot,ok,41.0000,1.4142,2,1",
+        "table6,tiny,10%,,builtin_module,fine-tuned ranked,ok,71.0000,1.4142,2,1",
+        "table6,tiny,10%,,builtin_module,fine-tuned decoded,ok,61.0000,1.4142,2,0"]
 
 
 def test_a_sweep_stopped_between_seeds_marks_every_cell_with_the_seeds_it_has(tmp_path):

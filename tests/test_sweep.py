@@ -1491,7 +1491,7 @@ def test_a_dry_run_of_a_started_sweep_says_what_is_done_and_what_resumes(
         [json.dumps({**first, "held_out_loss": None}), *lines[1:]]) + "\n")
     plan = sweep_plan.plan_sweep(experiment, "demo", str(copy))
     assert [run.status for run in plan.runs[:2]] == ["done; adds held-out loss", "done"]
-    assert ("Then held-out loss added to the finished records of 1 run, from their pre-trained "
+    assert ("Then held-out loss added to the finished records of 1 run, from their "
             "checkpoints (nothing is trained again).") in sweep_plan.render(plan)
     # A dry run checks the workdir as the sweep does, in one line.
     with pytest.raises(SystemExit, match=r"^t5x-lite sweep: invalid config: workdir .* holds a "

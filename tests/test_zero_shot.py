@@ -95,6 +95,12 @@ def test_the_best_ranked_option_is_the_prediction_for_every_family(arch, data):
             np.testing.assert_allclose(table, expected, rtol=1e-4, atol=1e-4)
         assert zero_shot.evaluate(config, model, names) == {
             names[0]: {"accuracy": 100.0}, names[1]: {"accuracy": pytest.approx(100.0 * 5 / 6)}}
+        # The option predicted most often, and the best constant prediction: here the
+        # targets of the first task are the predictions, so the two coincide.
+        ranking = zero_shot.rank(config, model, names[:1])[names[0]]
+        most = max(best.count(option) for option in OPTIONS) / len(best)
+        assert ranking.most_predicted_share == pytest.approx(most)
+        assert ranking.constant_metrics == {"accuracy": pytest.approx(100.0 * most)}
     finally:
         for name in names:
             del tasks.TASKS[name]
@@ -221,13 +227,23 @@ def test_a_zero_shot_sweep_records_the_pretrained_models_scores_beside_the_finet
     pretrain = point.directory(workdir) / "pretrain"
     assert zero_shot.evaluate(point.config, str(pretrain), ["builtin_module"]) == {
         "builtin_module": module["zero_shot"]["metrics"]}
+    # The fine-tuned model ranked by the same rule, from its own checkpoint; a generation
+    # task has no ranking.
+    assert module["finetuned_ranked"]["status"] == "ok"
+    finetuned = point.finetune_directory(workdir, ("builtin_module",))
+    assert zero_shot.evaluate(point.config, str(finetuned), ["builtin_module"]) == {
+        "builtin_module": module["finetuned_ranked"]["metrics"]}
+    assert "finetuned_ranked" not in reverse
+    # Four label options, four examples: a constant prediction is right at least once.
+    assert module["zero_shot"]["constant_metrics"]["accuracy"] >= 25.0
+    assert module["zero_shot"]["most_predicted_share"] in (0.25, 0.5, 0.75, 1.0)
     text = report.report(str(workdir)).text
     zero_part = text[text.index(report_render.ZERO_SHOT_TITLE):]
     row = next(line for line in zero_part.splitlines() if line.startswith("Language model"))
     assert f"{module['zero_shot']['metrics']['accuracy']:.2f}" in row
     assert "builtin_module: best zero-shot Language model (LM)" in zero_part
     assert "builtin_reverse zero-shot" not in zero_part  # a generation task has no column
-    assert (workdir / "report" / "zero_shot.csv").read_text().count("\n") == 3  # header, 2
+    assert (workdir / "report" / "zero_shot.csv").read_text().count("\n") == 4  # header, 3
 
 
 @pytest.mark.slow
