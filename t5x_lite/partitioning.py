@@ -19,6 +19,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 from flax import nnx
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -115,7 +116,51 @@ def make_mesh(
             "its share of the batch to its own devices; use -1 in one axis"
         )
     # create_device_mesh orders devices by physical topology on TPU/GPU; a plain reshape on CPU.
-    return Mesh(mesh_utils.create_device_mesh(shape, devices), tuple(mesh_cfg.axis_names))
+    grid = host_contiguous(mesh_utils.create_device_mesh(shape, devices))
+    names = tuple(mesh_cfg.axis_names)
+    if len({d.process_index for d in devices}) > 1:
+        require_rows_by_process(grid, names, normalize_rules(mesh_cfg.rules), mesh_cfg.shape)
+    return Mesh(grid, names)
+
+
+def host_contiguous(devices: np.ndarray) -> np.ndarray:
+    """A mesh's array of `devices` reordered so that each process's devices are consecutive in
+    its flat order, in process order, each process's otherwise as they were. On a TPU pod
+    slice `create_device_mesh` walks the torus, which interleaves hosts along the first axis
+    (a v4-32's (16, 1) mesh: processes 0, 1, 2, 3, 0, 1, ...), while each process feeds a
+    contiguous share of every batch's rows (`require_rows_by_process`): the global batch would
+    be permuted and validation would score predictions against other examples' references.
+    T5X tiles its meshes by host for the same reason."""
+    flat = devices.reshape(-1)
+    order = sorted(range(flat.size), key=lambda i: flat[i].process_index)  # stable
+    return flat[order].reshape(devices.shape)
+
+
+def require_rows_by_process(devices: np.ndarray, axis_names: Sequence[str], rules: Rules,
+                            shape: Any) -> None:
+    """A one-line `ConfigError` naming `mesh.shape` unless splitting a batch's rows over the
+    batch axes (`rules`' "batch" axes present in `axis_names`) gives process p exactly the
+    p-th of P equal, contiguous shares, which is what it feeds (`data.pipeline`): a batch
+    replicated over an axis that spans processes (a model axis across hosts) would need every
+    process to feed every row, and shares out of order would permute the batch."""
+    processes = sorted({d.process_index for d in devices.reshape(-1)})
+    split = [axis_names.index(a) for a in rules.get("batch", ()) if a in axis_names]
+    rest = [i for i in range(len(axis_names)) if i not in split]
+    owners = np.vectorize(lambda d: d.process_index, otypes=[int])(devices)
+    blocks = np.transpose(owners, split + rest).reshape(math.prod(
+        devices.shape[i] for i in split), -1)  # row block i: the processes holding it
+    wanted = [[p] for p in processes for _ in range(len(blocks) // len(processes))]
+    found = [sorted(set(block.tolist())) for block in blocks]
+    if found != wanted:
+        axes = ", ".join(axis_names[i] for i in split) or "none"
+        raise ConfigError(
+            f"mesh.shape={tuple(shape)!r} splits the batch over the mesh axes ({axes}) so that "
+            f"its rows, in {len(blocks)} equal blocks, lie on processes "
+            f"{['/'.join(map(str, b)) for b in found]}; each of the {len(processes)} processes "
+            "feeds its own contiguous share of the rows, so the batch axes must split into a "
+            "multiple of the process count with each process's devices on its own share "
+            "(put the devices of a process on the model axis, not the model axis across "
+            "processes)")
 
 
 def batch_axes(mesh: Mesh, rules: Rules) -> tuple[str, ...]:

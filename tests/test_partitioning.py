@@ -2,6 +2,7 @@
 
 import jax
 import ml_collections
+import numpy as np
 import optax
 import pytest
 from flax import nnx
@@ -37,6 +38,52 @@ def test_a_mesh_that_leaves_out_a_process_s_devices_is_refused():
                        r"none of process 1: every process feeds its share of the batch to its "
                        r"own devices; use -1 in one axis$"):
         partitioning.make_mesh(mesh_cfg((2, 1)), devices)
+
+
+def _fake_devices(owners):
+    """Device stand-ins for a mesh array: `owners[i]` is flat device i's process."""
+    import types
+
+    return np.array([types.SimpleNamespace(id=i, process_index=p)
+                     for i, p in enumerate(owners)], dtype=object)
+
+
+def test_a_pod_slice_s_topology_order_is_made_host_contiguous():
+    """On a TPU pod slice `create_device_mesh` walks the torus: a v4-32's (16, 1) mesh holds
+    processes 0, 1, 2, 3, 0, 1, ... along the data axis (JAX's own mock v4 devices, reviewer's
+    run), so process 0's contiguous rows would land at rows 0, 4, 8, 12 and validation would
+    score predictions against other examples. Reordered, each process's four devices are
+    consecutive, each process's in their topology order."""
+    grid = _fake_devices([0, 1, 2, 3] * 4).reshape(16, 1)
+    ordered = partitioning.host_contiguous(grid)
+    assert [d.process_index for d in ordered.reshape(-1)] == sorted([0, 1, 2, 3] * 4)
+    assert [d.id for d in ordered.reshape(-1)[:4]] == [0, 4, 8, 12]
+    rules = RULES
+    partitioning.require_rows_by_process(ordered, ("data", "model"), rules, (16, 1))
+    with pytest.raises(ConfigError, match=r"^mesh.shape=\(16, 1\) splits the batch over the mesh "
+                       r"axes \(data\) so that its rows, in 16 equal blocks, lie on processes "
+                       r"\['0', '1', '2', '3', '0', .*not the model axis across processes\)$"):
+        partitioning.require_rows_by_process(grid, ("data", "model"), rules, (16, 1))
+
+
+@pytest.mark.parametrize("shape, owners, fits", [
+    ((4, 2), [0, 0, 0, 0, 1, 1, 1, 1], True),   # each process: 2 data rows x the model axis
+    ((2, 4), [0, 0, 0, 0, 1, 1, 1, 1], True),   # a process per data index
+    ((1, 8), [0, 0, 0, 0, 1, 1, 1, 1], False),  # the model axis across processes: every
+    ((2, 4), [0, 0, 1, 1, 0, 0, 1, 1], False),  # process holds every row; or the same block
+])
+def test_every_process_must_hold_its_own_share_of_the_rows(shape, owners, fits):
+    """Each process feeds rows p*B/P ... (p+1)*B/P - 1 (data.pipeline); a mesh whose batch
+    axes put other rows on its devices was a JAX traceback at the first step (after the
+    folders and the initialiser), or a silently permuted batch."""
+    rules = RULES
+    grid = _fake_devices(owners).reshape(shape)
+    if fits:
+        partitioning.require_rows_by_process(grid, ("data", "model"), rules, shape)
+    else:
+        with pytest.raises(ConfigError, match=r"^mesh.shape=.* each of the 2 processes feeds "
+                                              r"its own contiguous share of the rows"):
+            partitioning.require_rows_by_process(grid, ("data", "model"), rules, shape)
 
 
 @pytest.mark.parametrize(
