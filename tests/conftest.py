@@ -1,9 +1,11 @@
 """Test-wide set-up: 8 simulated CPU devices for the sharding tests, float32, hypothesis profile,
 and `shared_data`, the one way a test asks for ../shared/data."""
+import importlib
 import importlib.util
 import os
 import shutil
 import tempfile
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -90,6 +92,20 @@ def require_shared_data(*parts: str) -> str:
             pytest.fail(message + "; CI=true, so this is a failure, not a skip", pytrace=False)
         pytest.skip(message)
     return path
+
+
+def require_module(name: str) -> Any:
+    """`import name` for a test that needs a package of the test extra (`pip install
+    ".[test]"`): when it is missing the test skips, except under CI=true, where it fails, since
+    CI installs the extra and must not pass by skipping what it checks (Ray, not in the extra,
+    skips with `pytest.importorskip`)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as error:
+        message = f"{name} is not installed ({error}); it is in the test extra: pip install '.[test]'"
+        if in_ci():
+            pytest.fail(message + "; CI=true, so this is a failure, not a skip", pytrace=False)
+        pytest.skip(message)
 
 
 @pytest.fixture

@@ -751,8 +751,9 @@ def test_eval_command_reads_the_model_and_vocabulary_from_the_checkpoint(
 def test_evaluate_scores_a_model_converted_from_hugging_face_as_it_predicts(data):
     """The targets of a made-up task are a random HF T5's own greedy outputs, so evaluate()
     on the converted model scores 100% exactly when it predicts what transformers does."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    from conftest import require_module
+
+    torch, transformers = require_module("torch"), require_module("transformers")
     from t5x_lite.convert import from_hf_t5
 
     torch.manual_seed(0)

@@ -547,10 +547,9 @@ def test_parallel_sweep_runs_two_real_points_at_once_with_the_local_records(
 
 @pytest.mark.slow
 def test_colab_notebook_runs_on_cpu_with_tiny_settings(child_env, tmp_path, monkeypatch):
-    nbclient = pytest.importorskip("nbclient", reason="needs the notebook extra: "
-                                   "pip install '.[notebook]'")
-    nbformat = pytest.importorskip("nbformat", reason="needs the notebook extra")
-    pytest.importorskip("ipykernel", reason="needs the notebook extra")
+    from conftest import require_module
+
+    nbclient, nbformat, _ = map(require_module, ("nbclient", "nbformat", "ipykernel"))
     # The kernel inherits this environment (child_env); the notebook makes the mesh itself.
     monkeypatch.setenv("T5X_LITE_NOTEBOOK_TINY", " ".join(TINY_OVERRIDES))
     monkeypatch.setenv("T5X_LITE_NOTEBOOK_WORKDIR", str(tmp_path))

@@ -213,8 +213,9 @@ def test_event_files_hold_the_bytes_tensorboardx_writes(tmp_path):
     """tensorboardX (the reference writer; it imports torch, so only here) and ours write the
     same records for the same scalars, steps and wall times; the version events differ only in
     their wall time (the first field: a 1-byte key and an 8-byte double)."""
-    tensorboardx = pytest.importorskip("tensorboardX", reason="tensorboardX (in the test extra) "
-                                       "is the reference the event files are checked against")
+    from conftest import require_module
+
+    tensorboardx = require_module("tensorboardX")  # the reference the files are checked against
     scalars = [("train/loss", 2.5, 1), ("train/mfu", 0.375, 1), ("eval/loss", -1e-3, 2),
                ("train/lr", 3e-4, 2**40)]
     theirs = tensorboardx.SummaryWriter(str(tmp_path / "theirs"))

@@ -98,6 +98,36 @@ def baseline():
 # --- loss -----------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("factor", [None, 1000.0])
+def test_a_step_s_loss_is_its_batch_s_per_token_cross_entropy_over_the_normaliser(factor):
+    """What a step reports as its loss (metrics.jsonl, the curves, the report): the summed
+    cross entropy and z-loss of its batch's weighted target tokens under the parameters before
+    the update, over the number of those tokens (`train.loss_normalizing_factor=None`) or over
+    the factor; padding carries none. A direct transcription from the model's logits."""
+    from flax import nnx
+
+    from t5x_lite.data import pipeline
+    from t5x_lite.models import build_model, make_masks
+
+    config, mesh = tiny_config(loss_normalizing_factor=factor), one_device()
+    config.train.batch_size = 2
+    state = train_state.init_state(config, mesh)
+    params = jax.device_get(state.params)
+    pairs = [([5, 9, 12, 1], [7, 8, 1]), ([6, 1], [4, 4, 4, 1])]
+    batch, = pipeline.pad_examples(pairs, 2, 8, 8, family="encoder_decoder")
+    _, metrics = train_step.make_finetune_step(config, mesh)(state, batch, jax.random.key(0))
+    model = build_model(config.model, nnx.Rngs(0))
+    nnx.update(model, params)
+    logits = np.asarray(model(batch, make_masks(batch, "encoder_decoder")), np.float64)
+    log_z = np.log(np.exp(logits).sum(-1))
+    targets, weights = batch["decoder_target_tokens"], batch["decoder_loss_weights"]
+    assert weights.sum() == 7 and weights[0, 3:].sum() == 0  # 3 + 4 targets, then padding
+    per_token = log_z - np.take_along_axis(logits, targets[..., None], -1)[..., 0]
+    per_token += config.train.z_loss * log_z**2
+    expected = (per_token * weights).sum() / (weights.sum() if factor is None else factor)
+    assert float(metrics["loss"]) == pytest.approx(expected, rel=1e-5)
+
+
 def test_cross_entropy_with_z_loss_and_label_smoothing_matches_a_hand_computation():
     logits = np.array(
         [[[2.0, 0.5, -1.0, 0.0], [0.1, 0.2, 3.0, -2.0], [1.0, 1.0, 1.0, 1.0]]], np.float32
