@@ -153,6 +153,25 @@ class Architecture:
 _REGISTRY: dict[str, Architecture] = {}
 
 
+def _check_family(architecture: Architecture) -> None:
+    """The family is one of `batch_format.FAMILIES` and the stacks are those its rows feed,
+    in that order (`batch_format.row_lengths`), a decoder beside an encoder attending to it:
+    else a record registers and its first step fails in a shape error or a KeyError."""
+    where = f"architecture {architecture.name!r}"
+    if architecture.family not in batch_format.FAMILIES:
+        raise ValueError(f"{where}: family={architecture.family!r} must be one of "
+                         f"{', '.join(batch_format.FAMILIES)}")
+    fed = tuple(batch_format.row_lengths(architecture.family, 1, 1))
+    roles = tuple(stack.role for stack in architecture.stacks)
+    if roles != fed:
+        raise ValueError(f"{where}: rows of family {architecture.family!r} feed the stacks "
+                         f"{', '.join(fed)} (in that order), and it has "
+                         f"{', '.join(roles) or 'none'}")
+    if len(fed) > 1 and not architecture.stacks[-1].cross_attention:
+        raise ValueError(f"{where}: its decoder must cross-attend to its encoder "
+                         "(cross_attention=True), or nothing reads the encoder's output")
+
+
 def _check_stacks(architecture: Architecture) -> None:
     earlier: dict[str, Stack] = {}
     for stack in architecture.stacks:
@@ -187,6 +206,7 @@ def register(architecture: Architecture) -> Architecture:
     if architecture.name in _REGISTRY:
         raise ValueError(f"architecture {architecture.name!r} is already registered")
     _check_stacks(architecture)
+    _check_family(architecture)
     if architecture.shares_program_of in _REGISTRY:
         _check_shared_program(architecture, _REGISTRY[architecture.shares_program_of])
     for other in _REGISTRY.values():
@@ -200,7 +220,12 @@ def get(name: str) -> Architecture:
     """The architecture `model.arch=name`; a `ConfigError` listing the registered names if
     there is none."""
     require_choice("model.arch", name, _REGISTRY, OWN_RECORD_HINT)
-    return _REGISTRY[name]
+    architecture = _REGISTRY[name]
+    if architecture.program not in _REGISTRY:  # its record may register before the one it names
+        raise ConfigError(f"architecture {name!r}: shares_program_of="
+                          f"{architecture.shares_program_of!r} is not a registered architecture; "
+                          f"registered: {', '.join(_REGISTRY)}")
+    return architecture
 
 
 def names(*, family: str | None = None, program: str | None = None,

@@ -404,12 +404,18 @@ def to_text(table: Table) -> str:
     return "\n".join(lines) + "\n"
 
 
-_LATEX_SPECIAL = re.compile(r"([&%$#_{}])")
+# Each character LaTeX reads otherwise, as LaTeX writes it; in one pass, so that no escape
+# is escaped again. A researcher's row labels reach the table too ("< M": an inverted "!"
+# in LaTeX's default font encoding unescaped).
+_LATEX_ESCAPES = {
+    **{c: "\\" + c for c in "&%$#_{}"}, "\\": r"\textbackslash{}", "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}", "<": "$<$", ">": "$>$", "±": r"$\pm$", "–": "--",
+    "σ": r"$\sigma$"}
+_LATEX_SPECIAL = re.compile("|".join(map(re.escape, _LATEX_ESCAPES)))
 
 
 def _latex(text: str) -> str:
-    return (_LATEX_SPECIAL.sub(r"\\\1", text).replace("±", "$\\pm$").replace("–", "--")
-            .replace("σ", "$\\sigma$").replace(">", "$>$"))
+    return _LATEX_SPECIAL.sub(lambda match: _LATEX_ESCAPES[match.group()], text)
 
 
 def _latex_table(grid: list[list[str]], numeric: int, caption: str) -> list[str]:

@@ -120,11 +120,39 @@ _DECODER = Stack("decoder", bidirectional=False, cross_attention=True)
     (Architecture("x", "decoder_only", (Stack("decoder", True),), "P", "M",
                   prefix_attention=True, shares_program_of="language_model"),
      "'x' cannot share the program of 'language_model'"),
+    # Stacks its family's rows do not feed: its first step failed in a shape error or a
+    # KeyError, and a misspelt family at run time without the record's name.
+    (Architecture("x", "encoder-decoder", (_ENCODER, _DECODER), "P", "M"),
+     "^architecture 'x': family='encoder-decoder' must be one of encoder_decoder, "
+     "decoder_only, encoder_only$"),
+    (Architecture("x", "encoder_decoder", (_ENCODER,), "P", "M"),
+     "^architecture 'x': rows of family 'encoder_decoder' feed the stacks encoder, decoder "
+     "\\(in that order\\), and it has encoder$"),
+    (Architecture("x", "decoder_only", (_ENCODER,), "P", "M"),
+     "family 'decoder_only' feed the stacks decoder .* it has encoder$"),
+    (Architecture("x", "encoder_only", (Stack("decoder", True),), "P", "M"),
+     "family 'encoder_only' feed the stacks encoder .* it has decoder$"),
+    (Architecture("x", "encoder_decoder", (_ENCODER, Stack("decoder", False)), "P", "M"),
+     "its decoder must cross-attend to its encoder"),
 ])
 def test_register_refuses_a_record_that_cannot_work(record, message):
     with pytest.raises(ValueError, match=message):
         architectures.register(record)
     assert architectures.names() == REGISTERED  # nothing was added
+
+
+def test_a_misspelt_shared_program_is_named_when_the_architecture_is_read(monkeypatch):
+    """`shares_program_of` may name a record registered later (language_model registers
+    before prefix_lm), so a misspelt one registers; reading the architecture names the
+    field, where a run said `model.arch='prefx_lm' is not allowed` of a config that set
+    model.arch='mine'."""
+    monkeypatch.setattr(architectures, "_REGISTRY", dict(architectures._REGISTRY))
+    architectures.register(Architecture("mine", "decoder_only", (Stack("decoder", None),), "P",
+                                         "M", shares_program_of="prefx_lm"))
+    with pytest.raises(ConfigError, match=r"^architecture 'mine': shares_program_of='prefx_lm' "
+                                          r"is not a registered architecture; registered: "
+                                          r"encoder_decoder, .*, mine$"):
+        architectures.get("mine")
 
 
 def test_a_new_record_s_objectives_follow_its_family_and_prefix_attention():

@@ -301,6 +301,15 @@ def test_paper_average_column_only_when_a_task_has_no_paper_column(workdir):
     assert with_builtin.splitlines()[2].rstrip().endswith("Paper avg")
 
 
+def test_latex_escapes_every_character_latex_reads_otherwise_once():
+    """A researcher's labels reach table.tex as written: the README's own cost label "< M"
+    typeset as an inverted "!", and a backslash, ~ or ^ as commands; an escape's own
+    backslash and braces are not escaped again."""
+    assert report_render._latex(r"< M ~x^2 \ a_b & {1}% #$ > ± σ –") == (
+        r"$<$ M \textasciitilde{}x\textasciicircum{}2 \textbackslash{} a\_b \& \{1\}\% \#\$ "
+        r"$>$ $\pm$ $\sigma$ --")
+
+
 def test_csv_and_latex_hold_the_same_cells(workdir):
     _report(workdir)
     with open(workdir / "report" / "table.csv", encoding="utf-8") as f:
