@@ -84,6 +84,21 @@ class Architecture:
     prefix_attention: bool = False
     shares_program_of: str | None = None  # None: its own
 
+    @property
+    def definition(self) -> str:
+        """Its network and masks in one line: family, stacks, prefix attention and the program
+        it runs (not its Table 2 labels). Saved with a pre-training's checkpoints
+        (`objective_layout.layout_record`) and in a sweep's records (`DEFINITION_FIELD`), which
+        name a record only by `model.arch`: work made under another definition of that name (a
+        researcher's record edited in its file) is refused, not resumed (whose restore failed
+        as "unreadable" checkpoints) or counted as done."""
+        stacks = "; ".join(
+            f"{s.role} (depth 1/{s.depth_divisor}, bidirectional={s.bidirectional}, "
+            f"cross_attention={s.cross_attention}, shares_layers_of={s.shares_layers_of})"
+            for s in self.stacks)
+        return (f"{self.family}: {stacks}; prefix_attention={self.prefix_attention}; "
+                f"program {self.program}")
+
     def bidirectional_positions(self, stack: Stack, prefix_attention: Any = None) -> Any:
         """Whether `stack` of this architecture reads relative positions with bidirectional
         buckets: its own rule, or where it has none (None), prefix attention: the
@@ -151,6 +166,9 @@ class Architecture:
 
 
 _REGISTRY: dict[str, Architecture] = {}
+# The field of a sweep record and of a pre-training's batch layout file holding the
+# `Architecture.definition` of the architecture that made it (absent: made before 2026-12-06).
+DEFINITION_FIELD = "architecture_definition"
 
 
 def _check_family(architecture: Architecture) -> None:

@@ -301,7 +301,8 @@ class Checkpointer:
         if self._layout_differences and step is not None and step < total:
             raise ConfigError(
                 f"the checkpoints in {self.directory} were pre-trained on examples laid out "
-                "otherwise (its objective's lengths or its grid's other rows changed since):\n  "
+                "otherwise, or by another network (its objective's lengths or definition, its "
+                "grid's other rows, or its architecture's record changed since):\n  "
                 + "\n  ".join(self._layout_differences) + "\nresume with the t5x_lite version "
                 "and grid that began it, or pass --restart to delete these checkpoints and "
                 "start over"
@@ -352,7 +353,8 @@ class Checkpointer:
         """
         restored, _, unreadable = _restore_newest(
             self._manager, _restore_args(abstract_state),
-            "; the run starts over with --restart, which deletes them", at_most)
+            "; the run starts over with --restart, which deletes them (a sweep's point: "
+            "delete its folder and its lines in results.jsonl)", at_most)
         if unreadable:
             self._set_aside(unreadable)
         return restored

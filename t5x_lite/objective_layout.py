@@ -548,17 +548,20 @@ def layout_from_config(config: Mapping[str, Any]) -> BatchLayout:
                       model["vocab_size"], model["num_sentinels"])
 
 
-def layout_record(layout: BatchLayout, objective_cfg: Mapping[str, Any]) -> dict[str, Any]:
+def layout_record(layout: BatchLayout, objective_cfg: Mapping[str, Any], arch: str
+                  ) -> dict[str, Any]:
     """What the examples of a pre-training run with `layout` and `objective_cfg` read, as JSON
     data: the raw tokens each is cut from (the layout's: a grid's longest), its objective's own
     (raw, inputs, targets) (`objective_lengths`), the layout's ul2 denoisers with the raw
     tokens each reads, and the revision of its objective's definition
-    (`objective_registry.Objective.revision`). The config fixes these only together with the
-    code and the grid's other rows, so they are saved with the checkpoints
+    (`objective_registry.Objective.revision`); and the definition of the architecture `arch`
+    that reads them (`architectures.Architecture.definition`). The config fixes these only
+    together with the code and the grid's other rows, so they are saved with the checkpoints
     (`saved_config.BATCH_LAYOUT_FILE`): a resume after either changed them is refused instead
-    of continuing on other examples."""
+    of continuing on other examples or another network."""
     return {"raw_length": layout.raw_length,
             "objective_lengths": list(objective_lengths(objective_cfg)),
             "denoisers": [list(denoiser) for denoiser in layout.denoisers],
             objective_registry.REVISION_FIELD:
-                objective_registry.get(objective_cfg["name"]).revision}
+                objective_registry.get(objective_cfg["name"]).revision,
+            architectures.DEFINITION_FIELD: architectures.get(arch).definition}

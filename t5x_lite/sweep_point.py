@@ -24,7 +24,8 @@ from typing import Any, Callable, NoReturn, Sequence
 import jax
 from jax.experimental import multihost_utils
 
-from t5x_lite import accounting, batch_format, held_out, objective_registry, objectives
+from t5x_lite import (accounting, architectures, batch_format, held_out, objective_registry,
+                      objectives)
 from t5x_lite.checkpointing import newest_step
 from t5x_lite.errors import MachineFault, is_machine_fault
 from t5x_lite.grid import GridPoint, StepCost, config_hash, load_experiment
@@ -93,6 +94,7 @@ def base_record(point: GridPoint) -> dict[str, Any]:
         "sweep_seeds": list(config.sweep.seeds),  # asked for: the report marks seeds not run
         "pretrain_tokens": point.pretrain_tokens,
         objective_registry.REVISION_FIELD: point.objective_revision,
+        architectures.DEFINITION_FIELD: architectures.get(config.model.arch).definition,
         "finetune_steps": config.finetune.steps, "pretrain_loss": None, "pretrain_curve": [],
         **held_out.scores_of(()),  # the held-out fields, none yet
         **_budget_fields(point),

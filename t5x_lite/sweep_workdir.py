@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from t5x_lite import objective_registry, objectives, run_folders
+from t5x_lite import architectures, objective_registry, objectives, run_folders
 from t5x_lite.checkpointing import newest_step
 from t5x_lite.config import ConfigError, flat_fields
 from t5x_lite.errors import PointBusy
@@ -254,6 +254,11 @@ def _pretrained_otherwise(record: dict, point: GridPoint | None) -> str | None:
     if made is not None and made != point.pretrain_tokens:
         return (f"read {made} raw tokens and would read {point.pretrain_tokens} now (its "
                 "objective's raw tokens per example changed)")
+    made = record.get(architectures.DEFINITION_FIELD)
+    definition = architectures.get(point.config.model.arch).definition
+    if made is not None and made != definition:
+        return (f"ran model.arch={point.config.model.arch!r} as it was registered then, "
+                f"'{made}', and would run '{definition}' now (its record changed)")
     revision, now = record.get(objective_registry.REVISION_FIELD, 1), point.objective_revision
     if revision == now:
         return None
@@ -282,11 +287,13 @@ def _stale_work(point: GridPoint, workdir: Path) -> str | None:
             return f"its pre-training's {_first_of(differences)}"
     newest = newest_step(checkpoints)
     # A finished pre-training reads no example more (its later stages fine-tune or score it),
-    # so only the definition of the objective it trained on still matters.
+    # so only the definitions of the objective it trained on and of its network still matter.
     finished = newest is not None and newest >= point.config.train.steps
     differences = saved_batch_layout_differences(
-        checkpoints, objectives.layout_record(point.layout, point.config.objective),
-        fields=(objective_registry.REVISION_FIELD,) if finished else None)
+        checkpoints, objectives.layout_record(point.layout, point.config.objective,
+                                              point.config.model.arch),
+        fields=(objective_registry.REVISION_FIELD, architectures.DEFINITION_FIELD)
+        if finished else None)
     if differences:
         return f"its pre-training's examples' {_first_of(differences)}"
     expected = config_hash(point.config)

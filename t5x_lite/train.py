@@ -98,7 +98,8 @@ def _pretrain_plan(configs: Sequence[ml_collections.ConfigDict],
         lengths=(layout.inputs_length, layout.targets_length), vmapped=vmapped,
         fresh_state=init_state if init_params is None else (
             lambda point, mesh: state_from_params(point, mesh, init_params)),
-        batch_layouts=[objectives.layout_record(layout, config.objective) for config in configs]
+        batch_layouts=[objectives.layout_record(layout, config.objective, config.model.arch)
+                       for config in configs]
     ), layout
 
 

@@ -349,7 +349,7 @@ def test_checkpoints_of_examples_laid_out_otherwise_are_refused(tmp_path, config
     with Checkpointer(tmp_path, every=1, keep=5, config=config, batch_layout=now) as ckpt:
         for restored, total in ((None, 3), (1, 2)):  # the newest (2), or a fall-back to 1
             with pytest.raises(ConfigError, match=(
-                    r"pre-trained on examples laid out otherwise .*:\n"
+                    r"pre-trained on examples laid out otherwise, .*:\n"
                     r"  objective_lengths: saved \[557, 512, 127\] != now \[511, 512, 118\]\n"
                     r"  raw_length: saved 557 != now 511\nresume with .* or pass --restart")):
                 ckpt.require_same_examples(restored, total)

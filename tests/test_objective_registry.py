@@ -142,7 +142,7 @@ def test_an_objective_s_revision_counts_its_changes_and_travels_with_its_example
     assert objective_registry.get("reversal").revision == 1
     assert objectives.layout_record(
         objectives.layout_for([point("reversal")], "encoder_decoder", VOCAB, SENTINELS),
-        point("reversal"))[objective_registry.REVISION_FIELD] == 1
+        point("reversal"), "encoder_decoder")[objective_registry.REVISION_FIELD] == 1
     changed = {name: objective_registry.get(name).changes for name in objective_registry.names()
                if objective_registry.get(name).changes}
     assert sorted(changed) == ["deshuffling", "prefix_lm", "sentence_permutation",

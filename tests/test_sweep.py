@@ -15,8 +15,9 @@ import jax
 import numpy as np
 import pytest
 
-from t5x_lite import (accounting, cli, grid, launchers, noise_lengths, objective_registry,
-                      report, results, sweep, sweep_plan, sweep_point, sweep_workdir, train)
+from t5x_lite import (accounting, architectures, cli, grid, launchers, noise_lengths,
+                      objective_registry, report, results, sweep, sweep_plan, sweep_point,
+                      sweep_workdir, train)
 from t5x_lite.checkpointing import newest_step
 from t5x_lite.config import ConfigError
 from t5x_lite.data import tasks
@@ -893,6 +894,40 @@ def test_work_made_under_an_earlier_definition_of_its_objective_is_refused(
                                           "t5x_lite knows only up to revision 1"):
         sweep_workdir.require_current(newer, grid.expand(experiment, "demo"),
                                       copy / "results.jsonl")
+
+
+def test_work_made_under_another_definition_of_its_architecture_is_refused(
+        experiment, uninterrupted, tmp_path, monkeypatch):
+    """A config names its architecture only by `model.arch`; a researcher who edits their
+    record (here the decoder's position buckets, which leave the parameters as they are, so a
+    restore would succeed) gets their finished records refused, not counted as done, and
+    their pre-trainings refused, not resumed or fine-tuned under the new network."""
+    workdir, records = uninterrupted
+    before = architectures.get("encoder_decoder")
+    assert {r[architectures.DEFINITION_FIELD] for r in records} == {before.definition}
+    encoder, decoder = before.stacks
+    monkeypatch.setitem(architectures._REGISTRY, "encoder_decoder", dataclasses.replace(
+        before, stacks=(encoder, dataclasses.replace(decoder, bidirectional=True))))
+    now = architectures.get("encoder_decoder").definition
+    points = grid.expand(experiment, "demo")
+    with pytest.raises(ConfigError, match=(
+            "record of point 'denoising' \\(seed 0\\) whose pre-training ran "
+            "model.arch='encoder_decoder' as it was registered then, 'encoder_decoder: encoder "
+            ".*bidirectional=False.*', and would run '.*bidirectional=True.*' now \\(its record "
+            "changed\\); use a new --workdir")):
+        sweep_workdir.require_current(records, points, workdir / "results.jsonl")
+    copy = tmp_path / "sweep"
+    shutil.copytree(workdir, copy)
+    shutil.rmtree(copy / "points" / "denoising" / "seed0" / "records")
+    denoising = [p for p in points if p.point == "denoising"]
+    with pytest.raises(ConfigError, match=(
+            f"its pre-training's examples' {architectures.DEFINITION_FIELD}: saved "
+            f"'{re.escape(before.definition)}' != now '{re.escape(now)}'")):
+        sweep_workdir.require_current_folders(denoising, copy)
+    monkeypatch.undo()
+    sweep_workdir.require_current(records, grid.expand(experiment, "demo"),
+                                  workdir / "results.jsonl")
+    sweep_workdir.require_current_folders(denoising, copy)
 
 
 def test_a_sweep_and_a_training_run_keep_out_of_each_other_s_folders(experiment, uninterrupted):
