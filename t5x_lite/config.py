@@ -217,6 +217,10 @@ def finetune_config() -> ml_collections.ConfigDict:
             # without one (`evaluation.with_task_lengths`).
             task_lengths=False,
             pack=True,
+            # UL2's paradigm token (section 3.2, mode switching), one of
+            # batch_format.MODE_TOKENS, put before every task input of fine-tuning, validation,
+            # evaluation and zero-shot scoring; None: none (T5's).
+            mode_token=None,
             optimizer="adafactor",
             schedule="constant",
             learning_rate=1e-3,

@@ -237,9 +237,9 @@ def select_examples(examples: Sequence[Any], limit: int | None, selection: str) 
 
 
 class TaskSplit:
-    """One task's split as text (`examples`) and as ids (`encoded`, cut to
-    `finetune.inputs_length` / `targets_length`; `truncated` counts the cut ones, with one
-    warning). `limit` keeps at most that many examples (None: all), as
+    """One task's split as text (`examples`) and as ids (`encoded`: after UL2's paradigm
+    token when `finetune.mode_token` names one, cut to `finetune.inputs_length` /
+    `targets_length`; `truncated` counts the cut ones, with one warning). `limit` keeps at most that many examples (None: all), as
     `finetune.eval_selection` chooses them (`select_examples`)."""
 
     def __init__(self, task: tasks.Task, split: str, config: ml_collections.ConfigDict,
@@ -258,6 +258,10 @@ class TaskSplit:
                               "score a labeled split, e.g. --split validation")
         encoded = pipeline.encode_examples(vocab, ((ex.inputs, ex.targets)
                                                    for ex in self.examples))
+        if ft.mode_token is not None:  # UL2's mode switching: the paradigm token goes first
+            token = batch_format.mode_token(ft.mode_token, config.model.vocab_size,
+                                            config.model.num_sentinels)
+            encoded = [([token, *inputs], targets) for inputs, targets in encoded]
         self.encoded, self.truncated = pipeline.truncate_examples(
             encoded, ft.inputs_length, ft.targets_length)
         if self.truncated:  # pipeline's batchers would warn per batch; say it once, counted

@@ -66,6 +66,7 @@ ADDED_FIELDS = {
     "finetune.eval_selection": "first",  # 2026-12-05: eval_examples kept a split's first N
     "finetune.optimizer_state": "fresh",  # 2026-12-05: fine-tuning began a new optimiser state
     "finetune.task_lengths": False,  # 2026-12-05: every task was cut to finetune.targets_length
+    "finetune.mode_token": None,  # 2026-12-06: no task input began with UL2's paradigm token
 }
 
 

@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Mapping
 import ml_collections
 
 from t5x_lite import architectures, objective_registry, partitioning, ul2
+from t5x_lite.batch_format import MODE_TOKENS
 from t5x_lite.config import (ATTENTION_IMPLS, BUDGETS, DECODE_METHODS, DTYPES, EVAL_SELECTIONS,
                              FUSED_ATTENTION, MIN_INPUTS_LENGTH, MLP_KINDS, NUM_RESERVED_IDS,
                              OPTIMIZER_STATES, OPTIMIZERS, SCHEDULES, UL2_DENOISERS, ConfigError)
@@ -465,6 +466,7 @@ class Finetune(_Section):
     targets_length: int
     task_lengths: bool  # each run: its tasks' own targets lengths (`evaluation.with_task_lengths`)
     pack: bool
+    mode_token: str | None  # UL2's paradigm token before every task input (`TaskSplit`)
     optimizer: str
     schedule: str
     learning_rate: float
@@ -494,6 +496,9 @@ class Finetune(_Section):
             require_integer("finetune.eval_examples", self.eval_examples, 1)
         require_choice("finetune.eval_selection", self.eval_selection, EVAL_SELECTIONS)
         require_bool("finetune.pack", self.pack)
+        if self.mode_token is not None:
+            require_choice("finetune.mode_token", self.mode_token, MODE_TOKENS,
+                           "or None: no paradigm token")
         require_warmup("finetune", self.schedule, self.warmup_steps, self.steps)
         require_choice("finetune.optimizer_state", self.optimizer_state, OPTIMIZER_STATES)
         if self.optimizer_state == "continue" and self.schedule != "constant":

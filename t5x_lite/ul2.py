@@ -24,7 +24,11 @@ ports of the paper's appendix code (its `ul2_objective` snippet, whose `rates` d
 uniform) cite from its section 4.5; they were not checked against the paper's own text here.
 Section 3.2, "Mode Switching": each example's input starts with its denoiser's paradigm
 token, [NLU] for the R-denoisers, [NLG] for the X-denoisers, [S2S] for the S-denoiser
-(`batch_format.mode_token`), which a fine-tuning or prompt can prepend to switch modes.
+(`batch_format.mode_token`). For downstream tasks the paper adds "a paradigm token with
+respect to the setups and requirements of the downstream task": `finetune.mode_token` puts
+one before every task input (fine-tuning, validation, evaluation, zero-shot scoring; None by
+default, as T5's; which token suits which task is the researcher's choice, not checked here
+against the paper's own runs).
 
 What runs here, for an n-token example:
 - R and X: span corruption (`objectives` span_corruption, T5's `random_spans_noise_mask`: its

@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from t5x_lite import (checkpointing, cli, decoding, distributed, evaluation, finetune, models,
-                      optim, presets, run_folders, saved_config, train, train_state)
+from t5x_lite import (batch_format, checkpointing, cli, decoding, distributed, evaluation,
+                      finetune, models, optim, presets, run_folders, saved_config, train,
+                      train_state)
 from t5x_lite.architectures import names as architecture_names
 from t5x_lite.config import ConfigError, apply_overrides, parse_overrides
 from t5x_lite.data import pipeline, tasks
@@ -122,6 +123,26 @@ def test_a_task_split_scores_the_selection_its_config_asks_for(data):
     assert first.examples == every.examples[:10]
 
 
+def test_ul2_s_paradigm_token_goes_before_every_task_input_when_asked(data):
+    """UL2's mode switching (section 3.2): a UL2 model saw every pre-training input begin
+    with its denoiser's paradigm token; `finetune.mode_token` puts one before every task input
+    that fine-tuning, validation, evaluation and zero-shot scoring read (all read a
+    `TaskSplit`), cut to the same `inputs_length`, EOS kept."""
+    config = config_for(data)
+    vocab = pipeline.vocabulary_from_config(config)
+    task = tasks.TASKS["test_reverse"]
+    plain = evaluation.TaskSplit(task, "validation", config, vocab, limit=10)
+    config.finetune.mode_token = "[S2S]"
+    marked = evaluation.TaskSplit(task, "validation", config, vocab, limit=10)
+    token = batch_format.mode_token("[S2S]", config.model.vocab_size, config.model.num_sentinels)
+    assert token == config.model.vocab_size - config.model.num_sentinels + 2  # <extra_id_29>
+    for (inputs, targets), (marked_inputs, marked_targets) in zip(plain.encoded, marked.encoded):
+        assert marked_targets == targets
+        assert marked_inputs == ([token, *inputs] if len(inputs) < 16 else
+                                 [token, *inputs[:14], inputs[-1]])
+
+
+# --- end to end ------------------------------------------------------------------------------
 # --- end to end ------------------------------------------------------------------------------
 
 
