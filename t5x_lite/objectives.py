@@ -136,7 +136,7 @@ import numpy as np
 from t5x_lite import bart_noising, batch_format, glm, ul2
 # The host side: each built-in objective's length arithmetic, which its record names.
 from t5x_lite import objective_layout as host
-from t5x_lite.config import EOS_ID, NUM_RESERVED_IDS, PAD_ID, sentinel_id
+from t5x_lite.config import EOS_ID, NUM_RESERVED_IDS, PAD_ID, ConfigError, sentinel_id
 
 # The host side (`t5x_lite.objective_layout`), re-exported: callers build specs and layouts
 # through this module.
@@ -584,8 +584,8 @@ def _checked_outputs(name: str, outputs: Any, layout: BatchLayout) -> tuple:
     """Objective `name`'s encoder outputs for one example, once checked against the contract
     (`objective_registry`: inputs and targets int32[packed_width], noise bool[raw_length],
     sentinels int32[], and target positions int32[packed_width] for an objective with
-    explicit positions); a `TypeError` naming the objective and both forms otherwise, rather
-    than `lax.switch`'s complaint about unequal branches. It runs while the step is traced,
+    explicit positions); a one-line `ConfigError` naming the objective and both forms
+    otherwise, rather than `lax.switch`'s complaint about unequal branches. It runs while the step is traced,
     so it costs the compiled program nothing."""
     width, raw = packed_width(layout), layout.raw_length
     expected = [("inputs", f"int32[{width}]"), ("targets", f"int32[{width}]"),
@@ -596,9 +596,9 @@ def _checked_outputs(name: str, outputs: Any, layout: BatchLayout) -> tuple:
                 else [type(outputs).__name__])
     if returned != [form for _, form in expected]:
         contract = ", ".join(f"{what} {form}" for what, form in expected)
-        raise TypeError(f"objective {name!r}: encode must return ({contract}) for this layout "
-                        f"(packed_width {width}, raw_length {raw}); it returned "
-                        f"({', '.join(returned)})")
+        raise ConfigError(f"objective {name!r}: encode must return ({contract}) for this "
+                          f"layout (packed_width {width}, raw_length {raw}); it returned "
+                          f"({', '.join(returned)})")
     return tuple(outputs)
 
 

@@ -89,8 +89,9 @@ def test_registering_refuses_a_record_that_cannot_work(registered):
 
 def test_an_encoder_that_breaks_the_contract_is_named_with_what_it_returned(registered):
     """An encoder whose outputs have other shapes or types than the contract's gets a
-    TypeError naming the objective, the contract for the layout and what it returned, when the
-    step is traced (before anything compiles), not lax.switch's complaint about branches."""
+    one-line ConfigError (the commands print it as such, not as a traceback) naming the
+    objective, the contract for the layout and what it returned, when the step is traced
+    (before anything compiles), not lax.switch's complaint about branches."""
     def noise_as_int(tokens, n, spec, uniform, layout):  # a noise mask of int32, and no EOS room
         inputs, targets, noise, sentinels = registered.encode(tokens, n, spec, uniform, layout)
         return inputs[:-1], targets, noise.astype(jnp.int32), sentinels
@@ -102,7 +103,7 @@ def test_an_encoder_that_breaks_the_contract_is_named_with_what_it_returned(regi
     width, raw = objectives.packed_width(layout), layout.raw_length
     tokens = np.full((2, raw), 5, np.int32)
     # JAX may add lines of its own after the message.
-    with pytest.raises(TypeError, match="^" + re.escape(
+    with pytest.raises(ConfigError, match="^" + re.escape(
             f"objective 'broken': encode must return (inputs int32[{width}], targets "
             f"int32[{width}], noise bool[{raw}], sentinels int32[]) for this layout "
             f"(packed_width {width}, raw_length {raw}); it returned (int32[{width - 1}], "
