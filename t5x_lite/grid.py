@@ -295,11 +295,12 @@ def _check_rows(path: Path, grid: Sequence[Any]) -> None:
         rows[label] = row["point"]
 
 
-def _computed_fields(config: ml_collections.ConfigDict) -> dict[str, Any]:
-    """What a run computes, as JSON data: the config less its `sweep` section (the seeds,
-    tasks and progress setting of the whole sweep, which a user may extend and resume), the
-    objective fields its objective does not read and the held-out evaluation's fields."""
-    plain = config_as_json(config)
+def computed_fields(config: ml_collections.ConfigDict | dict[str, Any]) -> dict[str, Any]:
+    """What a run computes, as JSON data: the config (or a config as JSON data, e.g. one saved
+    with checkpoints) less its `sweep` section (the seeds, tasks and progress setting of the
+    whole sweep, which a user may extend and resume), the objective fields its objective does
+    not read and the held-out evaluation's fields."""
+    plain = (copy.deepcopy(config) if isinstance(config, dict) else config_as_json(config))
     plain.pop("sweep", None)
     # A field added later hashes as before it existed where it acts as things did then (its
     # value in effect is the one its absence means), so that the records of sweeps run before
@@ -317,9 +318,9 @@ def _computed_fields(config: ml_collections.ConfigDict) -> dict[str, Any]:
 
 
 def config_hash(config: ml_collections.ConfigDict) -> str:
-    """A short stable hash of what a run computes (`_computed_fields`), so equal runs have
+    """A short stable hash of what a run computes (`computed_fields`), so equal runs have
     equal hashes."""
-    plain = _computed_fields(config)
+    plain = computed_fields(config)
     return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -655,10 +656,10 @@ def expand(experiment: str, preset: str, overrides: Sequence[str] = ()) -> list[
 
 
 def _computation(point: GridPoint) -> str:
-    """What a point's runs compute, as JSON: its `_computed_fields` (what `config_hash`
+    """What a point's runs compute, as JSON: its `computed_fields` (what `config_hash`
     hashes), but the objective fields its objective reads as that objective sees them
     (`Objective.effective`)."""
-    plain = _computed_fields(point.config)
+    plain = computed_fields(point.config)
     objective = plain.pop("objective")
     seen = objective_registry.get(objective["name"]).effective(objective)
     plain["objective"] = {**{field: value for field, value in objective.items()

@@ -25,7 +25,8 @@ from t5x_lite import architectures, objective_registry, objectives, run_folders
 from t5x_lite.checkpointing import newest_step
 from t5x_lite.config import ConfigError, flat_fields
 from t5x_lite.errors import PointBusy
-from t5x_lite.grid import OBSERVING_FIELDS, GridPoint, config_hash, user_overrides
+from t5x_lite.grid import (OBSERVING_FIELDS, GridPoint, computed_fields, config_hash,
+                           user_overrides)
 from t5x_lite.results import is_writer, run_key, write_json
 from t5x_lite.run_folders import SWEEP_FILE
 from t5x_lite.saved_config import (ADDED_FIELDS, CHECKPOINTS_DIR, RESUME_FIELDS,
@@ -159,19 +160,9 @@ def require_current(records: Sequence[dict], points: Sequence[GridPoint], path: 
     hashes = {key: config_hash(point.config) for key, point in by_key.items()}
     run_of = {key: {task: run for run in point.finetune_runs() for task in run}
               for key, point in by_key.items()}
+    _require_current_hashes(records, by_key, hashes, path)
     for record in records:
         key = run_key(record)
-        expected = hashes.get(key)
-        if expected is not None and record.get("config_hash", expected) != expected:
-            began = as_it_began(by_key[key], record["config_hash"])
-            raise ConfigError(
-                f"{path} holds a record of point {record['point']!r} (seed {record['seed']}) made "
-                f"with another config (config_hash {record['config_hash']}, now {expected}): "
-                + (f"it was made before a default changed; pass {began} to resume the sweep as "
-                   "it began" if began else
-                   "the grid or its defaults changed since; use a new --workdir, or delete that "
-                   f"point's lines and its folder {by_key[key].directory(path.parent)} to run "
-                   "it again"))
         otherwise = _pretrained_otherwise(record, by_key.get(key))
         if otherwise:
             raise ConfigError(
@@ -187,6 +178,42 @@ def require_current(records: Sequence[dict], points: Sequence[GridPoint], path: 
                 f"fine-tunes it with {' + '.join(run)} (sweep.glue_as_one_task): use a new "
                 "--workdir, or delete that point's lines and records of "
                 f"{', '.join(run)} to fine-tune them again")
+
+
+def _require_current_hashes(records: Sequence[dict], by_key: dict[tuple, GridPoint],
+                            hashes: dict[tuple, str], path: Path) -> None:
+    """`require_current`'s check of the records' config hashes: one refusal naming every run
+    (point, seed) whose records another config made, what changed in the first (from its
+    pre-training's saved config, when it has one), and how to run them again; or, where the
+    first was made before a default was added, the overrides that resume the sweep as it
+    began. (It named the first run alone: a change to an experiment's defaults took a round of
+    deletions per run.)"""
+    stale = {}
+    for record in records:
+        key, expected = run_key(record), hashes.get(run_key(record))
+        if expected is not None and record.get("config_hash", expected) != expected:
+            stale.setdefault(key, record["config_hash"])
+    if not stale:
+        return
+    (key, made), workdir = next(iter(stale.items())), path.parent
+    head = (f"{path} holds records of {len(stale)} of the sweep's {len(by_key)} runs made with "
+            f"another config (point {key[0]!r}, seed {key[1]}: config_hash {made}, now "
+            f"{hashes[key]})")
+    began = as_it_began(by_key[key], made)
+    if began:
+        raise ConfigError(f"{head}: it was made before a default changed; pass {began} to resume "
+                          "the sweep as it began")
+    saved = read_saved_config(by_key[key].pretrain_directory(workdir) / CHECKPOINTS_DIR)
+    now = computed_fields(by_key[key].config)
+    changed = config_differences(computed_fields(saved), now, list(now)) if saved else []
+    runs = ", ".join(f"{point} (seed {seed})" for point, seed in stale)
+    folders = (f"its folder {by_key[key].directory(workdir)}" if len(stale) == 1 else
+               f"their folders (points/<point>/seed<k> in {workdir})")
+    raise ConfigError(
+        f"{head}: the grid or its defaults changed since"
+        + (f" ({key[0]}'s pre-training: {_first_of(changed)})" if changed else "")
+        + f"; use a new --workdir, or delete the lines of {runs} in {path.name} and {folders} "
+        "to run them again")
 
 
 # In a point's folder: the file its running process holds a lock on.

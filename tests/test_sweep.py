@@ -751,8 +751,10 @@ def test_records_of_a_changed_config_are_refused_not_skipped(experiment, uninter
     stale["config_hash"] = "0" * 16
     (copy / "results.jsonl").write_text("\n".join([json.dumps(stale), *lines[1:]]) + "\n")
     folder = copy / "points" / stale["point"] / "seed0"
-    with pytest.raises(ConfigError, match=f"record of point '{stale['point']}' .* another config"
-                       f".* delete that point's lines and its folder {folder} to run it again"):
+    with pytest.raises(ConfigError, match=f"records of 1 of the sweep's 3 runs made with another "
+                       f"config \\(point '{stale['point']}', seed 0: .* delete the lines of "
+                       f"{stale['point']} \\(seed 0\\) in results.jsonl and its folder {folder} "
+                       "to run them again"):
         sweep.run_sweep(experiment, "demo", str(copy))
 
     # Its lines deleted as told, but not its folder: the folder's work is refused too, before
@@ -928,6 +930,24 @@ def test_work_made_under_another_definition_of_its_architecture_is_refused(
     sweep_workdir.require_current(records, grid.expand(experiment, "demo"),
                                   workdir / "results.jsonl")
     sweep_workdir.require_current_folders(denoising, copy)
+
+
+def test_records_of_another_config_are_refused_all_at_once_naming_what_changed(
+        experiment, uninterrupted):
+    """An experiment file's defaults edited after its sweep ran: every run made with the
+    other config is named in one refusal, with the first's changed field from its
+    pre-training's saved config (it named the first run alone, without the field: a round of
+    deletions per run)."""
+    workdir, records = uninterrupted
+    changed = grid.expand(experiment, "demo", ["model.mlp=gated-gelu"])
+    with pytest.raises(ConfigError, match=(
+            f"^{re.escape(str(workdir / 'results.jsonl'))} holds records of 3 of the sweep's 3 "
+            "runs made with another config \\(point 'denoising', seed 0: config_hash "
+            "[0-9a-f]{16}, now [0-9a-f]{16}\\): the grid or its defaults changed since "
+            "\\(denoising's pre-training: model.mlp: saved 'relu' != now 'gated-gelu'\\); use a "
+            "new --workdir, or delete the lines of denoising \\(seed 0\\), broken \\(seed 0\\), "
+            "prefix_lm \\(seed 0\\) in results.jsonl and their folders")):
+        sweep_workdir.require_current(records, changed, workdir / "results.jsonl")
 
 
 def test_a_sweep_and_a_training_run_keep_out_of_each_other_s_folders(experiment, uninterrupted):
