@@ -220,9 +220,16 @@ def _check_shared_program(architecture: Architecture, program: Architecture) -> 
 
 def register(architecture: Architecture) -> Architecture:
     """Add `architecture` to the registry (checking its stacks and the program it shares, as
-    far as that is registered) and return it."""
+    far as that is registered) and return it. The same record again is the registered one (a
+    notebook or script that loads a researcher's file twice); another record of a registered
+    name is refused: a record changes in a new process (a notebook: restart its kernel), where
+    the runs made with the earlier one are refused (`Architecture.definition`)."""
+    if _REGISTRY.get(architecture.name) == architecture:
+        return _REGISTRY[architecture.name]
     if architecture.name in _REGISTRY:
-        raise ValueError(f"architecture {architecture.name!r} is already registered")
+        raise ValueError(f"architecture {architecture.name!r} is already registered, as another "
+                         "record; a record changes in a new Python process (a notebook: restart "
+                         "its kernel)")
     _check_stacks(architecture)
     _check_family(architecture)
     if architecture.shares_program_of in _REGISTRY:

@@ -203,7 +203,8 @@ _LOADED: dict[tuple[Path, int, int], ModuleType] = {}
 
 def load_experiment(experiment: str) -> ModuleType:
     """The module of an experiment name (`EXPERIMENTS_DIR/<name>.py`) or of a `.py` path, run
-    once per process (again only if the file changed).
+    once per process (again only if the file changed; a file that registers an objective
+    cannot run again in the process, since the objective is registered: `objective_registry`).
 
     Raises a one-line `ConfigError` for an unknown name (listing the known ones), for a file
     that fails as it runs (its line, `config.run_user_file`), that defines no non-empty GRID

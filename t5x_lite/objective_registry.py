@@ -135,8 +135,11 @@ _REGISTRY: dict[str, Objective] = {}
 
 def register(objective: Objective) -> Objective:
     """Add `objective` to the registry (its id: the next position) and return it."""
-    if objective.name in _REGISTRY:
-        raise ValueError(f"objective {objective.name!r} is already registered")
+    if objective.name in _REGISTRY:  # its encoder is code: no test tells a re-run file's
+        # record from a changed one, so a file that registers one runs once per process
+        raise ValueError(f"objective {objective.name!r} is already registered; a file that "
+                         "registers an objective runs once per Python process (a notebook: "
+                         "restart its kernel to load it again)")
     if not objective.name.isidentifier():
         raise ValueError(f"objective name {objective.name!r} must be an identifier: it is "
                          "written in overrides, records and file names")

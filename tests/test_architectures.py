@@ -141,6 +141,21 @@ def test_register_refuses_a_record_that_cannot_work(record, message):
     assert architectures.names() == REGISTERED  # nothing was added
 
 
+def test_the_same_record_registers_again_as_itself_another_of_its_name_is_refused(monkeypatch):
+    """A notebook that loads a researcher's file twice registers its record twice: the same
+    record is the registered one; another record of the name is refused (D1's definition
+    check refuses the runs of an earlier record once a new process registers another)."""
+    monkeypatch.setattr(architectures, "_REGISTRY", dict(architectures._REGISTRY))
+    mine = Architecture("mine", "encoder_decoder", (_ENCODER, _DECODER), "P", "M")
+    first = architectures.register(mine)
+    again = dataclasses.replace(mine)  # an equal record, made anew as a re-run file makes it
+    assert architectures.register(again) is first
+    with pytest.raises(ValueError, match="^architecture 'mine' is already registered, as another "
+                                         "record; .*restart its kernel\\)$"):
+        architectures.register(dataclasses.replace(mine, params_label="2P"))
+    assert architectures.get("mine") is first
+
+
 def test_a_misspelt_shared_program_is_named_when_the_architecture_is_read(monkeypatch):
     """`shares_program_of` may name a record registered later (language_model registers
     before prefix_lm), so a misspelt one registers; reading the architecture names the
