@@ -25,7 +25,13 @@ encoder-decoders the option as decoder targets, decoder-only models (causal or p
 option after the inputs, and `encoder_only` the option at the first of the
 `finetune.targets_length` mask slots after the inputs (each slot predicted from the inputs and
 the masks, the masked LM's own likelihood of a filled-in answer). Tasks without label options
-(free text, STS-B's numbers) have no zero-shot score (`not_applicable`).
+(free text, STS-B's numbers) have no zero-shot score (`not_applicable`). The rows are the same
+whatever the objective a model pre-trained on: a GLM model (`blank_infilling`), which saw
+blanks marked in its inputs and spans ended by [END], is scored on the option as a
+continuation ended by EOS, not as GLM's own scoring puts it (a [MASK] in the input, the answer
+after [START], ended by [END]): a format it never saw, which cost a 200-step demo model about 7
+nats per option (reviewer's measurement), so its zero-shot scores are not GLM's protocol.
+`finetune.mode_token` puts UL2's paradigm token before a UL2 model's inputs.
 
 Rows are batched `finetune.batch_size` at a time (the last batch padded), lengths are
 `finetune.inputs_length` / `targets_length` and at most `finetune.eval_examples` examples of
