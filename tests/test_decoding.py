@@ -246,6 +246,19 @@ def test_sampling_with_top_k_1_is_greedy():
     np.testing.assert_allclose(sampled.scores, greedy.scores, rtol=1e-5)
 
 
+def test_sampling_near_temperature_zero_is_greedy():
+    """The temperature divides the logits: near 0 the whole vocabulary's sampling picks the
+    most likely token (a sampler that ignored it samples at 1 and leaves greedy's path)."""
+    model = tiny_model("encoder_decoder")
+    cold = decode(model, INPUTS, max_length=MAX_LENGTH, method="sample", temperature=1e-4,
+                  rng=jax.random.key(3))
+    warm = decode(model, INPUTS, max_length=MAX_LENGTH, method="sample", temperature=1.0,
+                  rng=jax.random.key(3))
+    greedy = decode_greedy("encoder_decoder")
+    np.testing.assert_array_equal(cold.tokens, greedy.tokens)
+    assert not np.array_equal(warm.tokens, greedy.tokens)
+
+
 def test_sampling_is_reproducible_per_key_and_stays_in_the_top_k_and_the_nucleus():
     model, top_k, top_p, temperature = tiny_model("encoder_decoder"), 6, 0.6, 1.5
 
