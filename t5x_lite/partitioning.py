@@ -275,14 +275,21 @@ def _axes_for_leaf(
     Same shape (Adam moments, Adafactor's unfactored v): the parameter's axes. One dimension
     fewer (Adafactor's factored row/column moments): the parameter's axes minus the reduced
     dimension. When two dimensions have equal size either reading fits the shape and gives a
-    valid sharding; we take the first.
+    valid sharding; we take the first. Failing those, the same of the parameter seen with two
+    adjacent dimensions merged, named as the first of them: Adafactor sees an attention
+    kernel `[d_model, heads, d_kv]` as T5's matrix `[d_model, heads x d_kv]`
+    (`optim._attention_kernels_as_matrices`), whose moments were left whole on every device.
     """
-    if leaf_shape == param_shape:
-        return axes
-    if len(leaf_shape) == len(param_shape) - 1:
-        for dim in range(len(param_shape)):
-            if param_shape[:dim] + param_shape[dim + 1 :] == leaf_shape:
-                return axes[:dim] + axes[dim + 1 :]
+    merged = [(param_shape[:dim] + (param_shape[dim] * param_shape[dim + 1],)
+               + param_shape[dim + 2:], axes[:dim + 1] + axes[dim + 2:])
+              for dim in range(len(param_shape) - 1)]
+    for shape, names in [(param_shape, axes), *merged]:
+        if leaf_shape == shape:
+            return names
+        if len(leaf_shape) == len(shape) - 1:
+            for dim in range(len(shape)):
+                if shape[:dim] + shape[dim + 1:] == leaf_shape:
+                    return names[:dim] + names[dim + 1:]
     return None
 
 

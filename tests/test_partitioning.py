@@ -230,6 +230,23 @@ def test_adafactor_factored_moments_keep_the_axes_of_the_dimension_they_keep():
     assert [s for p, s in specs.items() if "count" in p] == [P()]
 
 
+def test_moments_of_an_attention_kernel_seen_as_t5_s_matrix_keep_its_axes():
+    """Adafactor sees an attention kernel [d_model, heads, d_kv] as [d_model, heads x d_kv]
+    (`optim._attention_kernels_as_matrices`): its moments, full or factored, follow the
+    kernel's axes, the merged dimension named as its first (they were replicated)."""
+    axes = ("embed", "heads", "kv")
+    assert partitioning._axes_for_leaf((512, 256), (512, 8, 32), axes) == ("embed", "heads")
+    assert partitioning._axes_for_leaf((512,), (512, 8, 32), axes) == ("embed",)
+    assert partitioning._axes_for_leaf((256,), (512, 8, 32), axes) == ("heads",)
+    out = ("heads", "kv", "embed")  # the output projection, and a scanned stack's kernel
+    assert partitioning._axes_for_leaf((256, 512), (8, 32, 512), out) == ("heads", "embed")
+    assert partitioning._axes_for_leaf((6, 512, 256), (6, 512, 8, 32), ("layers", *axes)) == (
+        "layers", "embed", "heads")
+    # The parameter's own shape first: a factored moment of the kernel as it is.
+    assert partitioning._axes_for_leaf((512, 32), (512, 8, 32), axes) == ("embed", "kv")
+    assert partitioning._axes_for_leaf((3,), (512, 8, 32), axes) is None
+
+
 def test_adam_moments_mirror_their_parameters():
     mesh = partitioning.make_mesh(mesh_cfg((4, 2)))
     state = _abstract_state(optax.adamw(1e-3))
