@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import scipy.stats
 from matplotlib.figure import Figure
@@ -340,6 +341,29 @@ def test_plots_are_written(workdir):
         if path.endswith(".png"):
             with open(path, "rb") as f:
                 assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_bar_plots_draw_each_row_s_mean_its_spread_and_the_paper_s_number(workdir,
+                                                                             monkeypatch):
+    """What a bar plot shows, not only that it is a PNG: a bar per row at its mean, an error
+    bar of its spread over seeds, and the paper's number as a diamond at its row."""
+    figures = {}
+    monkeypatch.setattr(report_plots, "_save",
+                        lambda figure, path: figures.__setitem__(os.path.basename(path), figure))
+    result, _ = _report(workdir, out_dir=str(workdir / "plots"))
+    cells = [row.cells["GLUE"] for row in result.table.rows]
+    assert any(cell.std > 0 for cell in cells) and any(cell.paper for cell in cells)
+    axes = figures["bars_GLUE.png"].axes[0]
+    from matplotlib.container import BarContainer
+
+    bars = next(c for c in axes.containers if isinstance(c, BarContainer))
+    assert [bar.get_height() for bar in bars] == pytest.approx([c.mean or 0.0 for c in cells])
+    segments = bars.errorbar.lines[2][0].get_segments()
+    assert [(top[1] - bottom[1]) / 2 for bottom, top in segments] == pytest.approx(
+        [c.std for c in cells])
+    diamonds = np.asarray(axes.collections[-1].get_offsets())
+    np.testing.assert_allclose(diamonds, [(i, c.paper) for i, c in enumerate(cells)
+                                          if c.paper is not None])
 
 
 def test_the_command_draws_its_plots_off_screen_without_a_display(workdir):
