@@ -695,7 +695,9 @@ def _identical_rows_message(experiment: str, preset: str, group: Sequence[GridPo
     if not differing:
         why = "their configs are the same"
     elif not set(differing) & set(record.reads):
-        why = f"they differ only in {values}, which {objective.name} does not read"
+        why = (f"they differ only in {values}, which {objective.name} does not read (its "
+               f"record's reads={record.reads!r}: an objective of one's own that reads them "
+               "must name them there)")
     else:
         seen = ", ".join(f"{key}={value}" for key, value in record.effective(objective).items())
         why = (f"they differ only in {values}, which {objective.name} sees alike at "

@@ -116,7 +116,8 @@ def test_rows_differing_only_in_a_setting_their_objective_does_not_read_are_flag
     assert messages == [
         "unread --preset demo: rows '3' (iid_span3) and '5' (iid_span5) will give the same "
         "records: they differ only in mean_noise_span_length 3.0, 5.0, which iid_denoising does "
-        "not read"]
+        "not read (its record's reads=('noise_density',): an objective of one's own that reads "
+        "them must name them there)"]
     first, second, third = _corrupted([p.config.objective for p in points], points[0].layout)
     assert _same(first, second) and not _same(first, third)
 
