@@ -591,3 +591,39 @@ def test_every_local_task_of_the_small_preset_reads_its_shared_files(name, share
         count, inputs, targets = _first_rows_by_hand(root, name, split)
         assert len(examples) == count > 0, split
         assert (examples[0].inputs, examples[0].targets) == (inputs, targets), split
+
+
+def test_the_readme_s_task_file_registers_a_task_that_scoring_reads(tmp_path, monkeypatch):
+    """The README's "a fine-tuning task of one's own" block, run as written: its task reads
+    its files under data.data_root, formats and scores them, and ranks zero-shot; a second
+    run of the file, and records that could not work, are refused naming the task."""
+    import dataclasses
+    import pathlib
+    import re
+
+    from t5x_lite import zero_shot
+
+    monkeypatch.setattr(tasks, "TASKS", dict(tasks.TASKS))
+    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+    block = next(block for block in re.findall(r"```python\n(.*?)```", readme, re.S)
+                 if '"my_sentiment"' in block)
+    exec(block, namespace := {})
+    config = namespace["get_config"]()
+    assert config.finetune.tasks == ("my_sentiment",)
+    (tmp_path / "my_sentiment").mkdir()
+    for split, rows in (("train", "fine\t1\nawful\t0\n"), ("dev", "great\t1\nbad\t0\n")):
+        (tmp_path / "my_sentiment" / f"{split}.tsv").write_text(rows)
+    task = tasks.get_task("my_sentiment", "finetune.tasks")
+    examples = task.examples("validation", None, str(tmp_path))
+    assert [(e.inputs, e.targets) for e in examples] == [
+        ("my_sentiment sentence: great", "positive"), ("my_sentiment sentence: bad", "negative")]
+    assert task.score(examples, ["positive", "positive"]) == {"accuracy": 50.0}
+    assert zero_shot.not_applicable(task) is None
+    with pytest.raises(ValueError, match="^task 'my_sentiment' is already registered; a file "):
+        exec(block, {})
+    for change, message in ((dict(name="my task"), "a name is letters, digits"),
+                            (dict(metric_names=("acc",)), "unknown: acc$"),
+                            (dict(splits={"dev": "dev"}), "splits maps some of train, "),
+                            (dict(label_options=("a", "a")), "label_options repeat")):
+        with pytest.raises(ValueError, match=message):
+            tasks.register(dataclasses.replace(task, **{"name": "other", **change}))

@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -436,6 +437,36 @@ def _builtin_tasks() -> list[Task]:
 TASKS: dict[str, Task] = {
     task.name: task for task in [*map(_with_t5_length, _paper_tasks()), *_local_tasks(),
                                  *_builtin_tasks()]}
+
+
+# The splits a task may name: sweeps and fine-tuning read "train" and "validation", `eval
+# --split test` a labeled test split.
+SPLITS = ("train", "validation", "test")
+
+
+def register(task: Task) -> Task:
+    """Add a task of one's own to `TASKS` (a config or experiment file calls it, as for an
+    architecture or an objective; every process that reads its runs runs the file) and return
+    it. A `ValueError` naming the task for a name already registered (its loader and
+    formatter are code: a file that registers a task runs once per process), a name unusable
+    in file names, an unknown metric, a split other than `SPLITS`, or repeated label options."""
+    where = f"task {task.name!r}"
+    if task.name in TASKS:
+        raise ValueError(f"{where} is already registered; a file that registers a task runs once "
+                         "per Python process (a notebook: restart its kernel to load it again)")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", task.name):
+        raise ValueError(f"{where}: a name is letters, digits, _ . - (it names files)")
+    unknown = [name for name in task.metric_names if name not in metrics.METRICS]
+    if not task.metric_names or unknown:
+        raise ValueError(f"{where}: metric_names must name some of {', '.join(metrics.METRICS)}"
+                         + (f"; unknown: {', '.join(unknown)}" if unknown else ""))
+    if not task.splits or set(task.splits) - set(SPLITS):
+        raise ValueError(f"{where}: splits maps some of {', '.join(SPLITS)} to the source's "
+                         f"split names; got {dict(task.splits)}")
+    if len(set(task.label_options)) != len(task.label_options):
+        raise ValueError(f"{where}: label_options repeat: {task.label_options}")
+    TASKS[task.name] = task
+    return task
 
 
 def get_tasks(names: Sequence[str], field: str | None = None) -> list[Task]:
