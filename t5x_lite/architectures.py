@@ -87,7 +87,7 @@ class Architecture:
     @property
     def definition(self) -> str:
         """Its network and masks in one line: family, stacks, prefix attention and the program
-        it runs (not its Table 2 labels). Saved with a pre-training's checkpoints
+        it shares, if any (not its name or its Table 2 labels). Saved with a pre-training's checkpoints
         (`objective_layout.layout_record`) and in a sweep's records (`DEFINITION_FIELD`), which
         name a record only by `model.arch`: work made under another definition of that name (a
         researcher's record edited in its file) is refused, not resumed (whose restore failed
@@ -96,8 +96,9 @@ class Architecture:
             f"{s.role} (depth 1/{s.depth_divisor}, bidirectional={s.bidirectional}, "
             f"cross_attention={s.cross_attention}, shares_layers_of={s.shares_layers_of})"
             for s in self.stacks)
-        return (f"{self.family}: {stacks}; prefix_attention={self.prefix_attention}; "
-                f"program {self.program}")
+        shared = (f"; runs the program of {self.shares_program_of}" if self.shares_program_of
+                  else "")  # not its own name: the same network under two names is one
+        return f"{self.family}: {stacks}; prefix_attention={self.prefix_attention}{shared}"
 
     def bidirectional_positions(self, stack: Stack, prefix_attention: Any = None) -> Any:
         """Whether `stack` of this architecture reads relative positions with bidirectional
