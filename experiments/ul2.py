@@ -14,8 +14,8 @@ The grid is two architectures x seven objectives, every architecture's rows in o
   renormalised to sum to 1 (`only`); each example still starts with its kind's mode token.
   Fine-tuning puts no mode token before the task inputs (`finetune.mode_token` None, T5's
   protocol for every row): the paper's mode switching adds one chosen for the downstream
-  task, which its reachable text does not name per task; pass
-  `--config.finetune.mode_token='[S2S]'` (or another) to fine-tune every row with one.
+  task, which its reachable text does not name per task. To fine-tune the ul2 rows with one,
+  set it in their rows' overrides (a row pre-trained without the mixture never saw one).
 All rows of one architecture train on rows of one size (the longest objective's lengths); the
 three single objectives share one compiled pre-training step per architecture, and each ul2
 mixture compiles its own (the mixture is part of the layout): 10 programs in all.

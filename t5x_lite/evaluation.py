@@ -259,6 +259,11 @@ class TaskSplit:
         encoded = pipeline.encode_examples(vocab, ((ex.inputs, ex.targets)
                                                    for ex in self.examples))
         if ft.mode_token is not None:  # UL2's mode switching: the paradigm token goes first
+            needed = batch_format.MODE_TOKENS.index(ft.mode_token) + 1
+            if config.model.num_sentinels < needed:  # its id would lie past the vocabulary
+                raise ConfigError(f"finetune.mode_token={ft.mode_token!r} is the sentinel "
+                                  f"{needed} from the end: model.num_sentinels="
+                                  f"{config.model.num_sentinels} must be at least {needed}")
             token = batch_format.mode_token(ft.mode_token, config.model.vocab_size,
                                             config.model.num_sentinels)
             encoded = [([token, *inputs], targets) for inputs, targets in encoded]

@@ -52,7 +52,8 @@ _FINETUNE_RESUME_FIELDS = ("finetune.tasks", "finetune.mixing_limit", "finetune.
                            "finetune.inputs_length", "finetune.targets_length",
                            "finetune.task_lengths",
                            "finetune.eval_examples", "finetune.eval_selection",
-                           "finetune.decode", "finetune.optimizer_state")
+                           "finetune.decode", "finetune.optimizer_state",
+                           "finetune.mode_token")
 
 
 def finetune_train_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

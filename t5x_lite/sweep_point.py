@@ -375,7 +375,9 @@ def _ranked_finetuning_fields(point: GridPoint, workdir: str, records: Sequence[
 
     by_run: dict[tuple[str, ...], list[str]] = {}
     for record in records:
-        by_run.setdefault(tuple(record["finetune_tasks"]), []).append(record["task"])
+        # Records made before GLUE could be fine-tuned as one task name none: their own task.
+        by_run.setdefault(tuple(record.get("finetune_tasks", (record["task"],))), []).append(
+            record["task"])
     fields = {}
     for run_tasks, task_names in by_run.items():
         run_config = copy.deepcopy(point.config)

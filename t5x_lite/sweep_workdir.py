@@ -29,7 +29,8 @@ from t5x_lite.grid import (OBSERVING_FIELDS, GridPoint, computed_fields, config_
                            user_overrides)
 from t5x_lite.results import is_writer, run_key, write_json
 from t5x_lite.run_folders import SWEEP_FILE
-from t5x_lite.saved_config import (ADDED_FIELDS, CHECKPOINTS_DIR, RESUME_FIELDS,
+from t5x_lite.saved_config import (ADDED_FIELDS, CHECKPOINTS_DIR, PARAMETER_NEUTRAL_FIELDS,
+                                   RESUME_FIELDS,
                                    acting_added_fields, config_as_json, config_differences,
                                    read_saved_config, saved_batch_layout_differences)
 
@@ -205,13 +206,17 @@ def _require_current_hashes(records: Sequence[dict], by_key: dict[tuple, GridPoi
                           "the sweep as it began")
     saved = read_saved_config(by_key[key].pretrain_directory(workdir) / CHECKPOINTS_DIR)
     now = computed_fields(by_key[key].config)
-    changed = config_differences(computed_fields(saved), now, list(now)) if saved else []
+    changed = (config_differences(computed_fields(saved), now,  # each section, and the
+                                  [*now, *PARAMETER_NEUTRAL_FIELDS])  # fields it would skip
+               if saved else [])
     runs = ", ".join(f"{point} (seed {seed})" for point, seed in stale)
     folders = (f"its folder {by_key[key].directory(workdir)}" if len(stale) == 1 else
                f"their folders (points/<point>/seed<k> in {workdir})")
     raise ConfigError(
         f"{head}: the grid or its defaults changed since"
-        + (f" ({key[0]}'s pre-training: {_first_of(changed)})" if changed else "")
+        + (f" ({key[0]}'s pre-training: {'; '.join(changed[:3])}"
+           + (f"; and {len(changed) - 3} more" if len(changed) > 3 else "") + ")"
+           if changed else "")
         + f"; use a new --workdir, or delete the lines of {runs} in {path.name} and {folders} "
         "to run them again")
 

@@ -289,6 +289,19 @@ def test_a_run_saved_before_a_field_was_added_resumes_only_as_it_began(config):
         "model.attention_dropout: saved False != now True"]
 
 
+def test_a_fine_tuning_run_resumes_only_with_the_mode_token_it_began_with(config):
+    """UL2's paradigm token changes every task input: one run's validations with and without
+    it would be picked among as one; a run saved before the field resumes as None."""
+    resume = (*RESUME_FIELDS, *finetune._FINETUNE_RESUME_FIELDS)
+    now = config_as_json(config)
+    saved = copy.deepcopy(now)
+    del saved["finetune"]["mode_token"]
+    assert config_differences(saved, now, resume) == []
+    now["finetune"]["mode_token"] = "[NLU]"
+    assert config_differences(saved, now, resume) == [
+        "finetune.mode_token: saved None != now '[NLU]'"]
+
+
 def test_incompatible_config_is_refused_listing_the_fields(tmp_path, config):
     save_steps(tmp_path, config, {1: make_state()})
     changed = config.copy_and_resolve_references()

@@ -140,6 +140,13 @@ def test_ul2_s_paradigm_token_goes_before_every_task_input_when_asked(data):
         assert marked_targets == targets
         assert marked_inputs == ([token, *inputs] if len(inputs) < 16 else
                                  [token, *inputs[:14], inputs[-1]])
+    # [S2S] is the third sentinel from the end: with two its id lay past the vocabulary, and
+    # fine-tuning stopped at its first step with a NaN loss.
+    config.model.num_sentinels = 2
+    with pytest.raises(ConfigError, match=r"^finetune.mode_token='\[S2S\]' is the sentinel 3 "
+                                          r"from the end: model.num_sentinels=2 must be at "
+                                          r"least 3$"):
+        evaluation.TaskSplit(task, "validation", config, vocab, limit=10)
 
 
 # --- end to end ------------------------------------------------------------------------------

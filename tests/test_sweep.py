@@ -948,6 +948,13 @@ def test_records_of_another_config_are_refused_all_at_once_naming_what_changed(
             "new --workdir, or delete the lines of denoising \\(seed 0\\), broken \\(seed 0\\), "
             "prefix_lm \\(seed 0\\) in results.jsonl and their folders")):
         sweep_workdir.require_current(records, changed, workdir / "results.jsonl")
+    # A parameter-neutral model field is named too (config_differences skips them unless
+    # asked: the refusal named no field).
+    changed = grid.expand(experiment, "demo", ["model.dropout_rate=0.1"])
+    with pytest.raises(ConfigError, match="\\(denoising's pre-training: model.attention_dropout: "
+                                          "saved False != now True; model.dropout_rate: saved "
+                                          "0.0 != now 0.1\\)"):
+        sweep_workdir.require_current(records, changed, workdir / "results.jsonl")
 
 
 def test_a_sweep_and_a_training_run_keep_out_of_each_other_s_folders(experiment, uninterrupted):

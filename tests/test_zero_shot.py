@@ -246,6 +246,43 @@ def test_a_zero_shot_sweep_records_the_pretrained_models_scores_beside_the_finet
     assert (workdir / "report" / "zero_shot.csv").read_text().count("\n") == 4  # header, 3
 
 
+def test_the_ranked_stage_ranks_each_fine_tuning_run_s_own_checkpoint(zero_shot_sweep,
+                                                                       monkeypatch):
+    """Each record's fine-tuned model is the checkpoint of the run that fine-tuned it: GLUE's
+    tasks fine-tuned as one run share one ranking of that run's checkpoint, and a record made
+    before runs were recorded (no `finetune_tasks`) is its own task's run; a failure fails
+    only that run's entries."""
+    experiment, workdir, _ = zero_shot_sweep
+    point, = grid.expand(experiment, "demo", ZERO_SHOT_SWEEP)
+    ranked = []
+
+    def rank(config, checkpoint, task_names):
+        ranked.append((checkpoint, tuple(config.finetune.tasks), tuple(task_names)))
+        if "broken" in task_names:
+            raise RuntimeError("no checkpoint")
+        return {task: zero_shot.Ranking({"accuracy": 50.0}, 0.5, {"accuracy": 25.0})
+                for task in task_names}
+
+    monkeypatch.setattr(zero_shot, "rank", rank)
+    glue = ("glue_cola", "glue_sst2")
+    records = [{"task": "glue_cola", "finetune_tasks": list(glue)},
+               {"task": "glue_sst2", "finetune_tasks": list(glue)},
+               {"task": "builtin_module"},  # made before records named their run
+               {"task": "broken"}]
+    fields = sweep_point._ranked_finetuning_fields(point, str(workdir), records)
+    assert ranked == [
+        (str(point.finetune_directory(workdir, glue)), glue, glue),
+        (str(point.finetune_directory(workdir, ("builtin_module",))), ("builtin_module",),
+         ("builtin_module",)),
+        (str(point.finetune_directory(workdir, ("broken",))), ("broken",), ("broken",))]
+    assert fields["glue_sst2"]["finetuned_ranked"] == {
+        "status": "ok", "metrics": {"accuracy": 50.0}, "most_predicted_share": 0.5,
+        "constant_metrics": {"accuracy": 25.0}, "error": None}
+    assert fields["broken"]["finetuned_ranked"]["status"] == "failed"
+    assert "no checkpoint" in fields["broken"]["finetuned_ranked"]["error"]
+    assert fields["builtin_module"]["finetuned_ranked"]["status"] == "ok"
+
+
 @pytest.mark.slow
 def test_a_resumed_zero_shot_sweep_does_not_score_again(zero_shot_sweep, tmp_path,
                                                        monkeypatch):
