@@ -16,8 +16,8 @@ from typing import Callable, Sequence
 
 from t5x_lite import findings, paper_results
 from t5x_lite.data.tasks import missing_glue_parts
-from t5x_lite.report_table import (NEAR_CONSTANT_SHARE, Cell, Table, ZeroShotRow, findings_of,
-                                   pooled_std, row_name)
+from t5x_lite.report_table import (NEAR_CONSTANT_SHARE, RANKED_FIELDS, Cell, Table,
+                                   ZeroShotRow, findings_of, pooled_std, row_name)
 
 
 def _findings_lines(table: Table, verdict: Callable[[str], str], indent: str) -> list[str]:
@@ -119,11 +119,10 @@ COMPUTE_TITLE = "Pre-training compute per point"
 ZERO_SHOT_TITLE = "Zero-shot vs fine-tuned"
 
 
-# The zero-shot table's columns per task: (regime, the row's cells of it).
-ZERO_SHOT_REGIMES: tuple[tuple[str, Callable[[ZeroShotRow], dict[str, Cell]]], ...] = (
-    ("zero-shot", lambda row: row.zero_shot),
-    ("fine-tuned ranked", lambda row: row.finetuned_ranked),
-    ("fine-tuned decoded", lambda row: row.finetuned))
+# The zero-shot table's columns per task: (regime, the `ZeroShotRow` field of its cells, which
+# for a ranked regime is also the record field of its ranking: `report_table.RANKED_FIELDS`).
+ZERO_SHOT_REGIMES = (("zero-shot", "zero_shot"), ("fine-tuned ranked", "finetuned_ranked"),
+                     ("fine-tuned decoded", "finetuned"))
 
 
 def _zero_shot_grid(table: Table, bold: Callable[[str], str]) -> list[list[str]]:
@@ -134,8 +133,8 @@ def _zero_shot_grid(table: Table, bold: Callable[[str], str]) -> list[list[str]]
               *(["Objective"] if with_objective else []),
               *(f"{task} {regime}" for task in tasks for regime, _ in ZERO_SHOT_REGIMES)]
     body = [[row.label, *([row.objective or ""] if with_objective else []),
-             *(_cell_text(cells_of(row)[task], bold, table.seeds) for task in tasks
-               for _, cells_of in ZERO_SHOT_REGIMES)]
+             *(_cell_text(getattr(row, field)[task], bold, table.seeds) for task in tasks
+               for _, field in ZERO_SHOT_REGIMES)]
             for row in table.zero_shot]
     return [header, *body]
 
@@ -161,16 +160,16 @@ def _zero_shot_notes(table: Table) -> list[str]:
              "within two standard deviations of the column's best (spread over seeds)."]
     share = f"{NEAR_CONSTANT_SHARE:.0%}"
     for task in table.zero_shot[0].zero_shot:
-        best = "; ".join(f"best {regime} {_best_rows(table.zero_shot, lambda r: cells_of(r)[task])}"
-                         for regime, cells_of in ZERO_SHOT_REGIMES)
+        best = "; ".join(f"best {regime} "
+                         f"{_best_rows(table.zero_shot, lambda r: getattr(r, field)[task])}"
+                         for regime, field in ZERO_SHOT_REGIMES)
         constant = table.zero_shot_constant.get(task)
         if constant:
             best += ("; always predicting one option scores at most "
                      + ", ".join(f"{metric} {value:.2f}" for metric, value in constant.items()))
         near = [f"{row_name(row.label, row.objective)} ({regime})" for row in table.zero_shot
-                for regime, field in (("zero-shot", "zero_shot"),
-                                      ("fine-tuned ranked", "finetuned_ranked"))
-                if (row.most_predicted_share[field][task] or 0) >= NEAR_CONSTANT_SHARE]
+                for regime, field in ZERO_SHOT_REGIMES if field in RANKED_FIELDS
+                and (row.most_predicted_share[field][task] or 0) >= NEAR_CONSTANT_SHARE]
         if near:
             best += (f"; ranking gave one option to at least {share} of the examples (in some "
                      f"seed) for {', '.join(near)}: their score is about that option's")
@@ -494,8 +493,8 @@ def zero_shot_csv(table: Table) -> str:
                      "mean", "std", "seeds", "bold"])
     for row in table.zero_shot:
         for task in row.zero_shot:
-            for regime, cells_of in ZERO_SHOT_REGIMES:
-                cell = cells_of(row)[task]
+            for regime, field in ZERO_SHOT_REGIMES:
+                cell = getattr(row, field)[task]
                 writer.writerow([table.experiment, table.preset, row.label, row.objective or "",
                                  task, regime, cell.status,
                                  "" if cell.mean is None else f"{cell.mean:.4f}",

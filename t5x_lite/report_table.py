@@ -422,7 +422,7 @@ def build_table(records: Sequence[dict]) -> Table:
                      for r in records if r["status"] == "failed")
     budget, compute = _compute(keys, by_row)
     zero_shot = _zero_shot_rows(keys, by_row)
-    constant = {task: constant_metrics(by_row, task)
+    constant = {task: _recorded_constant_metrics(by_row, task)
                 for task in (zero_shot[0].zero_shot if zero_shot else ())}
     return Table(experiment, preset, paper, columns, tuple(rows), _taus(rows, columns), failures,
                  budget, compute, zero_shot, constant, differences,
@@ -561,8 +561,8 @@ def _zero_shot_rows(keys: Sequence[tuple[str, str | None]],
         for key in keys)
 
 
-def constant_metrics(by_row: dict[tuple[str, str | None], list[dict]], task: str
-                     ) -> dict[str, float]:
+def _recorded_constant_metrics(by_row: dict[tuple[str, str | None], list[dict]], task: str
+                               ) -> dict[str, float]:
     """The best score of always predicting one option of `task` (`zero_shot.constant_metrics`,
     per metric), from the first record whose zero-shot entry has it; {} when none has."""
     for records in by_row.values():

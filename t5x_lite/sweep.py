@@ -8,7 +8,9 @@ Zero-shot: with `sweep.zero_shot=True` the pre-trained model of each point is al
 before fine-tuning, on every task of `sweep.tasks` with label options (`t5x_lite.zero_shot`:
 the best-ranked option's task metrics); each record of the point gets `zero_shot`:
 {"status": "ok" | "not_applicable" (a task without label options) | "failed", "metrics",
-"error"} beside its fine-tuned `metrics`. A workdir swept without it can be given it later:
+"error", "most_predicted_share", "constant_metrics"} beside its fine-tuned `metrics`, and
+after the runs the same ranking of its final fine-tuned model, `finetuned_ranked`
+(`sweep_point.LATER_STAGES`). A workdir swept without it can be given it later:
 re-run the sweep with `sweep.zero_shot=True`, and every finished point whose pre-training
 finished is scored from its checkpoint (nothing is trained again) and its records are appended
 again with `zero_shot` (the last record of a key counts, `results.latest_records`); from then

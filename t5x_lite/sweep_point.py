@@ -216,8 +216,8 @@ ZERO_SHOT_FILE = "zero_shot.json"
 
 def _zero_shot_stage(point: GridPoint, workdir: str, task_names: Sequence[str]
                      ) -> dict[str, dict]:
-    """The zero-shot entries {task: {"status", "metrics", "error"}} of the point's pre-trained
-    checkpoint on `task_names` (`zero_shot.evaluate`; a task without label options is
+    """The zero-shot entries {task: {"status", "metrics", "error", ...}} of the point's
+    pre-trained checkpoint on `task_names` (`zero_shot.rank`; a task without label options is
     "not_applicable"). Entries saved in the point's directory (`ZERO_SHOT_FILE`) are reused, so
     a resumed point scores only the tasks it has not scored; a failure fails the entries of the
     tasks it was scoring (not saved: a re-run tries again) and the fine-tuning goes on."""

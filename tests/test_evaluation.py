@@ -150,7 +150,6 @@ def test_ul2_s_paradigm_token_goes_before_every_task_input_when_asked(data):
 
 
 # --- end to end ------------------------------------------------------------------------------
-# --- end to end ------------------------------------------------------------------------------
 
 
 @pytest.mark.slow  # five pre-training and fine-tuning programs to compile
