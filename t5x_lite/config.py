@@ -259,8 +259,9 @@ OVERRIDES_HELP = (
     "--config.FIELD=VALUE sets one field of the config, e.g. --config.train.steps=100; the "
     "value is read as the field's type: int, float, bool (true/false), str as written, a tuple "
     "as a Python literal or comma-separated (--config.mesh.shape='(2, 4)', "
-    "--config.finetune.tasks=builtin_reverse,builtin_module); None sets any field to None. An "
-    "unknown field is an error naming it."
+    "--config.finetune.tasks=builtin_reverse,builtin_module; one number is refused: "
+    "--config.sweep.seeds='(3,)' is the seed 3, '(0, 1, 2)' three seeds); None sets any field "
+    "to None. An unknown field is an error naming it."
 )
 
 
@@ -324,6 +325,10 @@ def _parse_value(kind: type, value: str) -> Any:
         parsed = _literal(value)
         if isinstance(parsed, str) and "," in value:  # unquoted names: 'a,b' or '(a,b)'
             return tuple(_literal(item.strip()) for item in value.strip("()[] ").split(","))
+        if isinstance(parsed, (int, float)) and not isinstance(parsed, bool):
+            # sweep.seeds=3 read as the one seed 3 where three seeds were meant
+            raise ValueError(f"a list, and one number is ambiguous: write ({parsed!r},) for that "
+                             "one value, or every value, e.g. (0, 1, 2)")
         return tuple(parsed) if isinstance(parsed, (tuple, list)) else (parsed,)
     # A None field without a declared type (or another type): a Python literal, else the text.
     return _literal(value)

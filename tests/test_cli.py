@@ -67,6 +67,10 @@ def test_overrides_are_read_as_the_type_of_the_field_they_set():
         ("--config.train=3", "'train' is a config section, not a field (its fields: "),
         ("--config.train.steps", "override '--config.train.steps' must look like "
                                  "--config.field.name=value"),
+        # Three seeds meant, the one seed 3 taken: a list field refuses a bare number.
+        ("--config.sweep.seeds=3", "override sweep.seeds='3': a list, and one number is "
+                                   "ambiguous: write (3,) for that one value, or every value"),
+        ("--config.sweep.seeds=(3)", "write (3,) for that one value"),
     ]:
         with pytest.raises(ConfigError, match=re.escape(message)):
             parse_overrides(config, [text])
