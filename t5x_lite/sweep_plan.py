@@ -20,7 +20,7 @@ from typing import Sequence
 
 import ml_collections
 
-from t5x_lite import accounting
+from t5x_lite import accounting, zero_shot
 from t5x_lite.checkpointing import newest_step
 from t5x_lite.data import tasks
 from t5x_lite.evaluation import with_task_lengths
@@ -89,6 +89,9 @@ class SweepPlan:
     vmap: int
     vmap_groups: tuple[tuple[int, ...], ...]
     point_index: int | None = None  # a job array's one point
+    # `sweep.zero_shot`'s tasks: those of `tasks` with label options, ranked by each pre-trained
+    # model before fine-tuning and by each fine-tuned one after the runs (`sweep_point`).
+    zero_shot_tasks: tuple[str, ...] = ()
 
     @property
     def programs(self) -> int:
@@ -143,7 +146,9 @@ def plan_sweep(experiment: str, preset: str, workdir: str, overrides: Sequence[s
         tuple(sweep.tasks), finetunes, points[0].config.finetune.steps, tuple(runs), vmap,
         tuple(tuple(point.index for point in chunk)
               for chunk in vmap_chunks(todo, vmap, workdir))
-        if vmap > 1 else (), point_index)
+        if vmap > 1 else (), point_index,
+        tuple(name for name in sweep.tasks if not zero_shot.not_applicable(tasks.TASKS[name]))
+        if sweep.zero_shot else ())
 
 
 def _finetune_flops(config: ml_collections.ConfigDict, run_tasks: tuple[str, ...]) -> float:
@@ -199,7 +204,11 @@ def render(plan: SweepPlan) -> str:
         "steps" + "".join(f" ({' + '.join(run)} as one task, as the paper fine-tunes GLUE)"
                           for run in together)
         + f"; {_plural(plan.programs, 'compiled pre-training program')} (runs with the "
-        "same program number share one).",
+        "same program number share one)."
+        + (f" Zero-shot (sweep.zero_shot): each pre-trained model ranks the label options of "
+           f"{', '.join(plan.zero_shot_tasks)} before fine-tuning, and after the runs each "
+           "fine-tuned model of those tasks is loaded again and ranked too."
+           if plan.zero_shot_tasks else ""),
         *([plan.budget] if plan.budget else []), "", *aligned(grid), "",
         f"In all: {_count(sum(r.steps * r.flops_per_step for r in runs))} pre-training FLOPs "
         "(3 x forward matmuls, attention and logits included), "

@@ -15,8 +15,8 @@ import pytest
 from flax import nnx
 
 from t5x_lite import (architectures, batch_format, cli, decoding, distributed, finetune, grid,
-                      models, partitioning, report, report_render, results, sweep, sweep_point,
-                      sweep_workdir, train, train_state, zero_shot)
+                      models, partitioning, report, report_render, results, sweep, sweep_plan,
+                      sweep_point, sweep_workdir, train, train_state, zero_shot)
 from t5x_lite.config import ConfigError, EOS_ID
 from t5x_lite.data import pipeline, tasks
 from t5x_lite.evaluation import TaskSplit, params_of
@@ -244,6 +244,18 @@ def test_a_zero_shot_sweep_records_the_pretrained_models_scores_beside_the_finet
     assert "builtin_module: best zero-shot Language model (LM)" in zero_part
     assert "builtin_reverse zero-shot" not in zero_part  # a generation task has no column
     assert (workdir / "report" / "zero_shot.csv").read_text().count("\n") == 4  # header, 3
+
+
+def test_a_dry_run_says_what_the_zero_shot_stages_will_rank(zero_shot_sweep, tmp_path):
+    experiment, _, _ = zero_shot_sweep
+    plan = sweep_plan.render(sweep_plan.plan_sweep(experiment, "demo", str(tmp_path / "new"),
+                                                   overrides=ZERO_SHOT_SWEEP))
+    assert ("Zero-shot (sweep.zero_shot): each pre-trained model ranks the label options of "
+            "builtin_module before fine-tuning, and after the runs each fine-tuned model of "
+            "those tasks is loaded again and ranked too.") in plan
+    without = [o for o in ZERO_SHOT_SWEEP if not o.startswith("sweep.zero_shot")]
+    assert "Zero-shot" not in sweep_plan.render(sweep_plan.plan_sweep(
+        experiment, "demo", str(tmp_path / "other"), overrides=without))
 
 
 def test_the_ranked_stage_ranks_each_fine_tuning_run_s_own_checkpoint(zero_shot_sweep,
