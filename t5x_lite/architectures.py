@@ -87,11 +87,11 @@ class Architecture:
     @property
     def definition(self) -> str:
         """Its network and masks in one line: family, stacks, prefix attention and the program
-        it shares, if any (not its name or its Table 2 labels). Saved with a pre-training's checkpoints
-        (`objective_layout.layout_record`) and in a sweep's records (`DEFINITION_FIELD`), which
-        name a record only by `model.arch`: work made under another definition of that name (a
-        researcher's record edited in its file) is refused, not resumed (whose restore failed
-        as "unreadable" checkpoints) or counted as done."""
+        it shares, if any (not its name or its Table 2 labels). Saved with a pre-training's
+        checkpoints (`objective_layout.layout_record`) and in a sweep's records
+        (`DEFINITION_FIELD`), which name a record only by `model.arch`: work made under
+        another definition of that name (a researcher's record edited in its file) is refused,
+        not resumed (whose restore failed as "unreadable" checkpoints) or counted as done."""
         stacks = "; ".join(
             f"{s.role} (depth 1/{s.depth_divisor}, bidirectional={s.bidirectional}, "
             f"cross_attention={s.cross_attention}, shares_layers_of={s.shares_layers_of})"

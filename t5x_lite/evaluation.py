@@ -239,8 +239,9 @@ def select_examples(examples: Sequence[Any], limit: int | None, selection: str) 
 class TaskSplit:
     """One task's split as text (`examples`) and as ids (`encoded`: after UL2's paradigm
     token when `finetune.mode_token` names one, cut to `finetune.inputs_length` /
-    `targets_length`; `truncated` counts the cut ones, with one warning). `limit` keeps at most that many examples (None: all), as
-    `finetune.eval_selection` chooses them (`select_examples`)."""
+    `targets_length`; `truncated` counts the cut ones, with one warning). `limit` keeps at most
+    that many examples (None: all), as `finetune.eval_selection` chooses them
+    (`select_examples`)."""
 
     def __init__(self, task: tasks.Task, split: str, config: ml_collections.ConfigDict,
                  vocab: Vocabulary, limit: int | None = None):

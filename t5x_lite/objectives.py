@@ -585,8 +585,8 @@ def _checked_outputs(name: str, outputs: Any, layout: BatchLayout) -> tuple:
     (`objective_registry`: inputs and targets int32[packed_width], noise bool[raw_length],
     sentinels int32[], and target positions int32[packed_width] for an objective with
     explicit positions); a one-line `ConfigError` naming the objective and both forms
-    otherwise, rather than `lax.switch`'s complaint about unequal branches. It runs while the step is traced,
-    so it costs the compiled program nothing."""
+    otherwise, rather than `lax.switch`'s complaint about unequal branches. It runs while the
+    step is traced, so it costs the compiled program nothing."""
     width, raw = packed_width(layout), layout.raw_length
     expected = [("inputs", f"int32[{width}]"), ("targets", f"int32[{width}]"),
                 ("noise", f"bool[{raw}]"), ("sentinels", "int32[]")]

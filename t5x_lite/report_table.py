@@ -269,7 +269,8 @@ class Table:
     budget: Budget | None = None  # None: sweep.budget="steps", each point's configured steps
     compute: tuple[Compute, ...] = ()  # one per row, in the rows' order, when budget is set
     zero_shot: tuple[ZeroShotRow, ...] = ()  # one per row, when some record has zero-shot scores
-    # Per task of `zero_shot`, the best score of always predicting one option (`constant_metrics`).
+    # Per task of `zero_shot`, the best score of always predicting one option
+    # (`zero_shot.constant_metrics`, as recorded).
     zero_shot_constant: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
     # One per row after the first of each group of rows that scored the same held-out examples
     # in two or more seeds (`_held_out`), group by group.

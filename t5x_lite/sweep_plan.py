@@ -147,8 +147,7 @@ def plan_sweep(experiment: str, preset: str, workdir: str, overrides: Sequence[s
         tuple(tuple(point.index for point in chunk)
               for chunk in vmap_chunks(todo, vmap, workdir))
         if vmap > 1 else (), point_index,
-        tuple(name for name in sweep.tasks if not zero_shot.not_applicable(tasks.TASKS[name]))
-        if sweep.zero_shot else ())
+        tuple(zero_shot.scorable(sweep.tasks, "sweep.tasks")[0]) if sweep.zero_shot else ())
 
 
 def _finetune_flops(config: ml_collections.ConfigDict, run_tasks: tuple[str, ...]) -> float:

@@ -191,7 +191,8 @@ def _require_current_hashes(records: Sequence[dict], by_key: dict[tuple, GridPoi
     deletions per run.)"""
     stale = {}
     for record in records:
-        key, expected = run_key(record), hashes.get(run_key(record))
+        key = run_key(record)
+        expected = hashes.get(key)  # None: a point no longer in the grid
         if expected is not None and record.get("config_hash", expected) != expected:
             stale.setdefault(key, record["config_hash"])
     if not stale:
@@ -214,9 +215,7 @@ def _require_current_hashes(records: Sequence[dict], by_key: dict[tuple, GridPoi
                f"their folders (points/<point>/seed<k> in {workdir})")
     raise ConfigError(
         f"{head}: the grid or its defaults changed since"
-        + (f" ({key[0]}'s pre-training: {'; '.join(changed[:3])}"
-           + (f"; and {len(changed) - 3} more" if len(changed) > 3 else "") + ")"
-           if changed else "")
+        + (f" ({key[0]}'s pre-training: {_first_of(changed, 3)})" if changed else "")
         + f"; use a new --workdir, or delete the lines of {runs} in {path.name} and {folders} "
         "to run them again")
 
@@ -302,10 +301,10 @@ def _pretrained_otherwise(record: dict, point: GridPoint | None) -> str | None:
     return used + f"is at revision {now} now ({'; '.join(objective.changes[revision - 1:])})"
 
 
-def _first_of(differences: Sequence[str]) -> str:
-    """The first of some differences, and how many more there are."""
-    more = f", and {len(differences) - 1} more" if len(differences) > 1 else ""
-    return differences[0] + more
+def _first_of(differences: Sequence[str], shown: int = 1) -> str:
+    """The first `shown` of some differences, and how many more there are."""
+    more = f", and {len(differences) - shown} more" if len(differences) > shown else ""
+    return "; ".join(differences[:shown]) + more
 
 
 def _stale_work(point: GridPoint, workdir: Path) -> str | None:

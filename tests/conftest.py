@@ -3,6 +3,7 @@ and `shared_data`, the one way a test asks for ../shared/data."""
 import importlib
 import importlib.util
 import os
+import re
 import shutil
 import tempfile
 from typing import Any
@@ -86,12 +87,17 @@ def require_shared_data(*parts: str) -> str:
     must not pass by skipping the data tests."""
     path = os.path.join(SHARED_DATA, *parts)
     if not os.path.exists(path):
-        message = (f"shared data {path} is not present (the data tests need ../shared/data "
-                   f"beside the checkout)")
-        if in_ci():
-            pytest.fail(message + "; CI=true, so this is a failure, not a skip", pytrace=False)
-        pytest.skip(message)
+        _skip_or_fail_in_ci(f"shared data {path} is not present (the data tests need "
+                            "../shared/data beside the checkout)")
     return path
+
+
+def _skip_or_fail_in_ci(message: str) -> None:
+    """Skip the test with `message`, or under CI=true (set by .ci/run) fail it: CI must not
+    pass by skipping what it checks."""
+    if in_ci():
+        pytest.fail(message + "; CI=true, so this is a failure, not a skip", pytrace=False)
+    pytest.skip(message)
 
 
 def require_module(name: str) -> Any:
@@ -102,10 +108,16 @@ def require_module(name: str) -> Any:
     try:
         return importlib.import_module(name)
     except ImportError as error:
-        message = f"{name} is not installed ({error}); it is in the test extra: pip install '.[test]'"
-        if in_ci():
-            pytest.fail(message + "; CI=true, so this is a failure, not a skip", pytrace=False)
-        pytest.skip(message)
+        _skip_or_fail_in_ci(f"{name} is not installed ({error}); it is in the test extra: "
+                            "pip install '.[test]'")
+
+
+def readme_python_block(marker: str) -> str:
+    """The README's ```python block that holds `marker`: an example the tests run as written."""
+    readme = os.path.join(os.path.dirname(__file__), "..", "README.md")
+    with open(readme, encoding="utf-8") as f:
+        return next(block for block in re.findall(r"```python\n(.*?)```", f.read(), re.S)
+                    if marker in block)
 
 
 @pytest.fixture

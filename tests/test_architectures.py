@@ -2,12 +2,11 @@
 refuses records that could not be built or could not share their program, and names
 model.arch (and objective.name) in its errors."""
 import dataclasses
-import pathlib
-import re
 import types
 
 import pytest
 
+from conftest import readme_python_block
 from t5x_lite import accounting, architectures, batch_format, models, objectives
 from t5x_lite.architectures import Architecture, Stack
 from t5x_lite.config import ConfigError
@@ -199,9 +198,7 @@ def test_the_readme_s_architecture_file_registers_a_model_with_its_own_table_2_l
     test's own: a whole config file whose model has half the encoder and its own labels (it
     copied the encoder-decoder's 2P / M, which a sweep then showed for a 1.4x model)."""
     monkeypatch.setattr(architectures, "_REGISTRY", dict(architectures._REGISTRY))
-    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
-    block = next(block for block in re.findall(r"```python\n(.*?)```", readme, re.S)
-                 if 'name="deep_decoder"' in block)
+    block = readme_python_block('name="deep_decoder"')
     namespace: dict = {}
     exec(block, namespace)  # as `--config=FILE` runs it
     config = namespace["get_config"]()

@@ -20,6 +20,7 @@ import pytest
 from t5x_lite import architectures, objective_registry, objectives, preview
 from t5x_lite.config import EOS_ID, PAD_ID, ConfigError
 from t5x_lite.settings import check_objective
+from conftest import readme_python_block
 from xla_env import child_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,8 +31,7 @@ def readme_objective() -> str:
     """The README's example of a researcher's objective ("Adding an architecture or an
     objective"): the code block that registers `reversal`, which these tests run as written; a
     whole config file (`train --config`, `preview --config`), which trains on it."""
-    blocks = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)
-    return next(block for block in blocks if 'objectives.Objective("reversal"' in block)
+    return readme_python_block('objectives.Objective("reversal"')
 
 
 REVERSAL = readme_objective()

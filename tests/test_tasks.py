@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import require_shared_data
+from conftest import readme_python_block, require_shared_data
 from t5x_lite import presets
 from t5x_lite.data import builtin, tasks
 from t5x_lite.errors import ConfigError
@@ -598,15 +598,11 @@ def test_the_readme_s_task_file_registers_a_task_that_scoring_reads(tmp_path, mo
     its files under data.data_root, formats and scores them, and ranks zero-shot; a second
     run of the file, and records that could not work, are refused naming the task."""
     import dataclasses
-    import pathlib
-    import re
 
     from t5x_lite import zero_shot
 
     monkeypatch.setattr(tasks, "TASKS", dict(tasks.TASKS))
-    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
-    block = next(block for block in re.findall(r"```python\n(.*?)```", readme, re.S)
-                 if '"my_sentiment"' in block)
+    block = readme_python_block('"my_sentiment"')
     exec(block, namespace := {})
     config = namespace["get_config"]()
     assert config.finetune.tasks == ("my_sentiment",)
